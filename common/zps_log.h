@@ -1,0 +1,39 @@
+/* zps_log.h - leveled, timestamped logging to stderr.
+ *
+ * Daemons run under supervisors that collect stderr, so that is the only
+ * sink. The process name ("server[0]", "worker[1]") is set once at start. */
+#ifndef ZPS_LOG_H
+#define ZPS_LOG_H
+
+#include <stdbool.h>
+#include <stdlib.h>
+
+typedef enum zps_log_level {
+    ZPS_LOG_DEBUG = 0,
+    ZPS_LOG_INFO,
+    ZPS_LOG_WARN,
+    ZPS_LOG_ERROR,
+} zps_log_level;
+
+void zps_log_set_name(const char *name);
+void zps_log_set_level(zps_log_level level);
+// Parses "debug|info|warn|error"; false on anything else.
+bool zps_log_parse_level(const char *text, zps_log_level *out);
+
+void zps_log(zps_log_level level, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
+
+#define zps_log_debug(...) zps_log(ZPS_LOG_DEBUG, __VA_ARGS__)
+#define zps_log_info(...) zps_log(ZPS_LOG_INFO, __VA_ARGS__)
+#define zps_log_warn(...) zps_log(ZPS_LOG_WARN, __VA_ARGS__)
+#define zps_log_error(...) zps_log(ZPS_LOG_ERROR, __VA_ARGS__)
+
+// Bugs only (broken invariants), never input from the network.
+#define ZPS_ASSERT(x) \
+    do { \
+        if (!(x)) { \
+            zps_log_error("assertion failed: %s (%s:%d)", #x, __FILE__, __LINE__); \
+            abort(); \
+        } \
+    } while (0)
+
+#endif

@@ -1,0 +1,83 @@
+/* zps_wire.h - multipart messages on ZeroMQ: a protobuf-c header frame and
+ * raw tensor frames.
+ *
+ * Tensors travel as little-endian element arrays cut into frames of at most
+ * ZPS_WIRE_FRAME_BYTES (large single messages make the receiver page-fault
+ * on fresh memory). Sends are zero-copy when the caller passes a zps_wire_ref:
+ * ZeroMQ then reads the caller's buffer from its I/O thread, and the caller
+ * must zps_wire_ref_wait() before writing that buffer again.
+ *
+ * Nothing here trusts the peer: a message that does not decode is returned
+ * as ZPS_EPROTO with its routing id, so the caller can answer it. */
+#ifndef ZPS_WIRE_H
+#define ZPS_WIRE_H
+
+#include <stdatomic.h>
+#include <stdbool.h>
+#include <stddef.h>
+#include <stdint.h>
+#include <zmq.h>
+
+#include "proto/zps.pb-c.h"
+#include "zps_err.h"
+
+#define ZPS_WIRE_VERSION 1
+#define ZPS_WIRE_FRAME_BYTES (4u << 20)
+#define ZPS_WIRE_MAX_FRAMES 128
+// Largest frame a peer may make us allocate (ZMQ_MAXMSGSIZE).
+#define ZPS_WIRE_MAX_MSG_BYTES ((int64_t)ZPS_WIRE_FRAME_BYTES + (1 << 20))
+
+typedef struct zps_wire_msg {
+    zmq_msg_t route;                         // ROUTER: the sender's routing id
+    bool has_route;                          // route is initialised
+    Zps__Header *hdr;                        // owned: decoded header, NULL if it did not decode
+    zmq_msg_t frames[ZPS_WIRE_MAX_FRAMES];   // owned: payload frames
+    int n_frames;                            // payload frames received
+    size_t payload_bytes;                    // their total length
+} zps_wire_msg;
+
+// Counts a buffer's zero-copy frames still held by ZeroMQ.
+typedef struct zps_wire_ref {
+    atomic_int inflight; // frames not yet released by ZeroMQ
+} zps_wire_ref;
+
+// A socket with the options every zps socket needs: a bounded linger,
+// bounded inbound frames (ZMQ_MAXMSGSIZE), send and receive timeouts of
+// timeout_ms. NULL on failure (logged).
+void *zps_wire_socket(void *ctx, int type, int timeout_ms);
+
+void zps_wire_header_init(Zps__Header *h, Zps__MsgType type);
+
+// Receives one whole multipart message (with its routing id first when
+// router is true). ZPS_ETIMEDOUT if nothing came within the socket's receive
+// timeout; ZPS_EPROTO if the header does not decode, has another protocol
+// version or there are too many frames - m->has_route is then still valid.
+// zps_wire_msg_fini(m) is needed after every call, whatever it returned.
+zps_err zps_wire_recv(void *sock, bool router, zps_wire_msg *m);
+void zps_wire_msg_fini(zps_wire_msg *m);
+
+// Sends a header and, if bytes > 0, a payload cut into frames. route is the
+// peer's routing id on a ROUTER socket, NULL on a DEALER. With ref the
+// payload is sent zero-copy (see above); without, it is copied.
+zps_err zps_wire_send(void *sock, zmq_msg_t *route, const Zps__Header *h, const void *payload,
+                      size_t bytes, zps_wire_ref *ref);
+
+// Answers a refused message with ERROR (code and one line), echoing its step.
+void zps_wire_send_error(void *sock, zmq_msg_t *route, uint64_t job_id, uint64_t step,
+                         zps_err code, const char *why);
+
+// Checks that m carries a tensor of hdr->count F32 elements inside [lo, hi)
+// whose frames add up to exactly that many bytes. Writes the reason to why.
+zps_err zps_wire_check_tensor(const zps_wire_msg *m, uint64_t lo, uint64_t hi, char *why,
+                              size_t why_len);
+
+// Copies the payload of a checked tensor message to dst (payload_bytes).
+void zps_wire_copy_payload(const zps_wire_msg *m, void *dst);
+
+// The message type's name for log lines ("PUSH"; "unknown" if none).
+const char *zps_wire_type_name(int type);
+
+// Waits until ZeroMQ released every frame of ref, at most timeout_ms.
+zps_err zps_wire_ref_wait(zps_wire_ref *ref, int timeout_ms);
+
+#endif

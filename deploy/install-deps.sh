@@ -1,0 +1,31 @@
+#!/usr/bin/env bash
+# Installs the Debian packages zps builds and runs with, and only those that
+# are missing: a machine that has them all is left untouched (no apt-get).
+set -euo pipefail
+
+pkgs=(
+  build-essential pkg-config
+  libzmq3-dev                          # the wire: ROUTER/DEALER sockets
+  libprotobuf-c-dev protobuf-c-compiler # message headers
+  libopenblas-dev                      # the CPU backend's GEMMs
+  zlib1g-dev                           # decompressing the IDX .gz files once
+  check                                # unit and integration tests
+  dataset-fashion-mnist                # the demo's and tests' data
+)
+missing=()
+for p in "${pkgs[@]}"; do
+  if ! dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q 'install ok installed'; then
+    missing+=("$p")
+  fi
+done
+[ ${#missing[@]} -eq 0 ] && exit 0
+
+echo "install-deps: installing ${missing[*]}"
+sudo=()
+if [ "$(id -u)" -ne 0 ]; then
+  command -v sudo >/dev/null || { echo "install-deps: not root and no sudo; install: ${missing[*]}" >&2; exit 1; }
+  sudo=(sudo)
+fi
+export DEBIAN_FRONTEND=noninteractive
+"${sudo[@]}" apt-get update -qq
+"${sudo[@]}" apt-get install -y -qq --no-install-recommends "${missing[@]}"

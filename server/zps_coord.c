@@ -1,0 +1,432 @@
+/* zps_coord.c - admission, plan, evaluation results, status, metrics log. */
+#include "zps_coord.h"
+
+#include <math.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+#include <unistd.h>
+
+#include "common/zps_clock.h"
+#include "common/zps_log.h"
+#include "common/zps_rng.h"
+
+#define ZPS_COORD_PROGRESS_MS 2000.0
+#define ZPS_COORD_WAIT_LOG_MS 5000.0
+// After the last step, how long members get to send results and goodbyes.
+#define ZPS_COORD_END_GRACE_MS 60000.0
+
+typedef enum s_state { S_WAITING, S_TRAINING, S_DONE } s_state;
+
+typedef struct s_member {
+    uint32_t rank;       // position in the plan
+    uint64_t member_id;  // secret-ish id its pushes carry
+    char host[64];       // reported by the worker
+    char device[32];     // reported by the worker
+    uint32_t share;      // fixed share asked for, 0 for "split the rest"
+    uint32_t pid;        // worker process id on its host
+    zmq_msg_t route;     // routing id on shard 0's socket (for JOB)
+    bool said_bye;       // finished cleanly
+    uint64_t pushes;     // pushes seen on shard 0
+    float compute_ms;    // last push's compute time
+} s_member;
+
+typedef struct s_eval {
+    uint64_t epoch;      // epoch being gathered, UINT64_MAX if none
+    uint64_t correct;    // sum over members so far
+    double loss_sum;
+    uint64_t count;
+} s_eval;
+
+struct zps_coord {
+    zps_coord_cfg cfg;                  // copy; strings borrowed
+    uint64_t job_id;                    // random per run
+    zps_rng rng;                        // member ids
+    s_state state;                      // waiting, training, done
+    uint32_t n_members;                 // admitted
+    s_member members[ZPS_MAX_MEMBERS];  // in rank order
+    zps_plan plan;                      // valid once training
+    uint64_t steps_done;                // last step_done + 1
+    float last_loss;
+    double last_step_ms;
+    double test_accuracy;               // last complete evaluation, -1 before
+    s_eval eval;                        // evaluation being gathered
+    uint64_t evals_done;                // complete evaluations
+    double next_log_ms;                 // next progress or waiting line
+    double done_ms;                     // when the last step completed
+    double started_ms;                  // when step 0 was planned
+    double sum_step_ms;                 // for the mean in the progress line
+    uint64_t n_step_ms;
+};
+
+zps_coord *zps_coord_new(const zps_coord_cfg *cfg)
+{
+    zps_coord *c = calloc(1, sizeof *c);
+    if (!c) {
+        zps_log_error("coordinator: out of memory");
+        return NULL;
+    }
+    c->cfg = *cfg;
+    struct timespec ts;
+    clock_gettime(CLOCK_REALTIME, &ts);
+    // Member and job ids must differ between runs, not be reproducible.
+    zps_rng_seed(&c->rng, (uint64_t)ts.tv_nsec ^ ((uint64_t)ts.tv_sec << 20),
+                 (uint64_t)getpid());
+    c->job_id = zps_rng_next(&c->rng) | 1;
+    c->test_accuracy = -1;
+    c->eval.epoch = UINT64_MAX;
+    return c;
+}
+
+void zps_coord_destroy(zps_coord **cp)
+{
+    zps_coord *c = *cp;
+    if (!c) {
+        return;
+    }
+    for (uint32_t i = 0; i < c->n_members; i++) {
+        zmq_msg_close(&c->members[i].route);
+    }
+    free(c);
+    *cp = NULL;
+}
+
+uint64_t zps_coord_job_id(const zps_coord *c)
+{
+    return c->job_id;
+}
+
+const zps_plan *zps_coord_plan(const zps_coord *c)
+{
+    return c->state == S_WAITING ? NULL : &c->plan;
+}
+
+bool zps_coord_finished(const zps_coord *c)
+{
+    if (c->state != S_DONE) {
+        return false;
+    }
+    for (uint32_t i = 0; i < c->n_members; i++) {
+        if (!c->members[i].said_bye) {
+            return false;
+        }
+    }
+    return true;
+}
+
+const char *zps_coord_member_host(const zps_coord *c, uint32_t rank)
+{
+    return rank < c->n_members ? c->members[rank].host : "?";
+}
+
+static void s_refuse(zps_coord *c, void *sock, zps_wire_msg *m, zps_err err, const char *why)
+{
+    zps_log_warn("refused a %s: %s", zps_wire_type_name(m->hdr ? (int)m->hdr->type : -1), why);
+    zps_wire_send_error(sock, &m->route, c->job_id, c->steps_done, err, why);
+}
+
+static void s_send_job(zps_coord *c, void *sock, s_member *mem)
+{
+    Zps__Slice slices[ZPS_MAX_MEMBERS];
+    Zps__Slice *slice_ptrs[ZPS_MAX_MEMBERS];
+    for (uint32_t i = 0; i < c->plan.n; i++) {
+        zps__slice__init(&slices[i]);
+        slices[i].rank = c->plan.slices[i].rank;
+        slices[i].offset = c->plan.slices[i].offset;
+        slices[i].count = c->plan.slices[i].count;
+        // Ids authenticate pushes: a member learns only its own.
+        slices[i].member_id = i == mem->rank ? mem->member_id : 0;
+        slice_ptrs[i] = &slices[i];
+    }
+    Zps__ShardInfo shard = ZPS__SHARD_INFO__INIT;
+    Zps__ShardInfo *shard_ptr = &shard;
+    shard.index = 0;
+    shard.endpoint = (char *)c->cfg.endpoint;
+    shard.lo = 0;
+    shard.hi = c->cfg.n_params;
+
+    Zps__Job job = ZPS__JOB__INIT;
+    job.model = (char *)c->cfg.model;
+    job.dataset = (char *)c->cfg.dataset;
+    job.seed = c->cfg.seed;
+    job.global_batch = c->cfg.global_batch;
+    job.total_steps = c->cfg.total_steps;
+    job.steps_per_epoch = c->cfg.steps_per_epoch;
+    job.rank = mem->rank;
+    job.member_id = mem->member_id;
+    job.n_plan = c->plan.n;
+    job.plan = slice_ptrs;
+    job.n_shards = 1;
+    job.shards = &shard_ptr;
+    job.wire_dtype = ZPS__DTYPE__F32;
+    job.start_step = c->steps_done;
+
+    Zps__Header h;
+    zps_wire_header_init(&h, ZPS__MSG_TYPE__JOB);
+    h.job_id = c->job_id;
+    h.rank = mem->rank;
+    h.member_id = mem->member_id;
+    h.job = &job;
+    if (zps_wire_send(sock, &mem->route, &h, NULL, 0, NULL) != ZPS_OK) {
+        zps_log_error("could not send the job to rank %u (%s)", mem->rank, mem->host);
+    }
+}
+
+// All members are here: fix the plan and tell everyone.
+static zps_err s_start(zps_coord *c, void *sock)
+{
+    uint32_t shares[ZPS_MAX_MEMBERS];
+    for (uint32_t i = 0; i < c->n_members; i++) {
+        shares[i] = c->members[i].share;
+    }
+    char why[256];
+    zps_err err = zps_plan_split(c->cfg.global_batch, shares, c->n_members, &c->plan, why,
+                                 sizeof why);
+    if (err != ZPS_OK) {
+        return err;
+    }
+    for (uint32_t i = 0; i < c->n_members; i++) {
+        c->plan.slices[i].member_id = c->members[i].member_id;
+    }
+    c->state = S_TRAINING;
+    c->started_ms = zps_clock_ms();
+    c->next_log_ms = c->started_ms + ZPS_COORD_PROGRESS_MS;
+    for (uint32_t i = 0; i < c->n_members; i++) {
+        const zps_plan_slice *sl = &c->plan.slices[i];
+        zps_log_info("rank %u: %s %s, samples [%u, %u) of %u", i, c->members[i].host,
+                     c->members[i].device, sl->offset, sl->offset + sl->count,
+                     c->cfg.global_batch);
+        s_send_job(c, sock, &c->members[i]);
+    }
+    zps_log_info("job %016llx: %u workers, %llu steps (%llu per epoch), model %s",
+                 (unsigned long long)c->job_id, c->n_members,
+                 (unsigned long long)c->cfg.total_steps,
+                 (unsigned long long)c->cfg.steps_per_epoch, c->cfg.model);
+    return ZPS_OK;
+}
+
+zps_err zps_coord_on_hello(zps_coord *c, void *sock, zps_wire_msg *m)
+{
+    const Zps__Hello *hello = m->hdr->hello;
+    if (!hello) {
+        s_refuse(c, sock, m, ZPS_EPROTO, "HELLO without a hello body");
+        return ZPS_EPROTO;
+    }
+    if (c->state != S_WAITING) {
+        s_refuse(c, sock, m, ZPS_ESTATE, "the job has started and admits no more workers");
+        return ZPS_ESTATE;
+    }
+    uint64_t fixed = hello->share;
+    uint32_t n_flex = hello->share == 0;
+    for (uint32_t i = 0; i < c->n_members; i++) {
+        fixed += c->members[i].share;
+        n_flex += c->members[i].share == 0;
+    }
+    bool last = c->n_members + 1 == c->cfg.workers;
+    if (fixed > c->cfg.global_batch || (last && n_flex == 0 && fixed != c->cfg.global_batch) ||
+        (n_flex > 0 && c->cfg.global_batch - fixed < n_flex)) {
+        char why[200];
+        snprintf(why, sizeof why,
+                 "share %u does not fit: fixed shares would be %llu of global batch %u",
+                 hello->share, (unsigned long long)fixed, c->cfg.global_batch);
+        s_refuse(c, sock, m, ZPS_EINVAL, why);
+        return ZPS_EINVAL;
+    }
+    s_member *mem = &c->members[c->n_members];
+    memset(mem, 0, sizeof *mem);
+    mem->rank = c->n_members;
+    mem->member_id = zps_rng_next(&c->rng) | 1;
+    snprintf(mem->host, sizeof mem->host, "%s", hello->host ? hello->host : "?");
+    snprintf(mem->device, sizeof mem->device, "%s", hello->device ? hello->device : "?");
+    mem->share = hello->share;
+    mem->pid = hello->pid;
+    zmq_msg_init(&mem->route);
+    zmq_msg_copy(&mem->route, &m->route);
+    c->n_members++;
+    zps_log_info("worker %s pid %u (%s) admitted as rank %u (%u of %u)", mem->host, mem->pid,
+                 mem->device, mem->rank, c->n_members, c->cfg.workers);
+    if (c->n_members == c->cfg.workers) {
+        return s_start(c, sock);
+    }
+    return ZPS_OK;
+}
+
+static void s_eval_complete(zps_coord *c)
+{
+    s_eval *e = &c->eval;
+    double acc = (double)e->correct / (double)e->count;
+    double loss = e->loss_sum / (double)e->count;
+    c->test_accuracy = acc;
+    c->evals_done++;
+    zps_log_info("epoch %llu: test accuracy %.4f, test loss %.4f",
+                 (unsigned long long)e->epoch, acc, loss);
+    if (c->cfg.metrics) {
+        fprintf(c->cfg.metrics, "{\"epoch\":%llu,\"test_accuracy\":%.6f,\"test_loss\":%.6f}\n",
+                (unsigned long long)e->epoch, acc, loss);
+        fflush(c->cfg.metrics);
+    }
+    e->epoch = UINT64_MAX;
+}
+
+zps_err zps_coord_on_eval(zps_coord *c, const zps_wire_msg *m)
+{
+    const Zps__Eval *ev = m->hdr->eval;
+    if (!ev || ev->count > c->cfg.n_test || ev->correct > ev->count || !isfinite(ev->loss_sum)) {
+        zps_log_warn("dropped an EVAL without a valid body");
+        return ZPS_EPROTO;
+    }
+    s_eval *e = &c->eval;
+    if (e->epoch != ev->epoch) {
+        if (e->epoch != UINT64_MAX) {
+            zps_log_warn("epoch %llu: evaluation incomplete (%llu of %u records)",
+                         (unsigned long long)e->epoch, (unsigned long long)e->count,
+                         c->cfg.n_test);
+        }
+        *e = (s_eval){.epoch = ev->epoch};
+    }
+    e->correct += ev->correct;
+    e->loss_sum += ev->loss_sum;
+    e->count += ev->count;
+    if (e->count >= c->cfg.n_test) {
+        s_eval_complete(c);
+    }
+    return ZPS_OK;
+}
+
+zps_err zps_coord_on_bye(zps_coord *c, const zps_wire_msg *m)
+{
+    uint32_t r = m->hdr->rank;
+    if (r >= c->n_members || c->members[r].member_id != m->hdr->member_id) {
+        zps_log_warn("dropped a BYE from an unknown member (rank %u)", r);
+        return ZPS_ENOENT;
+    }
+    c->members[r].said_bye = true;
+    zps_log_info("rank %u (%s) finished", r, c->members[r].host);
+    return ZPS_OK;
+}
+
+static const char *s_state_name(s_state s)
+{
+    return s == S_WAITING ? "waiting" : s == S_TRAINING ? "training" : "done";
+}
+
+void zps_coord_on_status(zps_coord *c, void *sock, zps_wire_msg *m, uint64_t step,
+                         uint64_t bad_messages)
+{
+    Zps__Member members[ZPS_MAX_MEMBERS];
+    Zps__Member *member_ptrs[ZPS_MAX_MEMBERS];
+    for (uint32_t i = 0; i < c->n_members; i++) {
+        const s_member *s = &c->members[i];
+        zps__member__init(&members[i]);
+        members[i].rank = s->rank;
+        members[i].host = (char *)s->host;
+        members[i].device = (char *)s->device;
+        members[i].share = c->state == S_WAITING ? s->share : c->plan.slices[i].count;
+        members[i].pid = s->pid;
+        members[i].pushes = s->pushes;
+        members[i].compute_ms = s->compute_ms;
+        member_ptrs[i] = &members[i];
+    }
+    Zps__Status st = ZPS__STATUS__INIT;
+    st.state = (char *)s_state_name(c->state);
+    st.model = (char *)c->cfg.model;
+    st.dataset = (char *)c->cfg.dataset;
+    st.step = step;
+    st.total_steps = c->cfg.total_steps;
+    st.epoch = c->cfg.steps_per_epoch ? step / c->cfg.steps_per_epoch : 0;
+    st.global_batch = c->cfg.global_batch;
+    st.workers_expected = c->cfg.workers;
+    st.n_members = c->n_members;
+    st.members = member_ptrs;
+    st.last_loss = c->last_loss;
+    st.last_step_ms = c->last_step_ms;
+    st.bad_messages = bad_messages;
+    st.test_accuracy = c->test_accuracy;
+    st.n_params = c->cfg.n_params;
+
+    Zps__Header h;
+    zps_wire_header_init(&h, ZPS__MSG_TYPE__STATUS_REPLY);
+    h.job_id = c->job_id;
+    h.step = step;
+    h.status = &st;
+    (void)zps_wire_send(sock, &m->route, &h, NULL, 0, NULL);
+}
+
+void zps_coord_step_done(zps_coord *c, uint64_t step, float loss, double step_ms)
+{
+    c->steps_done = step + 1;
+    c->last_loss = loss;
+    c->last_step_ms = step_ms;
+    c->sum_step_ms += step_ms;
+    c->n_step_ms++;
+    if (c->cfg.metrics) {
+        fprintf(c->cfg.metrics,
+                "{\"step\":%llu,\"epoch\":%llu,\"loss\":%.6f,\"samples\":%u,\"step_ms\":%.3f}\n",
+                (unsigned long long)step, (unsigned long long)(step / c->cfg.steps_per_epoch),
+                loss, c->plan.global_batch, step_ms);
+    }
+    if (c->steps_done >= c->cfg.total_steps) {
+        c->state = S_DONE;
+        c->done_ms = zps_clock_ms();
+        double secs = (c->done_ms - c->started_ms) / 1e3;
+        zps_log_info("trained %llu steps in %.1f s (%.2f ms/step)",
+                     (unsigned long long)c->steps_done, secs, 1e3 * secs / c->steps_done);
+        if (c->cfg.metrics) {
+            fflush(c->cfg.metrics);
+        }
+    }
+}
+
+void zps_coord_note_push(zps_coord *c, uint32_t rank, float compute_ms)
+{
+    if (rank < c->n_members) {
+        c->members[rank].pushes++;
+        c->members[rank].compute_ms = compute_ms;
+    }
+}
+
+static void s_log_progress(zps_coord *c)
+{
+    uint64_t spe = c->cfg.steps_per_epoch;
+    double mean = c->n_step_ms ? c->sum_step_ms / c->n_step_ms : 0;
+    zps_log_info("step %llu/%llu epoch %llu: loss %.4f, %.2f ms/step", (unsigned long long)c->steps_done,
+                 (unsigned long long)c->cfg.total_steps,
+                 (unsigned long long)(c->steps_done / spe), c->last_loss, mean);
+    if (c->cfg.metrics) {
+        fflush(c->cfg.metrics);
+    }
+    c->sum_step_ms = 0;
+    c->n_step_ms = 0;
+}
+
+void zps_coord_tick(zps_coord *c, double now_ms)
+{
+    if (now_ms < c->next_log_ms) {
+        return;
+    }
+    switch (c->state) {
+    case S_WAITING:
+        zps_log_info("waiting for %u more worker(s) to say HELLO (%u of %u admitted)",
+                     c->cfg.workers - c->n_members, c->n_members, c->cfg.workers);
+        c->next_log_ms = now_ms + ZPS_COORD_WAIT_LOG_MS;
+        break;
+    case S_TRAINING:
+        s_log_progress(c);
+        c->next_log_ms = now_ms + ZPS_COORD_PROGRESS_MS;
+        break;
+    case S_DONE:
+        for (uint32_t i = 0; i < c->n_members; i++) {
+            if (!c->members[i].said_bye && now_ms - c->done_ms > ZPS_COORD_END_GRACE_MS) {
+                zps_log_warn("rank %u (%s) did not finish within %.0f s of the last step; "
+                             "giving up on it", i, c->members[i].host,
+                             ZPS_COORD_END_GRACE_MS / 1e3);
+                c->members[i].said_bye = true;
+            } else if (!c->members[i].said_bye) {
+                zps_log_info("run complete; waiting for rank %u (%s) to report and finish", i,
+                             c->members[i].host);
+            }
+        }
+        c->next_log_ms = now_ms + ZPS_COORD_WAIT_LOG_MS;
+        break;
+    }
+}

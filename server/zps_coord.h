@@ -1,0 +1,66 @@
+/* zps_coord.h - the coordinator role of shard 0.
+ *
+ * It holds the job, admits workers (rank, member id, share), makes the
+ * plan, gathers test-set results, answers STATUS and writes the metrics log.
+ * It never touches parameters: those belong to the shards. It answers on
+ * the socket it is given (shard 0's ROUTER) and keeps no socket of its own. */
+#ifndef ZPS_COORD_H
+#define ZPS_COORD_H
+
+#include <stdbool.h>
+#include <stdint.h>
+#include <stdio.h>
+
+#include "common/zps_err.h"
+#include "common/zps_plan.h"
+#include "common/zps_wire.h"
+
+typedef struct zps_coord_cfg {
+    const char *model;            // borrowed: model spec text
+    const char *dataset;          // borrowed: dataset spec text
+    uint64_t seed;                // job seed
+    uint32_t global_batch;        // B
+    uint64_t total_steps;         // steps of the run
+    uint64_t steps_per_epoch;     // floor(n_train / B)
+    uint32_t n_test;              // test records, split among members for evaluation
+    uint32_t workers;             // members to admit before step 0
+    uint64_t n_params;            // length of the flat vector
+    const char *endpoint;         // borrowed: shard 0's endpoint, sent to workers
+    FILE *metrics;                // borrowed: JSON lines, or NULL
+} zps_coord_cfg;
+
+typedef struct zps_coord zps_coord;
+
+// Caller owns the result; NULL on failure, logged. cfg's borrowed strings
+// must outlive the coordinator.
+zps_coord *zps_coord_new(const zps_coord_cfg *cfg);
+void zps_coord_destroy(zps_coord **c);
+
+uint64_t zps_coord_job_id(const zps_coord *c);
+// The plan once every member was admitted, else NULL (borrowed).
+const zps_plan *zps_coord_plan(const zps_coord *c);
+// True once the run is over and members said goodbye (or stopped answering).
+bool zps_coord_finished(const zps_coord *c);
+
+// Handlers for messages addressed to the coordinator; each answers on sock
+// (a ROUTER) when the message calls for an answer, and returns the reason it
+// refused the message, if it did (already answered with ERROR).
+zps_err zps_coord_on_hello(zps_coord *c, void *sock, zps_wire_msg *m);
+zps_err zps_coord_on_eval(zps_coord *c, const zps_wire_msg *m);
+zps_err zps_coord_on_bye(zps_coord *c, const zps_wire_msg *m);
+// bad_messages and step come from the shard(s), which the coordinator does not see.
+void zps_coord_on_status(zps_coord *c, void *sock, zps_wire_msg *m, uint64_t step,
+                         uint64_t bad_messages);
+
+// A step completed on shard 0 with this mean loss after step_ms.
+void zps_coord_step_done(zps_coord *c, uint64_t step, float loss, double step_ms);
+// Records a member's push (timings for status).
+void zps_coord_note_push(zps_coord *c, uint32_t rank, float compute_ms);
+
+// Periodic work: progress and waiting lines, the end-of-run deadline.
+void zps_coord_tick(zps_coord *c, double now_ms);
+
+// Host and device of a rank, for log lines ("?" if unknown; borrowed).
+const char *zps_coord_member_host(const zps_coord *c, uint32_t rank);
+
+#endif

@@ -1,0 +1,21 @@
+/* check_unit.c - runs every unit suite (one per module) in one runner, so
+ * the run ends with one Check summary line. */
+#include <stdlib.h>
+
+#include "tests/zps_check.h"
+
+int main(void)
+{
+    Suite *(*suites[])(void) = {
+        zps_suite_model,   zps_suite_optim,   zps_suite_wire, zps_suite_idx,
+        zps_suite_dataset, zps_suite_sampler, zps_suite_cpu,  zps_suite_shard,
+    };
+    SRunner *sr = srunner_create(suites[0]());
+    for (size_t i = 1; i < sizeof suites / sizeof suites[0]; i++) {
+        srunner_add_suite(sr, suites[i]());
+    }
+    srunner_run_all(sr, CK_NORMAL);
+    int failed = srunner_ntests_failed(sr);
+    srunner_free(sr);
+    return failed == 0 ? EXIT_SUCCESS : EXIT_FAILURE;
+}

@@ -1,0 +1,16 @@
+/* zps_check.h - the unit suites of zps, one per module, run by check_unit.c. */
+#ifndef ZPS_CHECK_H
+#define ZPS_CHECK_H
+
+#include <check.h>
+
+Suite *zps_suite_model(void);
+Suite *zps_suite_optim(void);
+Suite *zps_suite_wire(void);
+Suite *zps_suite_idx(void);
+Suite *zps_suite_dataset(void);
+Suite *zps_suite_sampler(void);
+Suite *zps_suite_cpu(void);
+Suite *zps_suite_shard(void);
+
+#endif

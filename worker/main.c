@@ -1,0 +1,591 @@
+/* main.c - zps-worker: trains its slice of every global batch.
+ *
+ * It needs one address, the coordinator's. It says HELLO, receives the job
+ * (model, dataset, plan, shards), pulls the parameters and loops: gather its
+ * slice, forward and backward, push the mean gradient to every shard, and
+ * drop the shards' new parameters in place. Every wait is bounded and says
+ * what it waits for. */
+#include <cblas.h>
+#include <errno.h>
+#include <getopt.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+
+#include "common/zps_clock.h"
+#include "common/zps_dataset.h"
+#include "common/zps_log.h"
+#include "common/zps_model.h"
+#include "common/zps_plan.h"
+#include "common/zps_wire.h"
+#include "worker/zps_cpu.h"
+#include "worker/zps_sampler.h"
+
+#define ZPS_WORKER_MAX_SHARDS 64
+#define ZPS_WORKER_POLL_MS 1000
+#define ZPS_WORKER_WAIT_LOG_MS 5000.0
+#define ZPS_WORKER_EVAL_CHUNK 1024u
+
+typedef struct s_opts {
+    const char *coordinator;  // endpoint of shard 0
+    const char *device;       // "cpu"
+    uint32_t share;           // fixed share of the global batch, 0: split the rest
+    const char *save_params;  // final flat vector, or NULL
+    const char *cache_dir;    // decompressed datasets
+    int threads;              // OpenBLAS threads
+    int timeout_ms;           // bound on any reply of the running job
+    int join_timeout_ms;      // bound on waiting for the job to start
+} s_opts;
+
+typedef struct s_shard_conn {
+    void *sock;         // owned (shard 0: the coordinator's socket)
+    char endpoint[256]; // for log lines
+    uint64_t lo, hi;    // its range
+} s_shard_conn;
+
+typedef struct s_worker {
+    s_opts opts;                                  // flags
+    void *ctx;                                    // owned
+    s_shard_conn shards[ZPS_WORKER_MAX_SHARDS];   // shards[0] is the coordinator
+    int n_shards;
+    uint64_t job_id;                              // from JOB
+    uint32_t rank;                                // from JOB
+    uint64_t member_id;                           // from JOB, carried by pushes
+    zps_plan plan;                                // from JOB
+    const zps_plan_slice *mine;                   // borrowed: my slice of plan
+    uint32_t position;                            // index of my slice in the plan
+    uint64_t seed, total_steps, steps_per_epoch, start_step;
+    zps_model_spec model;
+    zps_cpu *cpu;                                 // owned
+    zps_dataset *data;                            // owned
+    zps_sampler sampler;                          // owned
+    float *x;                                     // owned: (max(count, eval chunk), inputs)
+    uint32_t *labels;                             // owned: same rows
+    uint32_t *eval_idx;                           // owned: ZPS_WORKER_EVAL_CHUNK indices
+    zps_wire_ref grad_ref;                        // grads still held by ZeroMQ
+} s_worker;
+
+// ---------------------------------------------------------------------------
+// Replies: bounded waits that say what they wait for.
+
+// Receives the next message on sock into m, waiting at most timeout_ms and
+// logging every few seconds. An ERROR from the server is logged and
+// returned as its code.
+static zps_err s_await(void *sock, const char *what, const char *endpoint, int timeout_ms,
+                       zps_wire_msg *m)
+{
+    double start = zps_clock_ms(), next_log = start + ZPS_WORKER_WAIT_LOG_MS;
+    for (;;) {
+        zps_err err = zps_wire_recv(sock, false, m);
+        if (err == ZPS_OK && m->hdr->type == ZPS__MSG_TYPE__ERROR) {
+            zps_log_error("%s refused: %s (%s)", endpoint, m->hdr->error,
+                          zps_strerror((zps_err)m->hdr->error_code));
+            err = m->hdr->error_code > 0 && m->hdr->error_code < ZPS_ECOUNT_
+                      ? (zps_err)m->hdr->error_code : ZPS_EPROTO;
+            return err;
+        }
+        if (err != ZPS_ETIMEDOUT) {
+            if (err != ZPS_OK) {
+                zps_log_error("bad reply from %s while waiting for %s: %s", endpoint, what,
+                              zps_strerror(err));
+            }
+            return err;
+        }
+        zps_wire_msg_fini(m);
+        double now = zps_clock_ms();
+        if (now - start > timeout_ms) {
+            zps_log_error("gave up after %.0f s waiting for %s from %s", (now - start) / 1e3,
+                          what, endpoint);
+            return ZPS_ETIMEDOUT;
+        }
+        if (now > next_log) {
+            zps_log_info("waiting %.0f s for %s from %s", (now - start) / 1e3, what, endpoint);
+            next_log = now + ZPS_WORKER_WAIT_LOG_MS;
+        }
+    }
+}
+
+static zps_err s_send(s_worker *w, int shard, Zps__Header *h, const void *payload, size_t bytes,
+                      zps_wire_ref *ref)
+{
+    h->job_id = w->job_id;
+    h->rank = w->rank;
+    h->member_id = w->member_id;
+    zps_err err = zps_wire_send(w->shards[shard].sock, NULL, h, payload, bytes, ref);
+    if (err != ZPS_OK) {
+        zps_log_error("could not send %s to %s: %s", zps_wire_type_name(h->type),
+                      w->shards[shard].endpoint, zps_strerror(err));
+    }
+    return err;
+}
+
+// ---------------------------------------------------------------------------
+// Joining: HELLO, JOB, model, data, first parameters.
+
+static zps_err s_hello(s_worker *w)
+{
+    char host[64] = "?";
+    gethostname(host, sizeof host - 1);
+    Zps__Hello hello = ZPS__HELLO__INIT;
+    hello.host = host;
+    hello.device = (char *)w->opts.device;
+    hello.share = w->opts.share;
+    hello.pid = (uint32_t)getpid();
+    Zps__Header h;
+    zps_wire_header_init(&h, ZPS__MSG_TYPE__HELLO);
+    h.hello = &hello;
+    return s_send(w, 0, &h, NULL, 0, NULL);
+}
+
+static zps_err s_take_shards(s_worker *w, const Zps__Job *job)
+{
+    if (job->n_shards == 0 || job->n_shards > ZPS_WORKER_MAX_SHARDS) {
+        zps_log_error("job names %zu shards (1..%d)", job->n_shards, ZPS_WORKER_MAX_SHARDS);
+        return ZPS_EPROTO;
+    }
+    uint64_t next = 0;
+    for (size_t i = 0; i < job->n_shards; i++) {
+        const Zps__ShardInfo *si = job->shards[i];
+        if (si->index != i || si->lo != next || si->hi <= si->lo) {
+            zps_log_error("job's shard %zu range [%llu, %llu) does not follow the previous one",
+                          i, (unsigned long long)si->lo, (unsigned long long)si->hi);
+            return ZPS_EPROTO;
+        }
+        next = si->hi;
+        s_shard_conn *sc = &w->shards[i];
+        sc->lo = si->lo;
+        sc->hi = si->hi;
+        if (i == 0) {
+            continue; // the coordinator's socket, already connected
+        }
+        snprintf(sc->endpoint, sizeof sc->endpoint, "%s", si->endpoint);
+        sc->sock = zps_wire_socket(w->ctx, ZMQ_DEALER, ZPS_WORKER_POLL_MS);
+        if (!sc->sock || zmq_connect(sc->sock, sc->endpoint) != 0) {
+            zps_log_error("cannot connect to shard %zu at %s", i, sc->endpoint);
+            return ZPS_EIO;
+        }
+    }
+    w->n_shards = (int)job->n_shards;
+    if (next != w->model.n_params) {
+        zps_log_error("shards cover %llu parameters, the model has %zu",
+                      (unsigned long long)next, w->model.n_params);
+        return ZPS_EPROTO;
+    }
+    return ZPS_OK;
+}
+
+static zps_err s_take_job(s_worker *w, const Zps__Header *h)
+{
+    const Zps__Job *job = h->job;
+    if (!job || zps_model_parse(job->model, &w->model) != ZPS_OK) {
+        zps_log_error("the coordinator sent a job without a usable model");
+        return ZPS_EPROTO;
+    }
+    if (zps_plan_from_wire(job->plan, job->n_plan, job->global_batch, &w->plan) != ZPS_OK ||
+        job->steps_per_epoch == 0) {
+        zps_log_error("the coordinator sent an inconsistent plan");
+        return ZPS_EPROTO;
+    }
+    w->job_id = h->job_id;
+    w->rank = job->rank;
+    w->member_id = job->member_id;
+    w->seed = job->seed;
+    w->total_steps = job->total_steps;
+    w->steps_per_epoch = job->steps_per_epoch;
+    w->start_step = job->start_step;
+    w->mine = NULL;
+    for (uint32_t i = 0; i < w->plan.n; i++) {
+        if (w->plan.slices[i].rank == w->rank) {
+            w->mine = &w->plan.slices[i];
+            w->position = i;
+        }
+    }
+    if (!w->mine) {
+        zps_log_error("my rank %u is not in the plan", w->rank);
+        return ZPS_EPROTO;
+    }
+    char name[32];
+    snprintf(name, sizeof name, "worker[%u]", w->rank);
+    zps_log_set_name(name);
+    zps_log_info("job %016llx: rank %u, samples [%u, %u) of %u, model %s, dataset %s",
+                 (unsigned long long)w->job_id, w->rank, w->mine->offset,
+                 w->mine->offset + w->mine->count, w->plan.global_batch, job->model,
+                 job->dataset);
+    return s_take_shards(w, job);
+}
+
+static zps_err s_setup_compute(s_worker *w, const char *dataset)
+{
+    zps_dataset_spec ds;
+    if (zps_dataset_parse(dataset, &ds) != ZPS_OK) {
+        return ZPS_EINVAL;
+    }
+    uint32_t dim = zps_model_inputs(&w->model);
+    w->data = zps_dataset_open(&ds, w->opts.cache_dir, w->seed, dim, zps_model_classes(&w->model));
+    if (!w->data) {
+        return ZPS_EIO;
+    }
+    zps_err err = zps_sampler_init(&w->sampler, w->seed, zps_dataset_size(w->data, ZPS_SPLIT_TRAIN),
+                                   w->plan.global_batch);
+    if (err != ZPS_OK) {
+        return err;
+    }
+    if (w->sampler.steps_per_epoch != w->steps_per_epoch) {
+        zps_log_error("my dataset gives %llu steps per epoch, the job %llu",
+                      (unsigned long long)w->sampler.steps_per_epoch,
+                      (unsigned long long)w->steps_per_epoch);
+        return ZPS_EINVAL;
+    }
+    uint32_t rows = w->mine->count > ZPS_WORKER_EVAL_CHUNK ? w->mine->count : ZPS_WORKER_EVAL_CHUNK;
+    w->cpu = zps_cpu_new(&w->model, rows);
+    w->x = malloc((size_t)rows * dim * sizeof(float));
+    w->labels = malloc(rows * sizeof(uint32_t));
+    w->eval_idx = malloc(ZPS_WORKER_EVAL_CHUNK * sizeof(uint32_t));
+    if (!w->cpu || !w->x || !w->labels || !w->eval_idx) {
+        zps_log_error("cannot allocate the model and batch buffers (%u rows)", rows);
+        return ZPS_ENOMEM;
+    }
+    return ZPS_OK;
+}
+
+// Drops a PARAMS reply for `step` from shard i into the model.
+static zps_err s_take_params(s_worker *w, int i, uint64_t step)
+{
+    s_shard_conn *sc = &w->shards[i];
+    zps_wire_msg m;
+    zps_err err = s_await(sc->sock, "parameters", sc->endpoint, w->opts.timeout_ms, &m);
+    if (err == ZPS_OK) {
+        char why[160];
+        const Zps__Header *h = m.hdr;
+        if (h->type != ZPS__MSG_TYPE__PARAMS || h->step != step || h->offset != sc->lo ||
+            h->count != sc->hi - sc->lo) {
+            zps_log_error("%s sent %s for step %llu, expected PARAMS for step %llu of [%llu, %llu)",
+                          sc->endpoint, zps_wire_type_name(h->type), (unsigned long long)h->step,
+                          (unsigned long long)step, (unsigned long long)sc->lo,
+                          (unsigned long long)sc->hi);
+            err = ZPS_EPROTO;
+        } else if ((err = zps_wire_check_tensor(&m, sc->lo, sc->hi, why, sizeof why)) != ZPS_OK) {
+            zps_log_error("%s sent bad parameters: %s", sc->endpoint, why);
+        } else {
+            zps_wire_copy_payload(&m, zps_cpu_params(w->cpu) + sc->lo);
+        }
+    }
+    zps_wire_msg_fini(&m);
+    return err;
+}
+
+static zps_err s_join(s_worker *w)
+{
+    zps_err err = s_hello(w);
+    if (err != ZPS_OK) {
+        return err;
+    }
+    zps_wire_msg m;
+    err = s_await(w->shards[0].sock, "the job to start", w->shards[0].endpoint,
+                  w->opts.join_timeout_ms, &m);
+    if (err == ZPS_OK && m.hdr->type != ZPS__MSG_TYPE__JOB) {
+        zps_log_error("expected JOB, got %s", zps_wire_type_name(m.hdr->type));
+        err = ZPS_EPROTO;
+    }
+    if (err == ZPS_OK && (err = s_take_job(w, m.hdr)) == ZPS_OK) {
+        err = s_setup_compute(w, m.hdr->job->dataset);
+    }
+    zps_wire_msg_fini(&m);
+    for (int i = 0; err == ZPS_OK && i < w->n_shards; i++) {
+        Zps__Header h;
+        zps_wire_header_init(&h, ZPS__MSG_TYPE__PULL);
+        h.shard = (uint32_t)i;
+        if ((err = s_send(w, i, &h, NULL, 0, NULL)) == ZPS_OK) {
+            err = s_take_params(w, i, w->start_step);
+        }
+    }
+    return err;
+}
+
+// ---------------------------------------------------------------------------
+// Training and evaluation.
+
+// Evaluates my share of the test set and reports it to the coordinator.
+static zps_err s_evaluate(s_worker *w, uint64_t epoch)
+{
+    uint32_t n_test = zps_dataset_size(w->data, ZPS_SPLIT_TEST);
+    uint64_t W = w->plan.n, p = w->position;
+    uint32_t lo = (uint32_t)(n_test * p / W), hi = (uint32_t)(n_test * (p + 1) / W);
+    uint32_t correct = 0;
+    double loss_sum = 0;
+    for (uint32_t start = lo; start < hi; start += ZPS_WORKER_EVAL_CHUNK) {
+        uint32_t n = hi - start < ZPS_WORKER_EVAL_CHUNK ? hi - start : ZPS_WORKER_EVAL_CHUNK;
+        for (uint32_t i = 0; i < n; i++) {
+            w->eval_idx[i] = start + i;
+        }
+        zps_err err = zps_dataset_gather(w->data, ZPS_SPLIT_TEST, w->eval_idx, n, w->x, w->labels);
+        if (err == ZPS_OK) {
+            err = zps_cpu_evaluate(w->cpu, w->x, w->labels, n, &correct, &loss_sum);
+        }
+        if (err != ZPS_OK) {
+            return err;
+        }
+    }
+    Zps__Eval ev = ZPS__EVAL__INIT;
+    ev.epoch = epoch;
+    ev.correct = correct;
+    ev.loss_sum = loss_sum;
+    ev.count = hi - lo;
+    ev.offset = lo;
+    Zps__Header h;
+    zps_wire_header_init(&h, ZPS__MSG_TYPE__EVAL);
+    h.eval = &ev;
+    zps_log_debug("epoch %llu: %u of %u test records right", (unsigned long long)epoch, correct,
+                  hi - lo);
+    return s_send(w, 0, &h, NULL, 0, NULL);
+}
+
+static zps_err s_step(s_worker *w, uint64_t step)
+{
+    // ZeroMQ may still hold the last push's frames of the gradient buffer.
+    zps_err err = zps_wire_ref_wait(&w->grad_ref, w->opts.timeout_ms);
+    if (err != ZPS_OK) {
+        return err;
+    }
+    double t0 = zps_clock_ms();
+    const uint32_t *idx = zps_sampler_slice(&w->sampler, step, w->mine->offset, w->mine->count);
+    if (!idx) {
+        return ZPS_EINVAL;
+    }
+    uint32_t n = w->mine->count;
+    if ((err = zps_dataset_gather(w->data, ZPS_SPLIT_TRAIN, idx, n, w->x, w->labels)) != ZPS_OK) {
+        return err;
+    }
+    double t1 = zps_clock_ms();
+    float loss;
+    if ((err = zps_cpu_train_step(w->cpu, w->x, w->labels, n, &loss)) != ZPS_OK) {
+        return err;
+    }
+    double t2 = zps_clock_ms();
+    const float *grads = zps_cpu_grads(w->cpu);
+    for (int i = 0; i < w->n_shards; i++) {
+        const s_shard_conn *sc = &w->shards[i];
+        Zps__Header h;
+        zps_wire_header_init(&h, ZPS__MSG_TYPE__PUSH);
+        h.step = step;
+        h.shard = (uint32_t)i;
+        h.offset = sc->lo;
+        h.count = sc->hi - sc->lo;
+        h.dtype = ZPS__DTYPE__F32;
+        h.samples = n;
+        h.loss = loss;
+        h.data_ms = (float)(t1 - t0);
+        h.compute_ms = (float)(t2 - t1);
+        err = s_send(w, i, &h, grads + sc->lo, h.count * sizeof(float), &w->grad_ref);
+        if (err != ZPS_OK) {
+            return err;
+        }
+    }
+    for (int i = 0; err == ZPS_OK && i < w->n_shards; i++) {
+        err = s_take_params(w, i, step + 1);
+    }
+    return err;
+}
+
+static zps_err s_train(s_worker *w)
+{
+    for (uint64_t t = w->start_step; t < w->total_steps; t++) {
+        zps_err err = s_step(w, t);
+        if (err != ZPS_OK) {
+            zps_log_error("step %llu failed: %s", (unsigned long long)t, zps_strerror(err));
+            return err;
+        }
+        bool epoch_end = (t + 1) % w->steps_per_epoch == 0;
+        if ((epoch_end || t + 1 == w->total_steps) &&
+            (err = s_evaluate(w, t / w->steps_per_epoch)) != ZPS_OK) {
+            return err;
+        }
+    }
+    return ZPS_OK;
+}
+
+static zps_err s_save_params(const s_worker *w, const char *path)
+{
+    char tmp[4096];
+    snprintf(tmp, sizeof tmp, "%s.tmp.%d", path, (int)getpid());
+    FILE *f = fopen(tmp, "wb");
+    if (!f) {
+        zps_log_error("--save-params %s: %s", tmp, strerror(errno));
+        return ZPS_EIO;
+    }
+    size_t n = w->model.n_params;
+    bool ok = fwrite(zps_cpu_params(w->cpu), sizeof(float), n, f) == n;
+    ok = (fclose(f) == 0) && ok;
+    if (!ok || rename(tmp, path) != 0) {
+        zps_log_error("--save-params %s: %s", path, strerror(errno));
+        unlink(tmp);
+        return ZPS_EIO;
+    }
+    zps_log_info("saved %zu parameters to %s", n, path);
+    return ZPS_OK;
+}
+
+static void s_bye(s_worker *w)
+{
+    Zps__Header h;
+    zps_wire_header_init(&h, ZPS__MSG_TYPE__BYE);
+    h.step = w->total_steps;
+    (void)s_send(w, 0, &h, NULL, 0, NULL);
+}
+
+// ---------------------------------------------------------------------------
+// Flags and start-up.
+
+static void s_usage(FILE *f)
+{
+    fprintf(f,
+            "usage: zps-worker --coordinator ENDPOINT [options]\n"
+            "  --coordinator ENDPOINT  shard 0, e.g. tcp://127.0.0.1:5555 (required)\n"
+            "  --device cpu            compute backend (default cpu)\n"
+            "  --share N               ask for N samples of each global batch (default: split)\n"
+            "  --save-params FILE      write the final flat parameters (float32 LE)\n"
+            "  --threads N             OpenBLAS threads (default 1)\n"
+            "  --cache-dir DIR         decompressed datasets (default ~/.cache/zps)\n"
+            "  --timeout-ms MS         bound on any reply once training (default 60000)\n"
+            "  --join-timeout-ms MS    bound on waiting for the job to start (default 600000)\n"
+            "  --log-level LEVEL       debug, info, warn, error (default info)\n");
+}
+
+static bool s_parse_int(const char *flag, const char *text, long lo, long hi, long *out)
+{
+    char *end;
+    errno = 0;
+    long v = strtol(text, &end, 10);
+    if (errno || end == text || *end || v < lo || v > hi) {
+        fprintf(stderr, "zps-worker: %s: '%s' is not an integer in %ld..%ld\n", flag, text, lo,
+                hi);
+        return false;
+    }
+    *out = v;
+    return true;
+}
+
+static bool s_parse_opts(int argc, char **argv, s_opts *o, char *cache_buf, size_t cache_len)
+{
+    enum { O_COORD = 256, O_DEVICE, O_SHARE, O_SAVE, O_THREADS, O_CACHE, O_TIMEOUT, O_JOIN,
+           O_LOG, O_HELP };
+    static const struct option longopts[] = {
+        {"coordinator", required_argument, 0, O_COORD},
+        {"device", required_argument, 0, O_DEVICE},
+        {"share", required_argument, 0, O_SHARE},
+        {"save-params", required_argument, 0, O_SAVE},
+        {"threads", required_argument, 0, O_THREADS},
+        {"cache-dir", required_argument, 0, O_CACHE},
+        {"timeout-ms", required_argument, 0, O_TIMEOUT},
+        {"join-timeout-ms", required_argument, 0, O_JOIN},
+        {"log-level", required_argument, 0, O_LOG},
+        {"help", no_argument, 0, O_HELP},
+        {0, 0, 0, 0},
+    };
+    *o = (s_opts){.device = "cpu", .threads = 1, .timeout_ms = 60000, .join_timeout_ms = 600000};
+    long v;
+    int c;
+    while ((c = getopt_long(argc, argv, "", longopts, NULL)) != -1) {
+        bool ok = true;
+        switch (c) {
+        case O_COORD: o->coordinator = optarg; break;
+        case O_DEVICE: o->device = optarg; break;
+        case O_SHARE: ok = s_parse_int("--share", optarg, 1, 1 << 24, &v); o->share = (uint32_t)v; break;
+        case O_SAVE: o->save_params = optarg; break;
+        case O_THREADS: ok = s_parse_int("--threads", optarg, 1, 256, &v); o->threads = (int)v; break;
+        case O_CACHE: o->cache_dir = optarg; break;
+        case O_TIMEOUT: ok = s_parse_int("--timeout-ms", optarg, 100, 86400000, &v); o->timeout_ms = (int)v; break;
+        case O_JOIN: ok = s_parse_int("--join-timeout-ms", optarg, 100, 86400000, &v); o->join_timeout_ms = (int)v; break;
+        case O_LOG: {
+            zps_log_level lvl;
+            ok = zps_log_parse_level(optarg, &lvl);
+            if (ok) {
+                zps_log_set_level(lvl);
+            } else {
+                fprintf(stderr, "zps-worker: --log-level: debug, info, warn or error\n");
+            }
+            break;
+        }
+        case O_HELP: s_usage(stdout); exit(0);
+        default: ok = false; break;
+        }
+        if (!ok) {
+            s_usage(stderr);
+            return false;
+        }
+    }
+    if (optind < argc || !o->coordinator) {
+        fprintf(stderr, optind < argc ? "zps-worker: unexpected argument '%s'\n"
+                                      : "zps-worker: --coordinator is required%s\n",
+                optind < argc ? argv[optind] : "");
+        s_usage(stderr);
+        return false;
+    }
+    if (strcmp(o->device, "cpu") != 0) {
+        fprintf(stderr, "zps-worker: --device %s: this build has only the cpu backend\n",
+                o->device);
+        return false;
+    }
+    if (!o->cache_dir) {
+        const char *xdg = getenv("XDG_CACHE_HOME"), *home = getenv("HOME");
+        if (xdg && *xdg) {
+            snprintf(cache_buf, cache_len, "%s/zps", xdg);
+        } else {
+            snprintf(cache_buf, cache_len, "%s/.cache/zps", home && *home ? home : "/tmp");
+        }
+        o->cache_dir = cache_buf;
+    }
+    return true;
+}
+
+static void s_worker_fini(s_worker *w)
+{
+    for (int i = 0; i < ZPS_WORKER_MAX_SHARDS; i++) {
+        if (w->shards[i].sock) {
+            zmq_close(w->shards[i].sock);
+        }
+    }
+    if (w->ctx) {
+        zmq_ctx_term(w->ctx); // flushes the BYE within the linger, releases grad frames
+    }
+    zps_cpu_destroy(&w->cpu);
+    zps_dataset_destroy(&w->data);
+    zps_sampler_fini(&w->sampler);
+    free(w->x);
+    free(w->labels);
+    free(w->eval_idx);
+}
+
+int main(int argc, char **argv)
+{
+    zps_log_set_name("worker");
+    static s_worker w; // large (plan); static keeps it off the stack
+    char cache_dir[4096];
+    if (!s_parse_opts(argc, argv, &w.opts, cache_dir, sizeof cache_dir)) {
+        return 2;
+    }
+    openblas_set_num_threads(w.opts.threads);
+    w.ctx = zmq_ctx_new();
+    s_shard_conn *coord = &w.shards[0];
+    snprintf(coord->endpoint, sizeof coord->endpoint, "%s", w.opts.coordinator);
+    coord->sock = w.ctx ? zps_wire_socket(w.ctx, ZMQ_DEALER, ZPS_WORKER_POLL_MS) : NULL;
+    if (!coord->sock || zmq_connect(coord->sock, coord->endpoint) != 0) {
+        zps_log_error("cannot connect to %s: %s", coord->endpoint, zmq_strerror(errno));
+        s_worker_fini(&w);
+        return 2;
+    }
+    zps_err err = s_join(&w);
+    if (err == ZPS_OK) {
+        err = s_train(&w);
+    }
+    if (err == ZPS_OK && w.opts.save_params) {
+        err = s_save_params(&w, w.opts.save_params);
+    }
+    if (err == ZPS_OK) {
+        s_bye(&w);
+        zps_log_info("done: %llu steps", (unsigned long long)w.total_steps);
+    }
+    s_worker_fini(&w);
+    return err == ZPS_OK ? 0 : 1;
+}
