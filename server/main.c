@@ -37,6 +37,7 @@ typedef struct s_opts {
     zps_optim_cfg optim;      // lr, momentum, schedule
     uint64_t seed;            // init, data order
     const char *metrics_log;  // JSON lines, or NULL
+    const char *endpoint_file; // where to write the bound endpoint, or NULL
 } s_opts;
 
 typedef struct s_server {
@@ -277,7 +278,8 @@ static void s_usage(FILE *f)
 {
     fprintf(f,
             "usage: zps-server [options]\n"
-            "  --listen ENDPOINT      bind here (default tcp://127.0.0.1:5555)\n"
+            "  --listen ENDPOINT      bind here (default tcp://127.0.0.1:5555; port * picks one)\n"
+            "  --endpoint-file FILE   write the bound endpoint here once listening\n"
             "  --workers N            workers to admit before step 0 (default 1)\n"
             "  --model SPEC           mlp:D0-D1-...-Dk (default mlp:784-512-512-10)\n"
             "  --dataset SPEC         fashion-mnist[:DIR] or synthetic:N (default fashion-mnist)\n"
@@ -322,7 +324,7 @@ static bool s_parse_opts(int argc, char **argv, s_opts *o)
 {
     enum { O_LISTEN = 256, O_WORKERS, O_MODEL, O_DATASET, O_BATCH, O_EPOCHS, O_STEPS, O_OPTIM,
            O_LR, O_MOMENTUM, O_NESTEROV, O_WD, O_SCHED, O_WARMUP, O_SEED, O_METRICS, O_LOG,
-           O_HELP };
+           O_ENDPOINT_FILE, O_HELP };
     static const struct option longopts[] = {
         {"listen", required_argument, 0, O_LISTEN},
         {"workers", required_argument, 0, O_WORKERS},
@@ -341,6 +343,7 @@ static bool s_parse_opts(int argc, char **argv, s_opts *o)
         {"seed", required_argument, 0, O_SEED},
         {"metrics-log", required_argument, 0, O_METRICS},
         {"log-level", required_argument, 0, O_LOG},
+        {"endpoint-file", required_argument, 0, O_ENDPOINT_FILE},
         {"help", no_argument, 0, O_HELP},
         {0, 0, 0, 0},
     };
@@ -384,6 +387,7 @@ static bool s_parse_opts(int argc, char **argv, s_opts *o)
         case O_WARMUP: ok = s_parse_u64("--warmup-steps", optarg, &o->optim.warmup_steps); break;
         case O_SEED: ok = s_parse_u64("--seed", optarg, &o->seed); break;
         case O_METRICS: o->metrics_log = optarg; break;
+        case O_ENDPOINT_FILE: o->endpoint_file = optarg; break;
         case O_LOG: {
             zps_log_level lvl;
             ok = zps_log_parse_level(optarg, &lvl);
@@ -411,6 +415,32 @@ static bool s_parse_opts(int argc, char **argv, s_opts *o)
         return false;
     }
     return true;
+}
+
+// Binds sock and reports the endpoint bound (a port of '*' resolved) in
+// endpoint and, if asked, in a file that launchers and tests wait for.
+static int s_bind(void *sock, const char *listen, const char *endpoint_file, char *endpoint,
+                  size_t len)
+{
+    if (zmq_bind(sock, listen) != 0) {
+        zps_log_error("cannot bind %s: %s", listen, zmq_strerror(errno));
+        fprintf(stderr, "HINT: another zps-server may hold the port; pick another --listen\n");
+        return 2;
+    }
+    if (zmq_getsockopt(sock, ZMQ_LAST_ENDPOINT, endpoint, &len) != 0) {
+        snprintf(endpoint, len, "%s", listen);
+    }
+    if (endpoint_file) {
+        char tmp[4096];
+        snprintf(tmp, sizeof tmp, "%s.tmp", endpoint_file);
+        FILE *f = fopen(tmp, "w");
+        if (!f || fprintf(f, "%s\n", endpoint) < 0 || fclose(f) != 0 ||
+            rename(tmp, endpoint_file) != 0) {
+            zps_log_error("--endpoint-file %s: %s", endpoint_file, strerror(errno));
+            return 2;
+        }
+    }
+    return 0;
 }
 
 int main(int argc, char **argv)
@@ -461,30 +491,29 @@ int main(int argc, char **argv)
         zps_log_error("--metrics-log %s: %s", o.metrics_log, strerror(errno));
         goto out;
     }
-    zps_coord_cfg cc = {
-        .model = o.model, .dataset = o.dataset, .seed = o.seed, .global_batch = o.global_batch,
-        .total_steps = total, .steps_per_epoch = spe, .n_test = n_test, .workers = o.workers,
-        .n_params = model.n_params, .endpoint = o.listen, .metrics = metrics,
-    };
-    if (!(srv.coord = zps_coord_new(&cc))) {
-        goto out;
-    }
     srv.ctx = zmq_ctx_new();
     srv.sock = srv.ctx ? zps_wire_socket(srv.ctx, ZMQ_ROUTER, 5000) : NULL;
     if (!srv.sock) {
         goto out;
     }
-    if (zmq_bind(srv.sock, o.listen) != 0) {
-        zps_log_error("cannot bind %s: %s", o.listen, zmq_strerror(errno));
-        fprintf(stderr, "HINT: another zps-server may hold the port; pick another --listen\n");
-        ret = 2;
+    char endpoint[256];
+    if ((ret = s_bind(srv.sock, o.listen, o.endpoint_file, endpoint, sizeof endpoint)) != 0) {
+        goto out;
+    }
+    ret = 1;
+    zps_coord_cfg cc = {
+        .model = o.model, .dataset = o.dataset, .seed = o.seed, .global_batch = o.global_batch,
+        .total_steps = total, .steps_per_epoch = spe, .n_test = n_test, .workers = o.workers,
+        .n_params = model.n_params, .endpoint = endpoint, .metrics = metrics,
+    };
+    if (!(srv.coord = zps_coord_new(&cc))) {
         goto out;
     }
     signal(SIGINT, s_on_signal);
     signal(SIGTERM, s_on_signal);
     zps_log_info("listening on %s: model %s (%zu parameters), dataset %s (%u train, %u test), "
                  "global batch %u, %llu steps",
-                 o.listen, o.model, model.n_params, o.dataset, n_train, n_test, o.global_batch,
+                 endpoint, o.model, model.n_params, o.dataset, n_train, n_test, o.global_batch,
                  (unsigned long long)total);
     ret = s_run(&srv);
 out:

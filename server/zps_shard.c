@@ -157,8 +157,7 @@ static bool s_overlaps(const s_contrib *c, uint64_t lo, uint64_t hi)
     return false;
 }
 
-// acc[i] += n * g[i] over one frame; the frame may sit unaligned in
-// ZeroMQ's receive buffer, and floats must not be read unaligned.
+// acc[i] += n * g[i] over one frame.
 static void s_accumulate(float *restrict acc, const float *restrict g, float n, size_t len)
 {
     for (size_t i = 0; i < len; i++) {
@@ -169,6 +168,12 @@ static void s_accumulate(float *restrict acc, const float *restrict g, float n, 
 zps_err zps_shard_push(zps_shard *s, const zps_wire_msg *m, char *why, size_t why_len)
 {
     const Zps__Header *h = m->hdr;
+    // Cheapest and most basic first: the shape of the message, then whether
+    // it belongs to this step, then who sent it.
+    zps_err err = zps_wire_check_tensor(m, s->lo, s->hi, why, why_len);
+    if (err != ZPS_OK) {
+        return err;
+    }
     if (h->step != s->step) {
         snprintf(why, why_len, "push for step %llu, shard is at step %llu",
                  (unsigned long long)h->step, (unsigned long long)s->step);
@@ -184,10 +189,6 @@ zps_err zps_shard_push(zps_shard *s, const zps_wire_msg *m, char *why, size_t wh
         snprintf(why, why_len, "rank %u pushed %u samples, its slice has %u", h->rank,
                  h->samples, s->plan.slices[pi].count);
         return ZPS_EPROTO;
-    }
-    zps_err err = zps_wire_check_tensor(m, s->lo, s->hi, why, why_len);
-    if (err != ZPS_OK) {
-        return err;
     }
     s_contrib *c = &s->contrib[pi];
     uint64_t lo = h->offset, hi = h->offset + h->count;
@@ -208,6 +209,7 @@ zps_err zps_shard_push(zps_shard *s, const zps_wire_msg *m, char *why, size_t wh
         zmq_msg_t *frame = (zmq_msg_t *)&m->frames[f];
         size_t len = zmq_msg_size(frame) / sizeof(float);
         const float *g = zmq_msg_data(frame);
+        // A frame may sit unaligned in ZeroMQ's receive buffer.
         if ((uintptr_t)g % _Alignof(float) != 0) {
             memcpy(s->scratch, g, len * sizeof(float));
             g = s->scratch;

@@ -40,11 +40,12 @@ zps_wire_ref *zps_shard_params_ref(zps_shard *s);
 // for the current step are kept only for members still in it.
 void zps_shard_set_plan(zps_shard *s, const zps_plan *plan);
 
-// Counts a validated PUSH header + payload. Refuses (with the reason in
-// why, parameters untouched) a push for another step (ZPS_ESTALE), from a
-// rank or member id not in the plan (ZPS_ENOENT), with a sample count other
-// than the planned one (ZPS_EPROTO), out of range (ZPS_ERANGE), or
-// overlapping what that rank already pushed this step (ZPS_EDUP).
+// Counts a PUSH (header + payload). Refuses, with the reason in why and
+// the parameters untouched, in this order: a tensor of the wrong shape
+// (ZPS_EPROTO) or out of range (ZPS_ERANGE), a push for another step
+// (ZPS_ESTALE), from a rank or member id not in the plan (ZPS_ENOENT), with
+// a sample count other than the planned one (ZPS_EPROTO), or overlapping
+// what that rank already pushed this step (ZPS_EDUP).
 zps_err zps_shard_push(zps_shard *s, const zps_wire_msg *m, char *why, size_t why_len);
 
 // True when every planned member covered [lo, hi) this step.

@@ -1,0 +1,76 @@
+/* check_model.c - model spec parsing, layout and initialisation. */
+#include <math.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "common/zps_model.h"
+#include "tests/zps_check.h"
+
+START_TEST(test_model_parse_lays_out_weights_then_bias)
+{
+    zps_model_spec m;
+    ck_assert_int_eq(zps_model_parse("mlp:784-512-512-10", &m), ZPS_OK);
+    ck_assert_int_eq(m.n_layers, 3);
+    ck_assert_uint_eq(m.n_params, 784 * 512 + 512 + 512 * 512 + 512 + 512 * 10 + 10);
+    ck_assert_uint_eq(m.layers[0].w_off, 0);
+    ck_assert_uint_eq(m.layers[0].b_off, 784 * 512);
+    ck_assert_uint_eq(m.layers[1].w_off, 784 * 512 + 512);
+    ck_assert_uint_eq(m.layers[2].b_off, m.n_params - 10);
+    ck_assert_uint_eq(zps_model_inputs(&m), 784);
+    ck_assert_uint_eq(zps_model_classes(&m), 10);
+}
+END_TEST
+
+START_TEST(test_model_parse_refuses_bad_specs)
+{
+    static const char *bad[] = {"", "mlp:", "mlp:10", "mlp:10-", "mlp:10--3", "mlp:10-0",
+                                "mlp:-1-3", "mlp:10-x", "cnn:10-10", "mlp:10-2000000",
+                                "mlp:1-1-1-1-1-1-1-1-1-1-1-1-1-1-1-1-1-1"};
+    zps_model_spec m;
+    for (size_t i = 0; i < sizeof bad / sizeof bad[0]; i++) {
+        ck_assert_msg(zps_model_parse(bad[i], &m) == ZPS_EINVAL, "accepted '%s'", bad[i]);
+    }
+}
+END_TEST
+
+START_TEST(test_model_init_is_he_normal_and_deterministic)
+{
+    zps_model_spec m;
+    ck_assert_int_eq(zps_model_parse("mlp:400-300-10", &m), ZPS_OK);
+    float *a = malloc(m.n_params * sizeof(float));
+    float *b = malloc(m.n_params * sizeof(float));
+    float *c = malloc(m.n_params * sizeof(float));
+    zps_model_init_params(&m, 7, a);
+    zps_model_init_params(&m, 7, b);
+    zps_model_init_params(&m, 8, c);
+    ck_assert_mem_eq(a, b, m.n_params * sizeof(float));
+    ck_assert(memcmp(a, c, m.n_params * sizeof(float)) != 0);
+    // Layer 0: 120000 weights ~ N(0, 2/400): the sample std is within 1%.
+    double sum = 0, sq = 0;
+    size_t nw = 400 * 300;
+    for (size_t i = 0; i < nw; i++) {
+        sum += a[i];
+        sq += (double)a[i] * a[i];
+    }
+    double mean = sum / nw, std = sqrt(sq / nw - mean * mean);
+    ck_assert_double_lt(fabs(mean), 0.002);
+    ck_assert_double_lt(fabs(std - sqrt(2.0 / 400)), 0.01 * sqrt(2.0 / 400));
+    for (uint32_t i = 0; i < 300; i++) {
+        ck_assert_float_eq(a[m.layers[0].b_off + i], 0.0f);
+    }
+    free(a);
+    free(b);
+    free(c);
+}
+END_TEST
+
+Suite *zps_suite_model(void)
+{
+    Suite *s = suite_create("model");
+    TCase *tc = tcase_create("spec");
+    tcase_add_test(tc, test_model_parse_lays_out_weights_then_bias);
+    tcase_add_test(tc, test_model_parse_refuses_bad_specs);
+    tcase_add_test(tc, test_model_init_is_he_normal_and_deterministic);
+    suite_add_tcase(s, tc);
+    return s;
+}

@@ -1,0 +1,14 @@
+/* check_integration.c - runs the integration suites (needs bin/ built). */
+#include <stdlib.h>
+
+#include "zps_integration.h"
+
+int main(void)
+{
+    SRunner *sr = srunner_create(zps_suite_train());
+    srunner_add_suite(sr, zps_suite_malformed());
+    srunner_run_all(sr, CK_NORMAL);
+    int failed = srunner_ntests_failed(sr);
+    srunner_free(sr);
+    return failed == 0 ? EXIT_SUCCESS : EXIT_FAILURE;
+}

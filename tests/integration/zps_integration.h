@@ -1,0 +1,13 @@
+/* zps_integration.h - the integration suites: real zps processes on loopback. */
+#ifndef ZPS_INTEGRATION_H
+#define ZPS_INTEGRATION_H
+
+#include <check.h>
+
+Suite *zps_suite_train(void);
+Suite *zps_suite_malformed(void);
+
+// Where tests keep decompressed datasets between runs.
+#define ZPS_TEST_CACHE "build/test-cache"
+
+#endif

@@ -1,0 +1,192 @@
+/* zps_proc.c - process helpers for the integration tests. Every wait is
+ * bounded; every process started is killed by pid at the end. */
+#include "zps_proc.h"
+
+#include <check.h>
+#include <errno.h>
+#include <fcntl.h>
+#include <signal.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/prctl.h>
+#include <sys/wait.h>
+#include <time.h>
+#include <unistd.h>
+
+#include "common/zps_clock.h"
+
+// A failed ck_assert exits the test's process at once: this kills what the
+// test started on the way out (and PR_SET_PDEATHSIG covers a SIGKILLed test).
+static zps_procs *s_current;
+
+static void s_kill_current(void)
+{
+    if (s_current) {
+        zps_procs_fini(s_current, true);
+    }
+}
+
+void zps_procs_init(zps_procs *ps, const char *name)
+{
+    memset(ps, 0, sizeof *ps);
+    if (!s_current) {
+        atexit(s_kill_current);
+    }
+    s_current = ps;
+    const char *tmp = getenv("TMPDIR");
+    snprintf(ps->dir, sizeof ps->dir, "%s/zps-%s-XXXXXX", tmp && *tmp ? tmp : "/tmp", name);
+    ck_assert_ptr_nonnull(mkdtemp(ps->dir));
+}
+
+void zps_procs_fini(zps_procs *ps, bool keep)
+{
+    if (s_current == ps) {
+        s_current = NULL;
+    }
+    for (int i = 0; i < ZPS_PROC_MAX; i++) {
+        if (ps->pids[i] > 0) {
+            kill(ps->pids[i], SIGKILL);
+            waitpid(ps->pids[i], NULL, 0);
+            ps->pids[i] = 0;
+        }
+    }
+    if (!keep) {
+        char cmd[512];
+        snprintf(cmd, sizeof cmd, "rm -rf '%s'", ps->dir);
+        if (system(cmd) != 0) {
+            fprintf(stderr, "could not remove %s\n", ps->dir);
+        }
+    } else {
+        fprintf(stderr, "logs kept in %s\n", ps->dir);
+    }
+}
+
+const char *zps_procs_path(const zps_procs *ps, const char *name)
+{
+    static char bufs[8][512];
+    static int next;
+    char *b = bufs[next++ % 8];
+    snprintf(b, sizeof bufs[0], "%s/%s", ps->dir, name);
+    return b;
+}
+
+pid_t zps_procs_start(zps_procs *ps, const char *prog, const char *log, const char *const *args)
+{
+    const char *bin = getenv("ZPS_BIN_DIR");
+    char path[512];
+    snprintf(path, sizeof path, "%s/%s", bin && *bin ? bin : "bin", prog);
+    const char *argv[64] = {path};
+    int n = 1;
+    for (; args[n - 1] && n < 63; n++) {
+        argv[n] = args[n - 1];
+    }
+    argv[n] = NULL;
+    int slot = 0;
+    while (slot < ZPS_PROC_MAX && ps->pids[slot] > 0) {
+        slot++;
+    }
+    ck_assert_int_lt(slot, ZPS_PROC_MAX);
+    const char *logpath = zps_procs_path(ps, log);
+    pid_t pid = fork();
+    ck_assert_int_ge(pid, 0);
+    if (pid == 0) {
+        prctl(PR_SET_PDEATHSIG, SIGKILL);
+        int fd = open(logpath, O_WRONLY | O_CREAT | O_APPEND, 0644);
+        if (fd >= 0) {
+            dup2(fd, 1);
+            dup2(fd, 2);
+            close(fd);
+        }
+        execv(path, (char *const *)argv);
+        fprintf(stderr, "exec %s: %s\n", path, strerror(errno));
+        _exit(127);
+    }
+    ps->pids[slot] = pid;
+    return pid;
+}
+
+int zps_procs_wait(zps_procs *ps, pid_t pid, int timeout_ms)
+{
+    double deadline = zps_clock_ms() + timeout_ms;
+    int status = 0;
+    for (;;) {
+        pid_t r = waitpid(pid, &status, WNOHANG);
+        if (r == pid) {
+            break;
+        }
+        if (zps_clock_ms() > deadline) {
+            fprintf(stderr, "pid %d still running after %d ms: killing it\n", (int)pid,
+                    timeout_ms);
+            kill(pid, SIGKILL);
+            waitpid(pid, NULL, 0);
+            status = -1;
+            break;
+        }
+        struct timespec ts = {0, 10 * 1000 * 1000};
+        nanosleep(&ts, NULL);
+    }
+    for (int i = 0; i < ZPS_PROC_MAX; i++) {
+        if (ps->pids[i] == pid) {
+            ps->pids[i] = 0;
+        }
+    }
+    if (status == -1 || !WIFEXITED(status)) {
+        return -1;
+    }
+    return WEXITSTATUS(status);
+}
+
+const char *zps_procs_start_server(zps_procs *ps, pid_t *pid, const char *const *args,
+                                   int timeout_ms)
+{
+    static char endpoint[256];
+    const char *file = zps_procs_path(ps, "endpoint");
+    const char *full[48] = {"--listen", "tcp://127.0.0.1:*", "--endpoint-file", file};
+    int n = 4;
+    for (int i = 0; args[i] && n < 47; i++) {
+        full[n++] = args[i];
+    }
+    full[n] = NULL;
+    unlink(file); // a previous server's
+    *pid = zps_procs_start(ps, "zps-server", "server.log", full);
+    double deadline = zps_clock_ms() + timeout_ms;
+    while (zps_clock_ms() < deadline) {
+        FILE *f = fopen(file, "r");
+        if (f) {
+            bool ok = fgets(endpoint, sizeof endpoint, f) != NULL;
+            fclose(f);
+            if (ok) {
+                endpoint[strcspn(endpoint, "\n")] = '\0';
+                return endpoint;
+            }
+        }
+        int status;
+        if (waitpid(*pid, &status, WNOHANG) == *pid) {
+            ck_abort_msg("zps-server exited before listening; see %s/server.log", ps->dir);
+        }
+        struct timespec ts = {0, 10 * 1000 * 1000};
+        nanosleep(&ts, NULL);
+    }
+    ck_abort_msg("zps-server did not listen within %d ms", timeout_ms);
+    return NULL;
+}
+
+size_t zps_read_floats(const char *path, float **out)
+{
+    *out = NULL;
+    FILE *f = fopen(path, "rb");
+    if (!f) {
+        return 0;
+    }
+    fseek(f, 0, SEEK_END);
+    long len = ftell(f);
+    fseek(f, 0, SEEK_SET);
+    size_t n = len > 0 ? (size_t)len / sizeof(float) : 0;
+    *out = malloc(n * sizeof(float) + 1);
+    if (fread(*out, sizeof(float), n, f) != n) {
+        n = 0;
+    }
+    fclose(f);
+    return n;
+}

@@ -1,0 +1,42 @@
+/* zps_proc.h - real processes for integration tests: start zps daemons,
+ * wait for them with a bound, and kill by pid whatever is left. */
+#ifndef ZPS_PROC_H
+#define ZPS_PROC_H
+
+#include <stdbool.h>
+#include <stddef.h>
+#include <sys/types.h>
+
+#define ZPS_PROC_MAX 16
+
+// The processes one test started; zps_procs_kill_all reaps them all.
+typedef struct zps_procs {
+    pid_t pids[ZPS_PROC_MAX]; // started, not yet reaped (0: free slot)
+    char dir[256];            // the test's scratch directory (logs, outputs)
+} zps_procs;
+
+// Makes a scratch directory under $TMPDIR.
+void zps_procs_init(zps_procs *ps, const char *name);
+// Kills (SIGKILL) and reaps every process still running, removes the
+// scratch directory unless keep is set (a failing test keeps its logs).
+void zps_procs_fini(zps_procs *ps, bool keep);
+
+// Starts bin/<prog> (ZPS_BIN_DIR overrides bin) with NULL-terminated args,
+// stdout and stderr to <dir>/<log>. Returns the pid.
+pid_t zps_procs_start(zps_procs *ps, const char *prog, const char *log, const char *const *args);
+// Waits up to timeout_ms for pid to exit; returns its exit status, or -1 if
+// it did not exit in time (it is then killed) or died of a signal.
+int zps_procs_wait(zps_procs *ps, pid_t pid, int timeout_ms);
+
+// Starts a server with `args` and an endpoint file; returns its endpoint
+// (static storage) once the server listens, within timeout_ms.
+const char *zps_procs_start_server(zps_procs *ps, pid_t *pid, const char *const *args,
+                                   int timeout_ms);
+
+// Path under the scratch directory (static storage, 8 rotating buffers).
+const char *zps_procs_path(const zps_procs *ps, const char *name);
+
+// Reads a file of floats; returns how many, or 0 on error. Caller frees *out.
+size_t zps_read_floats(const char *path, float **out);
+
+#endif
