@@ -7,7 +7,7 @@
 #
 # Dependencies come from pkg-config; deploy/install-deps.sh installs them.
 
-OPT ?= -O2
+OPT ?= -O3
 PKGS := libzmq libprotobuf-c openblas zlib
 PKG_CFLAGS := $(shell pkg-config --cflags $(PKGS) 2>/dev/null)
 PKG_LIBS := $(shell pkg-config --libs $(PKGS) 2>/dev/null)

@@ -64,6 +64,8 @@ typedef struct s_worker {
     uint32_t *labels;                             // owned: same rows
     uint32_t *eval_idx;                           // owned: ZPS_WORKER_EVAL_CHUNK indices
     zps_wire_ref grad_ref;                        // grads still held by ZeroMQ
+    double sum_data_ms, sum_compute_ms, sum_wait_ms; // per-step phases, summed
+    uint64_t timed_steps;                         // steps in those sums
 } s_worker;
 
 // ---------------------------------------------------------------------------
@@ -385,11 +387,29 @@ static zps_err s_step(s_worker *w, uint64_t step)
     for (int i = 0; err == ZPS_OK && i < w->n_shards; i++) {
         err = s_take_params(w, i, step + 1);
     }
+    double t3 = zps_clock_ms();
+    w->sum_data_ms += t1 - t0;
+    w->sum_compute_ms += t2 - t1;
+    w->sum_wait_ms += t3 - t2;
+    w->timed_steps++;
     return err;
+}
+
+// One line for benchmarks: where a step's time went, on this worker.
+static void s_log_timing(const s_worker *w, double wall_ms)
+{
+    double n = w->timed_steps ? (double)w->timed_steps : 1.0;
+    double step = wall_ms / n;
+    zps_log_info("timing: %.3f ms/step over %llu steps: data %.3f, compute %.3f, "
+                 "push and wait for parameters %.3f ms (%.1f%% of the step)",
+                 step, (unsigned long long)w->timed_steps, w->sum_data_ms / n,
+                 w->sum_compute_ms / n, w->sum_wait_ms / n,
+                 step > 0 ? 100.0 * w->sum_wait_ms / n / step : 0.0);
 }
 
 static zps_err s_train(s_worker *w)
 {
+    double start = zps_clock_ms();
     for (uint64_t t = w->start_step; t < w->total_steps; t++) {
         zps_err err = s_step(w, t);
         if (err != ZPS_OK) {
@@ -402,6 +422,7 @@ static zps_err s_train(s_worker *w)
             return err;
         }
     }
+    s_log_timing(w, zps_clock_ms() - start);
     return ZPS_OK;
 }
 
