@@ -12,6 +12,7 @@
 // (buckets), each cut at shard boundaries: a few dozen pieces at most.
 #define ZPS_SHARD_MAX_SEGMENTS 64
 #define ZPS_SHARD_SNAP_WAIT_MS 1000
+#define ZPS_SHARD_BLOCK 2048 // elements per pass of the update: 4 arrays stay in L1/L2
 
 typedef struct s_contrib {
     uint64_t covered;                       // elements received this step
@@ -253,22 +254,29 @@ float zps_shard_apply(zps_shard *s)
     for (uint32_t i = 0; i < s->plan.n; i++) {
         loss += (double)s->plan.slices[i].count * s->contrib[i].loss;
     }
-    for (size_t i = 0; i < s->n; i++) {
-        s->acc[i] /= total;
-    }
-    float lr = zps_optim_lr_at(&s->optim, s->step);
-    zps_optim_sgd(&s->optim, lr, s->params, s->momentum, s->acc, s->n);
-    memset(s->acc, 0, s->n * sizeof(float));
-    memset(s->contrib, 0, sizeof(s_contrib) * s->plan.n);
-    s->step++;
     // Replies of the last step have long been read by now (every member
     // pushed again); a peer that does not read is sent copies instead.
     s->snap_fresh = zps_wire_ref_wait(&s->snap_ref, ZPS_SHARD_SNAP_WAIT_MS) == ZPS_OK;
-    if (s->snap_fresh) {
-        memcpy(s->snap, s->params, s->n * sizeof(float));
-    } else {
-        zps_log_warn("shard %u: a peer holds step %llu's parameters; sending copies",
-                     s->index, (unsigned long long)s->step);
+    if (!s->snap_fresh) {
+        zps_log_warn("shard %u: a peer still holds step %llu's parameters; sending copies",
+                     s->index, (unsigned long long)s->step + 1);
     }
+    // Block by block, so each element crosses the memory bus once for the
+    // average, the update, the snapshot and the reset.
+    float lr = zps_optim_lr_at(&s->optim, s->step);
+    for (size_t lo = 0; lo < s->n; lo += ZPS_SHARD_BLOCK) {
+        size_t len = s->n - lo < ZPS_SHARD_BLOCK ? s->n - lo : ZPS_SHARD_BLOCK;
+        float *acc = s->acc + lo;
+        for (size_t i = 0; i < len; i++) {
+            acc[i] /= total;
+        }
+        zps_optim_sgd(&s->optim, lr, s->params + lo, s->momentum + lo, acc, len);
+        memset(acc, 0, len * sizeof(float));
+        if (s->snap_fresh) {
+            memcpy(s->snap + lo, s->params + lo, len * sizeof(float));
+        }
+    }
+    memset(s->contrib, 0, sizeof(s_contrib) * s->plan.n);
+    s->step++;
     return (float)(loss / total);
 }
