@@ -192,6 +192,27 @@ static void s_sleep_ms(int ms)
     nanosleep(&ts, NULL);
 }
 
+// zps-ctl status, a real process, shows the frozen job as it is.
+static void s_check_ctl_status(zps_procs *ps, const char *endpoint, uint64_t step, uint64_t bad)
+{
+    const char *args[] = {"status", endpoint, NULL};
+    pid_t ctl = zps_procs_start(ps, "zps-ctl", "ctl.out", args);
+    ck_assert_int_eq(zps_procs_wait(ps, ctl, 10000), 0);
+    FILE *f = fopen(zps_procs_path(ps, "ctl.out"), "r");
+    ck_assert_ptr_nonnull(f);
+    char text[4096];
+    size_t n = fread(text, 1, sizeof text - 1, f);
+    fclose(f);
+    text[n] = '\0';
+    char want[128];
+    snprintf(want, sizeof want, "step %llu/60", (unsigned long long)step);
+    ck_assert_msg(strstr(text, want), "zps-ctl status lacks '%s':\n%s", want, text);
+    snprintf(want, sizeof want, "refused messages %llu", (unsigned long long)bad);
+    ck_assert_msg(strstr(text, want), "zps-ctl status lacks '%s':\n%s", want, text);
+    ck_assert_msg(strstr(text, "training") && strstr(text, "members 1 of 1"),
+                  "zps-ctl status:\n%s", text);
+}
+
 static const char *const s_server_args[] = {"--workers", "1", "--global-batch", "64", "--steps",
                                             "60", "--model", MODEL, "--seed", "5", NULL};
 
@@ -236,6 +257,7 @@ START_TEST(test_malformed_messages_are_refused_and_training_is_unchanged)
     Zps__Header after = s_status(&p, &bad);
     ck_assert_uint_eq(after.step, st.step);
     ck_assert_uint_eq(bad, (uint64_t)sent);
+    s_check_ctl_status(&ps, endpoint, st.step, bad);
     ck_assert_int_eq(kill(worker, SIGCONT), 0);
 
     ck_assert_int_eq(zps_procs_wait(&ps, worker, 120000), 0);
