@@ -12,11 +12,29 @@
 
 #define ZPS_RNG_STREAM_INIT 1
 
+static zps_err s_parse_flat(const char *text, zps_model_spec *out)
+{
+    char *end;
+    errno = 0;
+    unsigned long long p = strtoull(text + 5, &end, 10);
+    if (errno || end == text + 5 || *end || text[5] == '-' || p == 0 || p > ZPS_MODEL_MAX_FLAT) {
+        zps_log_error("model '%s': expected flat:P with P in 1..%u", text, ZPS_MODEL_MAX_FLAT);
+        return ZPS_EINVAL;
+    }
+    out->kind = ZPS_MODEL_FLAT;
+    out->n_params = (size_t)p;
+    return ZPS_OK;
+}
+
 zps_err zps_model_parse(const char *text, zps_model_spec *out)
 {
     memset(out, 0, sizeof *out);
+    if (strncmp(text, "flat:", 5) == 0 && strlen(text) < sizeof out->text) {
+        snprintf(out->text, sizeof out->text, "%s", text);
+        return s_parse_flat(text, out);
+    }
     if (strncmp(text, "mlp:", 4) != 0 || strlen(text) >= sizeof out->text) {
-        zps_log_error("model '%s': expected mlp:D0-D1-...-Dk", text);
+        zps_log_error("model '%s': expected mlp:D0-D1-...-Dk or flat:P", text);
         return ZPS_EINVAL;
     }
     snprintf(out->text, sizeof out->text, "%s", text);
@@ -67,15 +85,73 @@ zps_err zps_model_parse(const char *text, zps_model_spec *out)
 
 void zps_model_init_params(const zps_model_spec *m, uint64_t seed, float *params)
 {
+    zps_model_init_range(m, seed, 0, m->n_params, params);
+}
+
+void zps_model_init_range(const zps_model_spec *m, uint64_t seed, uint64_t lo, uint64_t hi,
+                          float *out)
+{
+    memset(out, 0, (hi - lo) * sizeof(float));
     zps_rng rng;
     zps_rng_seed(&rng, seed, ZPS_RNG_STREAM_INIT);
+    // The draws are sequential in flat order, so the values of [lo, hi)
+    // depend on every draw before lo: draw them all, keep the range.
     for (int l = 0; l < m->n_layers; l++) {
         const zps_layer_spec *ls = &m->layers[l];
+        if (ls->w_off >= hi) {
+            break;
+        }
         double std = sqrt(2.0 / ls->in);
         size_t nw = (size_t)ls->in * ls->out;
         for (size_t i = 0; i < nw; i++) {
-            params[ls->w_off + i] = (float)(std * zps_rng_normal(&rng));
+            float v = (float)(std * zps_rng_normal(&rng));
+            size_t at = ls->w_off + i;
+            if (at >= lo && at < hi) {
+                out[at - lo] = v;
+            }
         }
-        memset(params + ls->b_off, 0, ls->out * sizeof(float));
     }
+}
+
+int zps_model_n_buckets(const zps_model_spec *m)
+{
+    if (m->kind == ZPS_MODEL_FLAT) {
+        return (int)((m->n_params + ZPS_MODEL_FLAT_BUCKET - 1) / ZPS_MODEL_FLAT_BUCKET);
+    }
+    return m->n_layers;
+}
+
+void zps_model_bucket(const zps_model_spec *m, int i, uint64_t *lo, uint64_t *hi)
+{
+    if (m->kind == ZPS_MODEL_FLAT) {
+        int n = zps_model_n_buckets(m);
+        *lo = (uint64_t)(n - 1 - i) * ZPS_MODEL_FLAT_BUCKET;
+        *hi = *lo + ZPS_MODEL_FLAT_BUCKET < m->n_params ? *lo + ZPS_MODEL_FLAT_BUCKET
+                                                         : m->n_params;
+        return;
+    }
+    const zps_layer_spec *ls = &m->layers[m->n_layers - 1 - i];
+    *lo = ls->w_off;
+    *hi = ls->b_off + ls->out;
+}
+
+int zps_model_range_buckets(const zps_model_spec *m, uint64_t lo, uint64_t hi, zps_bucket *out)
+{
+    int n = 0;
+    for (int i = 0; i < zps_model_n_buckets(m); i++) {
+        uint64_t blo, bhi;
+        zps_model_bucket(m, i, &blo, &bhi);
+        blo = blo > lo ? blo : lo;
+        bhi = bhi < hi ? bhi : hi;
+        if (blo < bhi) {
+            out[n++] = (zps_bucket){blo, bhi};
+        }
+    }
+    return n;
+}
+
+void zps_model_shard_range(size_t n_params, uint32_t i, uint32_t n, uint64_t *lo, uint64_t *hi)
+{
+    *lo = (uint64_t)n_params * i / n;
+    *hi = (uint64_t)n_params * (i + 1) / n;
 }

@@ -14,6 +14,15 @@
 
 #define ZPS_MODEL_MAX_LAYERS 16
 #define ZPS_MODEL_MAX_WIDTH (1u << 20)
+// flat:P models are cut into buckets of this many elements (4 MiB of fp32).
+#define ZPS_MODEL_FLAT_BUCKET (1u << 20)
+#define ZPS_MODEL_MAX_FLAT (64u << 20)
+#define ZPS_MODEL_MAX_BUCKETS 64
+
+typedef enum zps_model_kind {
+    ZPS_MODEL_MLP = 0,  // mlp:D0-D1-...-Dk, trained on data
+    ZPS_MODEL_FLAT = 1, // flat:P, P parameters whose gradient costs nothing (benchmarks)
+} zps_model_kind;
 
 typedef struct zps_layer_spec {
     uint32_t in;   // input features
@@ -24,26 +33,56 @@ typedef struct zps_layer_spec {
 
 typedef struct zps_model_spec {
     char text[128];                                // the spec as given, e.g. "mlp:784-512-512-10"
-    int n_layers;                                  // linear layers; ReLU between them
+    zps_model_kind kind;                           // mlp or flat
+    int n_layers;                                  // linear layers; ReLU between them (0: flat)
     zps_layer_spec layers[ZPS_MODEL_MAX_LAYERS];   // in forward order
     size_t n_params;                               // length of the flat vector
 } zps_model_spec;
 
-// Parses "mlp:D0-D1-...-Dk" (k >= 1 layers). Logs the reason on failure.
+// Parses "mlp:D0-D1-...-Dk" (k >= 1 layers) or "flat:P" (1 <= P <=
+// ZPS_MODEL_MAX_FLAT). Logs the reason on failure.
 zps_err zps_model_parse(const char *text, zps_model_spec *out);
 
+// Input features and classes of an MLP (0 for a flat model).
 static inline uint32_t zps_model_inputs(const zps_model_spec *m)
 {
-    return m->layers[0].in;
+    return m->n_layers ? m->layers[0].in : 0;
 }
 
 static inline uint32_t zps_model_classes(const zps_model_spec *m)
 {
-    return m->layers[m->n_layers - 1].out;
+    return m->n_layers ? m->layers[m->n_layers - 1].out : 0;
 }
 
 // Writes the initial flat vector (n_params floats): He-normal weights,
-// N(0, 2/in), and zero biases, drawn in flat order from the seed.
+// N(0, 2/in), and zero biases, drawn in flat order from the seed; zeros
+// for a flat model.
 void zps_model_init_params(const zps_model_spec *m, uint64_t seed, float *params);
+// The same values for [lo, hi) only (out holds hi - lo floats), without
+// the memory of the whole vector: a shard initialises its own range.
+void zps_model_init_range(const zps_model_spec *m, uint64_t seed, uint64_t lo, uint64_t hi,
+                          float *out);
+
+// Buckets are the units of pushing and updating: a layer's weights and
+// bias (a flat model: ZPS_MODEL_FLAT_BUCKET elements), numbered in the
+// order backward finishes them, last layer first. Workers push a bucket as
+// soon as its gradient is final; shards update it as soon as every member
+// pushed it.
+int zps_model_n_buckets(const zps_model_spec *m);
+// The range [*lo, *hi) of bucket i of the flat vector.
+void zps_model_bucket(const zps_model_spec *m, int i, uint64_t *lo, uint64_t *hi);
+
+typedef struct zps_bucket {
+    uint64_t lo, hi; // a range of the flat vector
+} zps_bucket;
+
+// The buckets as a shard of [lo, hi) sees them: each cut to the range,
+// empty ones left out, in bucket order. Returns how many (at most
+// ZPS_MODEL_MAX_BUCKETS, which zps_model_parse guarantees).
+int zps_model_range_buckets(const zps_model_spec *m, uint64_t lo, uint64_t hi, zps_bucket *out);
+
+// The range of shard i of n: contiguous, balanced by bytes (every element
+// has the same size), not aligned to layers.
+void zps_model_shard_range(size_t n_params, uint32_t i, uint32_t n, uint64_t *lo, uint64_t *hi);
 
 #endif

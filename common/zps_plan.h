@@ -12,6 +12,7 @@
 #include "zps_err.h"
 
 #define ZPS_MAX_MEMBERS 256
+#define ZPS_MAX_SHARDS 64
 
 typedef struct zps_plan_slice {
     uint32_t rank;      // member rank

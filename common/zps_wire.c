@@ -7,6 +7,7 @@
 #include <time.h>
 
 #include "zps_clock.h"
+#include "zps_dtype.h"
 #include "zps_log.h"
 
 #if __BYTE_ORDER__ != __ORDER_LITTLE_ENDIAN__
@@ -208,27 +209,29 @@ void zps_wire_send_error(void *sock, zmq_msg_t *route, uint64_t job_id, uint64_t
     (void)zps_wire_send(sock, route, &h, NULL, 0, NULL);
 }
 
-zps_err zps_wire_check_tensor(const zps_wire_msg *m, uint64_t lo, uint64_t hi, char *why,
-                              size_t why_len)
+zps_err zps_wire_check_tensor(const zps_wire_msg *m, int dtype, uint64_t lo, uint64_t hi,
+                              char *why, size_t why_len)
 {
     const Zps__Header *h = m->hdr;
-    if (h->dtype != ZPS__DTYPE__F32) {
-        snprintf(why, why_len, "unsupported dtype %d", (int)h->dtype);
+    if ((int)h->dtype != dtype) {
+        snprintf(why, why_len, "dtype %d, the job's is %s", (int)h->dtype,
+                 zps_dtype_name((zps_dtype)dtype));
         return ZPS_EPROTO;
     }
+    size_t esize = zps_dtype_size((zps_dtype)dtype);
     if (h->count == 0 || h->offset < lo || h->offset >= hi || h->count > hi - h->offset) {
         snprintf(why, why_len, "tensor [%llu, +%llu) outside [%llu, %llu)",
                  (unsigned long long)h->offset, (unsigned long long)h->count,
                  (unsigned long long)lo, (unsigned long long)hi);
         return ZPS_ERANGE;
     }
-    if (m->payload_bytes != h->count * sizeof(float)) {
-        snprintf(why, why_len, "payload of %zu bytes for %llu floats", m->payload_bytes,
-                 (unsigned long long)h->count);
+    if (m->payload_bytes != h->count * esize) {
+        snprintf(why, why_len, "payload of %zu bytes for %llu elements of %zu bytes",
+                 m->payload_bytes, (unsigned long long)h->count, esize);
         return ZPS_EPROTO;
     }
     for (int i = 0; i < m->n_frames; i++) {
-        if (zmq_msg_size((zmq_msg_t *)&m->frames[i]) % sizeof(float) != 0) {
+        if (zmq_msg_size((zmq_msg_t *)&m->frames[i]) % esize != 0) {
             snprintf(why, why_len, "frame %d splits an element", i);
             return ZPS_EPROTO;
         }

@@ -66,10 +66,11 @@ zps_err zps_wire_send(void *sock, zmq_msg_t *route, const Zps__Header *h, const 
 void zps_wire_send_error(void *sock, zmq_msg_t *route, uint64_t job_id, uint64_t step,
                          zps_err code, const char *why);
 
-// Checks that m carries a tensor of hdr->count F32 elements inside [lo, hi)
-// whose frames add up to exactly that many bytes. Writes the reason to why.
-zps_err zps_wire_check_tensor(const zps_wire_msg *m, uint64_t lo, uint64_t hi, char *why,
-                              size_t why_len);
+// Checks that m carries a tensor of hdr->count elements of dtype (a
+// zps_dtype) inside [lo, hi), whose frames hold whole elements and add up
+// to exactly that many bytes. Writes the reason to why.
+zps_err zps_wire_check_tensor(const zps_wire_msg *m, int dtype, uint64_t lo, uint64_t hi,
+                              char *why, size_t why_len);
 
 // Copies the payload of a checked tensor message to dst (payload_bytes).
 void zps_wire_copy_payload(const zps_wire_msg *m, void *dst);

@@ -9,6 +9,7 @@
 
 #include "common/zps_clock.h"
 #include "common/zps_log.h"
+#include "common/zps_model.h"
 #include "common/zps_rng.h"
 
 #define ZPS_COORD_PROGRESS_MS 2000.0
@@ -16,7 +17,9 @@
 // After the last step, how long members get to send results and goodbyes.
 #define ZPS_COORD_END_GRACE_MS 60000.0
 
-typedef enum s_state { S_WAITING, S_TRAINING, S_DONE } s_state;
+// WAITING for workers and shards, ASSIGNING ranges to the other shards
+// (workers get the job once every shard serves), TRAINING, DONE.
+typedef enum s_state { S_WAITING, S_ASSIGNING, S_TRAINING, S_DONE } s_state;
 
 typedef struct s_member {
     uint32_t rank;       // position in the plan
@@ -30,6 +33,14 @@ typedef struct s_member {
     uint64_t pushes;     // pushes seen on shard 0
     float compute_ms;    // last push's compute time
 } s_member;
+
+typedef struct s_shard_peer {
+    bool registered;     // REGISTER received
+    bool ready;          // READY received
+    char endpoint[256];  // where workers reach it
+    zmq_msg_t route;     // routing id on shard 0's socket (for ASSIGN)
+    uint64_t lo, hi;     // its range
+} s_shard_peer;
 
 typedef struct s_eval {
     uint64_t epoch;      // epoch being gathered, UINT64_MAX if none
@@ -45,6 +56,9 @@ struct zps_coord {
     s_state state;                      // waiting, training, done
     uint32_t n_members;                 // admitted
     s_member members[ZPS_MAX_MEMBERS];  // in rank order
+    s_shard_peer shards[ZPS_MAX_SHARDS]; // [0] is this process
+    uint32_t n_registered;              // shards here, this one included
+    uint32_t n_ready;                   // shards serving, this one included
     zps_plan plan;                      // valid once training
     uint64_t steps_done;                // last step_done + 1
     float last_loss;
@@ -73,6 +87,12 @@ zps_coord *zps_coord_new(const zps_coord_cfg *cfg)
     zps_rng_seed(&c->rng, (uint64_t)ts.tv_nsec ^ ((uint64_t)ts.tv_sec << 20),
                  (uint64_t)getpid());
     c->job_id = zps_rng_next(&c->rng) | 1;
+    for (uint32_t i = 0; i < cfg->shards; i++) {
+        zps_model_shard_range(cfg->n_params, i, cfg->shards, &c->shards[i].lo, &c->shards[i].hi);
+    }
+    snprintf(c->shards[0].endpoint, sizeof c->shards[0].endpoint, "%s", cfg->endpoint);
+    c->shards[0].registered = c->shards[0].ready = true;
+    c->n_registered = c->n_ready = 1;
     c->test_accuracy = -1;
     c->eval.epoch = UINT64_MAX;
     return c;
@@ -86,6 +106,11 @@ void zps_coord_destroy(zps_coord **cp)
     }
     for (uint32_t i = 0; i < c->n_members; i++) {
         zmq_msg_close(&c->members[i].route);
+    }
+    for (uint32_t i = 1; i < c->cfg.shards; i++) {
+        if (c->shards[i].registered) {
+            zmq_msg_close(&c->shards[i].route);
+        }
     }
     free(c);
     *cp = NULL;
@@ -125,7 +150,10 @@ static void s_refuse(zps_coord *c, void *sock, zps_wire_msg *m, zps_err err, con
     zps_wire_send_error(sock, &m->route, c->job_id, c->steps_done, err, why);
 }
 
-static void s_send_job(zps_coord *c, void *sock, s_member *mem)
+// JOB to a worker (its rank and id) or ASSIGN to a shard (every id, and
+// the optimizer): the same Job message, told apart by `to_shard`.
+static void s_send_job(zps_coord *c, void *sock, zmq_msg_t *route, Zps__MsgType type,
+                       const s_member *mem)
 {
     Zps__Slice slices[ZPS_MAX_MEMBERS];
     Zps__Slice *slice_ptrs[ZPS_MAX_MEMBERS];
@@ -134,16 +162,27 @@ static void s_send_job(zps_coord *c, void *sock, s_member *mem)
         slices[i].rank = c->plan.slices[i].rank;
         slices[i].offset = c->plan.slices[i].offset;
         slices[i].count = c->plan.slices[i].count;
-        // Ids authenticate pushes: a member learns only its own.
-        slices[i].member_id = i == mem->rank ? mem->member_id : 0;
+        // Ids authenticate pushes: a worker learns only its own.
+        slices[i].member_id = !mem || i == mem->rank ? c->plan.slices[i].member_id : 0;
         slice_ptrs[i] = &slices[i];
     }
-    Zps__ShardInfo shard = ZPS__SHARD_INFO__INIT;
-    Zps__ShardInfo *shard_ptr = &shard;
-    shard.index = 0;
-    shard.endpoint = (char *)c->cfg.endpoint;
-    shard.lo = 0;
-    shard.hi = c->cfg.n_params;
+    Zps__ShardInfo shards[ZPS_MAX_SHARDS];
+    Zps__ShardInfo *shard_ptrs[ZPS_MAX_SHARDS];
+    for (uint32_t i = 0; i < c->cfg.shards; i++) {
+        zps__shard_info__init(&shards[i]);
+        shards[i].index = i;
+        shards[i].endpoint = c->shards[i].endpoint;
+        shards[i].lo = c->shards[i].lo;
+        shards[i].hi = c->shards[i].hi;
+        shard_ptrs[i] = &shards[i];
+    }
+    Zps__Optim optim = ZPS__OPTIM__INIT;
+    optim.lr = c->cfg.optim.lr;
+    optim.momentum = c->cfg.optim.momentum;
+    optim.nesterov = c->cfg.optim.nesterov;
+    optim.weight_decay = c->cfg.optim.weight_decay;
+    optim.schedule = (uint32_t)c->cfg.optim.schedule;
+    optim.warmup_steps = c->cfg.optim.warmup_steps;
 
     Zps__Job job = ZPS__JOB__INIT;
     job.model = (char *)c->cfg.model;
@@ -152,29 +191,48 @@ static void s_send_job(zps_coord *c, void *sock, s_member *mem)
     job.global_batch = c->cfg.global_batch;
     job.total_steps = c->cfg.total_steps;
     job.steps_per_epoch = c->cfg.steps_per_epoch;
-    job.rank = mem->rank;
-    job.member_id = mem->member_id;
+    job.rank = mem ? mem->rank : 0;
+    job.member_id = mem ? mem->member_id : 0;
     job.n_plan = c->plan.n;
     job.plan = slice_ptrs;
-    job.n_shards = 1;
-    job.shards = &shard_ptr;
-    job.wire_dtype = ZPS__DTYPE__F32;
+    job.n_shards = c->cfg.shards;
+    job.shards = shard_ptrs;
+    job.wire_dtype = (Zps__DType)c->cfg.wire_dtype;
     job.start_step = c->steps_done;
+    job.optim = mem ? NULL : &optim;
 
     Zps__Header h;
-    zps_wire_header_init(&h, ZPS__MSG_TYPE__JOB);
+    zps_wire_header_init(&h, type);
     h.job_id = c->job_id;
-    h.rank = mem->rank;
-    h.member_id = mem->member_id;
     h.job = &job;
-    if (zps_wire_send(sock, &mem->route, &h, NULL, 0, NULL) != ZPS_OK) {
-        zps_log_error("could not send the job to rank %u (%s)", mem->rank, mem->host);
+    if (zps_wire_send(sock, route, &h, NULL, 0, NULL) != ZPS_OK) {
+        zps_log_error("could not send the job to %s", mem ? mem->host : "a shard");
     }
 }
 
-// All members are here: fix the plan and tell everyone.
+static void s_start_workers(zps_coord *c, void *sock)
+{
+    c->state = S_TRAINING;
+    c->started_ms = zps_clock_ms();
+    c->next_log_ms = c->started_ms + ZPS_COORD_PROGRESS_MS;
+    for (uint32_t i = 0; i < c->n_members; i++) {
+        s_send_job(c, sock, &c->members[i].route, ZPS__MSG_TYPE__JOB, &c->members[i]);
+    }
+    zps_log_info("job %016llx: %u workers, %u shards, %llu steps (%llu per epoch), model %s, "
+                 "wire %s",
+                 (unsigned long long)c->job_id, c->n_members, c->cfg.shards,
+                 (unsigned long long)c->cfg.total_steps,
+                 (unsigned long long)c->cfg.steps_per_epoch, c->cfg.model,
+                 zps_dtype_name(c->cfg.wire_dtype));
+}
+
+// Every member and shard is here: fix the plan, give the other shards
+// their ranges, and start the workers once every shard serves.
 static zps_err s_start(zps_coord *c, void *sock)
 {
+    if (c->n_members < c->cfg.workers || c->n_registered < c->cfg.shards) {
+        return ZPS_OK;
+    }
     uint32_t shares[ZPS_MAX_MEMBERS];
     for (uint32_t i = 0; i < c->n_members; i++) {
         shares[i] = c->members[i].share;
@@ -183,25 +241,68 @@ static zps_err s_start(zps_coord *c, void *sock)
     zps_err err = zps_plan_split(c->cfg.global_batch, shares, c->n_members, &c->plan, why,
                                  sizeof why);
     if (err != ZPS_OK) {
+        zps_log_error("cannot plan the job: %s", why);
         return err;
     }
     for (uint32_t i = 0; i < c->n_members; i++) {
-        c->plan.slices[i].member_id = c->members[i].member_id;
-    }
-    c->state = S_TRAINING;
-    c->started_ms = zps_clock_ms();
-    c->next_log_ms = c->started_ms + ZPS_COORD_PROGRESS_MS;
-    for (uint32_t i = 0; i < c->n_members; i++) {
         const zps_plan_slice *sl = &c->plan.slices[i];
+        c->plan.slices[i].member_id = c->members[i].member_id;
         zps_log_info("rank %u: %s %s, samples [%u, %u) of %u", i, c->members[i].host,
                      c->members[i].device, sl->offset, sl->offset + sl->count,
                      c->cfg.global_batch);
-        s_send_job(c, sock, &c->members[i]);
     }
-    zps_log_info("job %016llx: %u workers, %llu steps (%llu per epoch), model %s",
-                 (unsigned long long)c->job_id, c->n_members,
-                 (unsigned long long)c->cfg.total_steps,
-                 (unsigned long long)c->cfg.steps_per_epoch, c->cfg.model);
+    c->state = S_ASSIGNING;
+    for (uint32_t i = 1; i < c->cfg.shards; i++) {
+        s_send_job(c, sock, &c->shards[i].route, ZPS__MSG_TYPE__ASSIGN, NULL);
+    }
+    if (c->n_ready == c->cfg.shards) {
+        s_start_workers(c, sock);
+    }
+    return ZPS_OK;
+}
+
+zps_err zps_coord_on_register(zps_coord *c, void *sock, zps_wire_msg *m)
+{
+    const Zps__Register *r = m->hdr->registration;
+    char why[160];
+    if (!r || r->shards != c->cfg.shards || r->index == 0 || r->index >= c->cfg.shards ||
+        !r->endpoint || !r->endpoint[0] || strlen(r->endpoint) >= sizeof c->shards[0].endpoint) {
+        snprintf(why, sizeof why, "REGISTER must name a shard 1..%u of %u and its endpoint",
+                 c->cfg.shards - 1, c->cfg.shards);
+        s_refuse(c, sock, m, ZPS_EINVAL, why);
+        return ZPS_EINVAL;
+    }
+    if (c->state != S_WAITING) {
+        s_refuse(c, sock, m, ZPS_ESTATE, "the job has started; shards cannot join it yet");
+        return ZPS_ESTATE;
+    }
+    s_shard_peer *sp = &c->shards[r->index];
+    if (sp->registered) {
+        zmq_msg_close(&sp->route); // a restart before the job started: take the new one
+    } else {
+        c->n_registered++;
+    }
+    sp->registered = true;
+    snprintf(sp->endpoint, sizeof sp->endpoint, "%s", r->endpoint);
+    zmq_msg_init(&sp->route);
+    zmq_msg_copy(&sp->route, &m->route);
+    zps_log_info("shard %u at %s registered: [%llu, %llu) (%u of %u shards)", r->index,
+                 sp->endpoint, (unsigned long long)sp->lo, (unsigned long long)sp->hi,
+                 c->n_registered, c->cfg.shards);
+    return s_start(c, sock);
+}
+
+zps_err zps_coord_on_ready(zps_coord *c, void *sock, zps_wire_msg *m)
+{
+    uint32_t i = m->hdr->shard;
+    if (c->state != S_ASSIGNING || i == 0 || i >= c->cfg.shards || c->shards[i].ready) {
+        zps_log_warn("dropped an unexpected READY from shard %u", i);
+        return ZPS_ESTATE;
+    }
+    c->shards[i].ready = true;
+    if (++c->n_ready == c->cfg.shards) {
+        s_start_workers(c, sock);
+    }
     return ZPS_OK;
 }
 
@@ -212,8 +313,8 @@ zps_err zps_coord_on_hello(zps_coord *c, void *sock, zps_wire_msg *m)
         s_refuse(c, sock, m, ZPS_EPROTO, "HELLO without a hello body");
         return ZPS_EPROTO;
     }
-    if (c->state != S_WAITING) {
-        s_refuse(c, sock, m, ZPS_ESTATE, "the job has started and admits no more workers");
+    if (c->state != S_WAITING || c->n_members == c->cfg.workers) {
+        s_refuse(c, sock, m, ZPS_ESTATE, "the job has all its workers and admits no more");
         return ZPS_ESTATE;
     }
     uint64_t fixed = hello->share;
@@ -245,10 +346,7 @@ zps_err zps_coord_on_hello(zps_coord *c, void *sock, zps_wire_msg *m)
     c->n_members++;
     zps_log_info("worker %s pid %u (%s) admitted as rank %u (%u of %u)", mem->host, mem->pid,
                  mem->device, mem->rank, c->n_members, c->cfg.workers);
-    if (c->n_members == c->cfg.workers) {
-        return s_start(c, sock);
-    }
-    return ZPS_OK;
+    return s_start(c, sock);
 }
 
 static void s_eval_complete(zps_coord *c)
@@ -307,7 +405,8 @@ zps_err zps_coord_on_bye(zps_coord *c, const zps_wire_msg *m)
 
 static const char *s_state_name(s_state s)
 {
-    return s == S_WAITING ? "waiting" : s == S_TRAINING ? "training" : "done";
+    static const char *names[] = {"waiting", "assigning", "training", "done"};
+    return names[s];
 }
 
 void zps_coord_on_status(zps_coord *c, void *sock, zps_wire_msg *m, uint64_t step,
@@ -343,6 +442,18 @@ void zps_coord_on_status(zps_coord *c, void *sock, zps_wire_msg *m, uint64_t ste
     st.bad_messages = bad_messages;
     st.test_accuracy = c->test_accuracy;
     st.n_params = c->cfg.n_params;
+    Zps__ShardInfo shards[ZPS_MAX_SHARDS];
+    Zps__ShardInfo *shard_ptrs[ZPS_MAX_SHARDS];
+    for (uint32_t i = 0; i < c->cfg.shards; i++) {
+        zps__shard_info__init(&shards[i]);
+        shards[i].index = i;
+        shards[i].endpoint = c->shards[i].registered ? c->shards[i].endpoint : "";
+        shards[i].lo = c->shards[i].lo;
+        shards[i].hi = c->shards[i].hi;
+        shard_ptrs[i] = &shards[i];
+    }
+    st.n_shards = c->cfg.shards;
+    st.shards = shard_ptrs;
 
     Zps__Header h;
     zps_wire_header_init(&h, ZPS__MSG_TYPE__STATUS_REPLY);
@@ -406,8 +517,19 @@ void zps_coord_tick(zps_coord *c, double now_ms)
     }
     switch (c->state) {
     case S_WAITING:
-        zps_log_info("waiting for %u more worker(s) to say HELLO (%u of %u admitted)",
-                     c->cfg.workers - c->n_members, c->n_members, c->cfg.workers);
+        zps_log_info("waiting for %u more worker(s) to say HELLO and %u more shard(s) to "
+                     "register (%u of %u workers, %u of %u shards)",
+                     c->cfg.workers - c->n_members, c->cfg.shards - c->n_registered,
+                     c->n_members, c->cfg.workers, c->n_registered, c->cfg.shards);
+        c->next_log_ms = now_ms + ZPS_COORD_WAIT_LOG_MS;
+        break;
+    case S_ASSIGNING:
+        for (uint32_t i = 1; i < c->cfg.shards; i++) {
+            if (!c->shards[i].ready) {
+                zps_log_info("waiting for shard %u at %s to confirm its range", i,
+                             c->shards[i].endpoint);
+            }
+        }
         c->next_log_ms = now_ms + ZPS_COORD_WAIT_LOG_MS;
         break;
     case S_TRAINING:

@@ -11,7 +11,9 @@
 #include <stdint.h>
 #include <stdio.h>
 
+#include "common/zps_dtype.h"
 #include "common/zps_err.h"
+#include "common/zps_optim.h"
 #include "common/zps_plan.h"
 #include "common/zps_wire.h"
 
@@ -25,6 +27,9 @@ typedef struct zps_coord_cfg {
     uint32_t n_test;              // test records, split among members for evaluation
     uint32_t workers;             // members to admit before step 0
     uint64_t n_params;            // length of the flat vector
+    uint32_t shards;              // shard processes, this one (shard 0) included
+    zps_optim_cfg optim;          // sent to the other shards
+    zps_dtype wire_dtype;         // element type of tensors on the wire
     const char *endpoint;         // borrowed: shard 0's endpoint, sent to workers
     FILE *metrics;                // borrowed: JSON lines, or NULL
 } zps_coord_cfg;
@@ -37,7 +42,7 @@ zps_coord *zps_coord_new(const zps_coord_cfg *cfg);
 void zps_coord_destroy(zps_coord **c);
 
 uint64_t zps_coord_job_id(const zps_coord *c);
-// The plan once every member was admitted, else NULL (borrowed).
+// The plan once every member and shard is here, else NULL (borrowed).
 const zps_plan *zps_coord_plan(const zps_coord *c);
 // True once the run is over and members said goodbye (or stopped answering).
 bool zps_coord_finished(const zps_coord *c);
@@ -46,6 +51,8 @@ bool zps_coord_finished(const zps_coord *c);
 // (a ROUTER) when the message calls for an answer, and returns the reason it
 // refused the message, if it did (already answered with ERROR).
 zps_err zps_coord_on_hello(zps_coord *c, void *sock, zps_wire_msg *m);
+zps_err zps_coord_on_register(zps_coord *c, void *sock, zps_wire_msg *m);
+zps_err zps_coord_on_ready(zps_coord *c, void *sock, zps_wire_msg *m);
 zps_err zps_coord_on_eval(zps_coord *c, const zps_wire_msg *m);
 zps_err zps_coord_on_bye(zps_coord *c, const zps_wire_msg *m);
 // bad_messages and step come from the shard(s), which the coordinator does not see.

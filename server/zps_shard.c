@@ -1,4 +1,5 @@
-/* zps_shard.c - accumulate pushes, average by samples, apply the optimizer. */
+/* zps_shard.c - accumulate pushes, average by samples, apply the optimizer,
+ * per bucket. */
 #include "zps_shard.h"
 
 #include <stdint.h>
@@ -8,74 +9,91 @@
 
 #include "common/zps_log.h"
 
-// A member pushes its gradient for the range in one piece or per layer
-// (buckets), each cut at shard boundaries: a few dozen pieces at most.
-#define ZPS_SHARD_MAX_SEGMENTS 64
-#define ZPS_SHARD_SNAP_WAIT_MS 1000
-#define ZPS_SHARD_BLOCK 2048 // elements per pass of the update: 4 arrays stay in L1/L2
+#define ZPS_SHARD_BLOCK 2048 // elements per pass of the update: the arrays stay in L1/L2
+#define ZPS_SHARD_MAX_RETIRED 8
 
-typedef struct s_contrib {
-    uint64_t covered;                       // elements received this step
-    int n_seg;                              // segments received this step
-    uint64_t seg_lo[ZPS_SHARD_MAX_SEGMENTS]; // their ranges, to refuse overlaps
-    uint64_t seg_hi[ZPS_SHARD_MAX_SEGMENTS];
-    float loss;                              // the member's mean loss, from its first push
-} s_contrib;
+// The parameters as sent, in the wire dtype. ZeroMQ reads it from its I/O
+// thread; while any frame of it is in flight it must not change.
+typedef struct s_snapshot {
+    uint8_t *data;       // owned: (hi - lo) elements of the wire dtype
+    zps_wire_ref ref;    // frames still held by ZeroMQ
+} s_snapshot;
 
 struct zps_shard {
-    uint32_t index;            // shard number
-    uint64_t lo, hi;           // the range owned
-    size_t n;                  // hi - lo
-    zps_optim_cfg optim;       // settings and schedule
-    uint64_t step;             // steps completed
-    float *params;             // owned: master parameters, n
-    float *momentum;           // owned: optimizer state, n
-    float *acc;                // owned: sum of n_i * g_i, n
-    float *snap;               // owned: parameters as sent, n (zero-copy from here)
-    zps_wire_ref snap_ref;     // frames of snap still held by ZeroMQ
-    bool snap_fresh;           // snap holds params of the current step
-    zps_plan plan;             // who must push
-    s_contrib contrib[ZPS_MAX_MEMBERS]; // per plan index, this step
-    float *scratch;            // owned: aligned copy of an unaligned frame
+    uint32_t index;                                 // shard number
+    uint64_t lo, hi;                                // the range owned
+    size_t n;                                       // hi - lo
+    zps_dtype dtype;                                // wire element type
+    zps_optim_cfg optim;                            // settings and schedule
+    uint64_t step;                                  // steps completed
+    float *params;                                  // owned: master parameters, n
+    float *momentum;                                // owned: optimizer state, n
+    float *acc;                                     // owned: sum of n_i * g_i, n
+    s_snapshot *snap;                               // owned: current parameters as sent
+    s_snapshot *retired[ZPS_SHARD_MAX_RETIRED];     // owned: old snapshots a peer still reads
+    int n_buckets;                                  // buckets of the range
+    zps_bucket buckets[ZPS_MODEL_MAX_BUCKETS];      // in push order
+    uint32_t pushes[ZPS_MODEL_MAX_BUCKETS];         // members that pushed each bucket this step
+    bool applied[ZPS_MODEL_MAX_BUCKETS];            // bucket updated this step
+    int n_applied;                                  // buckets updated this step
+    zps_plan plan;                                  // who must push
+    uint64_t pushed[ZPS_MAX_MEMBERS];               // per plan index: bitmask of buckets pushed
+    float loss[ZPS_MAX_MEMBERS];                    // per plan index: mean loss of its slice
 };
 
-static float *s_alloc(size_t n)
+static void *s_alloc(size_t bytes)
 {
-    float *p = NULL;
-    if (posix_memalign((void **)&p, 64, (n ? n : 1) * sizeof(float)) != 0) {
-        return NULL;
-    }
-    return p;
+    void *p = NULL;
+    return posix_memalign(&p, 64, bytes ? bytes : 1) == 0 ? p : NULL;
 }
 
-zps_shard *zps_shard_new(uint32_t index, uint64_t lo, uint64_t hi, const zps_optim_cfg *optim,
-                         const float *init)
+static s_snapshot *s_snapshot_new(size_t bytes)
+{
+    s_snapshot *sn = calloc(1, sizeof *sn);
+    if (sn && !(sn->data = s_alloc(bytes))) {
+        free(sn);
+        sn = NULL;
+    }
+    return sn;
+}
+
+static void s_snapshot_free(s_snapshot **sp)
+{
+    if (*sp) {
+        free((*sp)->data);
+        free(*sp);
+        *sp = NULL;
+    }
+}
+
+zps_shard *zps_shard_new(const zps_shard_cfg *cfg)
 {
     zps_shard *s = calloc(1, sizeof *s);
     if (!s) {
         goto fail;
     }
-    s->index = index;
-    s->lo = lo;
-    s->hi = hi;
-    s->n = hi - lo;
-    s->optim = *optim;
-    s->params = s_alloc(s->n);
-    s->momentum = s_alloc(s->n);
-    s->acc = s_alloc(s->n);
-    s->snap = s_alloc(s->n);
-    s->scratch = s_alloc(ZPS_WIRE_FRAME_BYTES / sizeof(float));
-    if (!s->params || !s->momentum || !s->acc || !s->snap || !s->scratch) {
+    s->index = cfg->index;
+    s->lo = cfg->lo;
+    s->hi = cfg->hi;
+    s->n = cfg->hi - cfg->lo;
+    s->dtype = cfg->dtype;
+    s->optim = cfg->optim;
+    s->n_buckets = zps_model_range_buckets(cfg->model, s->lo, s->hi, s->buckets);
+    s->params = s_alloc(s->n * sizeof(float));
+    s->momentum = s_alloc(s->n * sizeof(float));
+    s->acc = s_alloc(s->n * sizeof(float));
+    s->snap = s_snapshot_new(s->n * zps_dtype_size(s->dtype));
+    if (!s->params || !s->momentum || !s->acc || !s->snap) {
         goto fail;
     }
-    memcpy(s->params, init, s->n * sizeof(float));
-    memcpy(s->snap, init, s->n * sizeof(float));
+    zps_model_init_range(cfg->model, cfg->seed, s->lo, s->hi, s->params);
+    zps_dtype_from_f32(s->dtype, s->params, s->snap->data, s->n);
     memset(s->momentum, 0, s->n * sizeof(float));
     memset(s->acc, 0, s->n * sizeof(float));
-    s->snap_fresh = true;
     return s;
 fail:
-    zps_log_error("shard %u: cannot allocate %zu parameters", index, (size_t)(hi - lo));
+    zps_log_error("shard %u: cannot allocate %llu parameters", cfg->index,
+                  (unsigned long long)(cfg->hi - cfg->lo));
     zps_shard_destroy(&s);
     return NULL;
 }
@@ -86,13 +104,14 @@ void zps_shard_destroy(zps_shard **sp)
     if (!s) {
         return;
     }
-    // ZeroMQ may still read snap from its I/O thread.
-    (void)zps_wire_ref_wait(&s->snap_ref, 5000);
+    // The owner closes its sockets first, so ZeroMQ has released every frame.
+    s_snapshot_free(&s->snap);
+    for (int i = 0; i < ZPS_SHARD_MAX_RETIRED; i++) {
+        s_snapshot_free(&s->retired[i]);
+    }
     free(s->params);
     free(s->momentum);
     free(s->acc);
-    free(s->snap);
-    free(s->scratch);
     free(s);
     *sp = NULL;
 }
@@ -112,30 +131,33 @@ uint64_t zps_shard_step(const zps_shard *s)
     return s->step;
 }
 
-const float *zps_shard_params(const zps_shard *s)
+int zps_shard_n_buckets(const zps_shard *s)
 {
-    return s->snap_fresh ? s->snap : s->params;
-}
-
-zps_wire_ref *zps_shard_params_ref(zps_shard *s)
-{
-    return s->snap_fresh ? &s->snap_ref : NULL;
+    return s->n_buckets;
 }
 
 void zps_shard_set_plan(zps_shard *s, const zps_plan *plan)
 {
-    s_contrib kept[ZPS_MAX_MEMBERS];
-    memset(kept, 0, sizeof(s_contrib) * plan->n);
+    uint64_t pushed[ZPS_MAX_MEMBERS] = {0};
+    float loss[ZPS_MAX_MEMBERS] = {0};
     for (uint32_t i = 0; i < plan->n; i++) {
         for (uint32_t j = 0; j < s->plan.n; j++) {
             if (s->plan.slices[j].member_id == plan->slices[i].member_id &&
                 s->plan.slices[j].count == plan->slices[i].count) {
-                kept[i] = s->contrib[j];
+                pushed[i] = s->pushed[j];
+                loss[i] = s->loss[j];
             }
         }
     }
     s->plan = *plan;
-    memcpy(s->contrib, kept, sizeof(s_contrib) * plan->n);
+    memcpy(s->pushed, pushed, sizeof pushed);
+    memcpy(s->loss, loss, sizeof loss);
+    for (int b = 0; b < s->n_buckets; b++) {
+        s->pushes[b] = 0;
+        for (uint32_t i = 0; i < plan->n; i++) {
+            s->pushes[b] += (uint32_t)((s->pushed[i] >> b) & 1u);
+        }
+    }
 }
 
 static int s_plan_index(const zps_shard *s, uint32_t rank)
@@ -148,30 +170,35 @@ static int s_plan_index(const zps_shard *s, uint32_t rank)
     return -1;
 }
 
-static bool s_overlaps(const s_contrib *c, uint64_t lo, uint64_t hi)
+static int s_bucket_at(const zps_shard *s, uint64_t lo, uint64_t hi)
 {
-    for (int i = 0; i < c->n_seg; i++) {
-        if (lo < c->seg_hi[i] && c->seg_lo[i] < hi) {
-            return true;
+    for (int b = 0; b < s->n_buckets; b++) {
+        if (s->buckets[b].lo == lo && s->buckets[b].hi == hi) {
+            return b;
         }
     }
-    return false;
+    return -1;
 }
 
-// acc[i] += n * g[i] over one frame.
-static void s_accumulate(float *restrict acc, const float *restrict g, float n, size_t len)
+static void s_accumulate(zps_shard *s, const zps_wire_msg *m, float samples)
 {
-    for (size_t i = 0; i < len; i++) {
-        acc[i] += n * g[i];
+    float *acc = s->acc + (m->hdr->offset - s->lo);
+    for (int f = 0; f < m->n_frames; f++) {
+        zmq_msg_t *frame = (zmq_msg_t *)&m->frames[f];
+        size_t len = zmq_msg_size(frame) / zps_dtype_size(s->dtype);
+        zps_dtype_axpy(s->dtype, samples, zmq_msg_data(frame), acc, len);
+        acc += len;
     }
 }
 
-zps_err zps_shard_push(zps_shard *s, const zps_wire_msg *m, char *why, size_t why_len)
+zps_err zps_shard_push(zps_shard *s, const zps_wire_msg *m, int *ready, char *why,
+                       size_t why_len)
 {
     const Zps__Header *h = m->hdr;
+    *ready = -1;
     // Cheapest and most basic first: the shape of the message, then whether
     // it belongs to this step, then who sent it.
-    zps_err err = zps_wire_check_tensor(m, s->lo, s->hi, why, why_len);
+    zps_err err = zps_wire_check_tensor(m, (int)s->dtype, s->lo, s->hi, why, why_len);
     if (err != ZPS_OK) {
         return err;
     }
@@ -191,92 +218,125 @@ zps_err zps_shard_push(zps_shard *s, const zps_wire_msg *m, char *why, size_t wh
                  h->samples, s->plan.slices[pi].count);
         return ZPS_EPROTO;
     }
-    s_contrib *c = &s->contrib[pi];
-    uint64_t lo = h->offset, hi = h->offset + h->count;
-    if (s_overlaps(c, lo, hi)) {
-        snprintf(why, why_len, "rank %u already pushed part of [%llu, %llu) for step %llu",
-                 h->rank, (unsigned long long)lo, (unsigned long long)hi,
-                 (unsigned long long)s->step);
-        return ZPS_EDUP;
-    }
-    if (c->n_seg == ZPS_SHARD_MAX_SEGMENTS) {
-        snprintf(why, why_len, "rank %u pushed more than %d pieces in one step", h->rank,
-                 ZPS_SHARD_MAX_SEGMENTS);
+    int b = s_bucket_at(s, h->offset, h->offset + h->count);
+    if (b < 0) {
+        snprintf(why, why_len, "[%llu, +%llu) is not one of the shard's buckets",
+                 (unsigned long long)h->offset, (unsigned long long)h->count);
         return ZPS_EPROTO;
     }
-    float n = (float)h->samples;
-    float *acc = s->acc + (lo - s->lo);
-    for (int f = 0; f < m->n_frames; f++) {
-        zmq_msg_t *frame = (zmq_msg_t *)&m->frames[f];
-        size_t len = zmq_msg_size(frame) / sizeof(float);
-        const float *g = zmq_msg_data(frame);
-        // A frame may sit unaligned in ZeroMQ's receive buffer.
-        if ((uintptr_t)g % _Alignof(float) != 0) {
-            memcpy(s->scratch, g, len * sizeof(float));
-            g = s->scratch;
-        }
-        s_accumulate(acc, g, n, len);
-        acc += len;
+    if ((s->pushed[pi] >> b) & 1u) {
+        snprintf(why, why_len, "rank %u already pushed bucket [%llu, %llu) of step %llu",
+                 h->rank, (unsigned long long)s->buckets[b].lo,
+                 (unsigned long long)s->buckets[b].hi, (unsigned long long)s->step);
+        return ZPS_EDUP;
     }
-    if (c->n_seg == 0) {
-        c->loss = h->loss;
+    s_accumulate(s, m, (float)h->samples);
+    if (s->pushed[pi] == 0) {
+        s->loss[pi] = h->loss;
     }
-    c->seg_lo[c->n_seg] = lo;
-    c->seg_hi[c->n_seg] = hi;
-    c->n_seg++;
-    c->covered += h->count;
+    s->pushed[pi] |= 1ull << b;
+    if (++s->pushes[b] == s->plan.n) {
+        *ready = b;
+    }
     return ZPS_OK;
 }
 
 bool zps_shard_rank_done(const zps_shard *s, uint32_t rank)
 {
     int pi = s_plan_index(s, rank);
-    return pi >= 0 && s->contrib[pi].covered == s->n;
+    uint64_t all = s->n_buckets == 64 ? ~0ull : (1ull << s->n_buckets) - 1;
+    return pi >= 0 && s->pushed[pi] == all;
 }
 
-bool zps_shard_ready(const zps_shard *s)
+// Frees retired snapshots no peer reads any more.
+static void s_reap_retired(zps_shard *s)
 {
-    if (s->plan.n == 0) {
-        return false;
-    }
-    for (uint32_t i = 0; i < s->plan.n; i++) {
-        if (s->contrib[i].covered != s->n) {
-            return false;
+    for (int i = 0; i < ZPS_SHARD_MAX_RETIRED; i++) {
+        if (s->retired[i] && atomic_load(&s->retired[i]->ref.inflight) == 0) {
+            s_snapshot_free(&s->retired[i]);
         }
     }
-    return true;
 }
 
-float zps_shard_apply(zps_shard *s)
+// Before the first update of a step: the replies of the last step have
+// long been read (every member pushed again), unless a peer does not read;
+// then that peer keeps the old snapshot and the shard moves to a new one.
+static void s_prepare_snapshot(zps_shard *s)
 {
+    s_reap_retired(s);
+    if (atomic_load(&s->snap->ref.inflight) == 0) {
+        return;
+    }
+    size_t bytes = s->n * zps_dtype_size(s->dtype);
+    s_snapshot *fresh = s_snapshot_new(bytes);
+    int slot = 0;
+    while (slot < ZPS_SHARD_MAX_RETIRED && s->retired[slot]) {
+        slot++;
+    }
+    if (!fresh || slot == ZPS_SHARD_MAX_RETIRED) {
+        // Nowhere to go: wait (bounded) for the slow peer rather than
+        // overwrite what it is being sent.
+        zps_log_warn("shard %u: peers hold %d old parameter buffers; waiting for them",
+                     s->index, ZPS_SHARD_MAX_RETIRED);
+        free(fresh ? fresh->data : NULL);
+        free(fresh);
+        (void)zps_wire_ref_wait(&s->snap->ref, 10000);
+        return;
+    }
+    memcpy(fresh->data, s->snap->data, bytes);
+    s->retired[slot] = s->snap;
+    s->snap = fresh;
+}
+
+void zps_shard_apply(zps_shard *s, int bucket)
+{
+    if (s->n_applied == 0) {
+        s_prepare_snapshot(s);
+    }
     float total = (float)s->plan.global_batch;
-    double loss = 0;
-    for (uint32_t i = 0; i < s->plan.n; i++) {
-        loss += (double)s->plan.slices[i].count * s->contrib[i].loss;
-    }
-    // Replies of the last step have long been read by now (every member
-    // pushed again); a peer that does not read is sent copies instead.
-    s->snap_fresh = zps_wire_ref_wait(&s->snap_ref, ZPS_SHARD_SNAP_WAIT_MS) == ZPS_OK;
-    if (!s->snap_fresh) {
-        zps_log_warn("shard %u: a peer still holds step %llu's parameters; sending copies",
-                     s->index, (unsigned long long)s->step + 1);
-    }
+    float lr = zps_optim_lr_at(&s->optim, s->step);
+    size_t esize = zps_dtype_size(s->dtype);
     // Block by block, so each element crosses the memory bus once for the
     // average, the update, the snapshot and the reset.
-    float lr = zps_optim_lr_at(&s->optim, s->step);
-    for (size_t lo = 0; lo < s->n; lo += ZPS_SHARD_BLOCK) {
-        size_t len = s->n - lo < ZPS_SHARD_BLOCK ? s->n - lo : ZPS_SHARD_BLOCK;
+    size_t end = s->buckets[bucket].hi - s->lo;
+    for (size_t lo = s->buckets[bucket].lo - s->lo; lo < end; lo += ZPS_SHARD_BLOCK) {
+        size_t len = end - lo < ZPS_SHARD_BLOCK ? end - lo : ZPS_SHARD_BLOCK;
         float *acc = s->acc + lo;
         for (size_t i = 0; i < len; i++) {
             acc[i] /= total;
         }
         zps_optim_sgd(&s->optim, lr, s->params + lo, s->momentum + lo, acc, len);
         memset(acc, 0, len * sizeof(float));
-        if (s->snap_fresh) {
-            memcpy(s->snap + lo, s->params + lo, len * sizeof(float));
-        }
+        zps_dtype_from_f32(s->dtype, s->params + lo, s->snap->data + lo * esize, len);
     }
-    memset(s->contrib, 0, sizeof(s_contrib) * s->plan.n);
+    s->applied[bucket] = true;
+    s->n_applied++;
+}
+
+bool zps_shard_step_done(const zps_shard *s)
+{
+    return s->n_applied == s->n_buckets && s->n_buckets > 0;
+}
+
+float zps_shard_end_step(zps_shard *s)
+{
+    double loss = 0;
+    for (uint32_t i = 0; i < s->plan.n; i++) {
+        loss += (double)s->plan.slices[i].count * s->loss[i];
+    }
+    memset(s->pushed, 0, sizeof(uint64_t) * s->plan.n);
+    memset(s->pushes, 0, sizeof s->pushes);
+    memset(s->applied, 0, sizeof s->applied);
+    s->n_applied = 0;
     s->step++;
-    return (float)(loss / total);
+    return (float)(loss / s->plan.global_batch);
+}
+
+void zps_shard_bucket_params(zps_shard *s, int b, const void **data, uint64_t *offset,
+                             uint64_t *count, zps_wire_ref **ref)
+{
+    *offset = s->buckets[b].lo;
+    *count = s->buckets[b].hi - s->buckets[b].lo;
+    *data = s->snap->data + (s->buckets[b].lo - s->lo) * zps_dtype_size(s->dtype);
+    *ref = &s->snap->ref;
 }

@@ -12,5 +12,6 @@ Suite *zps_suite_dataset(void);
 Suite *zps_suite_sampler(void);
 Suite *zps_suite_cpu(void);
 Suite *zps_suite_shard(void);
+Suite *zps_suite_dtype(void);
 
 #endif

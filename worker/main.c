@@ -15,11 +15,12 @@
 
 #include "common/zps_clock.h"
 #include "common/zps_dataset.h"
+#include "common/zps_dtype.h"
 #include "common/zps_log.h"
 #include "common/zps_model.h"
 #include "common/zps_plan.h"
 #include "common/zps_wire.h"
-#include "worker/zps_cpu.h"
+#include "worker/zps_backend.h"
 #include "worker/zps_sampler.h"
 
 #define ZPS_WORKER_MAX_SHARDS 64
@@ -39,9 +40,12 @@ typedef struct s_opts {
 } s_opts;
 
 typedef struct s_shard_conn {
-    void *sock;         // owned (shard 0: the coordinator's socket)
-    char endpoint[256]; // for log lines
-    uint64_t lo, hi;    // its range
+    void *sock;                                 // owned (shard 0: the coordinator's socket)
+    char endpoint[256];                         // for log lines
+    uint64_t lo, hi;                            // its range
+    int n_buckets;                              // buckets of the range
+    zps_bucket buckets[ZPS_MODEL_MAX_BUCKETS];  // as the shard sees them
+    uint64_t received;                          // bitmask: buckets of parameters in this step
 } s_shard_conn;
 
 typedef struct s_worker {
@@ -57,13 +61,19 @@ typedef struct s_worker {
     uint32_t position;                            // index of my slice in the plan
     uint64_t seed, total_steps, steps_per_epoch, start_step;
     zps_model_spec model;
-    zps_cpu *cpu;                                 // owned
+    zps_dtype dtype;                              // tensors on the wire
+    zps_backend *be;                              // owned: the model's compute
     zps_dataset *data;                            // owned
     zps_sampler sampler;                          // owned
     float *x;                                     // owned: (max(count, eval chunk), inputs)
     uint32_t *labels;                             // owned: same rows
     uint32_t *eval_idx;                           // owned: ZPS_WORKER_EVAL_CHUNK indices
-    zps_wire_ref grad_ref;                        // grads still held by ZeroMQ
+    uint8_t *wire;                                // owned: gradient in a 16-bit wire dtype
+    zps_wire_ref grad_ref;                        // grads (or wire) still held by ZeroMQ
+    uint64_t cur_step;                            // the step being computed, for the hook
+    double step_t0;                               // when it started (data, compute timings)
+    double data_ms;                               // its data time
+    zps_err push_err;                             // first failed push of the step
     double sum_data_ms, sum_compute_ms, sum_wait_ms; // per-step phases, summed
     uint64_t timed_steps;                         // steps in those sums
 } s_worker;
@@ -169,6 +179,10 @@ static zps_err s_take_shards(s_worker *w, const Zps__Job *job)
         }
     }
     w->n_shards = (int)job->n_shards;
+    for (int i = 0; i < w->n_shards; i++) {
+        s_shard_conn *sc = &w->shards[i];
+        sc->n_buckets = zps_model_range_buckets(&w->model, sc->lo, sc->hi, sc->buckets);
+    }
     if (next != w->model.n_params) {
         zps_log_error("shards cover %llu parameters, the model has %zu",
                       (unsigned long long)next, w->model.n_params);
@@ -180,10 +194,12 @@ static zps_err s_take_shards(s_worker *w, const Zps__Job *job)
 static zps_err s_take_job(s_worker *w, const Zps__Header *h)
 {
     const Zps__Job *job = h->job;
-    if (!job || zps_model_parse(job->model, &w->model) != ZPS_OK) {
-        zps_log_error("the coordinator sent a job without a usable model");
+    if (!job || zps_model_parse(job->model, &w->model) != ZPS_OK ||
+        !zps_dtype_valid((int)job->wire_dtype)) {
+        zps_log_error("the coordinator sent a job without a usable model or wire dtype");
         return ZPS_EPROTO;
     }
+    w->dtype = (zps_dtype)job->wire_dtype;
     if (zps_plan_from_wire(job->plan, job->n_plan, job->global_batch, &w->plan) != ZPS_OK ||
         job->steps_per_epoch == 0) {
         zps_log_error("the coordinator sent an inconsistent plan");
@@ -217,7 +233,9 @@ static zps_err s_take_job(s_worker *w, const Zps__Header *h)
     return s_take_shards(w, job);
 }
 
-static zps_err s_setup_compute(s_worker *w, const char *dataset)
+static void s_on_bucket(void *arg, int bucket);
+
+static zps_err s_setup_data(s_worker *w, const char *dataset)
 {
     zps_dataset_spec ds;
     if (zps_dataset_parse(dataset, &ds) != ZPS_OK) {
@@ -240,41 +258,135 @@ static zps_err s_setup_compute(s_worker *w, const char *dataset)
         return ZPS_EINVAL;
     }
     uint32_t rows = w->mine->count > ZPS_WORKER_EVAL_CHUNK ? w->mine->count : ZPS_WORKER_EVAL_CHUNK;
-    w->cpu = zps_cpu_new(&w->model, rows);
     w->x = malloc((size_t)rows * dim * sizeof(float));
     w->labels = malloc(rows * sizeof(uint32_t));
     w->eval_idx = malloc(ZPS_WORKER_EVAL_CHUNK * sizeof(uint32_t));
-    if (!w->cpu || !w->x || !w->labels || !w->eval_idx) {
-        zps_log_error("cannot allocate the model and batch buffers (%u rows)", rows);
+    if (!w->x || !w->labels || !w->eval_idx) {
+        zps_log_error("cannot allocate batch buffers (%u rows)", rows);
         return ZPS_ENOMEM;
     }
     return ZPS_OK;
 }
 
-// Drops a PARAMS reply for `step` from shard i into the model.
-static zps_err s_take_params(s_worker *w, int i, uint64_t step)
+static zps_err s_setup_compute(s_worker *w, const char *dataset)
+{
+    uint32_t rows = w->mine->count > ZPS_WORKER_EVAL_CHUNK ? w->mine->count : ZPS_WORKER_EVAL_CHUNK;
+    w->be = zps_backend_new(w->opts.device, &w->model, rows, w->seed ^ w->rank);
+    if (!w->be) {
+        return ZPS_EINVAL;
+    }
+    zps_backend_set_bucket_hook(w->be, s_on_bucket, w);
+    if (w->dtype != ZPS_DTYPE_F32 &&
+        !(w->wire = malloc(w->model.n_params * zps_dtype_size(w->dtype)))) {
+        zps_log_error("cannot allocate the wire buffer");
+        return ZPS_ENOMEM;
+    }
+    return zps_backend_uses_data(w->be) ? s_setup_data(w, dataset) : ZPS_OK;
+}
+
+// Checks a PARAMS message from shard i against what step `step` expects
+// and drops its bucket into the model.
+static zps_err s_take_bucket(s_worker *w, int i, uint64_t step, const zps_wire_msg *m)
 {
     s_shard_conn *sc = &w->shards[i];
-    zps_wire_msg m;
-    zps_err err = s_await(sc->sock, "parameters", sc->endpoint, w->opts.timeout_ms, &m);
-    if (err == ZPS_OK) {
-        char why[160];
-        const Zps__Header *h = m.hdr;
-        if (h->type != ZPS__MSG_TYPE__PARAMS || h->step != step || h->offset != sc->lo ||
-            h->count != sc->hi - sc->lo) {
-            zps_log_error("%s sent %s for step %llu, expected PARAMS for step %llu of [%llu, %llu)",
-                          sc->endpoint, zps_wire_type_name(h->type), (unsigned long long)h->step,
-                          (unsigned long long)step, (unsigned long long)sc->lo,
-                          (unsigned long long)sc->hi);
-            err = ZPS_EPROTO;
-        } else if ((err = zps_wire_check_tensor(&m, sc->lo, sc->hi, why, sizeof why)) != ZPS_OK) {
-            zps_log_error("%s sent bad parameters: %s", sc->endpoint, why);
-        } else {
-            zps_wire_copy_payload(&m, zps_cpu_params(w->cpu) + sc->lo);
+    const Zps__Header *h = m->hdr;
+    char why[160] = "";
+    int b = -1;
+    if (h->type == ZPS__MSG_TYPE__ERROR) {
+        zps_log_error("%s refused: %s (%s)", sc->endpoint, h->error,
+                      zps_strerror((zps_err)h->error_code));
+        return ZPS_ECLOSED;
+    }
+    if (h->type != ZPS__MSG_TYPE__PARAMS || h->step != step) {
+        snprintf(why, sizeof why, "%s for step %llu, expected PARAMS for step %llu",
+                 zps_wire_type_name(h->type), (unsigned long long)h->step,
+                 (unsigned long long)step);
+    } else if (zps_wire_check_tensor(m, (int)w->dtype, sc->lo, sc->hi, why, sizeof why) == ZPS_OK) {
+        for (int k = 0; k < sc->n_buckets; k++) {
+            if (sc->buckets[k].lo == h->offset && sc->buckets[k].hi == h->offset + h->count) {
+                b = k;
+            }
+        }
+        if (b < 0 || ((sc->received >> b) & 1u)) {
+            snprintf(why, sizeof why, "[%llu, +%llu) is not a bucket still expected",
+                     (unsigned long long)h->offset, (unsigned long long)h->count);
+            b = -1;
         }
     }
-    zps_wire_msg_fini(&m);
-    return err;
+    if (b < 0) {
+        zps_log_error("%s sent bad parameters: %s", sc->endpoint, why);
+        return ZPS_EPROTO;
+    }
+    float *dst = zps_backend_params(w->be) + h->offset;
+    size_t esize = zps_dtype_size(w->dtype);
+    for (int f = 0; f < m->n_frames; f++) {
+        zmq_msg_t *frame = (zmq_msg_t *)&m->frames[f];
+        size_t len = zmq_msg_size(frame) / esize;
+        zps_dtype_to_f32(w->dtype, zmq_msg_data(frame), dst, len);
+        dst += len;
+    }
+    sc->received |= 1ull << b;
+    return ZPS_OK;
+}
+
+static bool s_shard_received(const s_shard_conn *sc)
+{
+    return sc->received == (sc->n_buckets == 64 ? ~0ull : (1ull << sc->n_buckets) - 1);
+}
+
+static bool s_all_received(const s_worker *w)
+{
+    for (int i = 0; i < w->n_shards; i++) {
+        if (!s_shard_received(&w->shards[i])) {
+            return false;
+        }
+    }
+    return true;
+}
+
+// Receives every bucket of every shard for `step`, bounded by the timeout.
+static zps_err s_take_params(s_worker *w, uint64_t step)
+{
+    zmq_pollitem_t items[ZPS_WORKER_MAX_SHARDS];
+    for (int i = 0; i < w->n_shards; i++) {
+        w->shards[i].received = 0;
+        items[i] = (zmq_pollitem_t){.socket = w->shards[i].sock, .events = ZMQ_POLLIN};
+    }
+    double start = zps_clock_ms(), next_log = start + ZPS_WORKER_WAIT_LOG_MS;
+    while (!s_all_received(w)) {
+        int rc = zmq_poll(items, w->n_shards, ZPS_WORKER_POLL_MS);
+        for (int i = 0; rc > 0 && i < w->n_shards; i++) {
+            if (!(items[i].revents & ZMQ_POLLIN)) {
+                continue;
+            }
+            zps_wire_msg m;
+            zps_err err = zps_wire_recv(w->shards[i].sock, false, &m);
+            if (err == ZPS_OK) {
+                err = s_take_bucket(w, i, step, &m);
+            }
+            zps_wire_msg_fini(&m);
+            if (err != ZPS_OK && err != ZPS_ETIMEDOUT) {
+                return err;
+            }
+        }
+        double now = zps_clock_ms();
+        if (now - start > w->opts.timeout_ms) {
+            zps_log_error("gave up after %.0f s waiting for step %llu parameters",
+                          (now - start) / 1e3, (unsigned long long)step);
+            return ZPS_ETIMEDOUT;
+        }
+        if (now > next_log) {
+            for (int i = 0; i < w->n_shards; i++) {
+                if (!s_shard_received(&w->shards[i])) {
+                    zps_log_info("waiting %.0f s for step %llu parameters from shard %d (%s)",
+                                 (now - start) / 1e3, (unsigned long long)step, i,
+                                 w->shards[i].endpoint);
+                }
+            }
+            next_log = now + ZPS_WORKER_WAIT_LOG_MS;
+        }
+    }
+    return ZPS_OK;
 }
 
 static zps_err s_join(s_worker *w)
@@ -298,11 +410,9 @@ static zps_err s_join(s_worker *w)
         Zps__Header h;
         zps_wire_header_init(&h, ZPS__MSG_TYPE__PULL);
         h.shard = (uint32_t)i;
-        if ((err = s_send(w, i, &h, NULL, 0, NULL)) == ZPS_OK) {
-            err = s_take_params(w, i, w->start_step);
-        }
+        err = s_send(w, i, &h, NULL, 0, NULL);
     }
-    return err;
+    return err == ZPS_OK ? s_take_params(w, w->start_step) : err;
 }
 
 // ---------------------------------------------------------------------------
@@ -323,7 +433,7 @@ static zps_err s_evaluate(s_worker *w, uint64_t epoch)
         }
         zps_err err = zps_dataset_gather(w->data, ZPS_SPLIT_TEST, w->eval_idx, n, w->x, w->labels);
         if (err == ZPS_OK) {
-            err = zps_cpu_evaluate(w->cpu, w->x, w->labels, n, &correct, &loss_sum);
+            err = zps_backend_evaluate(w->be, w->x, w->labels, n, &correct, &loss_sum);
         }
         if (err != ZPS_OK) {
             return err;
@@ -343,6 +453,47 @@ static zps_err s_evaluate(s_worker *w, uint64_t epoch)
     return s_send(w, 0, &h, NULL, 0, NULL);
 }
 
+// Pushes [lo, hi) of the gradient to shard i, zero-copy (from the wire
+// buffer once converted, for a 16-bit dtype).
+static zps_err s_push(s_worker *w, int i, uint64_t lo, uint64_t hi)
+{
+    Zps__Header h;
+    zps_wire_header_init(&h, ZPS__MSG_TYPE__PUSH);
+    h.step = w->cur_step;
+    h.shard = (uint32_t)i;
+    h.offset = lo;
+    h.count = hi - lo;
+    h.dtype = (Zps__DType)w->dtype;
+    h.samples = w->mine->count;
+    h.loss = zps_backend_loss(w->be);
+    h.data_ms = (float)w->data_ms;
+    h.compute_ms = (float)(zps_clock_ms() - w->step_t0 - w->data_ms);
+    const float *g = zps_backend_grads(w->be) + lo;
+    const void *payload = g;
+    size_t esize = zps_dtype_size(w->dtype);
+    if (w->dtype != ZPS_DTYPE_F32) {
+        payload = w->wire + lo * esize;
+        zps_dtype_from_f32(w->dtype, g, w->wire + lo * esize, h.count);
+    }
+    return s_send(w, i, &h, payload, h.count * esize, &w->grad_ref);
+}
+
+// The backend finished a bucket's gradient: push it to the shards that own
+// its parts while backward goes on with earlier layers.
+static void s_on_bucket(void *arg, int bucket)
+{
+    s_worker *w = arg;
+    uint64_t blo, bhi;
+    zps_model_bucket(&w->model, bucket, &blo, &bhi);
+    for (int i = 0; w->push_err == ZPS_OK && i < w->n_shards; i++) {
+        uint64_t lo = blo > w->shards[i].lo ? blo : w->shards[i].lo;
+        uint64_t hi = bhi < w->shards[i].hi ? bhi : w->shards[i].hi;
+        if (lo < hi) {
+            w->push_err = s_push(w, i, lo, hi);
+        }
+    }
+}
+
 static zps_err s_step(s_worker *w, uint64_t step)
 {
     // ZeroMQ may still hold the last push's frames of the gradient buffer.
@@ -350,45 +501,33 @@ static zps_err s_step(s_worker *w, uint64_t step)
     if (err != ZPS_OK) {
         return err;
     }
-    double t0 = zps_clock_ms();
-    const uint32_t *idx = zps_sampler_slice(&w->sampler, step, w->mine->offset, w->mine->count);
-    if (!idx) {
-        return ZPS_EINVAL;
-    }
+    w->cur_step = step;
+    w->push_err = ZPS_OK;
+    w->step_t0 = zps_clock_ms();
     uint32_t n = w->mine->count;
-    if ((err = zps_dataset_gather(w->data, ZPS_SPLIT_TRAIN, idx, n, w->x, w->labels)) != ZPS_OK) {
-        return err;
-    }
-    double t1 = zps_clock_ms();
-    float loss;
-    if ((err = zps_cpu_train_step(w->cpu, w->x, w->labels, n, &loss)) != ZPS_OK) {
-        return err;
-    }
-    double t2 = zps_clock_ms();
-    const float *grads = zps_cpu_grads(w->cpu);
-    for (int i = 0; i < w->n_shards; i++) {
-        const s_shard_conn *sc = &w->shards[i];
-        Zps__Header h;
-        zps_wire_header_init(&h, ZPS__MSG_TYPE__PUSH);
-        h.step = step;
-        h.shard = (uint32_t)i;
-        h.offset = sc->lo;
-        h.count = sc->hi - sc->lo;
-        h.dtype = ZPS__DTYPE__F32;
-        h.samples = n;
-        h.loss = loss;
-        h.data_ms = (float)(t1 - t0);
-        h.compute_ms = (float)(t2 - t1);
-        err = s_send(w, i, &h, grads + sc->lo, h.count * sizeof(float), &w->grad_ref);
+    if (zps_backend_uses_data(w->be)) {
+        const uint32_t *idx = zps_sampler_slice(&w->sampler, step, w->mine->offset, n);
+        if (!idx) {
+            return ZPS_EINVAL;
+        }
+        err = zps_dataset_gather(w->data, ZPS_SPLIT_TRAIN, idx, n, w->x, w->labels);
         if (err != ZPS_OK) {
             return err;
         }
     }
-    for (int i = 0; err == ZPS_OK && i < w->n_shards; i++) {
-        err = s_take_params(w, i, step + 1);
+    double t1 = zps_clock_ms();
+    w->data_ms = t1 - w->step_t0;
+    float loss;
+    if ((err = zps_backend_train_step(w->be, w->x, w->labels, n, &loss)) != ZPS_OK) {
+        return err;
     }
+    if (w->push_err != ZPS_OK) {
+        return w->push_err;
+    }
+    double t2 = zps_clock_ms();
+    err = s_take_params(w, step + 1);
     double t3 = zps_clock_ms();
-    w->sum_data_ms += t1 - t0;
+    w->sum_data_ms += t1 - w->step_t0;
     w->sum_compute_ms += t2 - t1;
     w->sum_wait_ms += t3 - t2;
     w->timed_steps++;
@@ -417,7 +556,7 @@ static zps_err s_train(s_worker *w)
             return err;
         }
         bool epoch_end = (t + 1) % w->steps_per_epoch == 0;
-        if ((epoch_end || t + 1 == w->total_steps) &&
+        if (w->data && (epoch_end || t + 1 == w->total_steps) &&
             (err = s_evaluate(w, t / w->steps_per_epoch)) != ZPS_OK) {
             return err;
         }
@@ -436,7 +575,7 @@ static zps_err s_save_params(const s_worker *w, const char *path)
         return ZPS_EIO;
     }
     size_t n = w->model.n_params;
-    bool ok = fwrite(zps_cpu_params(w->cpu), sizeof(float), n, f) == n;
+    bool ok = fwrite(zps_backend_params(w->be), sizeof(float), n, f) == n;
     ok = (fclose(f) == 0) && ok;
     if (!ok || rename(tmp, path) != 0) {
         zps_log_error("--save-params %s: %s", path, strerror(errno));
@@ -543,11 +682,6 @@ static bool s_parse_opts(int argc, char **argv, s_opts *o, char *cache_buf, size
         s_usage(stderr);
         return false;
     }
-    if (strcmp(o->device, "cpu") != 0) {
-        fprintf(stderr, "zps-worker: --device %s: this build has only the cpu backend\n",
-                o->device);
-        return false;
-    }
     if (!o->cache_dir) {
         const char *xdg = getenv("XDG_CACHE_HOME"), *home = getenv("HOME");
         if (xdg && *xdg) {
@@ -570,7 +704,8 @@ static void s_worker_fini(s_worker *w)
     if (w->ctx) {
         zmq_ctx_term(w->ctx); // flushes the BYE within the linger, releases grad frames
     }
-    zps_cpu_destroy(&w->cpu);
+    zps_backend_destroy(&w->be);
+    free(w->wire);
     zps_dataset_destroy(&w->data);
     zps_sampler_fini(&w->sampler);
     free(w->x);
@@ -584,6 +719,9 @@ int main(int argc, char **argv)
     static s_worker w; // large (plan); static keeps it off the stack
     char cache_dir[4096];
     if (!s_parse_opts(argc, argv, &w.opts, cache_dir, sizeof cache_dir)) {
+        return 2;
+    }
+    if (!zps_backend_supports(w.opts.device)) {
         return 2;
     }
     openblas_set_num_threads(w.opts.threads);

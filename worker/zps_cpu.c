@@ -35,6 +35,7 @@ struct zps_cpu {
     float *ones;                         // view: max_batch 1s, to sum dZ's rows with a GEMV
     zps_cpu_grad_ready_fn hook;          // borrowed: called as each layer's grads are final
     void *hook_arg;                      // borrowed: hook's argument
+    float loss;                          // mean loss of the running or last train step
 };
 
 // ---------------------------------------------------------------- memory
@@ -346,11 +347,17 @@ zps_err zps_cpu_train_step(zps_cpu *m, const float *x, const uint32_t *labels, u
     int last = m->spec.n_layers - 1;
     s_forward(m, x, (int)n);
     double sum = s_softmax_xent(m->act[last], labels, m->delta[0], n, m->spec.layers[last].out);
+    m->loss = (float)(sum / n); // before backward: the grad hooks push it
     s_backward(m, x, (int)n);
     if (loss) {
-        *loss = (float)(sum / n);
+        *loss = m->loss;
     }
     return ZPS_OK;
+}
+
+float zps_cpu_loss(const zps_cpu *m)
+{
+    return m->loss;
 }
 
 zps_err zps_cpu_evaluate(zps_cpu *m, const float *x, const uint32_t *labels, uint32_t n,

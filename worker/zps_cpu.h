@@ -39,6 +39,9 @@ void zps_cpu_set_grad_hook(zps_cpu *m, zps_cpu_grad_ready_fn fn, void *arg);
 zps_err zps_cpu_train_step(zps_cpu *m, const float *x, const uint32_t *labels, uint32_t n,
                            float *loss);
 
+// The mean loss of the running train step: valid from its first grad hook.
+float zps_cpu_loss(const zps_cpu *m);
+
 // Forward only over n samples (any n: it runs in chunks of max_batch):
 // adds the number of correct argmax predictions to *correct and the summed
 // (not mean) loss to *loss_sum.

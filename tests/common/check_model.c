@@ -64,6 +64,70 @@ START_TEST(test_model_init_is_he_normal_and_deterministic)
 }
 END_TEST
 
+START_TEST(test_model_flat_and_its_buckets)
+{
+    zps_model_spec m;
+    ck_assert_int_eq(zps_model_parse("flat:2500000", &m), ZPS_OK);
+    ck_assert_int_eq(m.kind, ZPS_MODEL_FLAT);
+    ck_assert_uint_eq(m.n_params, 2500000);
+    ck_assert_int_eq(zps_model_n_buckets(&m), 3);
+    uint64_t lo, hi;
+    zps_model_bucket(&m, 0, &lo, &hi); // backward order: the end first
+    ck_assert_uint_eq(lo, 2u << 20);
+    ck_assert_uint_eq(hi, 2500000);
+    zps_model_bucket(&m, 2, &lo, &hi);
+    ck_assert_uint_eq(lo, 0);
+    ck_assert_uint_eq(hi, 1u << 20);
+    ck_assert_int_eq(zps_model_parse("flat:0", &m), ZPS_EINVAL);
+    ck_assert_int_eq(zps_model_parse("flat:67108865", &m), ZPS_EINVAL);
+    ck_assert_int_eq(zps_model_parse("flat:12x", &m), ZPS_EINVAL);
+}
+END_TEST
+
+START_TEST(test_model_buckets_are_layers_cut_at_shard_ranges)
+{
+    zps_model_spec m;
+    ck_assert_int_eq(zps_model_parse("mlp:784-512-512-10", &m), ZPS_OK);
+    ck_assert_int_eq(zps_model_n_buckets(&m), 3);
+    uint64_t lo, hi;
+    zps_model_bucket(&m, 0, &lo, &hi);
+    ck_assert_uint_eq(lo, m.layers[2].w_off);
+    ck_assert_uint_eq(hi, m.n_params);
+    // Three shards balanced by bytes: ranges tile the vector, cut inside layers.
+    uint64_t next = 0;
+    int total = 0;
+    for (uint32_t i = 0; i < 3; i++) {
+        zps_model_shard_range(m.n_params, i, 3, &lo, &hi);
+        ck_assert_uint_eq(lo, next);
+        ck_assert_uint_le(hi - lo, m.n_params / 3 + 1);
+        next = hi;
+        zps_bucket b[ZPS_MODEL_MAX_BUCKETS];
+        int n = zps_model_range_buckets(&m, lo, hi, b);
+        for (int k = 0; k < n; k++) {
+            ck_assert_uint_ge(b[k].lo, lo);
+            ck_assert_uint_le(b[k].hi, hi);
+            ck_assert_uint_lt(b[k].lo, b[k].hi);
+            total += (int)(b[k].hi - b[k].lo);
+        }
+    }
+    ck_assert_uint_eq(next, m.n_params);
+    ck_assert_int_eq(total, (int)m.n_params);
+}
+END_TEST
+
+START_TEST(test_model_init_range_equals_slice_of_whole_init)
+{
+    zps_model_spec m;
+    ck_assert_int_eq(zps_model_parse("mlp:30-20-10", &m), ZPS_OK);
+    float *all = malloc(m.n_params * sizeof(float));
+    float part[300];
+    zps_model_init_params(&m, 9, all);
+    zps_model_init_range(&m, 9, 500, 800, part); // across layer 0's end and layer 1
+    ck_assert_mem_eq(part, all + 500, sizeof part);
+    free(all);
+}
+END_TEST
+
 Suite *zps_suite_model(void)
 {
     Suite *s = suite_create("model");
@@ -71,6 +135,9 @@ Suite *zps_suite_model(void)
     tcase_add_test(tc, test_model_parse_lays_out_weights_then_bias);
     tcase_add_test(tc, test_model_parse_refuses_bad_specs);
     tcase_add_test(tc, test_model_init_is_he_normal_and_deterministic);
+    tcase_add_test(tc, test_model_flat_and_its_buckets);
+    tcase_add_test(tc, test_model_buckets_are_layers_cut_at_shard_ranges);
+    tcase_add_test(tc, test_model_init_range_equals_slice_of_whole_init);
     suite_add_tcase(s, tc);
     return s;
 }

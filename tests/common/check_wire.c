@@ -67,7 +67,8 @@ START_TEST(test_wire_round_trip_with_multi_frame_tensor)
     ck_assert_float_eq(m.hdr->loss, 1.25f);
     ck_assert_int_eq(m.n_frames, 3);
     char why[128];
-    ck_assert_int_eq(zps_wire_check_tensor(&m, 0, n + 10, why, sizeof why), ZPS_OK);
+    ck_assert_int_eq(zps_wire_check_tensor(&m, ZPS__DTYPE__F32, 0, n + 10, why, sizeof why),
+                     ZPS_OK);
     float *back = malloc(n * sizeof(float));
     zps_wire_copy_payload(&m, back);
     ck_assert_mem_eq(back, t, n * sizeof(float));
@@ -192,17 +193,24 @@ static void s_send_tensor(void *sock, Zps__DType dtype, uint64_t off, uint64_t c
     free(payload);
 }
 
-static zps_err s_check(pair *p, Zps__DType dtype, uint64_t off, uint64_t count, size_t bytes,
-                       size_t frame)
+// Checks a tensor sent as `dtype` against a job whose dtype is `want`.
+static zps_err s_check_as(pair *p, Zps__DType want, Zps__DType dtype, uint64_t off,
+                          uint64_t count, size_t bytes, size_t frame)
 {
     s_send_tensor(p->dealer, dtype, off, count, bytes, frame);
     zps_wire_msg m;
     ck_assert_int_eq(zps_wire_recv(p->router, true, &m), ZPS_OK);
     char why[128] = "";
-    zps_err err = zps_wire_check_tensor(&m, 100, 200, why, sizeof why);
+    zps_err err = zps_wire_check_tensor(&m, want, 100, 200, why, sizeof why);
     ck_assert(err == ZPS_OK || why[0] != '\0');
     zps_wire_msg_fini(&m);
     return err;
+}
+
+static zps_err s_check(pair *p, Zps__DType dtype, uint64_t off, uint64_t count, size_t bytes,
+                       size_t frame)
+{
+    return s_check_as(p, ZPS__DTYPE__F32, dtype, off, count, bytes, frame);
 }
 
 START_TEST(test_wire_check_tensor_bounds_dtype_and_length)
@@ -221,6 +229,15 @@ START_TEST(test_wire_check_tensor_bounds_dtype_and_length)
     ck_assert_int_eq(s_check(&p, ZPS__DTYPE__F32, 100, 10, 36, 36), ZPS_EPROTO);
     ck_assert_int_eq(s_check(&p, ZPS__DTYPE__F32, 100, 10, 44, 44), ZPS_EPROTO);
     ck_assert_int_eq(s_check(&p, ZPS__DTYPE__F32, 100, 10, 40, 6), ZPS_EPROTO);
+    // 16-bit jobs: two bytes an element, frames of whole elements.
+    ck_assert_int_eq(s_check_as(&p, ZPS__DTYPE__BF16, ZPS__DTYPE__BF16, 100, 10, 20, 20), ZPS_OK);
+    ck_assert_int_eq(s_check_as(&p, ZPS__DTYPE__F16, ZPS__DTYPE__F16, 100, 10, 20, 4), ZPS_OK);
+    ck_assert_int_eq(s_check_as(&p, ZPS__DTYPE__BF16, ZPS__DTYPE__BF16, 100, 10, 40, 40),
+                     ZPS_EPROTO);
+    ck_assert_int_eq(s_check_as(&p, ZPS__DTYPE__BF16, ZPS__DTYPE__BF16, 100, 10, 20, 5),
+                     ZPS_EPROTO);
+    ck_assert_int_eq(s_check_as(&p, ZPS__DTYPE__BF16, ZPS__DTYPE__F16, 100, 10, 20, 20),
+                     ZPS_EPROTO);
     s_pair_close(&p);
 }
 END_TEST

@@ -233,7 +233,7 @@ START_TEST(test_malformed_messages_are_refused_and_training_is_unchanged)
     pid_t server;
     char endpoint[256];
     snprintf(endpoint, sizeof endpoint, "%s",
-             zps_procs_start_server(&ps, &server, s_server_args, 10000));
+             zps_procs_start_server(&ps, "server", &server, s_server_args, 10000));
     peer p = s_connect(endpoint);
     int sent = s_send_garbage(&p);
     uint64_t bad;
@@ -266,7 +266,7 @@ START_TEST(test_malformed_messages_are_refused_and_training_is_unchanged)
 
     // The same job on a fresh server that saw no bad message.
     snprintf(endpoint, sizeof endpoint, "%s",
-             zps_procs_start_server(&ps, &server, s_server_args, 10000));
+             zps_procs_start_server(&ps, "server", &server, s_server_args, 10000));
     worker = s_worker(&ps, endpoint, "clean.bin", "clean.log");
     ck_assert_int_eq(zps_procs_wait(&ps, worker, 120000), 0);
     ck_assert_int_eq(zps_procs_wait(&ps, server, 30000), 0);

@@ -14,36 +14,58 @@
 #define MODEL "mlp:784-512-512-10"
 #define RUN_TIMEOUT_MS 120000
 
-// Trains STEPS steps of batch `batch` with one worker per entry of shares
-// (0: no --share) and returns the number of workers whose run succeeded.
-static int s_train(zps_procs *ps, const char *tag, const char *batch, int n,
-                   const char *const *shares)
+typedef struct run {
+    const char *tag;            // names the run's files
+    const char *batch;          // global batch
+    int workers;                // worker processes
+    const char *shares[8];      // per worker: --share value, or NULL
+    int shards;                 // server processes
+    const char *dtype;          // --wire-dtype
+} run;
+
+// Trains STEPS steps of the run's job and returns the number of workers
+// whose run succeeded; every server must succeed too.
+static int s_train(zps_procs *ps, const run *r)
 {
-    char workers[8], metrics[64];
-    snprintf(workers, sizeof workers, "%d", n);
-    snprintf(metrics, sizeof metrics, "%s-metrics.jsonl", tag);
-    const char *sargs[] = {"--workers", workers, "--global-batch", batch, "--steps", STEPS,
-                           "--model", MODEL, "--seed", "3", "--metrics-log",
+    char workers[8], shards[8], metrics[64], tag[64];
+    snprintf(workers, sizeof workers, "%d", r->workers);
+    snprintf(shards, sizeof shards, "%d", r->shards ? r->shards : 1);
+    snprintf(metrics, sizeof metrics, "%s-metrics.jsonl", r->tag);
+    snprintf(tag, sizeof tag, "%s-s0", r->tag);
+    const char *sargs[] = {"--workers", workers, "--global-batch", r->batch, "--steps", STEPS,
+                           "--model", MODEL, "--seed", "3", "--shards", shards,
+                           "--wire-dtype", r->dtype ? r->dtype : "fp32", "--metrics-log",
                            zps_procs_path(ps, metrics), NULL};
-    pid_t server;
-    const char *ep = zps_procs_start_server(ps, &server, sargs, 10000);
+    pid_t servers[4];
     char endpoint[256];
-    snprintf(endpoint, sizeof endpoint, "%s", ep);
+    snprintf(endpoint, sizeof endpoint, "%s",
+             zps_procs_start_server(ps, tag, &servers[0], sargs, 10000));
+    for (int k = 1; k < r->shards; k++) {
+        char index[16];
+        snprintf(index, sizeof index, "%d", k);
+        snprintf(tag, sizeof tag, "%s-s%d", r->tag, k);
+        const char *kargs[] = {"--shard", index, "--shards", shards, "--coordinator", endpoint,
+                               NULL};
+        zps_procs_start_server(ps, tag, &servers[k], kargs, 10000);
+    }
     pid_t pids[8];
-    for (int i = 0; i < n; i++) {
+    for (int i = 0; i < r->workers; i++) {
         char out[64], log[64];
-        snprintf(out, sizeof out, "%s-w%d.bin", tag, i);
-        snprintf(log, sizeof log, "%s-w%d.log", tag, i);
+        snprintf(out, sizeof out, "%s-w%d.bin", r->tag, i);
+        snprintf(log, sizeof log, "%s-w%d.log", r->tag, i);
         const char *wargs[] = {"--coordinator", endpoint, "--save-params", zps_procs_path(ps, out),
                                "--cache-dir", ZPS_TEST_CACHE, "--timeout-ms", "30000",
-                               shares[i] ? "--share" : NULL, shares[i], NULL};
+                               r->shares[i] ? "--share" : NULL, r->shares[i], NULL};
         pids[i] = zps_procs_start(ps, "zps-worker", log, wargs);
     }
     int ok = 0;
-    for (int i = 0; i < n; i++) {
+    for (int i = 0; i < r->workers; i++) {
         ok += zps_procs_wait(ps, pids[i], RUN_TIMEOUT_MS) == 0;
     }
-    ck_assert_int_eq(zps_procs_wait(ps, server, 30000), 0);
+    for (int k = 0; k < (r->shards ? r->shards : 1); k++) {
+        ck_assert_msg(zps_procs_wait(ps, servers[k], 30000) == 0, "shard %d of %s failed", k,
+                      r->tag);
+    }
     return ok;
 }
 
@@ -72,10 +94,10 @@ static void s_check_split(const char *a, const char *b)
     zps_procs_init(&ps, "train");
     zps_model_spec spec;
     ck_assert_int_eq(zps_model_parse(MODEL, &spec), ZPS_OK);
-    const char *one[] = {NULL};
-    ck_assert_int_eq(s_train(&ps, "single", "64", 1, one), 1);
-    const char *two[] = {a, b};
-    ck_assert_int_eq(s_train(&ps, "split", "64", 2, two), 2);
+    run single = {.tag = "single", .batch = "64", .workers = 1};
+    run split = {.tag = "split", .batch = "64", .workers = 2, .shares = {a, b}};
+    ck_assert_int_eq(s_train(&ps, &single), 1);
+    ck_assert_int_eq(s_train(&ps, &split), 2);
 
     float *ref = s_load(&ps, "single-w0.bin", spec.n_params);
     float *w0 = s_load(&ps, "split-w0.bin", spec.n_params);
@@ -114,8 +136,8 @@ START_TEST(test_train_three_workers_hold_bitwise_identical_parameters)
     zps_procs_init(&ps, "align");
     zps_model_spec spec;
     ck_assert_int_eq(zps_model_parse(MODEL, &spec), ZPS_OK);
-    const char *three[] = {NULL, NULL, NULL}; // 64 = 22 + 21 + 21
-    ck_assert_int_eq(s_train(&ps, "three", "64", 3, three), 3);
+    run three = {.tag = "three", .batch = "64", .workers = 3}; // 64 = 22 + 21 + 21
+    ck_assert_int_eq(s_train(&ps, &three), 3);
     float *w0 = s_load(&ps, "three-w0.bin", spec.n_params);
     for (int i = 1; i < 3; i++) {
         char name[32];
@@ -148,6 +170,65 @@ START_TEST(test_train_three_workers_hold_bitwise_identical_parameters)
 }
 END_TEST
 
+// The per-element update is the same wherever it runs: 1, 2 and 3 shards
+// (ranges cut inside layers) give the same bits.
+START_TEST(test_train_one_two_three_shards_give_identical_bits)
+{
+    zps_procs ps;
+    zps_procs_init(&ps, "shards");
+    zps_model_spec spec;
+    ck_assert_int_eq(zps_model_parse(MODEL, &spec), ZPS_OK);
+    const char *tags[3] = {"s1", "s2", "s3"};
+    float *p[3];
+    for (int s = 0; s < 3; s++) {
+        run r = {.tag = tags[s], .batch = "64", .workers = 2, .shards = s + 1};
+        ck_assert_int_eq(s_train(&ps, &r), 2);
+        char name[32];
+        snprintf(name, sizeof name, "%s-w1.bin", tags[s]);
+        p[s] = s_load(&ps, name, spec.n_params);
+    }
+    ck_assert_msg(memcmp(p[0], p[1], spec.n_params * sizeof(float)) == 0, "1 and 2 shards differ");
+    ck_assert_msg(memcmp(p[0], p[2], spec.n_params * sizeof(float)) == 0, "1 and 3 shards differ");
+    for (int s = 0; s < 3; s++) {
+        free(p[s]);
+    }
+    zps_procs_fini(&ps, false);
+}
+END_TEST
+
+// bf16 on the wire halves the bytes and stays close to the fp32 run.
+START_TEST(test_train_bf16_wire_stays_close_to_fp32)
+{
+    zps_procs ps;
+    zps_procs_init(&ps, "bf16");
+    zps_model_spec spec;
+    ck_assert_int_eq(zps_model_parse(MODEL, &spec), ZPS_OK);
+    run f32 = {.tag = "f32", .batch = "64", .workers = 2, .shards = 2};
+    run b16 = {.tag = "b16", .batch = "64", .workers = 2, .shards = 2, .dtype = "bf16"};
+    run f16 = {.tag = "f16", .batch = "64", .workers = 2, .shards = 1, .dtype = "fp16"};
+    ck_assert_int_eq(s_train(&ps, &f32), 2);
+    ck_assert_int_eq(s_train(&ps, &b16), 2);
+    ck_assert_int_eq(s_train(&ps, &f16), 2);
+    float *a = s_load(&ps, "f32-w0.bin", spec.n_params);
+    float *b = s_load(&ps, "b16-w0.bin", spec.n_params);
+    float *c = s_load(&ps, "b16-w1.bin", spec.n_params);
+    float *h = s_load(&ps, "f16-w0.bin", spec.n_params);
+    ck_assert_msg(memcmp(b, c, spec.n_params * sizeof(float)) == 0, "bf16 workers differ");
+    double db = s_max_abs_diff(a, b, spec.n_params), dh = s_max_abs_diff(a, h, spec.n_params);
+    fprintf(stderr, "after 50 steps: max |fp32 - bf16| = %.3g, max |fp32 - fp16| = %.3g\n", db,
+            dh);
+    ck_assert_double_gt(db, 0);  // the wire really carried 16 bits
+    ck_assert_double_lt(db, 0.05);
+    ck_assert_double_gt(dh, 0);
+    ck_assert_double_lt(dh, 0.05);
+    free(a);
+    free(b);
+    free(c);
+    free(h);
+    zps_procs_fini(&ps, false);
+}
+END_TEST
+
 Suite *zps_suite_train(void)
 {
     Suite *s = suite_create("train");
@@ -156,6 +237,8 @@ Suite *zps_suite_train(void)
     tcase_add_test(tc, test_train_even_split_equals_single_process);
     tcase_add_test(tc, test_train_uneven_split_equals_single_process);
     tcase_add_test(tc, test_train_three_workers_hold_bitwise_identical_parameters);
+    tcase_add_test(tc, test_train_one_two_three_shards_give_identical_bits);
+    tcase_add_test(tc, test_train_bf16_wire_stays_close_to_fp32);
     suite_add_tcase(s, tc);
     return s;
 }

@@ -137,11 +137,14 @@ int zps_procs_wait(zps_procs *ps, pid_t pid, int timeout_ms)
     return WEXITSTATUS(status);
 }
 
-const char *zps_procs_start_server(zps_procs *ps, pid_t *pid, const char *const *args,
-                                   int timeout_ms)
+const char *zps_procs_start_server(zps_procs *ps, const char *tag, pid_t *pid,
+                                   const char *const *args, int timeout_ms)
 {
     static char endpoint[256];
-    const char *file = zps_procs_path(ps, "endpoint");
+    char name[128], log[128];
+    snprintf(name, sizeof name, "%s.endpoint", tag);
+    snprintf(log, sizeof log, "%s.log", tag);
+    const char *file = zps_procs_path(ps, name);
     const char *full[48] = {"--listen", "tcp://127.0.0.1:*", "--endpoint-file", file};
     int n = 4;
     for (int i = 0; args[i] && n < 47; i++) {
@@ -149,7 +152,7 @@ const char *zps_procs_start_server(zps_procs *ps, pid_t *pid, const char *const 
     }
     full[n] = NULL;
     unlink(file); // a previous server's
-    *pid = zps_procs_start(ps, "zps-server", "server.log", full);
+    *pid = zps_procs_start(ps, "zps-server", log, full);
     double deadline = zps_clock_ms() + timeout_ms;
     while (zps_clock_ms() < deadline) {
         FILE *f = fopen(file, "r");
@@ -163,7 +166,7 @@ const char *zps_procs_start_server(zps_procs *ps, pid_t *pid, const char *const 
         }
         int status;
         if (waitpid(*pid, &status, WNOHANG) == *pid) {
-            ck_abort_msg("zps-server exited before listening; see %s/server.log", ps->dir);
+            ck_abort_msg("zps-server exited before listening; see %s/%s", ps->dir, log);
         }
         struct timespec ts = {0, 10 * 1000 * 1000};
         nanosleep(&ts, NULL);

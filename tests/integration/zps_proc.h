@@ -28,10 +28,11 @@ pid_t zps_procs_start(zps_procs *ps, const char *prog, const char *log, const ch
 // it did not exit in time (it is then killed) or died of a signal.
 int zps_procs_wait(zps_procs *ps, pid_t pid, int timeout_ms);
 
-// Starts a server with `args` and an endpoint file; returns its endpoint
-// (static storage) once the server listens, within timeout_ms.
-const char *zps_procs_start_server(zps_procs *ps, pid_t *pid, const char *const *args,
-                                   int timeout_ms);
+// Starts a server with `args` on a free loopback port, logging to
+// <tag>.log; returns its endpoint (static storage, overwritten by the next
+// call) once the server listens, within timeout_ms.
+const char *zps_procs_start_server(zps_procs *ps, const char *tag, pid_t *pid,
+                                   const char *const *args, int timeout_ms);
 
 // Path under the scratch directory (static storage, 8 rotating buffers).
 const char *zps_procs_path(const zps_procs *ps, const char *name);

@@ -1,16 +1,20 @@
-/* check_shard.c - the shard's accumulate/average/update arithmetic and its
+/* check_shard.c - the shard's per-bucket accumulate/average/update and its
  * refusals, fed messages built as the wire would deliver them. */
+#include <math.h>
 #include <string.h>
 
 #include "server/zps_shard.h"
 #include "tests/zps_check.h"
 
-#define LO 100
-#define HI 104
+// mlp:1-2-1 is [0, 4) for layer 0 (W 2x1, b 2) and [4, 7) for layer 1.
+// The shard owns [2, 7): bucket 0 is [4, 7), bucket 1 is [2, 4), a range
+// that starts inside layer 0.
+#define LO 2
+#define HI 7
 
 // A PUSH as zps_wire_recv would return it: decoded header, payload frames.
 static zps_wire_msg s_push(uint32_t rank, uint64_t member_id, uint64_t step, uint32_t samples,
-                           uint64_t off, const float *vals, uint64_t count)
+                           uint64_t off, const float *vals, uint64_t count, zps_dtype dtype)
 {
     Zps__Header h;
     zps_wire_header_init(&h, ZPS__MSG_TYPE__PUSH);
@@ -20,37 +24,55 @@ static zps_wire_msg s_push(uint32_t rank, uint64_t member_id, uint64_t step, uin
     h.samples = samples;
     h.offset = off;
     h.count = count;
-    h.dtype = ZPS__DTYPE__F32;
+    h.dtype = (Zps__DType)dtype;
     h.loss = (float)rank + 1.0f;
     uint8_t buf[128];
     size_t len = zps__header__pack(&h, buf);
     zps_wire_msg m;
     memset(&m, 0, sizeof m);
     m.hdr = zps__header__unpack(NULL, len, buf);
-    zmq_msg_init_size(&m.frames[0], count * sizeof(float));
-    memcpy(zmq_msg_data(&m.frames[0]), vals, count * sizeof(float));
+    size_t bytes = count * zps_dtype_size(dtype);
+    zmq_msg_init_size(&m.frames[0], bytes);
+    zps_dtype_from_f32(dtype, vals, zmq_msg_data(&m.frames[0]), count);
     m.n_frames = 1;
-    m.payload_bytes = count * sizeof(float);
+    m.payload_bytes = bytes;
     return m;
 }
 
-static zps_err s_feed(zps_shard *s, uint32_t rank, uint64_t id, uint64_t step, uint32_t samples,
-                      uint64_t off, const float *vals, uint64_t count)
+static zps_err s_feed_as(zps_shard *s, zps_dtype dtype, uint32_t rank, uint64_t id,
+                         uint64_t step, uint32_t samples, uint64_t off, const float *vals,
+                         uint64_t count, int *ready)
 {
-    zps_wire_msg m = s_push(rank, id, step, samples, off, vals, count);
+    zps_wire_msg m = s_push(rank, id, step, samples, off, vals, count, dtype);
     char why[256] = "";
-    zps_err err = zps_shard_push(s, &m, why, sizeof why);
+    zps_err err = zps_shard_push(s, &m, ready, why, sizeof why);
     ck_assert(err == ZPS_OK || why[0] != '\0');
     zps_wire_msg_fini(&m);
     return err;
 }
 
-static zps_shard *s_shard(float momentum)
+static zps_err s_feed(zps_shard *s, uint32_t rank, uint64_t id, uint64_t step, uint32_t samples,
+                      uint64_t off, const float *vals, uint64_t count, int *ready)
 {
-    zps_optim_cfg cfg = {.lr = 0.5f, .momentum = momentum, .schedule = ZPS_LR_CONSTANT};
-    float init[4] = {1, 2, 3, 4};
-    zps_shard *s = zps_shard_new(0, LO, HI, &cfg, init);
+    return s_feed_as(s, ZPS_DTYPE_F32, rank, id, step, samples, off, vals, count, ready);
+}
+
+static zps_model_spec s_model(void)
+{
+    zps_model_spec m;
+    ck_assert_int_eq(zps_model_parse("mlp:1-2-1", &m), ZPS_OK);
+    return m;
+}
+
+static zps_shard *s_shard(const zps_model_spec *model, zps_dtype dtype, float momentum)
+{
+    zps_shard_cfg cfg = {.index = 1, .lo = LO, .hi = HI, .model = model, .seed = 4,
+                         .dtype = dtype,
+                         .optim = {.lr = 0.5f, .momentum = momentum,
+                                   .schedule = ZPS_LR_CONSTANT}};
+    zps_shard *s = zps_shard_new(&cfg);
     ck_assert_ptr_nonnull(s);
+    ck_assert_int_eq(zps_shard_n_buckets(s), 2);
     zps_plan plan = {.global_batch = 40, .n = 2};
     plan.slices[0] = (zps_plan_slice){.rank = 0, .member_id = 11, .offset = 0, .count = 10};
     plan.slices[1] = (zps_plan_slice){.rank = 1, .member_id = 22, .offset = 10, .count = 30};
@@ -58,68 +80,110 @@ static zps_shard *s_shard(float momentum)
     return s;
 }
 
-START_TEST(test_shard_weighted_average_by_samples)
+// The shard's current f32 parameters of [LO, HI).
+static void s_params(zps_shard *s, float *out)
 {
-    zps_shard *s = s_shard(0);
-    float g0[4] = {4, 0, -4, 8}, g1[4] = {0, 4, 4, 0};
-    ck_assert_int_eq(s_feed(s, 0, 11, 0, 10, LO, g0, 4), ZPS_OK);
-    ck_assert(!zps_shard_ready(s));
+    for (int b = 0; b < zps_shard_n_buckets(s); b++) {
+        const void *data;
+        uint64_t off, count;
+        zps_wire_ref *ref;
+        zps_shard_bucket_params(s, b, &data, &off, &count, &ref);
+        memcpy(out + (off - LO), data, count * sizeof(float));
+    }
+}
+
+START_TEST(test_shard_updates_each_bucket_by_weighted_average)
+{
+    zps_model_spec model = s_model();
+    zps_shard *s = s_shard(&model, ZPS_DTYPE_F32, 0);
+    float init[HI - LO];
+    zps_model_init_range(&model, 4, LO, HI, init);
+    float g0[HI - LO] = {4, 0, -4, 8, 2}, g1[HI - LO] = {0, 4, 4, 0, 2};
+    int ready;
+    // Bucket 0 ([4, 7)) first, as backward produces it.
+    ck_assert_int_eq(s_feed(s, 0, 11, 0, 10, 4, g0 + 2, 3, &ready), ZPS_OK);
+    ck_assert_int_eq(ready, -1);
+    ck_assert_int_eq(s_feed(s, 1, 22, 0, 30, 4, g1 + 2, 3, &ready), ZPS_OK);
+    ck_assert_int_eq(ready, 0);
+    zps_shard_apply(s, 0);
+    ck_assert(!zps_shard_step_done(s));
+    ck_assert(!zps_shard_rank_done(s, 0));
+    ck_assert_int_eq(s_feed(s, 1, 22, 0, 30, 2, g1, 2, &ready), ZPS_OK);
+    ck_assert_int_eq(s_feed(s, 0, 11, 0, 10, 2, g0, 2, &ready), ZPS_OK);
+    ck_assert_int_eq(ready, 1);
     ck_assert(zps_shard_rank_done(s, 0));
-    ck_assert_int_eq(s_feed(s, 1, 22, 0, 30, LO, g1, 4), ZPS_OK);
-    ck_assert(zps_shard_ready(s));
-    float loss = zps_shard_apply(s);
-    // g = (10 * g0 + 30 * g1) / 40 = {1, 3, 2, 2}; p -= 0.5 g
-    const float *p = zps_shard_params(s);
-    ck_assert_float_eq_tol(p[0], 0.5f, 1e-6f);
-    ck_assert_float_eq_tol(p[1], 0.5f, 1e-6f);
-    ck_assert_float_eq_tol(p[2], 2.0f, 1e-6f);
-    ck_assert_float_eq_tol(p[3], 3.0f, 1e-6f);
+    zps_shard_apply(s, 1);
+    ck_assert(zps_shard_step_done(s));
     // loss = (10 * 1 + 30 * 2) / 40
-    ck_assert_float_eq_tol(loss, 1.75f, 1e-6f);
+    ck_assert_float_eq_tol(zps_shard_end_step(s), 1.75f, 1e-6f);
     ck_assert_uint_eq(zps_shard_step(s), 1);
-    ck_assert(!zps_shard_ready(s));
+    float p[HI - LO];
+    s_params(s, p);
+    for (int i = 0; i < HI - LO; i++) {
+        float g = (10 * g0[i] + 30 * g1[i]) / 40; // {1, 3, 2, 2, 2}
+        ck_assert_float_eq_tol(p[i], init[i] - 0.5f * g, 1e-6f);
+    }
     zps_shard_destroy(&s);
     ck_assert_ptr_null(s);
 }
 END_TEST
 
-START_TEST(test_shard_accepts_pieces_per_layer)
+START_TEST(test_shard_refusals_leave_parameters_untouched)
 {
-    zps_shard *s = s_shard(0);
-    float g[4] = {2, 2, 2, 2};
-    ck_assert_int_eq(s_feed(s, 0, 11, 0, 10, LO + 2, g + 2, 2), ZPS_OK);
-    ck_assert(!zps_shard_rank_done(s, 0));
-    ck_assert_int_eq(s_feed(s, 0, 11, 0, 10, LO, g, 2), ZPS_OK);
-    ck_assert(zps_shard_rank_done(s, 0));
-    ck_assert_int_eq(s_feed(s, 1, 22, 0, 30, LO, g, 4), ZPS_OK);
-    ck_assert(zps_shard_ready(s));
-    zps_shard_apply(s);
-    ck_assert_float_eq_tol(zps_shard_params(s)[0], 0.0f, 1e-6f);
+    zps_model_spec model = s_model();
+    zps_shard *s = s_shard(&model, ZPS_DTYPE_F32, 0.9f);
+    float before[HI - LO], after[HI - LO];
+    s_params(s, before);
+    float g[HI - LO] = {1e6f, 1e6f, 1e6f, 1e6f, 1e6f};
+    int ready;
+    ck_assert_int_eq(s_feed(s, 0, 11, 1, 10, 4, g, 3, &ready), ZPS_ESTALE);   // future step
+    ck_assert_int_eq(s_feed(s, 2, 33, 0, 10, 4, g, 3, &ready), ZPS_ENOENT);   // unknown rank
+    ck_assert_int_eq(s_feed(s, 0, 12, 0, 10, 4, g, 3, &ready), ZPS_ENOENT);   // wrong member id
+    ck_assert_int_eq(s_feed(s, 0, 11, 0, 11, 4, g, 3, &ready), ZPS_EPROTO);   // wrong sample count
+    ck_assert_int_eq(s_feed(s, 0, 11, 0, 10, 1, g, 3, &ready), ZPS_ERANGE);   // outside the range
+    ck_assert_int_eq(s_feed(s, 0, 11, 0, 10, 5, g, 3, &ready), ZPS_ERANGE);
+    ck_assert_int_eq(s_feed(s, 0, 11, 0, 10, 2, g, 5, &ready), ZPS_EPROTO);   // two buckets at once
+    ck_assert_int_eq(s_feed(s, 0, 11, 0, 10, 4, g, 2, &ready), ZPS_EPROTO);   // part of a bucket
+    ck_assert_int_eq(s_feed_as(s, ZPS_DTYPE_BF16, 0, 11, 0, 10, 4, g, 3, &ready), ZPS_EPROTO);
+    ck_assert_int_eq(s_feed(s, 0, 11, 0, 10, 4, g, 3, &ready), ZPS_OK);
+    ck_assert_int_eq(s_feed(s, 0, 11, 0, 10, 4, g, 3, &ready), ZPS_EDUP);     // again
+    ck_assert_int_eq(ready, -1);
+    s_params(s, after);
+    ck_assert_mem_eq(before, after, sizeof before);
     zps_shard_destroy(&s);
 }
 END_TEST
 
-START_TEST(test_shard_refusals_leave_parameters_untouched)
+START_TEST(test_shard_bf16_pushes_and_replies)
 {
-    zps_shard *s = s_shard(0.9f);
-    float g[4] = {1, 1, 1, 1};
-    ck_assert_int_eq(s_feed(s, 0, 11, 1, 10, LO, g, 4), ZPS_ESTALE);   // future step
-    ck_assert_int_eq(s_feed(s, 2, 33, 0, 10, LO, g, 4), ZPS_ENOENT);   // unknown rank
-    ck_assert_int_eq(s_feed(s, 0, 12, 0, 10, LO, g, 4), ZPS_ENOENT);   // wrong member id
-    ck_assert_int_eq(s_feed(s, 0, 11, 0, 11, LO, g, 4), ZPS_EPROTO);   // wrong sample count
-    ck_assert_int_eq(s_feed(s, 0, 11, 0, 10, LO - 1, g, 4), ZPS_ERANGE); // outside the range
-    ck_assert_int_eq(s_feed(s, 0, 11, 0, 10, LO + 1, g, 4), ZPS_ERANGE);
-    ck_assert_int_eq(s_feed(s, 0, 11, 0, 10, LO, g, 2), ZPS_OK);
-    ck_assert_int_eq(s_feed(s, 0, 11, 0, 10, LO + 1, g, 2), ZPS_EDUP);  // overlaps
-    ck_assert(!zps_shard_ready(s));
-    const float want[4] = {1, 2, 3, 4};
-    ck_assert_mem_eq(zps_shard_params(s), want, sizeof want);
-    // The step still completes with exactly the accepted pushes.
-    ck_assert_int_eq(s_feed(s, 0, 11, 0, 10, LO + 2, g, 2), ZPS_OK);
-    ck_assert_int_eq(s_feed(s, 1, 22, 0, 30, LO, g, 4), ZPS_OK);
-    zps_shard_apply(s);
-    ck_assert_float_eq_tol(zps_shard_params(s)[0], 0.5f, 1e-6f);
-    ck_assert_int_eq(s_feed(s, 0, 11, 0, 10, LO, g, 4), ZPS_ESTALE); // the past step
+    zps_model_spec model = s_model();
+    zps_shard *s = s_shard(&model, ZPS_DTYPE_BF16, 0);
+    float init[HI - LO];
+    zps_model_init_range(&model, 4, LO, HI, init);
+    float g[HI - LO] = {1, 0.5f, -1, 2, 0.25f}; // exact in bf16
+    int ready;
+    for (uint32_t r = 0; r < 2; r++) {
+        uint64_t id = r ? 22 : 11;
+        uint32_t n = r ? 30 : 10;
+        ck_assert_int_eq(s_feed_as(s, ZPS_DTYPE_BF16, r, id, 0, n, 4, g + 2, 3, &ready), ZPS_OK);
+        ck_assert_int_eq(s_feed_as(s, ZPS_DTYPE_BF16, r, id, 0, n, 2, g, 2, &ready), ZPS_OK);
+    }
+    zps_shard_apply(s, 0);
+    zps_shard_apply(s, 1);
+    zps_shard_end_step(s);
+    for (int b = 0; b < 2; b++) {
+        const void *data;
+        uint64_t off, count;
+        zps_wire_ref *ref;
+        zps_shard_bucket_params(s, b, &data, &off, &count, &ref);
+        float p[3];
+        zps_dtype_to_f32(ZPS_DTYPE_BF16, data, p, count);
+        for (uint64_t i = 0; i < count; i++) {
+            float want = init[off - LO + i] - 0.5f * g[off - LO + i];
+            // bf16 keeps 8 significant bits
+            ck_assert_float_eq_tol(p[i], want, fabsf(want) / 128 + 1e-6f);
+        }
+    }
     zps_shard_destroy(&s);
 }
 END_TEST
@@ -127,10 +191,10 @@ END_TEST
 Suite *zps_suite_shard(void)
 {
     Suite *s = suite_create("shard");
-    TCase *tc = tcase_create("accumulate");
-    tcase_add_test(tc, test_shard_weighted_average_by_samples);
-    tcase_add_test(tc, test_shard_accepts_pieces_per_layer);
+    TCase *tc = tcase_create("buckets");
+    tcase_add_test(tc, test_shard_updates_each_bucket_by_weighted_average);
     tcase_add_test(tc, test_shard_refusals_leave_parameters_untouched);
+    tcase_add_test(tc, test_shard_bf16_pushes_and_replies);
     suite_add_tcase(s, tc);
     return s;
 }

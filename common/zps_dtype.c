@@ -1,0 +1,196 @@
+/* zps_dtype.c - names of the element types and the bulk conversions.
+ *
+ * The bulk loops run over every gradient a shard receives, so they must
+ * vectorize. They are plain C loops over the inline scalar conversions of
+ * zps_dtype.h; on x86-64 with GCC or Clang and glibc each public function is
+ * also compiled for AVX-512 and AVX2 (target_clones), and the loader picks
+ * the best one the CPU has (ifunc). No -march flag is needed, so one binary
+ * runs on every x86-64 machine, and other platforms build the plain loops.
+ *
+ * Every clone gives the same bits: the conversions are integer code, and the
+ * product and the sum of axpy are rounded separately (never fused into an
+ * FMA, which Clang would do in the AVX-512 clone), so a shard's result does
+ * not depend on the CPU it runs on. */
+#include "zps_dtype.h"
+
+#include <string.h>
+
+#include "zps_log.h"
+
+#if defined(__x86_64__) && defined(__GNUC__) && defined(__GLIBC__)
+// glibc provides ifunc, which target_clones needs; __GLIBC__ is known here
+// because <string.h> is included above.
+#define ZPS_DTYPE_CLONES __attribute__((target_clones("avx512f", "avx2", "default")))
+#else
+#define ZPS_DTYPE_CLONES
+#endif
+
+#ifdef __clang__
+// Clang contracts a * b + c within one expression by default; GCC does not
+// in ISO C mode (-std=c11) and knows no such pragma (-Wunknown-pragmas).
+#pragma STDC FP_CONTRACT OFF
+#endif
+
+// ---------------------------------------------------------------- names
+
+size_t zps_dtype_size(zps_dtype d)
+{
+    switch (d) {
+    case ZPS_DTYPE_F32:
+        return 4;
+    case ZPS_DTYPE_BF16:
+    case ZPS_DTYPE_F16:
+        return 2;
+    }
+    return 0;
+}
+
+bool zps_dtype_valid(int d)
+{
+    return d == ZPS_DTYPE_F32 || d == ZPS_DTYPE_BF16 || d == ZPS_DTYPE_F16;
+}
+
+zps_err zps_dtype_parse(const char *text, zps_dtype *out)
+{
+    static const zps_dtype all[] = {ZPS_DTYPE_F32, ZPS_DTYPE_BF16, ZPS_DTYPE_F16};
+    for (size_t i = 0; i < sizeof all / sizeof all[0]; i++) {
+        if (strcmp(text, zps_dtype_name(all[i])) == 0) {
+            *out = all[i];
+            return ZPS_OK;
+        }
+    }
+    zps_log_error("dtype '%s': expected fp32, bf16 or fp16", text);
+    return ZPS_EINVAL;
+}
+
+const char *zps_dtype_name(zps_dtype d)
+{
+    switch (d) {
+    case ZPS_DTYPE_F32:
+        return "fp32";
+    case ZPS_DTYPE_BF16:
+        return "bf16";
+    case ZPS_DTYPE_F16:
+        return "fp16";
+    }
+    return "invalid";
+}
+
+// ---------------------------------------------------------------- bulk loops
+//
+// Each loop is written out inside its cloned function rather than in a
+// helper: a helper the compiler chose not to inline would be built for the
+// default target only, and the clone calling it would lose its vector width.
+// The cloned functions are static and wrapped by the public ones because
+// Clang 14 gives a cloned function no symbol under its plain name, so other
+// files could not link to it; the wrapper costs one call per tensor.
+// Loads and stores of the byte pointers go through memcpy (one plain,
+// possibly unaligned, vector access once compiled).
+
+ZPS_DTYPE_CLONES
+static void s_dtype_from_f32(zps_dtype d, const float *src, void *dst, size_t n)
+{
+    const unsigned char *s = (const unsigned char *)src;
+    unsigned char *o = (unsigned char *)dst;
+    switch (d) {
+    case ZPS_DTYPE_F32:
+        memcpy(o, s, n * sizeof(float));
+        return;
+    case ZPS_DTYPE_BF16:
+        for (size_t i = 0; i < n; i++) {
+            float x;
+            memcpy(&x, s + i * 4, 4);
+            uint16_t h = zps_bf16_from_f32(x);
+            memcpy(o + i * 2, &h, 2);
+        }
+        return;
+    case ZPS_DTYPE_F16:
+        for (size_t i = 0; i < n; i++) {
+            float x;
+            memcpy(&x, s + i * 4, 4);
+            uint16_t h = zps_f16_from_f32(x);
+            memcpy(o + i * 2, &h, 2);
+        }
+        return;
+    }
+    ZPS_ASSERT(!"from_f32: invalid dtype");
+}
+
+ZPS_DTYPE_CLONES
+static void s_dtype_to_f32(zps_dtype d, const void *src, float *dst, size_t n)
+{
+    const unsigned char *s = (const unsigned char *)src;
+    unsigned char *o = (unsigned char *)dst;
+    switch (d) {
+    case ZPS_DTYPE_F32:
+        memcpy(o, s, n * sizeof(float));
+        return;
+    case ZPS_DTYPE_BF16:
+        for (size_t i = 0; i < n; i++) {
+            uint16_t h;
+            memcpy(&h, s + i * 2, 2);
+            float x = zps_bf16_to_f32(h);
+            memcpy(o + i * 4, &x, 4);
+        }
+        return;
+    case ZPS_DTYPE_F16:
+        for (size_t i = 0; i < n; i++) {
+            uint16_t h;
+            memcpy(&h, s + i * 2, 2);
+            float x = zps_f16_to_f32(h);
+            memcpy(o + i * 4, &x, 4);
+        }
+        return;
+    }
+    ZPS_ASSERT(!"to_f32: invalid dtype");
+}
+
+ZPS_DTYPE_CLONES
+static void s_dtype_axpy(zps_dtype d, float scale, const void *src, float *restrict dst, size_t n)
+{
+    const unsigned char *s = (const unsigned char *)src;
+    switch (d) {
+    case ZPS_DTYPE_F32:
+        for (size_t i = 0; i < n; i++) {
+            float x;
+            memcpy(&x, s + i * 4, 4);
+            float term = scale * x;
+            dst[i] += term;
+        }
+        return;
+    case ZPS_DTYPE_BF16:
+        for (size_t i = 0; i < n; i++) {
+            uint16_t h;
+            memcpy(&h, s + i * 2, 2);
+            float term = scale * zps_bf16_to_f32(h);
+            dst[i] += term;
+        }
+        return;
+    case ZPS_DTYPE_F16:
+        for (size_t i = 0; i < n; i++) {
+            uint16_t h;
+            memcpy(&h, s + i * 2, 2);
+            float term = scale * zps_f16_to_f32(h);
+            dst[i] += term;
+        }
+        return;
+    }
+    ZPS_ASSERT(!"axpy: invalid dtype");
+}
+
+// ---------------------------------------------------------------- public entry points
+
+void zps_dtype_from_f32(zps_dtype d, const float *src, void *dst, size_t n)
+{
+    s_dtype_from_f32(d, src, dst, n);
+}
+
+void zps_dtype_to_f32(zps_dtype d, const void *src, float *dst, size_t n)
+{
+    s_dtype_to_f32(d, src, dst, n);
+}
+
+void zps_dtype_axpy(zps_dtype d, float scale, const void *src, float *dst, size_t n)
+{
+    s_dtype_axpy(d, scale, src, dst, n);
+}

@@ -1,0 +1,569 @@
+/* zps_server.c - the server loop: sockets, dispatch, timers. */
+#include "zps_server.h"
+
+#include <errno.h>
+#include <signal.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/resource.h>
+
+#include "common/zps_clock.h"
+#include "common/zps_dataset.h"
+#include "common/zps_log.h"
+#include "common/zps_model.h"
+#include "common/zps_wire.h"
+#include "server/zps_coord.h"
+#include "server/zps_shard.h"
+
+#define ZPS_SERVER_POLL_MS 200
+#define ZPS_SERVER_STALL_WARN_MS 5000.0
+#define ZPS_SERVER_REGISTER_MS 5000.0
+#define ZPS_SERVER_SEND_TIMEOUT_MS 5000
+
+typedef struct s_server {
+    const zps_server_opts *o;                    // borrowed: flags
+    void *ctx;                                   // owned
+    void *sock;                                  // owned: ROUTER for workers (and shards, on 0)
+    void *up;                                    // owned: shard > 0: DEALER to the coordinator
+    char endpoint[256];                          // what sock is bound to
+    zps_model_spec model;                        // the job's model
+    zps_coord *coord;                            // owned: shard 0 only
+    zps_shard *shard;                            // owned: shard 0 from the start, others once assigned
+    uint64_t job_id;                             // shard > 0: from ASSIGN
+    zps_plan plan;                               // the plan the shard works to
+    bool plan_set;                               // plan is valid
+    uint64_t total_steps;                        // steps of the run
+    zps_dtype dtype;                             // element type of tensors on the wire
+    uint64_t bad_messages;                       // refused or dropped messages
+    zmq_msg_t route[ZPS_MAX_MEMBERS];            // where each rank's PARAMS go
+    bool route_set[ZPS_MAX_MEMBERS];             // route[i] is initialised
+    double step_start_ms;                        // when the current step began
+    double next_stall_ms;                        // next stall warning
+    double next_register_ms;                     // shard > 0: next REGISTER while unassigned
+    bool finished;                               // shard > 0: the last step is done
+} s_server;
+
+static volatile sig_atomic_t s_stop;
+
+static void s_on_signal(int sig)
+{
+    (void)sig;
+    s_stop = 1;
+}
+
+static uint64_t s_job_id(const s_server *srv)
+{
+    return srv->coord ? zps_coord_job_id(srv->coord) : srv->job_id;
+}
+
+// ---------------------------------------------------------------------------
+// Refusals: one line, one counter, an ERROR reply; parameters untouched.
+
+static void s_refuse(s_server *srv, zps_wire_msg *m, zps_err err, const char *why)
+{
+    srv->bad_messages++;
+    const char *type = m->hdr ? zps_wire_type_name((int)m->hdr->type) : "undecodable message";
+    zps_log_warn("refused %s: %s (%s) [%llu refused so far]", type, why, zps_strerror(err),
+                 (unsigned long long)srv->bad_messages);
+    if (m->has_route) {
+        zps_wire_send_error(srv->sock, &m->route, s_job_id(srv),
+                            srv->shard ? zps_shard_step(srv->shard) : 0, err, why);
+    }
+}
+
+// Sends bucket b's parameters, labelled with the step they are for.
+static void s_send_bucket(s_server *srv, zmq_msg_t *route, int b, uint64_t step, bool zero_copy)
+{
+    Zps__Header h;
+    zps_wire_header_init(&h, ZPS__MSG_TYPE__PARAMS);
+    h.job_id = s_job_id(srv);
+    h.step = step;
+    h.shard = srv->o->shard;
+    h.dtype = (Zps__DType)srv->dtype;
+    const void *data;
+    zps_wire_ref *ref;
+    zps_shard_bucket_params(srv->shard, b, &data, &h.offset, &h.count, &ref);
+    zps_err err = zps_wire_send(srv->sock, route, &h, data,
+                                h.count * zps_dtype_size(srv->dtype),
+                                zero_copy ? ref : NULL);
+    if (err != ZPS_OK) {
+        zps_log_warn("could not send step %llu parameters: %s", (unsigned long long)step,
+                     zps_strerror(err));
+    }
+}
+
+// Member checks shared by PULL and PUSH: right job, job started here.
+static bool s_check_member_msg(s_server *srv, zps_wire_msg *m)
+{
+    if (!srv->plan_set) {
+        s_refuse(srv, m, ZPS_ESTATE, "the job has not started on this shard");
+        return false;
+    }
+    if (m->hdr->job_id != s_job_id(srv)) {
+        char why[96];
+        snprintf(why, sizeof why, "job id %016llx is not this job's",
+                 (unsigned long long)m->hdr->job_id);
+        s_refuse(srv, m, ZPS_EJOB, why);
+        return false;
+    }
+    return true;
+}
+
+static void s_on_pull(s_server *srv, zps_wire_msg *m)
+{
+    if (!s_check_member_msg(srv, m)) {
+        return;
+    }
+    const zps_plan_slice *sl = zps_plan_find(&srv->plan, m->hdr->rank);
+    if (!sl || sl->member_id != m->hdr->member_id) {
+        s_refuse(srv, m, ZPS_ENOENT, "PULL from a rank or member id not in the plan");
+        return;
+    }
+    // Copied: a peer that never reads must not pin the zero-copy buffer.
+    for (int b = 0; b < zps_shard_n_buckets(srv->shard); b++) {
+        s_send_bucket(srv, &m->route, b, zps_shard_step(srv->shard), false);
+    }
+}
+
+static void s_end_step(s_server *srv)
+{
+    uint64_t step = zps_shard_step(srv->shard);
+    float loss = zps_shard_end_step(srv->shard);
+    double now = zps_clock_ms();
+    if (srv->coord) {
+        zps_coord_step_done(srv->coord, step, loss, now - srv->step_start_ms);
+    }
+    srv->step_start_ms = now;
+    srv->next_stall_ms = now + ZPS_SERVER_STALL_WARN_MS;
+    if (step + 1 == srv->total_steps && !srv->coord) {
+        zps_log_info("shard %u: last step done", srv->o->shard);
+        srv->finished = true;
+    }
+}
+
+static void s_on_push(s_server *srv, zps_wire_msg *m)
+{
+    if (!s_check_member_msg(srv, m)) {
+        return;
+    }
+    char why[256];
+    int ready;
+    zps_err err = zps_shard_push(srv->shard, m, &ready, why, sizeof why);
+    if (err != ZPS_OK) {
+        s_refuse(srv, m, err, why);
+        return;
+    }
+    uint32_t r = m->hdr->rank; // in the plan, so < ZPS_MAX_MEMBERS
+    if (srv->route_set[r]) {
+        zmq_msg_close(&srv->route[r]);
+    }
+    zmq_msg_init(&srv->route[r]);
+    zmq_msg_copy(&srv->route[r], &m->route);
+    srv->route_set[r] = true;
+    if (srv->coord) {
+        zps_coord_note_push(srv->coord, r, m->hdr->compute_ms);
+    }
+    if (ready < 0) {
+        return;
+    }
+    zps_shard_apply(srv->shard, ready);
+    uint64_t next = zps_shard_step(srv->shard) + 1;
+    for (uint32_t i = 0; i < srv->plan.n; i++) {
+        s_send_bucket(srv, &srv->route[srv->plan.slices[i].rank], ready, next, true);
+    }
+    if (zps_shard_step_done(srv->shard)) {
+        s_end_step(srv);
+    }
+}
+
+static void s_take_plan(s_server *srv, const zps_plan *plan)
+{
+    srv->plan = *plan;
+    srv->plan_set = true;
+    zps_shard_set_plan(srv->shard, plan);
+    srv->step_start_ms = zps_clock_ms();
+    srv->next_stall_ms = srv->step_start_ms + ZPS_SERVER_STALL_WARN_MS;
+}
+
+// Messages for the coordinator (shard 0 only).
+static void s_dispatch_coord(s_server *srv, zps_wire_msg *m)
+{
+    zps_err err = ZPS_OK;
+    Zps__MsgType type = m->hdr->type;
+    if (!srv->coord) {
+        char why[128];
+        snprintf(why, sizeof why, "this is shard %u, not the coordinator (shard 0)",
+                 srv->o->shard);
+        s_refuse(srv, m, ZPS_ESTATE, why);
+        return;
+    }
+    if ((type == ZPS__MSG_TYPE__EVAL || type == ZPS__MSG_TYPE__BYE) &&
+        m->hdr->job_id != s_job_id(srv)) {
+        s_refuse(srv, m, ZPS_EJOB, "job id is not this job's");
+        return;
+    }
+    switch (type) {
+    case ZPS__MSG_TYPE__HELLO: err = zps_coord_on_hello(srv->coord, srv->sock, m); break;
+    case ZPS__MSG_TYPE__REGISTER: err = zps_coord_on_register(srv->coord, srv->sock, m); break;
+    case ZPS__MSG_TYPE__READY: err = zps_coord_on_ready(srv->coord, srv->sock, m); break;
+    case ZPS__MSG_TYPE__EVAL: err = zps_coord_on_eval(srv->coord, m); break;
+    case ZPS__MSG_TYPE__BYE: err = zps_coord_on_bye(srv->coord, m); break;
+    default:
+        zps_coord_on_status(srv->coord, srv->sock, m,
+                            zps_shard_step(srv->shard), srv->bad_messages);
+        break;
+    }
+    srv->bad_messages += err != ZPS_OK;
+    if (!srv->plan_set && zps_coord_plan(srv->coord)) {
+        s_take_plan(srv, zps_coord_plan(srv->coord));
+    }
+}
+
+static void s_dispatch(s_server *srv, zps_wire_msg *m)
+{
+    switch (m->hdr->type) {
+    case ZPS__MSG_TYPE__PULL:
+        s_on_pull(srv, m);
+        break;
+    case ZPS__MSG_TYPE__PUSH:
+        s_on_push(srv, m);
+        break;
+    case ZPS__MSG_TYPE__HELLO:
+    case ZPS__MSG_TYPE__REGISTER:
+    case ZPS__MSG_TYPE__READY:
+    case ZPS__MSG_TYPE__EVAL:
+    case ZPS__MSG_TYPE__BYE:
+    case ZPS__MSG_TYPE__STATUS:
+        s_dispatch_coord(srv, m);
+        break;
+    default:
+        s_refuse(srv, m, ZPS_EPROTO, "unexpected message type");
+        break;
+    }
+}
+
+static void s_read_one(s_server *srv)
+{
+    zps_wire_msg m;
+    zps_err err = zps_wire_recv(srv->sock, true, &m);
+    if (err == ZPS_EPROTO) {
+        s_refuse(srv, &m, err, "header does not decode or too many frames");
+    } else if (err == ZPS_EVERSION) {
+        char why[96];
+        snprintf(why, sizeof why, "protocol version %u, this server speaks %d",
+                 m.hdr->version, ZPS_WIRE_VERSION);
+        s_refuse(srv, &m, err, why);
+    } else if (err == ZPS_OK) {
+        s_dispatch(srv, &m);
+    }
+    zps_wire_msg_fini(&m);
+}
+
+// ---------------------------------------------------------------------------
+// Shards 1..N-1: register with the coordinator, take the assignment.
+
+static void s_register(s_server *srv)
+{
+    Zps__Register reg = ZPS__REGISTER__INIT;
+    reg.index = srv->o->shard;
+    reg.shards = srv->o->shards;
+    reg.endpoint = srv->endpoint;
+    Zps__Header h;
+    zps_wire_header_init(&h, ZPS__MSG_TYPE__REGISTER);
+    h.shard = srv->o->shard;
+    h.registration = &reg;
+    if (zps_wire_send(srv->up, NULL, &h, NULL, 0, NULL) != ZPS_OK) {
+        zps_log_warn("could not send REGISTER to %s", srv->o->coordinator);
+    }
+    srv->next_register_ms = zps_clock_ms() + ZPS_SERVER_REGISTER_MS;
+}
+
+static zps_err s_take_assignment(s_server *srv, const Zps__Header *h)
+{
+    const Zps__Job *job = h->job;
+    zps_plan plan;
+    if (!job || !job->optim || job->n_shards != srv->o->shards ||
+        zps_model_parse(job->model, &srv->model) != ZPS_OK ||
+        zps_plan_from_wire(job->plan, job->n_plan, job->global_batch, &plan) != ZPS_OK ||
+        !zps_dtype_valid((int)job->wire_dtype)) {
+        zps_log_error("the coordinator sent an assignment this shard cannot use");
+        return ZPS_EPROTO;
+    }
+    const Zps__ShardInfo *me = job->shards[srv->o->shard];
+    uint64_t lo, hi;
+    zps_model_shard_range(srv->model.n_params, srv->o->shard, srv->o->shards, &lo, &hi);
+    if (me->lo != lo || me->hi != hi) {
+        zps_log_error("assigned [%llu, %llu), expected [%llu, %llu)", (unsigned long long)me->lo,
+                      (unsigned long long)me->hi, (unsigned long long)lo, (unsigned long long)hi);
+        return ZPS_EPROTO;
+    }
+    zps_shard_cfg cfg = {
+        .index = srv->o->shard, .lo = lo, .hi = hi, .model = &srv->model, .seed = job->seed,
+        .dtype = (zps_dtype)job->wire_dtype,
+        .optim = {.lr = job->optim->lr, .momentum = job->optim->momentum,
+                  .nesterov = job->optim->nesterov, .weight_decay = job->optim->weight_decay,
+                  .schedule = (zps_lr_schedule)job->optim->schedule,
+                  .warmup_steps = job->optim->warmup_steps, .total_steps = job->total_steps},
+    };
+    srv->dtype = cfg.dtype;
+    if (!(srv->shard = zps_shard_new(&cfg))) {
+        return ZPS_ENOMEM;
+    }
+    srv->job_id = h->job_id;
+    srv->total_steps = job->total_steps;
+    s_take_plan(srv, &plan);
+    zps_log_info("job %016llx: serving [%llu, %llu) of model %s, %llu steps",
+                 (unsigned long long)srv->job_id, (unsigned long long)lo, (unsigned long long)hi,
+                 job->model, (unsigned long long)job->total_steps);
+    Zps__Header ready;
+    zps_wire_header_init(&ready, ZPS__MSG_TYPE__READY);
+    ready.job_id = srv->job_id;
+    ready.shard = srv->o->shard;
+    return zps_wire_send(srv->up, NULL, &ready, NULL, 0, NULL);
+}
+
+// Reads the coordinator's socket; a failure here ends the shard.
+static zps_err s_read_up(s_server *srv)
+{
+    zps_wire_msg m;
+    zps_err err = zps_wire_recv(srv->up, false, &m);
+    if (err == ZPS_OK && m.hdr->type == ZPS__MSG_TYPE__ERROR) {
+        zps_log_error("the coordinator refused this shard: %s", m.hdr->error);
+        err = srv->shard ? ZPS_OK : ZPS_ECLOSED; // late refusals of a REGISTER do not matter
+    } else if (err == ZPS_OK && m.hdr->type == ZPS__MSG_TYPE__ASSIGN && !srv->shard) {
+        err = s_take_assignment(srv, m.hdr);
+    } else if (err == ZPS_OK) {
+        zps_log_warn("ignored %s from the coordinator", zps_wire_type_name(m.hdr->type));
+    } else if (err == ZPS_ETIMEDOUT) {
+        err = ZPS_OK;
+    }
+    zps_wire_msg_fini(&m);
+    return err;
+}
+
+// ---------------------------------------------------------------------------
+// The loop.
+
+// Names what a stalled step waits for, every ZPS_SERVER_STALL_WARN_MS.
+static void s_warn_stall(s_server *srv, double now)
+{
+    if (!srv->plan_set || srv->finished || now < srv->next_stall_ms ||
+        zps_shard_step(srv->shard) >= srv->total_steps) {
+        return;
+    }
+    for (uint32_t i = 0; i < srv->plan.n; i++) {
+        uint32_t r = srv->plan.slices[i].rank;
+        if (!zps_shard_rank_done(srv->shard, r)) {
+            zps_log_warn("step %llu: waiting %.1f s for rank %u (%s): pushes missing",
+                         (unsigned long long)zps_shard_step(srv->shard),
+                         (now - srv->step_start_ms) / 1e3, r,
+                         srv->coord ? zps_coord_member_host(srv->coord, r) : "?");
+        }
+    }
+    srv->next_stall_ms = now + ZPS_SERVER_STALL_WARN_MS;
+}
+
+static bool s_over(const s_server *srv)
+{
+    return srv->coord ? zps_coord_finished(srv->coord) : srv->finished;
+}
+
+static int s_loop(s_server *srv)
+{
+    zmq_pollitem_t items[2] = {{.socket = srv->sock, .events = ZMQ_POLLIN},
+                               {.socket = srv->up, .events = ZMQ_POLLIN}};
+    int n_items = srv->up ? 2 : 1;
+    while (!s_stop && !s_over(srv)) {
+        int rc = zmq_poll(items, n_items, ZPS_SERVER_POLL_MS);
+        if (rc < 0 && errno != EINTR) {
+            zps_log_error("zmq_poll: %s", zmq_strerror(errno));
+            return 1;
+        }
+        // Drain what is ready, but come back to the timers now and then.
+        for (int i = 0; rc > 0 && i < 64 && (items[0].revents & ZMQ_POLLIN); i++) {
+            int events = 0;
+            size_t len = sizeof events;
+            if (zmq_getsockopt(srv->sock, ZMQ_EVENTS, &events, &len) != 0 ||
+                !(events & ZMQ_POLLIN)) {
+                break;
+            }
+            s_read_one(srv);
+        }
+        if (n_items == 2 && (items[1].revents & ZMQ_POLLIN) && s_read_up(srv) != ZPS_OK) {
+            return 1;
+        }
+        double now = zps_clock_ms();
+        if (srv->coord) {
+            zps_coord_tick(srv->coord, now);
+        } else if (!srv->shard && now > srv->next_register_ms) {
+            zps_log_info("waiting for the coordinator at %s to assign this shard's range",
+                         srv->o->coordinator);
+            s_register(srv);
+        }
+        s_warn_stall(srv, now);
+    }
+    if (s_stop) {
+        zps_log_info("stopped by signal at step %llu",
+                     (unsigned long long)(srv->shard ? zps_shard_step(srv->shard) : 0));
+    }
+    return 0;
+}
+
+// ---------------------------------------------------------------------------
+// Start-up: any error here exits with a hint.
+
+// Binds sock and reports the endpoint bound (a port of '*' resolved) in
+// srv->endpoint and, if asked, in a file that launchers and tests wait for.
+static int s_bind(s_server *srv)
+{
+    const zps_server_opts *o = srv->o;
+    if (zmq_bind(srv->sock, o->listen) != 0) {
+        zps_log_error("cannot bind %s: %s", o->listen, zmq_strerror(errno));
+        fprintf(stderr, "HINT: another zps-server may hold the port; pick another --listen\n");
+        return 2;
+    }
+    size_t len = sizeof srv->endpoint;
+    if (zmq_getsockopt(srv->sock, ZMQ_LAST_ENDPOINT, srv->endpoint, &len) != 0) {
+        snprintf(srv->endpoint, sizeof srv->endpoint, "%s", o->listen);
+    }
+    if (o->endpoint_file) {
+        char tmp[4096];
+        snprintf(tmp, sizeof tmp, "%s.tmp", o->endpoint_file);
+        FILE *f = fopen(tmp, "w");
+        if (!f || fprintf(f, "%s\n", srv->endpoint) < 0 || fclose(f) != 0 ||
+            rename(tmp, o->endpoint_file) != 0) {
+            zps_log_error("--endpoint-file %s: %s", o->endpoint_file, strerror(errno));
+            return 2;
+        }
+    }
+    return 0;
+}
+
+// Shard 0: the job from the flags, the coordinator, and this shard's range.
+static int s_setup_coordinator(s_server *srv, FILE *metrics)
+{
+    const zps_server_opts *o = srv->o;
+    zps_dataset_spec ds;
+    uint32_t n_train, n_test;
+    if (zps_model_parse(o->model, &srv->model) != ZPS_OK ||
+        zps_dataset_parse(o->dataset, &ds) != ZPS_OK ||
+        zps_optim_check(o->optimizer, &o->optim) != ZPS_OK ||
+        zps_dataset_counts(&ds, &n_train, &n_test) != ZPS_OK) {
+        fprintf(stderr, "HINT: zps-server --help lists the flags; fashion-mnist comes from the "
+                        "Debian package dataset-fashion-mnist\n");
+        return 2;
+    }
+    if (o->global_batch > n_train || o->global_batch < o->workers) {
+        zps_log_error("global batch %u must be between --workers (%u) and the train set (%u)",
+                      o->global_batch, o->workers, n_train);
+        return 2;
+    }
+    if (srv->model.n_params < o->shards) {
+        zps_log_error("%zu parameters cannot make %u shards", srv->model.n_params, o->shards);
+        return 2;
+    }
+    uint64_t spe = n_train / o->global_batch;
+    srv->total_steps = o->steps ? o->steps : o->epochs * spe;
+    if (srv->total_steps == 0) {
+        zps_log_error("the run has no steps (--epochs 0 or --steps 0)");
+        return 2;
+    }
+    srv->dtype = o->wire_dtype;
+    zps_shard_cfg cfg = {.index = 0, .model = &srv->model, .seed = o->seed,
+                         .dtype = o->wire_dtype, .optim = o->optim};
+    cfg.optim.total_steps = srv->total_steps;
+    zps_model_shard_range(srv->model.n_params, 0, o->shards, &cfg.lo, &cfg.hi);
+    if (!(srv->shard = zps_shard_new(&cfg))) {
+        return 1;
+    }
+    zps_coord_cfg cc = {
+        .model = o->model, .dataset = o->dataset, .seed = o->seed,
+        .global_batch = o->global_batch, .total_steps = srv->total_steps,
+        .steps_per_epoch = spe, .n_test = n_test, .workers = o->workers,
+        .n_params = srv->model.n_params, .shards = o->shards, .optim = cfg.optim,
+        .wire_dtype = o->wire_dtype, .endpoint = srv->endpoint, .metrics = metrics,
+    };
+    if (!(srv->coord = zps_coord_new(&cc))) {
+        return 1;
+    }
+    zps_log_info("listening on %s: model %s (%zu parameters), dataset %s (%u train, %u test), "
+                 "global batch %u, %llu steps, shard 0 of %u: [%llu, %llu)",
+                 srv->endpoint, o->model, srv->model.n_params, o->dataset, n_train, n_test,
+                 o->global_batch, (unsigned long long)srv->total_steps, o->shards,
+                 (unsigned long long)cfg.lo, (unsigned long long)cfg.hi);
+    return 0;
+}
+
+static int s_setup_shard(s_server *srv)
+{
+    srv->up = zps_wire_socket(srv->ctx, ZMQ_DEALER, ZPS_SERVER_SEND_TIMEOUT_MS);
+    if (!srv->up || zmq_connect(srv->up, srv->o->coordinator) != 0) {
+        zps_log_error("cannot connect to the coordinator at %s", srv->o->coordinator);
+        return 2;
+    }
+    zps_log_info("shard %u of %u listening on %s; registering with %s", srv->o->shard,
+                 srv->o->shards, srv->endpoint, srv->o->coordinator);
+    s_register(srv);
+    return 0;
+}
+
+static void s_log_peak_rss(const s_server *srv)
+{
+    struct rusage ru;
+    if (getrusage(RUSAGE_SELF, &ru) == 0) {
+        zps_log_info("shard %u: peak RSS %.1f MiB", srv->o->shard, ru.ru_maxrss / 1024.0);
+    }
+}
+
+int zps_server_run(const zps_server_opts *o)
+{
+    char name[32];
+    snprintf(name, sizeof name, "server[%u]", o->shard);
+    zps_log_set_name(name);
+    s_server srv = {.o = o};
+    FILE *metrics = NULL;
+    int ret = 1;
+    srv.ctx = zmq_ctx_new();
+    srv.sock = srv.ctx ? zps_wire_socket(srv.ctx, ZMQ_ROUTER, ZPS_SERVER_SEND_TIMEOUT_MS) : NULL;
+    if (!srv.sock) {
+        goto out;
+    }
+    if (o->metrics_log && !(metrics = fopen(o->metrics_log, "w"))) {
+        zps_log_error("--metrics-log %s: %s", o->metrics_log, strerror(errno));
+        ret = 2;
+        goto out;
+    }
+    if ((ret = s_bind(&srv)) != 0) {
+        goto out;
+    }
+    ret = o->shard == 0 ? s_setup_coordinator(&srv, metrics) : s_setup_shard(&srv);
+    if (ret != 0) {
+        goto out;
+    }
+    signal(SIGINT, s_on_signal);
+    signal(SIGTERM, s_on_signal);
+    ret = s_loop(&srv);
+    s_log_peak_rss(&srv);
+out:
+    for (int i = 0; i < ZPS_MAX_MEMBERS; i++) {
+        if (srv.route_set[i]) {
+            zmq_msg_close(&srv.route[i]);
+        }
+    }
+    if (srv.sock) {
+        zmq_close(srv.sock);
+    }
+    if (srv.up) {
+        zmq_close(srv.up);
+    }
+    if (srv.ctx) {
+        zmq_ctx_term(srv.ctx); // flushes replies; releases the shard's zero-copy frames
+    }
+    zps_coord_destroy(&srv.coord);
+    zps_shard_destroy(&srv.shard);
+    if (metrics) {
+        fclose(metrics);
+    }
+    return ret;
+}

@@ -1,0 +1,41 @@
+/* zps_server.h - the zps-server process: one shard of the parameter
+ * vector, and on shard 0 also the coordinator.
+ *
+ * One thread owns all state and runs a zmq_poll loop with a bounded timeout
+ * (Redis's event loop, written with ZeroMQ): read a message, dispatch it to
+ * the coordinator or the shard, then run the timers (progress, stall
+ * warnings, end of run). A message from the network can be refused; it can
+ * never crash the process or touch parameters before it was validated. */
+#ifndef ZPS_SERVER_H
+#define ZPS_SERVER_H
+
+#include <stdint.h>
+
+#include "common/zps_dtype.h"
+#include "common/zps_optim.h"
+
+typedef struct zps_server_opts {
+    uint32_t shard;             // this shard's index
+    uint32_t shards;            // shard processes in the job
+    const char *listen;         // endpoint to bind
+    const char *endpoint_file;  // where to write the bound endpoint, or NULL
+    const char *coordinator;    // shard > 0: shard 0's endpoint
+    // The job; shard 0 only (the others receive it from the coordinator).
+    uint32_t workers;           // members before step 0
+    const char *model;          // model spec
+    const char *dataset;        // dataset spec
+    uint32_t global_batch;      // B
+    uint64_t epochs;            // run length in epochs, if steps is 0
+    uint64_t steps;             // run length in steps (wins over epochs)
+    const char *optimizer;      // "sgd"
+    zps_optim_cfg optim;        // lr, momentum, schedule
+    uint64_t seed;              // init, data order
+    zps_dtype wire_dtype;       // gradients and parameters on the wire
+    const char *metrics_log;    // JSON lines, or NULL
+} zps_server_opts;
+
+// Runs a shard until the job is over or SIGINT/SIGTERM; returns the exit
+// status (0 done, 1 failure, 2 bad configuration).
+int zps_server_run(const zps_server_opts *o);
+
+#endif
