@@ -80,73 +80,67 @@ static inline float zps_bf16_to_f32(uint16_t h)
     return zps_f32_from_bits((uint32_t)h << 16);
 }
 
-// fp32 -> fp16, round to nearest even. The three ranges are computed without
-// branches and selected, so that a loop over this vectorizes.
+// The fp16 conversions below select with masks built by arithmetic, not
+// with ?: or comparisons: GCC turns a ?: into a branch, moves the float
+// operation into one side of it, and then (under the default
+// -ftrapping-math) will not make it branch-free again, so the loop would not
+// vectorize. Their float operations are exact or rounded once by the FPU in
+// the default rounding mode (round to nearest even), and never see or make a
+// subnormal fp32 for an input that is a normal fp32 (those are slow on some
+// CPUs).
+
+// fp32 -> fp16, round to nearest even. Adding c = 2^(E+13) to |x| (where
+// 2^E <= |x| < 2^(E+1), and E is at least -14) leaves the sum with exactly
+// fp16's precision at |x|'s binade: the FPU rounds |x| to the nearest fp16
+// step, and the low bits of the sum count the steps (1024 + mantissa, or
+// 2048 when the rounding carried into the next binade, which the exponent
+// arithmetic turns into the right exponent). Below 2^-14 the step is the
+// subnormal unit 2^-24 (E is held at -14), and the count is the subnormal.
+// From 65520 up (65504 plus half a step, a tie going to even 2^16) the
+// result is Inf; NaN keeps its sign and top payload bits and is made quiet.
 static inline uint16_t zps_f16_from_f32(float x)
 {
     uint32_t u = zps_f32_bits(x);
     uint32_t sign = (u >> 16) & 0x8000u;
     uint32_t a = u & 0x7fffffffu; // |x|
 
-    // Normal fp16 (|x| >= 2^-14): rebias the exponent (127 -> 15) and drop
-    // 13 mantissa bits with the same carry trick as bf16; a carry out of the
-    // mantissa lands in the exponent, as rounding up to the next binade should.
-    uint32_t rebiased = a - (112u << 23);
-    uint32_t normal = (rebiased + 0x0fffu + ((rebiased >> 13) & 1u)) >> 13;
+    // Biased fp32 exponent, held to [113, 142] (2^-14 .. 2^15); outside it
+    // the result is a subnormal, or overridden below.
+    uint32_t e = a >> 23;
+    e = e < 113u ? 113u : e;
+    e = e > 142u ? 142u : e;
+    float c = zps_f32_from_bits((e + 13u) << 23);
+    float sum = zps_f32_from_bits(a) + c;
+    uint32_t h = ((e - 113u) << 10) + (zps_f32_bits(sum) - zps_f32_bits(c));
 
-    // Subnormal fp16 (|x| < 2^-14): the result counts units of 2^-24, i.e.
-    // the full significand shifted right by 126 - exponent. Shifts past 25
-    // leave less than half a unit (zero); capping keeps them defined. A
-    // round-up from the largest subnormal gives 0x0400, the smallest normal.
-    // The clamp to [14, 25] also keeps the shifts defined (below 32, and
-    // halfway's above 0) in lanes where the normal result is the one used.
-    uint32_t exp = a >> 23;
-    uint32_t shift = exp > 112u ? 14u : 126u - exp;
-    shift = exp < 101u ? 25u : shift;
-    uint32_t sig = (a & 0x007fffffu) | 0x00800000u;
-    uint32_t kept = sig >> shift;
-    uint32_t dropped = sig & ((1u << shift) - 1u);
-    uint32_t halfway = 1u << (shift - 1u);
-    uint32_t up = (dropped > halfway) | ((dropped == halfway) & kept);
-    uint32_t subnormal = kept + up;
-
-    // 65520 = 65504 + half an ulp, and 65504's mantissa is odd: ties and
-    // anything above round to Inf.
-    uint32_t inf = 0x7c00u;
-    uint32_t nan = 0x7e00u | ((a >> 13) & 0x03ffu);
-
-    uint32_t h = a < 0x38800000u ? subnormal : normal;
-    h = a >= 0x477ff000u ? inf : h;
-    h = a > 0x7f800000u ? nan : h;
+    uint32_t inf = ((a - 0x477ff000u) >> 31) - 1u;         // all ones if a >= 65520
+    uint32_t nan = 0u - ((0x7f800000u - a) >> 31);         // all ones if a > Inf
+    uint32_t nan_bits = 0x7e00u | ((a >> 13) & 0x03ffu);
+    h = (h & ~inf) | (inf & 0x7c00u);
+    h = (h & ~nan) | (nan & nan_bits);
     return (uint16_t)(sign | h);
 }
 
-// fp16 -> fp32 is exact. A subnormal (mant * 2^-24) is normalized in
-// integers: its leading bit is found by comparisons rather than a float
-// multiply, because GCC (with the default -ftrapping-math) will not execute
-// a float operation that only one side of a select needs, and so would not
-// vectorize the loop. A NaN is made quiet, as the F16C instruction and
-// PyTorch do.
+// fp16 -> fp32 is exact: the value is sig * 2^(max(exp, 1) - 25), with sig
+// the mantissa plus the implicit bit of a normal number, and both the
+// conversion of sig and the product by a power of two are exact. For
+// exp = 31 that product is 2^16 * 1.mant, whose exponent bits only need
+// filling up to make Inf or (with the quiet bit, as the F16C instruction and
+// PyTorch set it) NaN.
 static inline float zps_f16_to_f32(uint16_t h)
 {
     uint32_t sign = ((uint32_t)h & 0x8000u) << 16;
     uint32_t exp = ((uint32_t)h >> 10) & 0x1fu;
     uint32_t mant = (uint32_t)h & 0x03ffu;
 
-    uint32_t normal = (((uint32_t)h & 0x7fffu) << 13) + (112u << 23);
+    uint32_t normal = (exp + 31u) >> 5; // 1 if exp != 0
+    uint32_t sig = mant | (normal << 10);
+    uint32_t exp1 = exp + 1u - normal;  // max(exp, 1)
+    float v = (float)(int32_t)sig * zps_f32_from_bits((exp1 + 102u) << 23);
 
-    // lead: the position of mant's leading bit (0..9), so the value is
-    // 1.xxx * 2^(lead - 24): biased exponent lead + 103.
-    uint32_t lead = (mant >= 0x002u) + (mant >= 0x004u) + (mant >= 0x008u) + (mant >= 0x010u) +
-                    (mant >= 0x020u) + (mant >= 0x040u) + (mant >= 0x080u) + (mant >= 0x100u) +
-                    (mant >= 0x200u);
-    uint32_t subnormal = ((lead + 103u) << 23) | ((mant << (23u - lead)) & 0x007fffffu);
-    subnormal = mant == 0 ? 0u : subnormal;
-
-    uint32_t special = 0x7f800000u | (mant << 13) | (mant != 0 ? 0x00400000u : 0u);
-
-    uint32_t a = exp == 0 ? subnormal : normal;
-    a = exp == 0x1fu ? special : a;
+    uint32_t special = 0u - ((exp + 1u) >> 5);    // all ones if exp == 31
+    uint32_t quiet = ((mant + 0x03ffu) >> 10) << 22; // the quiet bit if mant != 0
+    uint32_t a = zps_f32_bits(v) | (special & (0x7f800000u | quiet));
     return zps_f32_from_bits(sign | a);
 }
 

@@ -193,3 +193,48 @@ size_t zps_read_floats(const char *path, float **out)
     fclose(f);
     return n;
 }
+
+void zps_procs_adopt(zps_procs *ps, pid_t pid)
+{
+    for (int i = 0; i < ZPS_PROC_MAX; i++) {
+        if (ps->pids[i] <= 0) {
+            ps->pids[i] = pid;
+            return;
+        }
+    }
+    ck_abort_msg("more than %d processes in one test", ZPS_PROC_MAX);
+}
+
+bool zps_proc_alive(pid_t pid)
+{
+    char path[64], stat[256];
+    snprintf(path, sizeof path, "/proc/%d/stat", (int)pid);
+    FILE *f = fopen(path, "r");
+    if (!f) {
+        return false;
+    }
+    bool ok = fgets(stat, sizeof stat, f) != NULL;
+    fclose(f);
+    const char *paren = ok ? strrchr(stat, ')') : NULL;
+    return paren && paren[1] == ' ' && paren[2] != 'Z' && paren[2] != 'X';
+}
+
+int zps_procs_sh(zps_procs *ps, const char *cmdline, const char *log, int timeout_ms)
+{
+    const char *logpath = zps_procs_path(ps, log);
+    pid_t pid = fork();
+    ck_assert_int_ge(pid, 0);
+    if (pid == 0) {
+        prctl(PR_SET_PDEATHSIG, SIGKILL);
+        int fd = open(logpath, O_WRONLY | O_CREAT | O_APPEND, 0644);
+        if (fd >= 0) {
+            dup2(fd, 1);
+            dup2(fd, 2);
+            close(fd);
+        }
+        execl("/bin/sh", "sh", "-c", cmdline, (char *)NULL);
+        _exit(127);
+    }
+    zps_procs_adopt(ps, pid);
+    return zps_procs_wait(ps, pid, timeout_ms);
+}

@@ -34,6 +34,14 @@ int zps_procs_wait(zps_procs *ps, pid_t pid, int timeout_ms);
 const char *zps_procs_start_server(zps_procs *ps, const char *tag, pid_t *pid,
                                    const char *const *args, int timeout_ms);
 
+// Makes the test responsible for a pid it did not start (a launcher's
+// daemon): zps_procs_fini kills it too.
+void zps_procs_adopt(zps_procs *ps, pid_t pid);
+// True while pid runs (a zombie counts as gone).
+bool zps_proc_alive(pid_t pid);
+// Runs a shell command line with a bound; returns its exit status or -1.
+int zps_procs_sh(zps_procs *ps, const char *cmdline, const char *log, int timeout_ms);
+
 // Path under the scratch directory (static storage, 8 rotating buffers).
 const char *zps_procs_path(const zps_procs *ps, const char *name);
 
