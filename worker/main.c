@@ -37,6 +37,7 @@ typedef struct s_opts {
     int threads;              // OpenBLAS threads
     int timeout_ms;           // bound on any reply of the running job
     int join_timeout_ms;      // bound on waiting for the job to start
+    bool no_overlap;          // push after backward, not during (to measure the overlap)
 } s_opts;
 
 typedef struct s_shard_conn {
@@ -480,9 +481,8 @@ static zps_err s_push(s_worker *w, int i, uint64_t lo, uint64_t hi)
 
 // The backend finished a bucket's gradient: push it to the shards that own
 // its parts while backward goes on with earlier layers.
-static void s_on_bucket(void *arg, int bucket)
+static void s_push_bucket(s_worker *w, int bucket)
 {
-    s_worker *w = arg;
     uint64_t blo, bhi;
     zps_model_bucket(&w->model, bucket, &blo, &bhi);
     for (int i = 0; w->push_err == ZPS_OK && i < w->n_shards; i++) {
@@ -491,6 +491,14 @@ static void s_on_bucket(void *arg, int bucket)
         if (lo < hi) {
             w->push_err = s_push(w, i, lo, hi);
         }
+    }
+}
+
+static void s_on_bucket(void *arg, int bucket)
+{
+    s_worker *w = arg;
+    if (!w->opts.no_overlap) {
+        s_push_bucket(w, bucket);
     }
 }
 
@@ -520,6 +528,9 @@ static zps_err s_step(s_worker *w, uint64_t step)
     float loss;
     if ((err = zps_backend_train_step(w->be, w->x, w->labels, n, &loss)) != ZPS_OK) {
         return err;
+    }
+    for (int b = 0; w->opts.no_overlap && b < zps_model_n_buckets(&w->model); b++) {
+        s_push_bucket(w, b);
     }
     if (w->push_err != ZPS_OK) {
         return w->push_err;
@@ -609,6 +620,7 @@ static void s_usage(FILE *f)
             "  --cache-dir DIR         decompressed datasets (default ~/.cache/zps)\n"
             "  --timeout-ms MS         bound on any reply once training (default 60000)\n"
             "  --join-timeout-ms MS    bound on waiting for the job to start (default 600000)\n"
+            "  --no-overlap            push after backward instead of during it (benchmarks)\n"
             "  --log-level LEVEL       debug, info, warn, error (default info)\n");
 }
 
@@ -629,7 +641,7 @@ static bool s_parse_int(const char *flag, const char *text, long lo, long hi, lo
 static bool s_parse_opts(int argc, char **argv, s_opts *o, char *cache_buf, size_t cache_len)
 {
     enum { O_COORD = 256, O_DEVICE, O_SHARE, O_SAVE, O_THREADS, O_CACHE, O_TIMEOUT, O_JOIN,
-           O_LOG, O_HELP };
+           O_NO_OVERLAP, O_LOG, O_HELP };
     static const struct option longopts[] = {
         {"coordinator", required_argument, 0, O_COORD},
         {"device", required_argument, 0, O_DEVICE},
@@ -639,6 +651,7 @@ static bool s_parse_opts(int argc, char **argv, s_opts *o, char *cache_buf, size
         {"cache-dir", required_argument, 0, O_CACHE},
         {"timeout-ms", required_argument, 0, O_TIMEOUT},
         {"join-timeout-ms", required_argument, 0, O_JOIN},
+        {"no-overlap", no_argument, 0, O_NO_OVERLAP},
         {"log-level", required_argument, 0, O_LOG},
         {"help", no_argument, 0, O_HELP},
         {0, 0, 0, 0},
@@ -657,6 +670,7 @@ static bool s_parse_opts(int argc, char **argv, s_opts *o, char *cache_buf, size
         case O_CACHE: o->cache_dir = optarg; break;
         case O_TIMEOUT: ok = s_parse_int("--timeout-ms", optarg, 100, 86400000, &v); o->timeout_ms = (int)v; break;
         case O_JOIN: ok = s_parse_int("--join-timeout-ms", optarg, 100, 86400000, &v); o->join_timeout_ms = (int)v; break;
+        case O_NO_OVERLAP: o->no_overlap = true; break;
         case O_LOG: {
             zps_log_level lvl;
             ok = zps_log_parse_level(optarg, &lvl);
