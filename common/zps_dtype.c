@@ -7,10 +7,11 @@
  * the best one the CPU has (ifunc). No -march flag is needed, so one binary
  * runs on every x86-64 machine, and other platforms build the plain loops.
  *
- * Every clone gives the same bits: the conversions are integer code, and the
- * product and the sum of axpy are rounded separately (never fused into an
- * FMA, which Clang would do in the AVX-512 clone), so a shard's result does
- * not depend on the CPU it runs on. */
+ * Every clone gives the same bits: the conversions are integer code and
+ * single IEEE operations (exact, or rounded once), and the product and the
+ * sum of axpy are rounded separately (never fused into an FMA, which the
+ * AVX-512 clone could otherwise use), so a shard's result does not depend on
+ * the CPU it runs on. */
 #include "zps_dtype.h"
 
 #include <string.h>
@@ -23,6 +24,13 @@
 #define ZPS_DTYPE_CLONES __attribute__((target_clones("avx512f", "avx2", "default")))
 #else
 #define ZPS_DTYPE_CLONES
+#endif
+
+#if defined(__GNUC__) && !defined(__clang__) && !defined(__STRICT_ANSI__)
+// GNU C mode (-std=gnu11) lets GCC fuse axpy's multiply and add into an FMA
+// in the AVX-512 clone only (AVX-512F has FMA), so results would depend on
+// the CPU. The tests catch it on such a CPU; this catches it at build time.
+#error "build zps_dtype.c in ISO C mode (-std=c11), where GCC does not contract a * b + c"
 #endif
 
 #ifdef __clang__

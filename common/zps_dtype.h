@@ -84,10 +84,10 @@ static inline float zps_bf16_to_f32(uint16_t h)
 // with ?: or comparisons: GCC turns a ?: into a branch, moves the float
 // operation into one side of it, and then (under the default
 // -ftrapping-math) will not make it branch-free again, so the loop would not
-// vectorize. Their float operations are exact or rounded once by the FPU in
-// the default rounding mode (round to nearest even), and never see or make a
-// subnormal fp32 for an input that is a normal fp32 (those are slow on some
-// CPUs).
+// vectorize. Their float operations are exact, or rounded once by the FPU
+// in the default rounding mode (round to nearest even; zps never changes
+// it), and never see or make a subnormal fp32 for an input that is a normal
+// fp32 (those are slow on some CPUs).
 
 // fp32 -> fp16, round to nearest even. Adding c = 2^(E+13) to |x| (where
 // 2^E <= |x| < 2^(E+1), and E is at least -14) leaves the sum with exactly

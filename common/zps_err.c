@@ -18,6 +18,7 @@ const char *zps_strerror(zps_err err)
     case ZPS_EIO: return "i/o error";
     case ZPS_ETIMEDOUT: return "timed out";
     case ZPS_ECLOSED: return "closed";
+    case ZPS_EAGAIN: return "not yet";
     case ZPS_ECOUNT_: break;
     }
     return "unknown error";

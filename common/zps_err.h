@@ -20,6 +20,7 @@ typedef enum zps_err {
     ZPS_EIO,         // file or socket I/O failed
     ZPS_ETIMEDOUT,   // a bounded wait ran out
     ZPS_ECLOSED,     // peer or job is gone
+    ZPS_EAGAIN,      // not yet: hold the message and try again later
     ZPS_ECOUNT_      // number of codes, not an error
 } zps_err;
 

@@ -129,6 +129,28 @@ void zps_wire_msg_fini(zps_wire_msg *m)
     m->n_frames = 0;
 }
 
+void zps_wire_msg_move(zps_wire_msg *dst, zps_wire_msg *src)
+{
+    memset(dst, 0, sizeof *dst);
+    if (src->has_route) {
+        zmq_msg_init(&dst->route);
+        zmq_msg_move(&dst->route, &src->route);
+        dst->has_route = true;
+        zmq_msg_close(&src->route);
+        src->has_route = false;
+    }
+    dst->hdr = src->hdr;
+    src->hdr = NULL;
+    for (int i = 0; i < src->n_frames; i++) {
+        zmq_msg_init(&dst->frames[i]);
+        zmq_msg_move(&dst->frames[i], &src->frames[i]);
+        zmq_msg_close(&src->frames[i]);
+    }
+    dst->n_frames = src->n_frames;
+    dst->payload_bytes = src->payload_bytes;
+    src->n_frames = 0;
+}
+
 // ZeroMQ calls this from its I/O thread once a zero-copy frame is sent:
 // it may only release the reference.
 static void s_release(void *data, void *hint)

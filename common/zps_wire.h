@@ -55,6 +55,9 @@ void zps_wire_header_init(Zps__Header *h, Zps__MsgType type);
 // zps_wire_msg_fini(m) is needed after every call, whatever it returned.
 zps_err zps_wire_recv(void *sock, bool router, zps_wire_msg *m);
 void zps_wire_msg_fini(zps_wire_msg *m);
+// Moves a received message to dst (to hold it for later); src is left
+// empty, safe to zps_wire_msg_fini.
+void zps_wire_msg_move(zps_wire_msg *dst, zps_wire_msg *src);
 
 // Sends a header and, if bytes > 0, a payload cut into frames. route is the
 // peer's routing id on a ROUTER socket, NULL on a DEALER. With ref the

@@ -30,6 +30,7 @@ static void s_usage(FILE *f)
             "  --lr-schedule NAME     constant or cosine (default cosine, to 0 at the end)\n"
             "  --warmup-steps N       linear warm-up (default 0)\n"
             "  --seed N               init and data order (default 0)\n"
+            "  --worker-timeout-ms MS evict a worker silent this long (default 10000)\n"
             "  --wire-dtype T         fp32, bf16 or fp16 for tensors on the wire (default fp32)\n"
             "  --metrics-log FILE     JSON lines: one per step, one per evaluation\n"
             "  --log-level LEVEL      debug, info, warn, error (default info)\n");
@@ -65,7 +66,7 @@ static bool s_parse_opts(int argc, char **argv, s_opts *o)
 {
     enum { O_LISTEN = 256, O_WORKERS, O_MODEL, O_DATASET, O_BATCH, O_EPOCHS, O_STEPS, O_OPTIM,
            O_LR, O_MOMENTUM, O_NESTEROV, O_WD, O_SCHED, O_WARMUP, O_SEED, O_METRICS, O_LOG,
-           O_ENDPOINT_FILE, O_SHARD, O_SHARDS, O_COORD, O_DTYPE, O_HELP };
+           O_ENDPOINT_FILE, O_SHARD, O_SHARDS, O_COORD, O_DTYPE, O_WTIMEOUT, O_HELP };
     static const struct option longopts[] = {
         {"listen", required_argument, 0, O_LISTEN},
         {"workers", required_argument, 0, O_WORKERS},
@@ -89,6 +90,7 @@ static bool s_parse_opts(int argc, char **argv, s_opts *o)
         {"shards", required_argument, 0, O_SHARDS},
         {"coordinator", required_argument, 0, O_COORD},
         {"wire-dtype", required_argument, 0, O_DTYPE},
+        {"worker-timeout-ms", required_argument, 0, O_WTIMEOUT},
         {"help", no_argument, 0, O_HELP},
         {0, 0, 0, 0},
     };
@@ -103,6 +105,7 @@ static bool s_parse_opts(int argc, char **argv, s_opts *o)
         .optim = {.lr = 0.05f, .momentum = 0.9f, .schedule = ZPS_LR_COSINE},
         .shards = 1,
         .wire_dtype = ZPS_DTYPE_F32,
+        .worker_timeout_ms = 10000,
     };
     uint64_t v;
     int c;
@@ -145,6 +148,10 @@ static bool s_parse_opts(int argc, char **argv, s_opts *o)
             break;
         case O_COORD: o->coordinator = optarg; break;
         case O_DTYPE: ok = zps_dtype_parse(optarg, &o->wire_dtype) == ZPS_OK; break;
+        case O_WTIMEOUT:
+            ok = s_parse_u64("--worker-timeout-ms", optarg, &v) && v >= 100;
+            o->worker_timeout_ms = (double)v;
+            break;
         case O_LOG: {
             zps_log_level lvl;
             ok = zps_log_parse_level(optarg, &lvl);

@@ -32,7 +32,27 @@ typedef struct s_member {
     bool said_bye;       // finished cleanly
     uint64_t pushes;     // pushes seen on shard 0
     float compute_ms;    // last push's compute time
+    bool live;           // admitted, not evicted
+    double last_seen_ms; // last message from it (heartbeats included)
 } s_member;
+
+// A plan generation, kept while a step in progress may still use it.
+typedef struct s_gen {
+    uint32_t gen;        // 0: empty slot
+    uint64_t effective;  // first step it holds for
+    zps_plan plan;       // members and slices
+} s_gen;
+
+// A slice of a step in progress handed to a live member.
+typedef struct s_extra {
+    uint64_t step;
+    uint32_t offset, count;
+    uint32_t gen;        // generation in force at that step
+    uint32_t rank;       // who computes it now
+} s_extra;
+
+#define ZPS_COORD_GENS 4
+#define ZPS_COORD_EXTRAS 64
 
 typedef struct s_shard_peer {
     bool registered;     // REGISTER received
@@ -59,7 +79,14 @@ struct zps_coord {
     s_shard_peer shards[ZPS_MAX_SHARDS]; // [0] is this process
     uint32_t n_registered;              // shards here, this one included
     uint32_t n_ready;                   // shards serving, this one included
-    zps_plan plan;                      // valid once training
+    zps_plan plan;                      // the newest plan, valid once training
+    uint32_t gen;                       // its generation (1: the first plan)
+    s_gen gens[ZPS_COORD_GENS];         // newest generations, the current one included
+    uint64_t shard_done[ZPS_MAX_SHARDS]; // steps each shard completed
+    s_extra extras[ZPS_COORD_EXTRAS];   // handed-over slices of steps in progress
+    int n_extras;
+    uint64_t evictions;                 // members evicted for silence
+    double stall_log_ms;                // next "cannot complete" line
     uint64_t steps_done;                // last step_done + 1
     float last_loss;
     double last_step_ms;
@@ -132,7 +159,7 @@ bool zps_coord_finished(const zps_coord *c)
         return false;
     }
     for (uint32_t i = 0; i < c->n_members; i++) {
-        if (!c->members[i].said_bye) {
+        if (c->members[i].live && !c->members[i].said_bye) {
             return false;
         }
     }
@@ -150,6 +177,61 @@ static void s_refuse(zps_coord *c, void *sock, zps_wire_msg *m, zps_err err, con
     zps_wire_send_error(sock, &m->route, c->job_id, c->steps_done, err, why);
 }
 
+// ---------------------------------------------------------------------------
+// Plans: generations, handed-over slices.
+
+// Slot of generation gen in c->gens (the oldest slot if it is not there).
+static int s_gen_slot(const zps_coord *c, uint32_t gen)
+{
+    int oldest = 0;
+    for (int i = 0; i < ZPS_COORD_GENS; i++) {
+        if (c->gens[i].gen == gen) {
+            return i;
+        }
+        if (c->gens[i].gen < c->gens[oldest].gen) {
+            oldest = i;
+        }
+    }
+    return oldest;
+}
+
+static const s_gen *s_gen_at(const zps_coord *c, uint64_t step)
+{
+    const s_gen *best = NULL;
+    for (int i = 0; i < ZPS_COORD_GENS; i++) {
+        const s_gen *g = &c->gens[i];
+        if (g->gen != 0 && g->effective <= step && (!best || g->gen > best->gen)) {
+            best = g;
+        }
+    }
+    return best;
+}
+
+static void s_extra_to_wire(const s_extra *e, Zps__Extra *w)
+{
+    zps__extra__init(w);
+    w->step = e->step;
+    w->rank = e->rank;
+    w->offset = e->offset;
+    w->count = e->count;
+    w->generation = e->gen;
+}
+
+static void s_plan_to_wire(const zps_plan *plan, const s_member *only, Zps__Slice *slices,
+                           Zps__Slice **ptrs)
+{
+    for (uint32_t i = 0; i < plan->n; i++) {
+        zps__slice__init(&slices[i]);
+        slices[i].rank = plan->slices[i].rank;
+        slices[i].offset = plan->slices[i].offset;
+        slices[i].count = plan->slices[i].count;
+        // Ids authenticate pushes: a worker learns only its own.
+        slices[i].member_id = !only || plan->slices[i].rank == only->rank
+                                  ? plan->slices[i].member_id : 0;
+        ptrs[i] = &slices[i];
+    }
+}
+
 // JOB to a worker (its rank and id) or ASSIGN to a shard (every id, and
 // the optimizer): the same Job message, told apart by `to_shard`.
 static void s_send_job(zps_coord *c, void *sock, zmq_msg_t *route, Zps__MsgType type,
@@ -157,15 +239,7 @@ static void s_send_job(zps_coord *c, void *sock, zmq_msg_t *route, Zps__MsgType 
 {
     Zps__Slice slices[ZPS_MAX_MEMBERS];
     Zps__Slice *slice_ptrs[ZPS_MAX_MEMBERS];
-    for (uint32_t i = 0; i < c->plan.n; i++) {
-        zps__slice__init(&slices[i]);
-        slices[i].rank = c->plan.slices[i].rank;
-        slices[i].offset = c->plan.slices[i].offset;
-        slices[i].count = c->plan.slices[i].count;
-        // Ids authenticate pushes: a worker learns only its own.
-        slices[i].member_id = !mem || i == mem->rank ? c->plan.slices[i].member_id : 0;
-        slice_ptrs[i] = &slices[i];
-    }
+    s_plan_to_wire(&c->plan, mem, slices, slice_ptrs);
     Zps__ShardInfo shards[ZPS_MAX_SHARDS];
     Zps__ShardInfo *shard_ptrs[ZPS_MAX_SHARDS];
     for (uint32_t i = 0; i < c->cfg.shards; i++) {
@@ -198,7 +272,23 @@ static void s_send_job(zps_coord *c, void *sock, zmq_msg_t *route, Zps__MsgType 
     job.n_shards = c->cfg.shards;
     job.shards = shard_ptrs;
     job.wire_dtype = (Zps__DType)c->cfg.wire_dtype;
-    job.start_step = c->steps_done;
+    Zps__Extra extras[ZPS_COORD_EXTRAS];
+    Zps__Extra *extra_ptrs[ZPS_COORD_EXTRAS];
+    uint64_t start = c->gens[s_gen_slot(c, c->gen)].effective;
+    size_t n_extras = 0;
+    for (int i = 0; mem && i < c->n_extras; i++) {
+        if (c->extras[i].rank == mem->rank) {
+            s_extra_to_wire(&c->extras[i], &extras[n_extras]);
+            extra_ptrs[n_extras] = &extras[n_extras];
+            n_extras++;
+            start = c->extras[i].step < start ? c->extras[i].step : start;
+        }
+    }
+    job.n_extras = n_extras;
+    job.extras = extra_ptrs;
+    job.generation = c->gen;
+    job.plan_effective = c->gens[s_gen_slot(c, c->gen)].effective;
+    job.start_step = start;
     job.optim = mem ? NULL : &optim;
 
     Zps__Header h;
@@ -226,6 +316,217 @@ static void s_start_workers(zps_coord *c, void *sock)
                  zps_dtype_name(c->cfg.wire_dtype));
 }
 
+// A plan over the live members in rank order: fixed shares where they
+// still fit, the rest split evenly.
+static zps_err s_make_plan(zps_coord *c, zps_plan *out)
+{
+    uint32_t shares[ZPS_MAX_MEMBERS] = {0}, live[ZPS_MAX_MEMBERS] = {0}, n = 0;
+    for (uint32_t i = 0; i < c->n_members; i++) {
+        if (c->members[i].live) {
+            live[n] = i;
+            shares[n++] = c->members[i].share;
+        }
+    }
+    char why[256];
+    zps_err err = zps_plan_split(c->cfg.global_batch, shares, n, out, why, sizeof why);
+    if (err != ZPS_OK && n > 0) {
+        zps_log_warn("fixed shares no longer fit (%s); splitting the batch evenly", why);
+        memset(shares, 0, sizeof shares);
+        err = zps_plan_split(c->cfg.global_batch, shares, n, out, why, sizeof why);
+    }
+    if (err != ZPS_OK) {
+        zps_log_error("cannot plan the job: %s", why);
+        return err;
+    }
+    for (uint32_t i = 0; i < n; i++) {
+        out->slices[i].rank = c->members[live[i]].rank;
+        out->slices[i].member_id = c->members[live[i]].member_id;
+    }
+    return ZPS_OK;
+}
+
+static uint32_t s_live_members(const zps_coord *c)
+{
+    uint32_t n = 0;
+    for (uint32_t i = 0; i < c->n_members; i++) {
+        n += c->members[i].live;
+    }
+    return n;
+}
+
+static uint64_t s_global_done(const zps_coord *c)
+{
+    uint64_t done = c->shard_done[0];
+    for (uint32_t i = 1; i < c->cfg.shards; i++) {
+        done = c->shard_done[i] < done ? c->shard_done[i] : done;
+    }
+    return done;
+}
+
+// The live member with the least work in the newest plan and in extras.
+static int s_least_loaded(const zps_coord *c)
+{
+    int best = -1;
+    uint64_t best_load = UINT64_MAX;
+    for (uint32_t i = 0; i < c->n_members; i++) {
+        if (!c->members[i].live) {
+            continue;
+        }
+        const zps_plan_slice *sl = zps_plan_find(&c->plan, c->members[i].rank);
+        uint64_t load = sl ? sl->count : 0;
+        for (int k = 0; k < c->n_extras; k++) {
+            load += c->extras[k].rank == c->members[i].rank ? c->extras[k].count : 0;
+        }
+        if (load < best_load) {
+            best = (int)i;
+            best_load = load;
+        }
+    }
+    return best;
+}
+
+// Hands every slice of the steps in progress whose owner is gone to a
+// live member. A slice that did arrive after all is dropped by the shards
+// as a second copy, so handing out too much costs time, never correctness.
+static void s_assign_extras(zps_coord *c)
+{
+    uint64_t lo = s_global_done(c), hi = c->shard_done[0];
+    int kept = 0;
+    for (int k = 0; k < c->n_extras; k++) {
+        if (c->extras[k].step >= lo) {
+            c->extras[kept++] = c->extras[k];
+        }
+    }
+    c->n_extras = kept;
+    for (uint64_t t = lo; t <= hi && t < c->cfg.total_steps; t++) {
+        const s_gen *g = s_gen_at(c, t);
+        for (uint32_t i = 0; g && i < g->plan.n; i++) {
+            const zps_plan_slice *sl = &g->plan.slices[i];
+            int k = 0;
+            while (k < c->n_extras && !(c->extras[k].step == t && c->extras[k].offset == sl->offset)) {
+                k++;
+            }
+            uint32_t owner = k < c->n_extras ? c->extras[k].rank : sl->rank;
+            if (c->members[owner].live || c->n_extras == ZPS_COORD_EXTRAS) {
+                continue;
+            }
+            int to = s_least_loaded(c);
+            if (to < 0) {
+                return;
+            }
+            if (k == c->n_extras) {
+                c->n_extras++;
+            }
+            c->extras[k] = (s_extra){.step = t, .offset = sl->offset, .count = sl->count,
+                                     .gen = g->gen, .rank = c->members[to].rank};
+            zps_log_info("step %llu: slice [%u, %u) of rank %u handed to rank %u (%s)",
+                         (unsigned long long)t, sl->offset, sl->offset + sl->count, owner,
+                         c->members[to].rank, c->members[to].host);
+        }
+    }
+}
+
+// PLAN to every live worker (its own id only) and every other shard.
+static void s_broadcast_plan(zps_coord *c, void *sock)
+{
+    const s_gen *g = &c->gens[s_gen_slot(c, c->gen)];
+    Zps__Slice slices[ZPS_MAX_MEMBERS];
+    Zps__Slice *slice_ptrs[ZPS_MAX_MEMBERS];
+    Zps__Extra extras[ZPS_COORD_EXTRAS];
+    Zps__Extra *extra_ptrs[ZPS_COORD_EXTRAS];
+    for (int k = 0; k < c->n_extras; k++) {
+        s_extra_to_wire(&c->extras[k], &extras[k]);
+        extra_ptrs[k] = &extras[k];
+    }
+    Zps__Plan plan = ZPS__PLAN__INIT;
+    plan.generation = g->gen;
+    plan.effective_step = g->effective;
+    plan.n_slices = g->plan.n;
+    plan.slices = slice_ptrs;
+    plan.n_extras = (size_t)c->n_extras;
+    plan.extras = extra_ptrs;
+    Zps__Header h;
+    zps_wire_header_init(&h, ZPS__MSG_TYPE__PLAN);
+    h.job_id = c->job_id;
+    h.generation = g->gen;
+    h.plan = &plan;
+    for (uint32_t i = 0; i < c->n_members; i++) {
+        if (c->members[i].live) {
+            s_plan_to_wire(&g->plan, &c->members[i], slices, slice_ptrs);
+            (void)zps_wire_send(sock, &c->members[i].route, &h, NULL, 0, NULL);
+        }
+    }
+    s_plan_to_wire(&g->plan, NULL, slices, slice_ptrs);
+    for (uint32_t i = 1; i < c->cfg.shards; i++) {
+        (void)zps_wire_send(sock, &c->shards[i].route, &h, NULL, 0, NULL);
+    }
+}
+
+// Membership changed: a new generation from the next step shard 0 has not
+// started, and the gone members' slices of the steps in progress handed on.
+static void s_replan(zps_coord *c, void *sock)
+{
+    zps_plan plan;
+    if (s_make_plan(c, &plan) != ZPS_OK) {
+        zps_log_warn("step %llu cannot complete: no live worker; waiting for workers to join",
+                     (unsigned long long)s_global_done(c));
+        return;
+    }
+    c->plan = plan;
+    c->gen++;
+    c->gens[s_gen_slot(c, 0)] = (s_gen){.gen = c->gen, .effective = c->shard_done[0] + 1,
+                                        .plan = plan};
+    s_assign_extras(c);
+    zps_log_info("plan %u from step %llu: %u workers", c->gen,
+                 (unsigned long long)c->shard_done[0] + 1, plan.n);
+    s_broadcast_plan(c, sock);
+}
+
+static void s_evict(zps_coord *c, void *sock, s_member *mem, double now_ms)
+{
+    mem->live = false;
+    c->evictions++;
+    zps_log_warn("evicted rank %u (%s, pid %u, %s): silent for %.1f s [%llu evictions]",
+                 mem->rank, mem->host, mem->pid, mem->device, (now_ms - mem->last_seen_ms) / 1e3,
+                 (unsigned long long)c->evictions);
+    if (c->state == S_TRAINING) {
+        s_replan(c, sock);
+    }
+}
+
+static s_member *s_member_by_id(zps_coord *c, uint64_t member_id)
+{
+    for (uint32_t i = 0; i < c->n_members; i++) {
+        if (c->members[i].member_id == member_id) {
+            return &c->members[i];
+        }
+    }
+    return NULL;
+}
+
+zps_err zps_coord_on_heartbeat(zps_coord *c, const zps_wire_msg *m)
+{
+    s_member *mem = s_member_by_id(c, m->hdr->member_id);
+    if (!mem || !mem->live) {
+        return ZPS_ENOENT;
+    }
+    mem->last_seen_ms = zps_clock_ms();
+    return ZPS_OK;
+}
+
+void zps_coord_shard_done(zps_coord *c, uint32_t shard, uint64_t steps_done)
+{
+    if (shard < c->cfg.shards && steps_done > c->shard_done[shard]) {
+        c->shard_done[shard] = steps_done;
+    }
+}
+
+uint32_t zps_coord_generation(const zps_coord *c, uint64_t *effective)
+{
+    *effective = c->gens[s_gen_slot(c, c->gen)].effective;
+    return c->gen;
+}
+
 // Every member and shard is here: fix the plan, give the other shards
 // their ranges, and start the workers once every shard serves.
 static zps_err s_start(zps_coord *c, void *sock)
@@ -233,21 +534,15 @@ static zps_err s_start(zps_coord *c, void *sock)
     if (c->n_members < c->cfg.workers || c->n_registered < c->cfg.shards) {
         return ZPS_OK;
     }
-    uint32_t shares[ZPS_MAX_MEMBERS];
-    for (uint32_t i = 0; i < c->n_members; i++) {
-        shares[i] = c->members[i].share;
-    }
-    char why[256];
-    zps_err err = zps_plan_split(c->cfg.global_batch, shares, c->n_members, &c->plan, why,
-                                 sizeof why);
+    zps_err err = s_make_plan(c, &c->plan);
     if (err != ZPS_OK) {
-        zps_log_error("cannot plan the job: %s", why);
         return err;
     }
-    for (uint32_t i = 0; i < c->n_members; i++) {
+    c->gen = 1;
+    c->gens[0] = (s_gen){.gen = 1, .effective = 0, .plan = c->plan};
+    for (uint32_t i = 0; i < c->plan.n; i++) {
         const zps_plan_slice *sl = &c->plan.slices[i];
-        c->plan.slices[i].member_id = c->members[i].member_id;
-        zps_log_info("rank %u: %s %s, samples [%u, %u) of %u", i, c->members[i].host,
+        zps_log_info("rank %u: %s %s, samples [%u, %u) of %u", sl->rank, c->members[i].host,
                      c->members[i].device, sl->offset, sl->offset + sl->count,
                      c->cfg.global_batch);
     }
@@ -313,17 +608,19 @@ zps_err zps_coord_on_hello(zps_coord *c, void *sock, zps_wire_msg *m)
         s_refuse(c, sock, m, ZPS_EPROTO, "HELLO without a hello body");
         return ZPS_EPROTO;
     }
-    if (c->state != S_WAITING || c->n_members == c->cfg.workers) {
-        s_refuse(c, sock, m, ZPS_ESTATE, "the job has all its workers and admits no more");
+    bool joining = c->state == S_TRAINING;
+    if ((c->state != S_WAITING && !joining) || c->n_members == ZPS_MAX_MEMBERS ||
+        (!joining && c->n_members == c->cfg.workers)) {
+        s_refuse(c, sock, m, ZPS_ESTATE, "the job admits no more workers now");
         return ZPS_ESTATE;
     }
     uint64_t fixed = hello->share;
     uint32_t n_flex = hello->share == 0;
     for (uint32_t i = 0; i < c->n_members; i++) {
-        fixed += c->members[i].share;
-        n_flex += c->members[i].share == 0;
+        fixed += c->members[i].live ? c->members[i].share : 0;
+        n_flex += c->members[i].live && c->members[i].share == 0;
     }
-    bool last = c->n_members + 1 == c->cfg.workers;
+    bool last = !joining && c->n_members + 1 == c->cfg.workers;
     if (fixed > c->cfg.global_batch || (last && n_flex == 0 && fixed != c->cfg.global_batch) ||
         (n_flex > 0 && c->cfg.global_batch - fixed < n_flex)) {
         char why[200];
@@ -341,12 +638,23 @@ zps_err zps_coord_on_hello(zps_coord *c, void *sock, zps_wire_msg *m)
     snprintf(mem->device, sizeof mem->device, "%s", hello->device ? hello->device : "?");
     mem->share = hello->share;
     mem->pid = hello->pid;
+    mem->live = true;
+    mem->last_seen_ms = zps_clock_ms();
     zmq_msg_init(&mem->route);
     zmq_msg_copy(&mem->route, &m->route);
     c->n_members++;
-    zps_log_info("worker %s pid %u (%s) admitted as rank %u (%u of %u)", mem->host, mem->pid,
-                 mem->device, mem->rank, c->n_members, c->cfg.workers);
-    return s_start(c, sock);
+    if (!joining) {
+        zps_log_info("worker %s pid %u (%s) admitted as rank %u (%u of %u)", mem->host, mem->pid,
+                     mem->device, mem->rank, c->n_members, c->cfg.workers);
+        return s_start(c, sock);
+    }
+    // A member joins at the next step boundary with a new plan; any slice
+    // of a step in progress left without a live owner may go to it.
+    zps_log_info("worker %s pid %u (%s) joins as rank %u", mem->host, mem->pid, mem->device,
+                 mem->rank);
+    s_replan(c, sock);
+    s_send_job(c, sock, &mem->route, ZPS__MSG_TYPE__JOB, mem);
+    return ZPS_OK;
 }
 
 static void s_eval_complete(zps_coord *c)
@@ -399,6 +707,7 @@ zps_err zps_coord_on_bye(zps_coord *c, const zps_wire_msg *m)
         return ZPS_ENOENT;
     }
     c->members[r].said_bye = true;
+    c->members[r].live = false; // done, not to be evicted
     zps_log_info("rank %u (%s) finished", r, c->members[r].host);
     return ZPS_OK;
 }
@@ -420,10 +729,12 @@ void zps_coord_on_status(zps_coord *c, void *sock, zps_wire_msg *m, uint64_t ste
         members[i].rank = s->rank;
         members[i].host = (char *)s->host;
         members[i].device = (char *)s->device;
-        members[i].share = c->state == S_WAITING ? s->share : c->plan.slices[i].count;
+        const zps_plan_slice *sl = zps_plan_find(&c->plan, s->rank);
+        members[i].share = c->state == S_WAITING ? s->share : sl && s->live ? sl->count : 0;
         members[i].pid = s->pid;
         members[i].pushes = s->pushes;
         members[i].compute_ms = s->compute_ms;
+        members[i].live = s->live;
         member_ptrs[i] = &members[i];
     }
     Zps__Status st = ZPS__STATUS__INIT;
@@ -453,6 +764,8 @@ void zps_coord_on_status(zps_coord *c, void *sock, zps_wire_msg *m, uint64_t ste
         shard_ptrs[i] = &shards[i];
     }
     st.n_shards = c->cfg.shards;
+    st.evictions = c->evictions;
+    st.generation = c->gen;
     st.shards = shard_ptrs;
 
     Zps__Header h;
@@ -466,6 +779,7 @@ void zps_coord_on_status(zps_coord *c, void *sock, zps_wire_msg *m, uint64_t ste
 void zps_coord_step_done(zps_coord *c, uint64_t step, float loss, double step_ms)
 {
     c->steps_done = step + 1;
+    zps_coord_shard_done(c, 0, step + 1);
     c->last_loss = loss;
     c->last_step_ms = step_ms;
     c->sum_step_ms += step_ms;
@@ -491,6 +805,7 @@ void zps_coord_step_done(zps_coord *c, uint64_t step, float loss, double step_ms
 void zps_coord_note_push(zps_coord *c, uint32_t rank, float compute_ms)
 {
     if (rank < c->n_members) {
+        c->members[rank].last_seen_ms = zps_clock_ms();
         c->members[rank].pushes++;
         c->members[rank].compute_ms = compute_ms;
     }
@@ -510,8 +825,14 @@ static void s_log_progress(zps_coord *c)
     c->n_step_ms = 0;
 }
 
-void zps_coord_tick(zps_coord *c, double now_ms)
+void zps_coord_tick(zps_coord *c, void *sock, double now_ms)
 {
+    for (uint32_t i = 0; c->state >= S_ASSIGNING && i < c->n_members; i++) {
+        s_member *mem = &c->members[i];
+        if (mem->live && now_ms - mem->last_seen_ms > c->cfg.worker_timeout_ms) {
+            s_evict(c, sock, mem, now_ms);
+        }
+    }
     if (now_ms < c->next_log_ms) {
         return;
     }
@@ -533,17 +854,25 @@ void zps_coord_tick(zps_coord *c, double now_ms)
         c->next_log_ms = now_ms + ZPS_COORD_WAIT_LOG_MS;
         break;
     case S_TRAINING:
+        if (s_live_members(c) == 0) {
+            zps_log_warn("step %llu cannot complete: no live worker; waiting for workers to "
+                         "join (zps-worker --coordinator %s)",
+                         (unsigned long long)s_global_done(c), c->cfg.endpoint);
+        }
         s_log_progress(c);
         c->next_log_ms = now_ms + ZPS_COORD_PROGRESS_MS;
         break;
     case S_DONE:
         for (uint32_t i = 0; i < c->n_members; i++) {
-            if (!c->members[i].said_bye && now_ms - c->done_ms > ZPS_COORD_END_GRACE_MS) {
+            if (!c->members[i].live) {
+                continue;
+            }
+            if (now_ms - c->done_ms > ZPS_COORD_END_GRACE_MS) {
                 zps_log_warn("rank %u (%s) did not finish within %.0f s of the last step; "
                              "giving up on it", i, c->members[i].host,
                              ZPS_COORD_END_GRACE_MS / 1e3);
-                c->members[i].said_bye = true;
-            } else if (!c->members[i].said_bye) {
+                c->members[i].live = false;
+            } else {
                 zps_log_info("run complete; waiting for rank %u (%s) to report and finish", i,
                              c->members[i].host);
             }

@@ -26,6 +26,7 @@ typedef struct zps_coord_cfg {
     uint64_t steps_per_epoch;     // floor(n_train / B)
     uint32_t n_test;              // test records, split among members for evaluation
     uint32_t workers;             // members to admit before step 0
+    double worker_timeout_ms;     // a member silent this long is evicted
     uint64_t n_params;            // length of the flat vector
     uint32_t shards;              // shard processes, this one (shard 0) included
     zps_optim_cfg optim;          // sent to the other shards
@@ -52,6 +53,7 @@ bool zps_coord_finished(const zps_coord *c);
 // refused the message, if it did (already answered with ERROR).
 zps_err zps_coord_on_hello(zps_coord *c, void *sock, zps_wire_msg *m);
 zps_err zps_coord_on_register(zps_coord *c, void *sock, zps_wire_msg *m);
+zps_err zps_coord_on_heartbeat(zps_coord *c, const zps_wire_msg *m);
 zps_err zps_coord_on_ready(zps_coord *c, void *sock, zps_wire_msg *m);
 zps_err zps_coord_on_eval(zps_coord *c, const zps_wire_msg *m);
 zps_err zps_coord_on_bye(zps_coord *c, const zps_wire_msg *m);
@@ -61,11 +63,17 @@ void zps_coord_on_status(zps_coord *c, void *sock, zps_wire_msg *m, uint64_t ste
 
 // A step completed on shard 0 with this mean loss after step_ms.
 void zps_coord_step_done(zps_coord *c, uint64_t step, float loss, double step_ms);
+// Shard `shard` has completed steps_done steps (from its STEP_DONE).
+void zps_coord_shard_done(zps_coord *c, uint32_t shard, uint64_t steps_done);
+// The newest plan generation and the step it holds from.
+uint32_t zps_coord_generation(const zps_coord *c, uint64_t *effective);
+
 // Records a member's push (timings for status).
 void zps_coord_note_push(zps_coord *c, uint32_t rank, float compute_ms);
 
-// Periodic work: progress and waiting lines, the end-of-run deadline.
-void zps_coord_tick(zps_coord *c, double now_ms);
+// Periodic work: evictions (and the new plan they make, sent on sock),
+// progress and waiting lines, the end-of-run deadline.
+void zps_coord_tick(zps_coord *c, void *sock, double now_ms);
 
 // Host and device of a rank, for log lines ("?" if unknown; borrowed).
 const char *zps_coord_member_host(const zps_coord *c, uint32_t rank);

@@ -20,6 +20,16 @@
 #define ZPS_SERVER_STALL_WARN_MS 5000.0
 #define ZPS_SERVER_REGISTER_MS 5000.0
 #define ZPS_SERVER_SEND_TIMEOUT_MS 5000
+#define ZPS_SERVER_HELD 32      // pushes of a plan not heard of yet, kept until it arrives
+#define ZPS_SERVER_PULLERS 32   // PULLs waiting for a step not reached yet
+
+// A PULL for parameters not there yet: answered bucket by bucket as they are.
+typedef struct s_puller {
+    zmq_msg_t route;        // who asked
+    uint64_t step;          // for which step
+    uint64_t sent;          // bitmask of buckets already sent
+    bool used;              // slot taken
+} s_puller;
 
 typedef struct s_server {
     const zps_server_opts *o;                    // borrowed: flags
@@ -38,6 +48,12 @@ typedef struct s_server {
     uint64_t bad_messages;                       // refused or dropped messages
     zmq_msg_t route[ZPS_MAX_MEMBERS];            // where each rank's PARAMS go
     bool route_set[ZPS_MAX_MEMBERS];             // route[i] is initialised
+    bool pushed[ZPS_MAX_MEMBERS];                // rank pushed this step: send it the buckets
+    zps_wire_msg *held;                          // owned: ZPS_SERVER_HELD pushes on hold
+    int n_held;
+    s_puller pullers[ZPS_SERVER_PULLERS];        // PULLs waiting for a step
+    uint32_t plan_gen;                           // newest generation given to the shard
+    uint64_t duplicates;                         // second copies of slices, dropped
     double step_start_ms;                        // when the current step began
     double next_stall_ms;                        // next stall warning
     double next_register_ms;                     // shard > 0: next REGISTER while unassigned
@@ -110,19 +126,88 @@ static bool s_check_member_msg(s_server *srv, zps_wire_msg *m)
     return true;
 }
 
+// Sends bucket b's fp32 values (as of a step) converted to the wire dtype:
+// a copy, since a joining peer may read slowly.
+static void s_send_values(s_server *srv, zmq_msg_t *route, int b, uint64_t step,
+                          const float *values)
+{
+    Zps__Header h;
+    zps_wire_header_init(&h, ZPS__MSG_TYPE__PARAMS);
+    h.job_id = s_job_id(srv);
+    h.step = step;
+    h.shard = srv->o->shard;
+    h.dtype = (Zps__DType)srv->dtype;
+    const void *data;
+    zps_wire_ref *ref;
+    zps_shard_bucket_params(srv->shard, b, &data, &h.offset, &h.count, &ref);
+    size_t bytes = h.count * zps_dtype_size(srv->dtype);
+    void *buf = malloc(bytes ? bytes : 1);
+    if (!buf) {
+        zps_log_error("out of memory answering a PULL");
+        return;
+    }
+    zps_dtype_from_f32(srv->dtype, values, buf, h.count);
+    (void)zps_wire_send(srv->sock, route, &h, buf, bytes, NULL);
+    free(buf);
+}
+
+// Answers what a waiting PULL can have of `step` now; true when complete.
+static bool s_serve_pull(s_server *srv, zmq_msg_t *route, uint64_t step, uint64_t *sent)
+{
+    int n = zps_shard_n_buckets(srv->shard);
+    for (int b = 0; b < n; b++) {
+        const float *values;
+        if (!((*sent >> b) & 1u) &&
+            zps_shard_bucket_at(srv->shard, b, step, &values) == ZPS_OK) {
+            s_send_values(srv, route, b, step, values);
+            *sent |= 1ull << b;
+        }
+    }
+    return *sent == (n == 64 ? ~0ull : (1ull << n) - 1);
+}
+
 static void s_on_pull(s_server *srv, zps_wire_msg *m)
 {
     if (!s_check_member_msg(srv, m)) {
         return;
     }
-    const zps_plan_slice *sl = zps_plan_find(&srv->plan, m->hdr->rank);
-    if (!sl || sl->member_id != m->hdr->member_id) {
-        s_refuse(srv, m, ZPS_ENOENT, "PULL from a rank or member id not in the plan");
+    if (!zps_shard_is_member(srv->shard, m->hdr->member_id)) {
+        s_refuse(srv, m, ZPS_ENOENT, "PULL from a member id this shard does not know");
         return;
     }
-    // Copied: a peer that never reads must not pin the zero-copy buffer.
-    for (int b = 0; b < zps_shard_n_buckets(srv->shard); b++) {
-        s_send_bucket(srv, &m->route, b, zps_shard_step(srv->shard), false);
+    uint64_t step = m->hdr->step, sent = 0;
+    const float *values;
+    if (zps_shard_bucket_at(srv->shard, 0, step, &values) == ZPS_ESTALE) {
+        char why[128];
+        snprintf(why, sizeof why, "parameters of step %llu are gone (shard at step %llu)",
+                 (unsigned long long)step, (unsigned long long)zps_shard_step(srv->shard));
+        s_refuse(srv, m, ZPS_ESTALE, why);
+        return;
+    }
+    if (s_serve_pull(srv, &m->route, step, &sent)) {
+        return;
+    }
+    for (int i = 0; i < ZPS_SERVER_PULLERS; i++) {
+        s_puller *p = &srv->pullers[i];
+        if (!p->used) {
+            *p = (s_puller){.step = step, .sent = sent, .used = true};
+            zmq_msg_init(&p->route);
+            zmq_msg_copy(&p->route, &m->route);
+            return;
+        }
+    }
+    s_refuse(srv, m, ZPS_EAGAIN, "too many PULLs waiting; ask again");
+}
+
+// After a bucket update: waiting PULLs may now have more to take.
+static void s_serve_pullers(s_server *srv)
+{
+    for (int i = 0; i < ZPS_SERVER_PULLERS; i++) {
+        s_puller *p = &srv->pullers[i];
+        if (p->used && s_serve_pull(srv, &p->route, p->step, &p->sent)) {
+            zmq_msg_close(&p->route);
+            p->used = false;
+        }
     }
 }
 
@@ -133,13 +218,31 @@ static void s_end_step(s_server *srv)
     double now = zps_clock_ms();
     if (srv->coord) {
         zps_coord_step_done(srv->coord, step, loss, now - srv->step_start_ms);
+    } else {
+        Zps__Header h;
+        zps_wire_header_init(&h, ZPS__MSG_TYPE__STEP_DONE);
+        h.job_id = srv->job_id;
+        h.shard = srv->o->shard;
+        h.step = step + 1;
+        (void)zps_wire_send(srv->up, NULL, &h, NULL, 0, NULL);
     }
+    memset(srv->pushed, 0, sizeof srv->pushed);
     srv->step_start_ms = now;
     srv->next_stall_ms = now + ZPS_SERVER_STALL_WARN_MS;
     if (step + 1 == srv->total_steps && !srv->coord) {
         zps_log_info("shard %u: last step done", srv->o->shard);
         srv->finished = true;
     }
+}
+
+static void s_hold(s_server *srv, zps_wire_msg *m, const char *why)
+{
+    if (srv->n_held == ZPS_SERVER_HELD) {
+        s_refuse(srv, m, ZPS_EAGAIN, "too many pushes on hold; send again");
+        return;
+    }
+    zps_log_debug("holding a push: %s", why);
+    zps_wire_msg_move(&srv->held[srv->n_held++], m);
 }
 
 static void s_on_push(s_server *srv, zps_wire_msg *m)
@@ -150,17 +253,27 @@ static void s_on_push(s_server *srv, zps_wire_msg *m)
     char why[256];
     int ready;
     zps_err err = zps_shard_push(srv->shard, m, &ready, why, sizeof why);
+    if (err == ZPS_EDUP) {
+        srv->duplicates++; // the first copy counted; this one changes nothing
+        zps_log_debug("dropped: %s", why);
+        return;
+    }
+    if (err == ZPS_EAGAIN) {
+        s_hold(srv, m, why);
+        return;
+    }
     if (err != ZPS_OK) {
         s_refuse(srv, m, err, why);
         return;
     }
-    uint32_t r = m->hdr->rank; // in the plan, so < ZPS_MAX_MEMBERS
+    uint32_t r = m->hdr->rank % ZPS_MAX_MEMBERS; // a member's rank, bounded anyway
     if (srv->route_set[r]) {
         zmq_msg_close(&srv->route[r]);
     }
     zmq_msg_init(&srv->route[r]);
     zmq_msg_copy(&srv->route[r], &m->route);
     srv->route_set[r] = true;
+    srv->pushed[r] = true;
     if (srv->coord) {
         zps_coord_note_push(srv->coord, r, m->hdr->compute_ms);
     }
@@ -169,21 +282,66 @@ static void s_on_push(s_server *srv, zps_wire_msg *m)
     }
     zps_shard_apply(srv->shard, ready);
     uint64_t next = zps_shard_step(srv->shard) + 1;
-    for (uint32_t i = 0; i < srv->plan.n; i++) {
-        s_send_bucket(srv, &srv->route[srv->plan.slices[i].rank], ready, next, true);
+    for (uint32_t i = 0; i < ZPS_MAX_MEMBERS; i++) {
+        if (srv->pushed[i]) {
+            s_send_bucket(srv, &srv->route[i], ready, next, true);
+        }
     }
+    s_serve_pullers(srv);
     if (zps_shard_step_done(srv->shard)) {
         s_end_step(srv);
     }
 }
 
-static void s_take_plan(s_server *srv, const zps_plan *plan)
+// A new plan reached the shard: pushes held for it can be counted now.
+static void s_replay_held(s_server *srv)
 {
+    int n = srv->n_held;
+    zps_wire_msg *again = malloc((size_t)(n ? n : 1) * sizeof *again);
+    if (!again) {
+        return;
+    }
+    for (int i = 0; i < n; i++) {
+        zps_wire_msg_move(&again[i], &srv->held[i]);
+        zps_wire_msg_fini(&srv->held[i]);
+    }
+    srv->n_held = 0;
+    for (int i = 0; i < n; i++) {
+        s_on_push(srv, &again[i]);
+        zps_wire_msg_fini(&again[i]);
+    }
+    free(again);
+}
+
+static void s_add_plan(s_server *srv, uint32_t gen, uint64_t effective, const zps_plan *plan)
+{
+    zps_shard_add_plan(srv->shard, gen, effective, plan);
     srv->plan = *plan;
+    srv->plan_gen = gen;
+    s_replay_held(srv);
+}
+
+static void s_take_plan(s_server *srv, uint32_t gen, uint64_t effective, const zps_plan *plan)
+{
     srv->plan_set = true;
-    zps_shard_set_plan(srv->shard, plan);
+    s_add_plan(srv, gen, effective, plan);
     srv->step_start_ms = zps_clock_ms();
     srv->next_stall_ms = srv->step_start_ms + ZPS_SERVER_STALL_WARN_MS;
+}
+
+// Shard 0 follows the coordinator's plan generations directly.
+static void s_sync_coord_plan(s_server *srv)
+{
+    uint64_t effective;
+    uint32_t gen = zps_coord_generation(srv->coord, &effective);
+    if (gen == srv->plan_gen || !zps_coord_plan(srv->coord)) {
+        return;
+    }
+    if (!srv->plan_set) {
+        s_take_plan(srv, gen, effective, zps_coord_plan(srv->coord));
+    } else {
+        s_add_plan(srv, gen, effective, zps_coord_plan(srv->coord));
+    }
 }
 
 // Messages for the coordinator (shard 0 only).
@@ -198,8 +356,8 @@ static void s_dispatch_coord(s_server *srv, zps_wire_msg *m)
         s_refuse(srv, m, ZPS_ESTATE, why);
         return;
     }
-    if ((type == ZPS__MSG_TYPE__EVAL || type == ZPS__MSG_TYPE__BYE) &&
-        m->hdr->job_id != s_job_id(srv)) {
+    if (type != ZPS__MSG_TYPE__HELLO && type != ZPS__MSG_TYPE__REGISTER &&
+        type != ZPS__MSG_TYPE__STATUS && m->hdr->job_id != s_job_id(srv)) {
         s_refuse(srv, m, ZPS_EJOB, "job id is not this job's");
         return;
     }
@@ -209,15 +367,17 @@ static void s_dispatch_coord(s_server *srv, zps_wire_msg *m)
     case ZPS__MSG_TYPE__READY: err = zps_coord_on_ready(srv->coord, srv->sock, m); break;
     case ZPS__MSG_TYPE__EVAL: err = zps_coord_on_eval(srv->coord, m); break;
     case ZPS__MSG_TYPE__BYE: err = zps_coord_on_bye(srv->coord, m); break;
+    case ZPS__MSG_TYPE__HEARTBEAT: (void)zps_coord_on_heartbeat(srv->coord, m); break;
+    case ZPS__MSG_TYPE__STEP_DONE:
+        zps_coord_shard_done(srv->coord, m->hdr->shard, m->hdr->step);
+        break;
     default:
         zps_coord_on_status(srv->coord, srv->sock, m,
                             zps_shard_step(srv->shard), srv->bad_messages);
         break;
     }
     srv->bad_messages += err != ZPS_OK;
-    if (!srv->plan_set && zps_coord_plan(srv->coord)) {
-        s_take_plan(srv, zps_coord_plan(srv->coord));
-    }
+    s_sync_coord_plan(srv);
 }
 
 static void s_dispatch(s_server *srv, zps_wire_msg *m)
@@ -235,6 +395,8 @@ static void s_dispatch(s_server *srv, zps_wire_msg *m)
     case ZPS__MSG_TYPE__EVAL:
     case ZPS__MSG_TYPE__BYE:
     case ZPS__MSG_TYPE__STATUS:
+    case ZPS__MSG_TYPE__HEARTBEAT:
+    case ZPS__MSG_TYPE__STEP_DONE:
         s_dispatch_coord(srv, m);
         break;
     default:
@@ -300,7 +462,7 @@ static zps_err s_take_assignment(s_server *srv, const Zps__Header *h)
     }
     zps_shard_cfg cfg = {
         .index = srv->o->shard, .lo = lo, .hi = hi, .model = &srv->model, .seed = job->seed,
-        .dtype = (zps_dtype)job->wire_dtype,
+        .dtype = (zps_dtype)job->wire_dtype, .global_batch = job->global_batch,
         .optim = {.lr = job->optim->lr, .momentum = job->optim->momentum,
                   .nesterov = job->optim->nesterov, .weight_decay = job->optim->weight_decay,
                   .schedule = (zps_lr_schedule)job->optim->schedule,
@@ -312,7 +474,7 @@ static zps_err s_take_assignment(s_server *srv, const Zps__Header *h)
     }
     srv->job_id = h->job_id;
     srv->total_steps = job->total_steps;
-    s_take_plan(srv, &plan);
+    s_take_plan(srv, job->generation, job->plan_effective, &plan);
     zps_log_info("job %016llx: serving [%llu, %llu) of model %s, %llu steps",
                  (unsigned long long)srv->job_id, (unsigned long long)lo, (unsigned long long)hi,
                  job->model, (unsigned long long)job->total_steps);
@@ -333,6 +495,14 @@ static zps_err s_read_up(s_server *srv)
         err = srv->shard ? ZPS_OK : ZPS_ECLOSED; // late refusals of a REGISTER do not matter
     } else if (err == ZPS_OK && m.hdr->type == ZPS__MSG_TYPE__ASSIGN && !srv->shard) {
         err = s_take_assignment(srv, m.hdr);
+    } else if (err == ZPS_OK && m.hdr->type == ZPS__MSG_TYPE__PLAN && srv->shard && m.hdr->plan) {
+        zps_plan plan;
+        const Zps__Plan *p = m.hdr->plan;
+        if (zps_plan_from_wire(p->slices, p->n_slices, srv->plan.global_batch, &plan) == ZPS_OK) {
+            s_add_plan(srv, p->generation, p->effective_step, &plan);
+        } else {
+            zps_log_warn("ignored an inconsistent plan from the coordinator");
+        }
     } else if (err == ZPS_OK) {
         zps_log_warn("ignored %s from the coordinator", zps_wire_type_name(m.hdr->type));
     } else if (err == ZPS_ETIMEDOUT) {
@@ -353,12 +523,12 @@ static void s_warn_stall(s_server *srv, double now)
         return;
     }
     for (uint32_t i = 0; i < srv->plan.n; i++) {
-        uint32_t r = srv->plan.slices[i].rank;
-        if (!zps_shard_rank_done(srv->shard, r)) {
-            zps_log_warn("step %llu: waiting %.1f s for rank %u (%s): pushes missing",
+        const zps_plan_slice *sl = &srv->plan.slices[i];
+        if (!zps_shard_slice_done(srv->shard, sl->offset, sl->count)) {
+            zps_log_warn("step %llu: waiting %.1f s for slice [%u, %u) of rank %u (%s)",
                          (unsigned long long)zps_shard_step(srv->shard),
-                         (now - srv->step_start_ms) / 1e3, r,
-                         srv->coord ? zps_coord_member_host(srv->coord, r) : "?");
+                         (now - srv->step_start_ms) / 1e3, sl->offset, sl->offset + sl->count,
+                         sl->rank, srv->coord ? zps_coord_member_host(srv->coord, sl->rank) : "?");
         }
     }
     srv->next_stall_ms = now + ZPS_SERVER_STALL_WARN_MS;
@@ -395,7 +565,8 @@ static int s_loop(s_server *srv)
         }
         double now = zps_clock_ms();
         if (srv->coord) {
-            zps_coord_tick(srv->coord, now);
+            zps_coord_tick(srv->coord, srv->sock, now);
+            s_sync_coord_plan(srv);
         } else if (!srv->shard && now > srv->next_register_ms) {
             zps_log_info("waiting for the coordinator at %s to assign this shard's range",
                          srv->o->coordinator);
@@ -471,6 +642,7 @@ static int s_setup_coordinator(s_server *srv, FILE *metrics)
     }
     srv->dtype = o->wire_dtype;
     zps_shard_cfg cfg = {.index = 0, .model = &srv->model, .seed = o->seed,
+                         .global_batch = o->global_batch,
                          .dtype = o->wire_dtype, .optim = o->optim};
     cfg.optim.total_steps = srv->total_steps;
     zps_model_shard_range(srv->model.n_params, 0, o->shards, &cfg.lo, &cfg.hi);
@@ -483,6 +655,7 @@ static int s_setup_coordinator(s_server *srv, FILE *metrics)
         .steps_per_epoch = spe, .n_test = n_test, .workers = o->workers,
         .n_params = srv->model.n_params, .shards = o->shards, .optim = cfg.optim,
         .wire_dtype = o->wire_dtype, .endpoint = srv->endpoint, .metrics = metrics,
+        .worker_timeout_ms = o->worker_timeout_ms,
     };
     if (!(srv->coord = zps_coord_new(&cc))) {
         return 1;
@@ -524,6 +697,10 @@ int zps_server_run(const zps_server_opts *o)
     s_server srv = {.o = o};
     FILE *metrics = NULL;
     int ret = 1;
+    srv.held = calloc(ZPS_SERVER_HELD, sizeof *srv.held);
+    if (!srv.held) {
+        return 1;
+    }
     srv.ctx = zmq_ctx_new();
     srv.sock = srv.ctx ? zps_wire_socket(srv.ctx, ZMQ_ROUTER, ZPS_SERVER_SEND_TIMEOUT_MS) : NULL;
     if (!srv.sock) {
@@ -549,6 +726,15 @@ out:
     for (int i = 0; i < ZPS_MAX_MEMBERS; i++) {
         if (srv.route_set[i]) {
             zmq_msg_close(&srv.route[i]);
+        }
+    }
+    for (int i = 0; i < srv.n_held; i++) {
+        zps_wire_msg_fini(&srv.held[i]);
+    }
+    free(srv.held);
+    for (int i = 0; i < ZPS_SERVER_PULLERS; i++) {
+        if (srv.pullers[i].used) {
+            zmq_msg_close(&srv.pullers[i].route);
         }
     }
     if (srv.sock) {

@@ -32,6 +32,7 @@ typedef struct zps_server_opts {
     uint64_t seed;              // init, data order
     zps_dtype wire_dtype;       // gradients and parameters on the wire
     const char *metrics_log;    // JSON lines, or NULL
+    double worker_timeout_ms;   // a worker silent this long is evicted
 } zps_server_opts;
 
 // Runs a shard until the job is over or SIGINT/SIGTERM; returns the exit

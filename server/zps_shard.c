@@ -19,26 +19,45 @@ typedef struct s_snapshot {
     zps_wire_ref ref;    // frames still held by ZeroMQ
 } s_snapshot;
 
+// A slice of the global batch seen this step, and the buckets pushed for it.
+typedef struct s_slice {
+    uint32_t offset, count;  // [offset, offset + count) of the global batch
+    uint64_t buckets;        // bitmask of buckets pushed
+} s_slice;
+
+// A plan generation as the shard needs it: from when, and whose pushes.
+typedef struct s_gen {
+    uint32_t gen;            // generation number (0: empty slot)
+    uint64_t effective;      // first step it holds for
+    uint32_t n;              // members
+    uint64_t member_id[ZPS_MAX_MEMBERS];
+} s_gen;
+
+#define ZPS_SHARD_GENS 4 // generations kept: a step in progress may still use an older one
+
 struct zps_shard {
     uint32_t index;                                 // shard number
     uint64_t lo, hi;                                // the range owned
     size_t n;                                       // hi - lo
+    uint32_t global_batch;                          // B
     zps_dtype dtype;                                // wire element type
     zps_optim_cfg optim;                            // settings and schedule
     uint64_t step;                                  // steps completed
     float *params;                                  // owned: master parameters, n
+    float *prev;                                    // owned: parameters before this step's update, n
     float *momentum;                                // owned: optimizer state, n
     float *acc;                                     // owned: sum of n_i * g_i, n
     s_snapshot *snap;                               // owned: current parameters as sent
     s_snapshot *retired[ZPS_SHARD_MAX_RETIRED];     // owned: old snapshots a peer still reads
     int n_buckets;                                  // buckets of the range
     zps_bucket buckets[ZPS_MODEL_MAX_BUCKETS];      // in push order
-    uint32_t pushes[ZPS_MODEL_MAX_BUCKETS];         // members that pushed each bucket this step
+    uint32_t covered[ZPS_MODEL_MAX_BUCKETS];        // samples pushed for each bucket this step
     bool applied[ZPS_MODEL_MAX_BUCKETS];            // bucket updated this step
     int n_applied;                                  // buckets updated this step
-    zps_plan plan;                                  // who must push
-    uint64_t pushed[ZPS_MAX_MEMBERS];               // per plan index: bitmask of buckets pushed
-    float loss[ZPS_MAX_MEMBERS];                    // per plan index: mean loss of its slice
+    s_slice slices[ZPS_MAX_MEMBERS];                // slices seen this step
+    int n_slices;
+    double loss_sum;                                // sum of count * loss over slices this step
+    s_gen gens[ZPS_SHARD_GENS];                     // newest plan generations
 };
 
 static void *s_alloc(size_t bytes)
@@ -78,15 +97,18 @@ zps_shard *zps_shard_new(const zps_shard_cfg *cfg)
     s->n = cfg->hi - cfg->lo;
     s->dtype = cfg->dtype;
     s->optim = cfg->optim;
+    s->global_batch = cfg->global_batch;
     s->n_buckets = zps_model_range_buckets(cfg->model, s->lo, s->hi, s->buckets);
     s->params = s_alloc(s->n * sizeof(float));
+    s->prev = s_alloc(s->n * sizeof(float));
     s->momentum = s_alloc(s->n * sizeof(float));
     s->acc = s_alloc(s->n * sizeof(float));
     s->snap = s_snapshot_new(s->n * zps_dtype_size(s->dtype));
-    if (!s->params || !s->momentum || !s->acc || !s->snap) {
+    if (!s->params || !s->prev || !s->momentum || !s->acc || !s->snap) {
         goto fail;
     }
     zps_model_init_range(cfg->model, cfg->seed, s->lo, s->hi, s->params);
+    memcpy(s->prev, s->params, s->n * sizeof(float));
     zps_dtype_from_f32(s->dtype, s->params, s->snap->data, s->n);
     memset(s->momentum, 0, s->n * sizeof(float));
     memset(s->acc, 0, s->n * sizeof(float));
@@ -110,6 +132,7 @@ void zps_shard_destroy(zps_shard **sp)
         s_snapshot_free(&s->retired[i]);
     }
     free(s->params);
+    free(s->prev);
     free(s->momentum);
     free(s->acc);
     free(s);
@@ -136,38 +159,62 @@ int zps_shard_n_buckets(const zps_shard *s)
     return s->n_buckets;
 }
 
-void zps_shard_set_plan(zps_shard *s, const zps_plan *plan)
+void zps_shard_add_plan(zps_shard *s, uint32_t gen, uint64_t effective_step,
+                        const zps_plan *plan)
 {
-    uint64_t pushed[ZPS_MAX_MEMBERS] = {0};
-    float loss[ZPS_MAX_MEMBERS] = {0};
-    for (uint32_t i = 0; i < plan->n; i++) {
-        for (uint32_t j = 0; j < s->plan.n; j++) {
-            if (s->plan.slices[j].member_id == plan->slices[i].member_id &&
-                s->plan.slices[j].count == plan->slices[i].count) {
-                pushed[i] = s->pushed[j];
-                loss[i] = s->loss[j];
-            }
+    int slot = 0;
+    for (int i = 0; i < ZPS_SHARD_GENS; i++) {
+        if (s->gens[i].gen >= gen && s->gens[i].gen != 0) {
+            return; // already known, or older than what is known
+        }
+        if (s->gens[i].gen < s->gens[slot].gen) {
+            slot = i;
         }
     }
-    s->plan = *plan;
-    memcpy(s->pushed, pushed, sizeof pushed);
-    memcpy(s->loss, loss, sizeof loss);
-    for (int b = 0; b < s->n_buckets; b++) {
-        s->pushes[b] = 0;
-        for (uint32_t i = 0; i < plan->n; i++) {
-            s->pushes[b] += (uint32_t)((s->pushed[i] >> b) & 1u);
-        }
+    s_gen *g = &s->gens[slot];
+    g->gen = gen;
+    g->effective = effective_step;
+    g->n = plan->n;
+    for (uint32_t i = 0; i < plan->n; i++) {
+        g->member_id[i] = plan->slices[i].member_id;
     }
 }
 
-static int s_plan_index(const zps_shard *s, uint32_t rank)
+uint32_t zps_shard_generation(const zps_shard *s)
 {
-    for (uint32_t i = 0; i < s->plan.n; i++) {
-        if (s->plan.slices[i].rank == rank) {
-            return (int)i;
+    uint32_t newest = 0;
+    for (int i = 0; i < ZPS_SHARD_GENS; i++) {
+        newest = s->gens[i].gen > newest ? s->gens[i].gen : newest;
+    }
+    return newest;
+}
+
+// The generation in force at a step: the newest one in effect by then.
+static const s_gen *s_gen_at(const zps_shard *s, uint64_t step)
+{
+    const s_gen *best = NULL;
+    for (int i = 0; i < ZPS_SHARD_GENS; i++) {
+        const s_gen *g = &s->gens[i];
+        if (g->gen != 0 && g->effective <= step && (!best || g->gen > best->gen)) {
+            best = g;
         }
     }
-    return -1;
+    return best;
+}
+
+// A member of any generation the shard knows may push: a slice of a step
+// in progress can be handed to a member that joined after it began.
+bool zps_shard_is_member(const zps_shard *s, uint64_t member_id)
+{
+    for (int k = 0; k < ZPS_SHARD_GENS; k++) {
+        const s_gen *g = &s->gens[k];
+        for (uint32_t i = 0; g->gen != 0 && i < g->n; i++) {
+            if (g->member_id[i] == member_id) {
+                return true;
+            }
+        }
+    }
+    return false;
 }
 
 static int s_bucket_at(const zps_shard *s, uint64_t lo, uint64_t hi)
@@ -178,6 +225,29 @@ static int s_bucket_at(const zps_shard *s, uint64_t lo, uint64_t hi)
         }
     }
     return -1;
+}
+
+// The slice of this step with exactly these bounds (created if new), or
+// NULL if it overlaps another one.
+static s_slice *s_slice_for(zps_shard *s, uint32_t offset, uint32_t count)
+{
+    for (int i = 0; i < s->n_slices; i++) {
+        s_slice *sl = &s->slices[i];
+        if (sl->offset == offset && sl->count == count) {
+            return sl;
+        }
+        if (offset < sl->offset + sl->count && sl->offset < offset + count) {
+            return NULL;
+        }
+    }
+    // Disjoint slices of [0, B) cannot outnumber the slots unless B is huge;
+    // a full table means a peer is splitting the batch absurdly finely.
+    if (s->n_slices == ZPS_MAX_MEMBERS) {
+        return NULL;
+    }
+    s_slice *sl = &s->slices[s->n_slices++];
+    *sl = (s_slice){.offset = offset, .count = count};
+    return sl;
 }
 
 static void s_accumulate(zps_shard *s, const zps_wire_msg *m, float samples)
@@ -191,31 +261,48 @@ static void s_accumulate(zps_shard *s, const zps_wire_msg *m, float samples)
     }
 }
 
+// Whether the push belongs to this step and plan; the reason otherwise.
+static zps_err s_check_sender(const zps_shard *s, const Zps__Header *h, char *why, size_t len)
+{
+    if (h->generation > zps_shard_generation(s)) {
+        snprintf(why, len, "plan generation %u is newer than this shard's %u", h->generation,
+                 zps_shard_generation(s));
+        return ZPS_EAGAIN;
+    }
+    if (h->step != s->step) {
+        snprintf(why, len, "push for step %llu, shard is at step %llu",
+                 (unsigned long long)h->step, (unsigned long long)s->step);
+        return ZPS_ESTALE;
+    }
+    const s_gen *g = s_gen_at(s, h->step);
+    if (!g || g->gen != h->generation) {
+        snprintf(why, len, "plan generation %u is not the one in force at step %llu (%u)",
+                 h->generation, (unsigned long long)h->step, g ? g->gen : 0);
+        return ZPS_ESTALE;
+    }
+    if (!zps_shard_is_member(s, h->member_id)) {
+        snprintf(why, len, "rank %u with member id %llx is not a member", h->rank,
+                 (unsigned long long)h->member_id);
+        return ZPS_ENOENT;
+    }
+    return ZPS_OK;
+}
+
 zps_err zps_shard_push(zps_shard *s, const zps_wire_msg *m, int *ready, char *why,
                        size_t why_len)
 {
     const Zps__Header *h = m->hdr;
     *ready = -1;
     // Cheapest and most basic first: the shape of the message, then whether
-    // it belongs to this step, then who sent it.
+    // it belongs to this step and plan, then what it covers.
     zps_err err = zps_wire_check_tensor(m, (int)s->dtype, s->lo, s->hi, why, why_len);
-    if (err != ZPS_OK) {
+    if (err != ZPS_OK || (err = s_check_sender(s, h, why, why_len)) != ZPS_OK) {
         return err;
     }
-    if (h->step != s->step) {
-        snprintf(why, why_len, "push for step %llu, shard is at step %llu",
-                 (unsigned long long)h->step, (unsigned long long)s->step);
-        return ZPS_ESTALE;
-    }
-    int pi = s_plan_index(s, h->rank);
-    if (pi < 0 || s->plan.slices[pi].member_id != h->member_id) {
-        snprintf(why, why_len, "rank %u with member id %llx is not in the plan", h->rank,
-                 (unsigned long long)h->member_id);
-        return ZPS_ENOENT;
-    }
-    if (h->samples != s->plan.slices[pi].count) {
-        snprintf(why, why_len, "rank %u pushed %u samples, its slice has %u", h->rank,
-                 h->samples, s->plan.slices[pi].count);
+    if (h->samples == 0 || h->batch_offset >= s->global_batch ||
+        h->samples > s->global_batch - h->batch_offset) {
+        snprintf(why, why_len, "slice [%u, +%u) is not inside the global batch of %u",
+                 h->batch_offset, h->samples, s->global_batch);
         return ZPS_EPROTO;
     }
     int b = s_bucket_at(s, h->offset, h->offset + h->count);
@@ -224,28 +311,38 @@ zps_err zps_shard_push(zps_shard *s, const zps_wire_msg *m, int *ready, char *wh
                  (unsigned long long)h->offset, (unsigned long long)h->count);
         return ZPS_EPROTO;
     }
-    if ((s->pushed[pi] >> b) & 1u) {
-        snprintf(why, why_len, "rank %u already pushed bucket [%llu, %llu) of step %llu",
-                 h->rank, (unsigned long long)s->buckets[b].lo,
-                 (unsigned long long)s->buckets[b].hi, (unsigned long long)s->step);
+    s_slice *sl = s_slice_for(s, h->batch_offset, h->samples);
+    if (!sl) {
+        snprintf(why, why_len, "slice [%u, +%u) overlaps another slice of step %llu",
+                 h->batch_offset, h->samples, (unsigned long long)s->step);
+        return ZPS_EPROTO;
+    }
+    if ((sl->buckets >> b) & 1u) {
+        snprintf(why, why_len, "slice [%u, +%u) of step %llu already counted for bucket %d",
+                 h->batch_offset, h->samples, (unsigned long long)s->step, b);
         return ZPS_EDUP;
     }
     s_accumulate(s, m, (float)h->samples);
-    if (s->pushed[pi] == 0) {
-        s->loss[pi] = h->loss;
+    if (sl->buckets == 0) {
+        s->loss_sum += (double)h->samples * h->loss;
     }
-    s->pushed[pi] |= 1ull << b;
-    if (++s->pushes[b] == s->plan.n) {
+    sl->buckets |= 1ull << b;
+    s->covered[b] += h->samples;
+    if (s->covered[b] == s->global_batch) {
         *ready = b;
     }
     return ZPS_OK;
 }
 
-bool zps_shard_rank_done(const zps_shard *s, uint32_t rank)
+bool zps_shard_slice_done(const zps_shard *s, uint32_t offset, uint32_t count)
 {
-    int pi = s_plan_index(s, rank);
     uint64_t all = s->n_buckets == 64 ? ~0ull : (1ull << s->n_buckets) - 1;
-    return pi >= 0 && s->pushed[pi] == all;
+    for (int i = 0; i < s->n_slices; i++) {
+        if (s->slices[i].offset == offset && s->slices[i].count == count) {
+            return s->slices[i].buckets == all;
+        }
+    }
+    return false;
 }
 
 // Frees retired snapshots no peer reads any more.
@@ -293,7 +390,7 @@ void zps_shard_apply(zps_shard *s, int bucket)
     if (s->n_applied == 0) {
         s_prepare_snapshot(s);
     }
-    float total = (float)s->plan.global_batch;
+    float total = (float)s->global_batch;
     float lr = zps_optim_lr_at(&s->optim, s->step);
     size_t esize = zps_dtype_size(s->dtype);
     // Block by block, so each element crosses the memory bus once for the
@@ -305,6 +402,7 @@ void zps_shard_apply(zps_shard *s, int bucket)
         for (size_t i = 0; i < len; i++) {
             acc[i] /= total;
         }
+        memcpy(s->prev + lo, s->params + lo, len * sizeof(float));
         zps_optim_sgd(&s->optim, lr, s->params + lo, s->momentum + lo, acc, len);
         memset(acc, 0, len * sizeof(float));
         zps_dtype_from_f32(s->dtype, s->params + lo, s->snap->data + lo * esize, len);
@@ -318,18 +416,21 @@ bool zps_shard_step_done(const zps_shard *s)
     return s->n_applied == s->n_buckets && s->n_buckets > 0;
 }
 
+bool zps_shard_applied(const zps_shard *s, int bucket)
+{
+    return s->applied[bucket];
+}
+
 float zps_shard_end_step(zps_shard *s)
 {
-    double loss = 0;
-    for (uint32_t i = 0; i < s->plan.n; i++) {
-        loss += (double)s->plan.slices[i].count * s->loss[i];
-    }
-    memset(s->pushed, 0, sizeof(uint64_t) * s->plan.n);
-    memset(s->pushes, 0, sizeof s->pushes);
+    float loss = (float)(s->loss_sum / s->global_batch);
+    memset(s->covered, 0, sizeof s->covered);
     memset(s->applied, 0, sizeof s->applied);
     s->n_applied = 0;
+    s->n_slices = 0;
+    s->loss_sum = 0;
     s->step++;
-    return (float)(loss / s->plan.global_batch);
+    return loss;
 }
 
 void zps_shard_bucket_params(zps_shard *s, int b, const void **data, uint64_t *offset,
@@ -339,4 +440,22 @@ void zps_shard_bucket_params(zps_shard *s, int b, const void **data, uint64_t *o
     *count = s->buckets[b].hi - s->buckets[b].lo;
     *data = s->snap->data + (s->buckets[b].lo - s->lo) * zps_dtype_size(s->dtype);
     *ref = &s->snap->ref;
+}
+
+zps_err zps_shard_bucket_at(const zps_shard *s, int b, uint64_t step, const float **values)
+{
+    size_t off = s->buckets[b].lo - s->lo;
+    if (step == s->step) {
+        *values = (s->applied[b] ? s->prev : s->params) + off;
+        return ZPS_OK;
+    }
+    if (step == s->step + 1) {
+        *values = s->params + off;
+        return s->applied[b] ? ZPS_OK : ZPS_EAGAIN;
+    }
+    if (step + 1 == s->step && s->n_applied == 0) {
+        *values = s->prev + off;
+        return ZPS_OK;
+    }
+    return ZPS_ESTALE;
 }

@@ -2,11 +2,14 @@
  * its optimizer state and one gradient accumulator.
  *
  * The shard is plain state and arithmetic, no sockets: the server loop
- * feeds it pushes and sends what it says is ready. Work is done per bucket
- * (a layer cut to the range): a bucket is updated as soon as every member
- * of the plan pushed it, with g = sum(n_i * g_i) / sum(n_i), exact for any
- * split of the global batch (DESIGN.md, "Weighted averaging"), and its new
- * parameters can go out while later buckets are still being pushed. */
+ * feeds it pushes and sends what it says is ready. Work, not workers, is
+ * the unit (DESIGN.md): a push carries the mean gradient of one slice
+ * [offset, offset + count) of the step's global batch for one bucket (a
+ * layer cut to the range). A bucket is updated as soon as the slices pushed
+ * for it tile the global batch exactly, with g = sum(n_i * g_i) / sum(n_i);
+ * the first copy of a slice counts and a second is dropped, so a slice may
+ * be handed to another member when its owner dies or lags, and every
+ * sample still counts exactly once. */
 #ifndef ZPS_SHARD_H
 #define ZPS_SHARD_H
 
@@ -23,12 +26,13 @@
 typedef struct zps_shard zps_shard;
 
 typedef struct zps_shard_cfg {
-    uint32_t index;            // shard number
-    uint64_t lo, hi;           // the range owned
-    const zps_model_spec *model; // borrowed: for the buckets and the initial values
-    uint64_t seed;             // initial values
-    zps_dtype dtype;           // element type of pushes and replies on the wire
-    zps_optim_cfg optim;       // settings and schedule
+    uint32_t index;               // shard number
+    uint64_t lo, hi;              // the range owned
+    const zps_model_spec *model;  // borrowed: for the buckets and the initial values
+    uint64_t seed;                // initial values
+    uint32_t global_batch;        // B: what the slices of a step must tile
+    zps_dtype dtype;              // element type of pushes and replies on the wire
+    zps_optim_cfg optim;          // settings and schedule
 } zps_shard_cfg;
 
 // Caller owns the result; NULL on failure, logged.
@@ -41,35 +45,53 @@ uint64_t zps_shard_hi(const zps_shard *s);
 uint64_t zps_shard_step(const zps_shard *s);
 int zps_shard_n_buckets(const zps_shard *s);
 
-// The plan of the current and later steps. Contributions already counted
-// for the current step are kept only for members still in it.
-void zps_shard_set_plan(zps_shard *s, const zps_plan *plan);
+// Plan generation `gen` holds from effective_step on (until a newer one
+// takes effect): pushes for those steps must carry gen and come from its
+// members. Plans arrive in generation order; an older one is ignored.
+void zps_shard_add_plan(zps_shard *s, uint32_t gen, uint64_t effective_step,
+                        const zps_plan *plan);
+// True if member_id is a member of a plan the shard knows.
+bool zps_shard_is_member(const zps_shard *s, uint64_t member_id);
+// The newest generation known (0 before the first plan).
+uint32_t zps_shard_generation(const zps_shard *s);
 
-// Counts a PUSH (header + payload) of one bucket. Refuses, with the reason
-// in why and the parameters untouched, in this order: a tensor of the wrong
-// shape or dtype (ZPS_EPROTO) or out of range (ZPS_ERANGE), a push for
-// another step (ZPS_ESTALE), from a rank or member id not in the plan
-// (ZPS_ENOENT), with a sample count other than the planned one or a range
-// that is not one bucket (ZPS_EPROTO), or a bucket that rank already pushed
-// this step (ZPS_EDUP). On success *ready is the bucket now pushed by every
-// member (to update with zps_shard_apply), or -1.
+// Counts a PUSH (header + payload) of one slice for one bucket. Refuses,
+// with the reason in why and the parameters untouched, in this order: a
+// tensor of the wrong shape or dtype (ZPS_EPROTO) or out of range
+// (ZPS_ERANGE); a plan generation this shard has not heard of yet
+// (ZPS_EAGAIN: hold the message until the plan arrives); a push for another
+// step or of a generation not in force at its step (ZPS_ESTALE); a member
+// id not in that plan (ZPS_ENOENT); a slice outside the global batch, a
+// sample count other than its length, a range that is not one bucket, or a
+// slice overlapping another slice of the step (ZPS_EPROTO). A second copy
+// of a slice already counted for the bucket returns ZPS_EDUP and is
+// dropped. On success *ready is the bucket now complete (update it with
+// zps_shard_apply), or -1.
 zps_err zps_shard_push(zps_shard *s, const zps_wire_msg *m, int *ready, char *why,
                        size_t why_len);
 
 // Updates a ready bucket with the step's learning rate. Once every bucket
 // is updated the step is over: zps_shard_step_done says so.
 void zps_shard_apply(zps_shard *s, int bucket);
+bool zps_shard_applied(const zps_shard *s, int bucket);
 bool zps_shard_step_done(const zps_shard *s);
 // Closes a done step: advances the step, returns its sample-weighted mean loss.
 float zps_shard_end_step(zps_shard *s);
 
-// True when the rank pushed every bucket this step.
-bool zps_shard_rank_done(const zps_shard *s, uint32_t rank);
+// True when the slice [offset, offset + count) was pushed for every bucket
+// this step.
+bool zps_shard_slice_done(const zps_shard *s, uint32_t offset, uint32_t count);
 
 // Where bucket b's current parameters are, in the wire dtype: *data
 // (borrowed, unchanged until the bucket is next updated), its range, and
 // the reference to pass to zps_wire_send to send them zero-copy.
 void zps_shard_bucket_params(zps_shard *s, int b, const void **data, uint64_t *offset,
                              uint64_t *count, zps_wire_ref **ref);
+
+// Bucket b's fp32 parameters as of `step` (a worker joining or replaying
+// asks for them): ZPS_OK with *values (borrowed, until the next update),
+// ZPS_EAGAIN if that step is not reached yet (ask again once the bucket is
+// updated), ZPS_ESTALE if it is gone.
+zps_err zps_shard_bucket_at(const zps_shard *s, int b, uint64_t step, const float **values);
 
 #endif

@@ -21,7 +21,9 @@
 #include "common/zps_plan.h"
 #include "common/zps_wire.h"
 #include "worker/zps_backend.h"
+#include "worker/zps_heartbeat.h"
 #include "worker/zps_sampler.h"
+#include "worker/zps_schedule.h"
 
 #define ZPS_WORKER_MAX_SHARDS 64
 #define ZPS_WORKER_POLL_MS 1000
@@ -38,6 +40,7 @@ typedef struct s_opts {
     int timeout_ms;           // bound on any reply of the running job
     int join_timeout_ms;      // bound on waiting for the job to start
     bool no_overlap;          // push after backward, not during (to measure the overlap)
+    int heartbeat_ms;         // interval of the heartbeat to the coordinator
 } s_opts;
 
 typedef struct s_shard_conn {
@@ -57,9 +60,9 @@ typedef struct s_worker {
     uint64_t job_id;                              // from JOB
     uint32_t rank;                                // from JOB
     uint64_t member_id;                           // from JOB, carried by pushes
-    zps_plan plan;                                // from JOB
-    const zps_plan_slice *mine;                   // borrowed: my slice of plan
-    uint32_t position;                            // index of my slice in the plan
+    uint32_t global_batch;                        // B
+    zps_schedule schedule;                        // what to compute at each step
+    zps_heartbeat *heartbeat;                     // owned
     uint64_t seed, total_steps, steps_per_epoch, start_step;
     zps_model_spec model;
     zps_dtype dtype;                              // tensors on the wire
@@ -71,7 +74,9 @@ typedef struct s_worker {
     uint32_t *eval_idx;                           // owned: ZPS_WORKER_EVAL_CHUNK indices
     uint8_t *wire;                                // owned: gradient in a 16-bit wire dtype
     zps_wire_ref grad_ref;                        // grads (or wire) still held by ZeroMQ
+    float *next;                                  // owned: parameters of the next step, arriving
     uint64_t cur_step;                            // the step being computed, for the hook
+    zps_work cur_work;                            // the slice being computed, for the hook
     double step_t0;                               // when it started (data, compute timings)
     double data_ms;                               // its data time
     zps_err push_err;                             // first failed push of the step
@@ -192,51 +197,66 @@ static zps_err s_take_shards(s_worker *w, const Zps__Job *job)
     return ZPS_OK;
 }
 
+// A plan (and extras) from JOB or PLAN: into the schedule.
+static zps_err s_take_plan(s_worker *w, Zps__Slice *const *slices, size_t n_slices, uint32_t gen,
+                           uint64_t effective, Zps__Extra *const *extras, size_t n_extras)
+{
+    zps_plan plan;
+    if (zps_plan_from_wire(slices, n_slices, w->global_batch, &plan) != ZPS_OK) {
+        zps_log_error("the coordinator sent an inconsistent plan (generation %u)", gen);
+        return ZPS_EPROTO;
+    }
+    zps_schedule_add_plan(&w->schedule, gen, effective, &plan);
+    for (size_t i = 0; i < n_extras; i++) {
+        const Zps__Extra *e = extras[i];
+        if (e->rank == w->rank && e->count > 0 && e->count <= w->global_batch &&
+            e->offset <= w->global_batch - e->count) {
+            zps_schedule_add_extra(&w->schedule, e->step,
+                                   (zps_work){.offset = e->offset, .count = e->count,
+                                              .gen = e->generation});
+            zps_log_info("handed slice [%u, %u) of step %llu", e->offset, e->offset + e->count,
+                         (unsigned long long)e->step);
+        }
+    }
+    return ZPS_OK;
+}
+
 static zps_err s_take_job(s_worker *w, const Zps__Header *h)
 {
     const Zps__Job *job = h->job;
     if (!job || zps_model_parse(job->model, &w->model) != ZPS_OK ||
-        !zps_dtype_valid((int)job->wire_dtype)) {
+        !zps_dtype_valid((int)job->wire_dtype) || job->steps_per_epoch == 0 ||
+        job->global_batch == 0) {
         zps_log_error("the coordinator sent a job without a usable model or wire dtype");
         return ZPS_EPROTO;
     }
     w->dtype = (zps_dtype)job->wire_dtype;
-    if (zps_plan_from_wire(job->plan, job->n_plan, job->global_batch, &w->plan) != ZPS_OK ||
-        job->steps_per_epoch == 0) {
-        zps_log_error("the coordinator sent an inconsistent plan");
-        return ZPS_EPROTO;
-    }
     w->job_id = h->job_id;
     w->rank = job->rank;
     w->member_id = job->member_id;
     w->seed = job->seed;
+    w->global_batch = job->global_batch;
     w->total_steps = job->total_steps;
     w->steps_per_epoch = job->steps_per_epoch;
     w->start_step = job->start_step;
-    w->mine = NULL;
-    for (uint32_t i = 0; i < w->plan.n; i++) {
-        if (w->plan.slices[i].rank == w->rank) {
-            w->mine = &w->plan.slices[i];
-            w->position = i;
-        }
-    }
-    if (!w->mine) {
-        zps_log_error("my rank %u is not in the plan", w->rank);
-        return ZPS_EPROTO;
+    zps_schedule_init(&w->schedule, w->rank);
+    zps_err err = s_take_plan(w, job->plan, job->n_plan, job->generation, job->plan_effective,
+                              job->extras, job->n_extras);
+    if (err != ZPS_OK) {
+        return err;
     }
     char name[32];
     snprintf(name, sizeof name, "worker[%u]", w->rank);
     zps_log_set_name(name);
-    zps_log_info("job %016llx: rank %u, samples [%u, %u) of %u, model %s, dataset %s",
-                 (unsigned long long)w->job_id, w->rank, w->mine->offset,
-                 w->mine->offset + w->mine->count, w->plan.global_batch, job->model,
-                 job->dataset);
+    zps_log_info("job %016llx: rank %u from step %llu, global batch %u, model %s, dataset %s",
+                 (unsigned long long)w->job_id, w->rank, (unsigned long long)w->start_step,
+                 w->global_batch, job->model, job->dataset);
     return s_take_shards(w, job);
 }
 
 static void s_on_bucket(void *arg, int bucket);
 
-static zps_err s_setup_data(s_worker *w, const char *dataset)
+static zps_err s_setup_data(s_worker *w, const char *dataset, uint32_t rows)
 {
     zps_dataset_spec ds;
     if (zps_dataset_parse(dataset, &ds) != ZPS_OK) {
@@ -248,7 +268,7 @@ static zps_err s_setup_data(s_worker *w, const char *dataset)
         return ZPS_EIO;
     }
     zps_err err = zps_sampler_init(&w->sampler, w->seed, zps_dataset_size(w->data, ZPS_SPLIT_TRAIN),
-                                   w->plan.global_batch);
+                                   w->global_batch);
     if (err != ZPS_OK) {
         return err;
     }
@@ -258,7 +278,6 @@ static zps_err s_setup_data(s_worker *w, const char *dataset)
                       (unsigned long long)w->steps_per_epoch);
         return ZPS_EINVAL;
     }
-    uint32_t rows = w->mine->count > ZPS_WORKER_EVAL_CHUNK ? w->mine->count : ZPS_WORKER_EVAL_CHUNK;
     w->x = malloc((size_t)rows * dim * sizeof(float));
     w->labels = malloc(rows * sizeof(uint32_t));
     w->eval_idx = malloc(ZPS_WORKER_EVAL_CHUNK * sizeof(uint32_t));
@@ -271,18 +290,21 @@ static zps_err s_setup_data(s_worker *w, const char *dataset)
 
 static zps_err s_setup_compute(s_worker *w, const char *dataset)
 {
-    uint32_t rows = w->mine->count > ZPS_WORKER_EVAL_CHUNK ? w->mine->count : ZPS_WORKER_EVAL_CHUNK;
+    // Any slice of the batch may be handed to this worker.
+    uint32_t rows = w->global_batch > ZPS_WORKER_EVAL_CHUNK ? w->global_batch
+                                                           : ZPS_WORKER_EVAL_CHUNK;
     w->be = zps_backend_new(w->opts.device, &w->model, rows, w->seed ^ w->rank);
     if (!w->be) {
         return ZPS_EINVAL;
     }
     zps_backend_set_bucket_hook(w->be, s_on_bucket, w);
-    if (w->dtype != ZPS_DTYPE_F32 &&
-        !(w->wire = malloc(w->model.n_params * zps_dtype_size(w->dtype)))) {
-        zps_log_error("cannot allocate the wire buffer");
+    if ((w->dtype != ZPS_DTYPE_F32 &&
+         !(w->wire = malloc(w->model.n_params * zps_dtype_size(w->dtype)))) ||
+        !(w->next = malloc(w->model.n_params * sizeof(float)))) {
+        zps_log_error("cannot allocate the wire and parameter buffers");
         return ZPS_ENOMEM;
     }
-    return zps_backend_uses_data(w->be) ? s_setup_data(w, dataset) : ZPS_OK;
+    return zps_backend_uses_data(w->be) ? s_setup_data(w, dataset, rows) : ZPS_OK;
 }
 
 // Checks a PARAMS message from shard i against what step `step` expects
@@ -318,7 +340,9 @@ static zps_err s_take_bucket(s_worker *w, int i, uint64_t step, const zps_wire_m
         zps_log_error("%s sent bad parameters: %s", sc->endpoint, why);
         return ZPS_EPROTO;
     }
-    float *dst = zps_backend_params(w->be) + h->offset;
+    // Into the next step's buffer: the current parameters must stay whole
+    // until the step is over, in case a slice of it is handed to us.
+    float *dst = w->next + h->offset;
     size_t esize = zps_dtype_size(w->dtype);
     for (int f = 0; f < m->n_frames; f++) {
         zmq_msg_t *frame = (zmq_msg_t *)&m->frames[f];
@@ -345,7 +369,33 @@ static bool s_all_received(const s_worker *w)
     return true;
 }
 
-// Receives every bucket of every shard for `step`, bounded by the timeout.
+static zps_err s_compute(s_worker *w, uint64_t step, zps_work work);
+
+// A message from shard i while waiting for parameters: a bucket of them,
+// or (from the coordinator) a new plan, maybe with slices of the step in
+// progress to compute right away.
+static zps_err s_take_message(s_worker *w, int i, uint64_t step, const zps_wire_msg *m)
+{
+    const Zps__Header *h = m->hdr;
+    if (i != 0 || h->type != ZPS__MSG_TYPE__PLAN || !h->plan) {
+        return s_take_bucket(w, i, step, m);
+    }
+    const Zps__Plan *p = h->plan;
+    zps_log_info("plan %u from step %llu: %zu members", p->generation,
+                 (unsigned long long)p->effective_step, p->n_slices);
+    zps_err err = s_take_plan(w, p->slices, p->n_slices, p->generation, p->effective_step,
+                              p->extras, p->n_extras);
+    zps_work work[ZPS_SCHEDULE_EXTRAS];
+    int n = err == ZPS_OK && step > 0 ? zps_schedule_take(&w->schedule, step - 1, work,
+                                                          ZPS_SCHEDULE_EXTRAS) : 0;
+    for (int k = 0; err == ZPS_OK && k < n; k++) {
+        err = s_compute(w, step - 1, work[k]);
+    }
+    return err;
+}
+
+// Receives every bucket of every shard for `step`, bounded by the timeout,
+// then makes them the model's parameters.
 static zps_err s_take_params(s_worker *w, uint64_t step)
 {
     zmq_pollitem_t items[ZPS_WORKER_MAX_SHARDS];
@@ -363,7 +413,7 @@ static zps_err s_take_params(s_worker *w, uint64_t step)
             zps_wire_msg m;
             zps_err err = zps_wire_recv(w->shards[i].sock, false, &m);
             if (err == ZPS_OK) {
-                err = s_take_bucket(w, i, step, &m);
+                err = s_take_message(w, i, step, &m);
             }
             zps_wire_msg_fini(&m);
             if (err != ZPS_OK && err != ZPS_ETIMEDOUT) {
@@ -387,7 +437,24 @@ static zps_err s_take_params(s_worker *w, uint64_t step)
             next_log = now + ZPS_WORKER_WAIT_LOG_MS;
         }
     }
+    memcpy(zps_backend_params(w->be), w->next, w->model.n_params * sizeof(float));
+    zps_schedule_forget_before(&w->schedule, step);
     return ZPS_OK;
+}
+
+// Asks every shard for the parameters of `step`; they answer bucket by
+// bucket, at once or as soon as the step's buckets are updated.
+static zps_err s_pull(s_worker *w, uint64_t step)
+{
+    zps_err err = ZPS_OK;
+    for (int i = 0; err == ZPS_OK && i < w->n_shards; i++) {
+        Zps__Header h;
+        zps_wire_header_init(&h, ZPS__MSG_TYPE__PULL);
+        h.shard = (uint32_t)i;
+        h.step = step;
+        err = s_send(w, i, &h, NULL, 0, NULL);
+    }
+    return err == ZPS_OK ? s_take_params(w, step) : err;
 }
 
 static zps_err s_join(s_worker *w)
@@ -407,23 +474,25 @@ static zps_err s_join(s_worker *w)
         err = s_setup_compute(w, m.hdr->job->dataset);
     }
     zps_wire_msg_fini(&m);
-    for (int i = 0; err == ZPS_OK && i < w->n_shards; i++) {
-        Zps__Header h;
-        zps_wire_header_init(&h, ZPS__MSG_TYPE__PULL);
-        h.shard = (uint32_t)i;
-        err = s_send(w, i, &h, NULL, 0, NULL);
+    if (err == ZPS_OK) {
+        w->heartbeat = zps_heartbeat_start(w->ctx, w->shards[0].endpoint, w->job_id, w->rank,
+                                           w->member_id, w->opts.heartbeat_ms);
     }
-    return err == ZPS_OK ? s_take_params(w, w->start_step) : err;
+    return err == ZPS_OK ? s_pull(w, w->start_step) : err;
 }
 
 // ---------------------------------------------------------------------------
 // Training and evaluation.
 
 // Evaluates my share of the test set and reports it to the coordinator.
-static zps_err s_evaluate(s_worker *w, uint64_t epoch)
+static zps_err s_evaluate(s_worker *w, uint64_t epoch, uint64_t epoch_step)
 {
     uint32_t n_test = zps_dataset_size(w->data, ZPS_SPLIT_TEST);
-    uint64_t W = w->plan.n, p = w->position;
+    uint32_t pos, members;
+    if (!zps_schedule_position(&w->schedule, epoch_step, &pos, &members)) {
+        return ZPS_OK; // not a member at that step: others evaluate
+    }
+    uint64_t W = members, p = pos;
     uint32_t lo = (uint32_t)(n_test * p / W), hi = (uint32_t)(n_test * (p + 1) / W);
     uint32_t correct = 0;
     double loss_sum = 0;
@@ -465,7 +534,9 @@ static zps_err s_push(s_worker *w, int i, uint64_t lo, uint64_t hi)
     h.offset = lo;
     h.count = hi - lo;
     h.dtype = (Zps__DType)w->dtype;
-    h.samples = w->mine->count;
+    h.samples = w->cur_work.count;
+    h.batch_offset = w->cur_work.offset;
+    h.generation = w->cur_work.gen;
     h.loss = zps_backend_loss(w->be);
     h.data_ms = (float)w->data_ms;
     h.compute_ms = (float)(zps_clock_ms() - w->step_t0 - w->data_ms);
@@ -502,7 +573,9 @@ static void s_on_bucket(void *arg, int bucket)
     }
 }
 
-static zps_err s_step(s_worker *w, uint64_t step)
+// Computes one slice of a step on the current parameters and pushes its
+// gradient bucket by bucket.
+static zps_err s_compute(s_worker *w, uint64_t step, zps_work work)
 {
     // ZeroMQ may still hold the last push's frames of the gradient buffer.
     zps_err err = zps_wire_ref_wait(&w->grad_ref, w->opts.timeout_ms);
@@ -510,15 +583,15 @@ static zps_err s_step(s_worker *w, uint64_t step)
         return err;
     }
     w->cur_step = step;
+    w->cur_work = work;
     w->push_err = ZPS_OK;
     w->step_t0 = zps_clock_ms();
-    uint32_t n = w->mine->count;
     if (zps_backend_uses_data(w->be)) {
-        const uint32_t *idx = zps_sampler_slice(&w->sampler, step, w->mine->offset, n);
+        const uint32_t *idx = zps_sampler_slice(&w->sampler, step, work.offset, work.count);
         if (!idx) {
             return ZPS_EINVAL;
         }
-        err = zps_dataset_gather(w->data, ZPS_SPLIT_TRAIN, idx, n, w->x, w->labels);
+        err = zps_dataset_gather(w->data, ZPS_SPLIT_TRAIN, idx, work.count, w->x, w->labels);
         if (err != ZPS_OK) {
             return err;
         }
@@ -526,22 +599,34 @@ static zps_err s_step(s_worker *w, uint64_t step)
     double t1 = zps_clock_ms();
     w->data_ms = t1 - w->step_t0;
     float loss;
-    if ((err = zps_backend_train_step(w->be, w->x, w->labels, n, &loss)) != ZPS_OK) {
-        return err;
-    }
-    for (int b = 0; w->opts.no_overlap && b < zps_model_n_buckets(&w->model); b++) {
+    err = zps_backend_train_step(w->be, w->x, w->labels, work.count, &loss);
+    for (int b = 0; err == ZPS_OK && w->opts.no_overlap && b < zps_model_n_buckets(&w->model);
+         b++) {
         s_push_bucket(w, b);
     }
-    if (w->push_err != ZPS_OK) {
-        return w->push_err;
+    w->sum_data_ms += w->data_ms;
+    w->sum_compute_ms += zps_clock_ms() - t1;
+    return err != ZPS_OK ? err : w->push_err;
+}
+
+static zps_err s_step(s_worker *w, uint64_t step)
+{
+    double t0 = zps_clock_ms();
+    zps_work work[1 + ZPS_SCHEDULE_EXTRAS];
+    int n = zps_schedule_take(&w->schedule, step, work, 1 + ZPS_SCHEDULE_EXTRAS);
+    zps_err err = ZPS_OK;
+    for (int k = 0; err == ZPS_OK && k < n; k++) {
+        err = s_compute(w, step, work[k]);
+    }
+    if (err != ZPS_OK) {
+        return err;
     }
     double t2 = zps_clock_ms();
-    err = s_take_params(w, step + 1);
-    double t3 = zps_clock_ms();
-    w->sum_data_ms += t1 - w->step_t0;
-    w->sum_compute_ms += t2 - t1;
-    w->sum_wait_ms += t3 - t2;
+    // Nothing to compute (a member only from the next step on): listen.
+    err = n == 0 ? s_pull(w, step + 1) : s_take_params(w, step + 1);
+    w->sum_wait_ms += zps_clock_ms() - t2;
     w->timed_steps++;
+    (void)t0;
     return err;
 }
 
@@ -568,7 +653,7 @@ static zps_err s_train(s_worker *w)
         }
         bool epoch_end = (t + 1) % w->steps_per_epoch == 0;
         if (w->data && (epoch_end || t + 1 == w->total_steps) &&
-            (err = s_evaluate(w, t / w->steps_per_epoch)) != ZPS_OK) {
+            (err = s_evaluate(w, t / w->steps_per_epoch, t)) != ZPS_OK) {
             return err;
         }
     }
@@ -621,6 +706,7 @@ static void s_usage(FILE *f)
             "  --timeout-ms MS         bound on any reply once training (default 60000)\n"
             "  --join-timeout-ms MS    bound on waiting for the job to start (default 600000)\n"
             "  --no-overlap            push after backward instead of during it (benchmarks)\n"
+            "  --heartbeat-ms MS       heartbeat interval to the coordinator (default 1000)\n"
             "  --log-level LEVEL       debug, info, warn, error (default info)\n");
 }
 
@@ -641,7 +727,7 @@ static bool s_parse_int(const char *flag, const char *text, long lo, long hi, lo
 static bool s_parse_opts(int argc, char **argv, s_opts *o, char *cache_buf, size_t cache_len)
 {
     enum { O_COORD = 256, O_DEVICE, O_SHARE, O_SAVE, O_THREADS, O_CACHE, O_TIMEOUT, O_JOIN,
-           O_NO_OVERLAP, O_LOG, O_HELP };
+           O_NO_OVERLAP, O_HEARTBEAT, O_LOG, O_HELP };
     static const struct option longopts[] = {
         {"coordinator", required_argument, 0, O_COORD},
         {"device", required_argument, 0, O_DEVICE},
@@ -652,11 +738,13 @@ static bool s_parse_opts(int argc, char **argv, s_opts *o, char *cache_buf, size
         {"timeout-ms", required_argument, 0, O_TIMEOUT},
         {"join-timeout-ms", required_argument, 0, O_JOIN},
         {"no-overlap", no_argument, 0, O_NO_OVERLAP},
+        {"heartbeat-ms", required_argument, 0, O_HEARTBEAT},
         {"log-level", required_argument, 0, O_LOG},
         {"help", no_argument, 0, O_HELP},
         {0, 0, 0, 0},
     };
-    *o = (s_opts){.device = "cpu", .threads = 1, .timeout_ms = 60000, .join_timeout_ms = 600000};
+    *o = (s_opts){.device = "cpu", .threads = 1, .timeout_ms = 60000, .join_timeout_ms = 600000,
+                  .heartbeat_ms = 1000};
     long v;
     int c;
     while ((c = getopt_long(argc, argv, "", longopts, NULL)) != -1) {
@@ -671,6 +759,10 @@ static bool s_parse_opts(int argc, char **argv, s_opts *o, char *cache_buf, size
         case O_TIMEOUT: ok = s_parse_int("--timeout-ms", optarg, 100, 86400000, &v); o->timeout_ms = (int)v; break;
         case O_JOIN: ok = s_parse_int("--join-timeout-ms", optarg, 100, 86400000, &v); o->join_timeout_ms = (int)v; break;
         case O_NO_OVERLAP: o->no_overlap = true; break;
+        case O_HEARTBEAT:
+            ok = s_parse_int("--heartbeat-ms", optarg, 10, 3600000, &v);
+            o->heartbeat_ms = (int)v;
+            break;
         case O_LOG: {
             zps_log_level lvl;
             ok = zps_log_parse_level(optarg, &lvl);
@@ -710,6 +802,7 @@ static bool s_parse_opts(int argc, char **argv, s_opts *o, char *cache_buf, size
 
 static void s_worker_fini(s_worker *w)
 {
+    zps_heartbeat_stop(&w->heartbeat);
     for (int i = 0; i < ZPS_WORKER_MAX_SHARDS; i++) {
         if (w->shards[i].sock) {
             zmq_close(w->shards[i].sock);
@@ -720,6 +813,7 @@ static void s_worker_fini(s_worker *w)
     }
     zps_backend_destroy(&w->be);
     free(w->wire);
+    free(w->next);
     zps_dataset_destroy(&w->data);
     zps_sampler_fini(&w->sampler);
     free(w->x);

@@ -12,7 +12,14 @@
 #define LO 2
 #define HI 7
 
+// The plan: rank 0 (id 11) has [0, 10) of the batch, rank 1 (id 22) [10, 40).
+static uint32_t s_slice_offset(uint32_t rank)
+{
+    return rank == 0 ? 0 : 10;
+}
+
 // A PUSH as zps_wire_recv would return it: decoded header, payload frames.
+// The slice is the rank's own, unless samples says otherwise.
 static zps_wire_msg s_push(uint32_t rank, uint64_t member_id, uint64_t step, uint32_t samples,
                            uint64_t off, const float *vals, uint64_t count, zps_dtype dtype)
 {
@@ -22,6 +29,8 @@ static zps_wire_msg s_push(uint32_t rank, uint64_t member_id, uint64_t step, uin
     h.member_id = member_id;
     h.step = step;
     h.samples = samples;
+    h.batch_offset = s_slice_offset(rank);
+    h.generation = 1;
     h.offset = off;
     h.count = count;
     h.dtype = (Zps__DType)dtype;
@@ -67,7 +76,7 @@ static zps_model_spec s_model(void)
 static zps_shard *s_shard(const zps_model_spec *model, zps_dtype dtype, float momentum)
 {
     zps_shard_cfg cfg = {.index = 1, .lo = LO, .hi = HI, .model = model, .seed = 4,
-                         .dtype = dtype,
+                         .global_batch = 40, .dtype = dtype,
                          .optim = {.lr = 0.5f, .momentum = momentum,
                                    .schedule = ZPS_LR_CONSTANT}};
     zps_shard *s = zps_shard_new(&cfg);
@@ -76,7 +85,7 @@ static zps_shard *s_shard(const zps_model_spec *model, zps_dtype dtype, float mo
     zps_plan plan = {.global_batch = 40, .n = 2};
     plan.slices[0] = (zps_plan_slice){.rank = 0, .member_id = 11, .offset = 0, .count = 10};
     plan.slices[1] = (zps_plan_slice){.rank = 1, .member_id = 22, .offset = 10, .count = 30};
-    zps_shard_set_plan(s, &plan);
+    zps_shard_add_plan(s, 1, 0, &plan);
     return s;
 }
 
@@ -107,11 +116,11 @@ START_TEST(test_shard_updates_each_bucket_by_weighted_average)
     ck_assert_int_eq(ready, 0);
     zps_shard_apply(s, 0);
     ck_assert(!zps_shard_step_done(s));
-    ck_assert(!zps_shard_rank_done(s, 0));
+    ck_assert(!zps_shard_slice_done(s, 0, 10));
     ck_assert_int_eq(s_feed(s, 1, 22, 0, 30, 2, g1, 2, &ready), ZPS_OK);
     ck_assert_int_eq(s_feed(s, 0, 11, 0, 10, 2, g0, 2, &ready), ZPS_OK);
     ck_assert_int_eq(ready, 1);
-    ck_assert(zps_shard_rank_done(s, 0));
+    ck_assert(zps_shard_slice_done(s, 0, 10));
     zps_shard_apply(s, 1);
     ck_assert(zps_shard_step_done(s));
     // loss = (10 * 1 + 30 * 2) / 40
@@ -137,19 +146,88 @@ START_TEST(test_shard_refusals_leave_parameters_untouched)
     float g[HI - LO] = {1e6f, 1e6f, 1e6f, 1e6f, 1e6f};
     int ready;
     ck_assert_int_eq(s_feed(s, 0, 11, 1, 10, 4, g, 3, &ready), ZPS_ESTALE);   // future step
-    ck_assert_int_eq(s_feed(s, 2, 33, 0, 10, 4, g, 3, &ready), ZPS_ENOENT);   // unknown rank
+    ck_assert_int_eq(s_feed(s, 2, 33, 0, 10, 4, g, 3, &ready), ZPS_ENOENT);   // unknown member
     ck_assert_int_eq(s_feed(s, 0, 12, 0, 10, 4, g, 3, &ready), ZPS_ENOENT);   // wrong member id
-    ck_assert_int_eq(s_feed(s, 0, 11, 0, 11, 4, g, 3, &ready), ZPS_EPROTO);   // wrong sample count
+    ck_assert_int_eq(s_feed(s, 1, 22, 0, 31, 4, g, 3, &ready), ZPS_EPROTO);   // past the batch
     ck_assert_int_eq(s_feed(s, 0, 11, 0, 10, 1, g, 3, &ready), ZPS_ERANGE);   // outside the range
     ck_assert_int_eq(s_feed(s, 0, 11, 0, 10, 5, g, 3, &ready), ZPS_ERANGE);
     ck_assert_int_eq(s_feed(s, 0, 11, 0, 10, 2, g, 5, &ready), ZPS_EPROTO);   // two buckets at once
     ck_assert_int_eq(s_feed(s, 0, 11, 0, 10, 4, g, 2, &ready), ZPS_EPROTO);   // part of a bucket
     ck_assert_int_eq(s_feed_as(s, ZPS_DTYPE_BF16, 0, 11, 0, 10, 4, g, 3, &ready), ZPS_EPROTO);
     ck_assert_int_eq(s_feed(s, 0, 11, 0, 10, 4, g, 3, &ready), ZPS_OK);
-    ck_assert_int_eq(s_feed(s, 0, 11, 0, 10, 4, g, 3, &ready), ZPS_EDUP);     // again
+    ck_assert_int_eq(s_feed(s, 0, 11, 0, 10, 4, g, 3, &ready), ZPS_EDUP);     // again: dropped
+    ck_assert_int_eq(s_feed(s, 0, 11, 0, 12, 4, g, 3, &ready), ZPS_EPROTO);   // overlaps [0, 10)
     ck_assert_int_eq(ready, -1);
     s_params(s, after);
     ck_assert_mem_eq(before, after, sizeof before);
+    zps_shard_destroy(&s);
+}
+END_TEST
+
+// A slice pushed by another member than its owner (handed over) counts
+// once; a push of a newer plan is held until the plan arrives; a push of
+// an older plan after a newer one took effect is stale.
+START_TEST(test_shard_counts_handed_slices_once_and_follows_generations)
+{
+    zps_model_spec model = s_model();
+    zps_shard *s = s_shard(&model, ZPS_DTYPE_F32, 0);
+    float g[HI - LO] = {1, 1, 1, 1, 1};
+    int ready;
+    // Rank 1 computes rank 0's slice [0, 10) as well as its own.
+    zps_wire_msg m = s_push(1, 22, 0, 10, 4, g + 2, 3, ZPS_DTYPE_F32);
+    m.hdr->batch_offset = 0;
+    char why[256];
+    ck_assert_int_eq(zps_shard_push(s, &m, &ready, why, sizeof why), ZPS_OK);
+    zps_wire_msg_fini(&m);
+    // The owner's late copy is dropped.
+    ck_assert_int_eq(s_feed(s, 0, 11, 0, 10, 4, g + 2, 3, &ready), ZPS_EDUP);
+    ck_assert_int_eq(s_feed(s, 1, 22, 0, 30, 4, g + 2, 3, &ready), ZPS_OK);
+    ck_assert_int_eq(ready, 0);
+    // Generation 2 (rank 1 alone) from step 1 on: unknown yet, so held.
+    m = s_push(1, 22, 1, 40, 4, g + 2, 3, ZPS_DTYPE_F32);
+    m.hdr->batch_offset = 0;
+    m.hdr->generation = 2;
+    ck_assert_int_eq(zps_shard_push(s, &m, &ready, why, sizeof why), ZPS_EAGAIN);
+    zps_wire_msg_fini(&m);
+    zps_plan solo = {.global_batch = 40, .n = 1};
+    solo.slices[0] = (zps_plan_slice){.rank = 1, .member_id = 22, .offset = 0, .count = 40};
+    zps_shard_add_plan(s, 2, 1, &solo);
+    ck_assert_uint_eq(zps_shard_generation(s), 2);
+    zps_shard_apply(s, 0);
+    ck_assert_int_eq(s_feed(s, 1, 22, 0, 30, 2, g, 2, &ready), ZPS_OK);
+    m = s_push(0, 11, 0, 10, 2, g, 2, ZPS_DTYPE_F32);
+    ck_assert_int_eq(zps_shard_push(s, &m, &ready, why, sizeof why), ZPS_OK);
+    zps_wire_msg_fini(&m);
+    ck_assert_int_eq(ready, 1);
+    zps_shard_apply(s, 1);
+    zps_shard_end_step(s);
+    // Step 1 is generation 2's: a generation-1 push is stale.
+    ck_assert_int_eq(s_feed(s, 0, 11, 1, 10, 4, g + 2, 3, &ready), ZPS_ESTALE);
+    zps_shard_destroy(&s);
+}
+END_TEST
+
+START_TEST(test_shard_serves_parameters_of_the_step_in_progress)
+{
+    zps_model_spec model = s_model();
+    zps_shard *s = s_shard(&model, ZPS_DTYPE_F32, 0);
+    float init[HI - LO];
+    zps_model_init_range(&model, 4, LO, HI, init);
+    float g[HI - LO] = {2, 2, 2, 2, 2};
+    int ready;
+    const float *v;
+    ck_assert_int_eq(zps_shard_bucket_at(s, 0, 1, &v), ZPS_EAGAIN);
+    ck_assert_int_eq(s_feed(s, 0, 11, 0, 10, 4, g + 2, 3, &ready), ZPS_OK);
+    ck_assert_int_eq(s_feed(s, 1, 22, 0, 30, 4, g + 2, 3, &ready), ZPS_OK);
+    zps_shard_apply(s, 0);
+    // Bucket 0 moved on to step 1; step 0's values are still served.
+    ck_assert_int_eq(zps_shard_bucket_at(s, 0, 0, &v), ZPS_OK);
+    ck_assert_float_eq(v[0], init[2]);
+    ck_assert_int_eq(zps_shard_bucket_at(s, 0, 1, &v), ZPS_OK);
+    ck_assert_float_eq_tol(v[0], init[2] - 1.0f, 1e-6f);
+    ck_assert_int_eq(zps_shard_bucket_at(s, 1, 1, &v), ZPS_EAGAIN);
+    ck_assert_int_eq(zps_shard_bucket_at(s, 1, 0, &v), ZPS_OK);
+    ck_assert_int_eq(zps_shard_bucket_at(s, 1, 3, &v), ZPS_ESTALE);
     zps_shard_destroy(&s);
 }
 END_TEST
@@ -194,6 +272,8 @@ Suite *zps_suite_shard(void)
     TCase *tc = tcase_create("buckets");
     tcase_add_test(tc, test_shard_updates_each_bucket_by_weighted_average);
     tcase_add_test(tc, test_shard_refusals_leave_parameters_untouched);
+    tcase_add_test(tc, test_shard_counts_handed_slices_once_and_follows_generations);
+    tcase_add_test(tc, test_shard_serves_parameters_of_the_step_in_progress);
     tcase_add_test(tc, test_shard_bf16_pushes_and_replies);
     suite_add_tcase(s, tc);
     return s;

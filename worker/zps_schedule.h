@@ -1,0 +1,58 @@
+/* zps_schedule.h - what this worker computes at each step.
+ *
+ * The coordinator's plans come in generations, each in force from a step
+ * on; besides its own slice, a worker may be handed slices of a step in
+ * progress whose owner left ("extras"). The schedule answers, for a step,
+ * which slices to compute and which generation their pushes carry. */
+#ifndef ZPS_SCHEDULE_H
+#define ZPS_SCHEDULE_H
+
+#include <stdbool.h>
+#include <stdint.h>
+
+#include "common/zps_plan.h"
+
+#define ZPS_SCHEDULE_PLANS 4
+#define ZPS_SCHEDULE_EXTRAS 64
+
+// One slice to compute, and the generation its pushes carry.
+typedef struct zps_work {
+    uint32_t offset, count; // [offset, offset + count) of the global batch
+    uint32_t gen;           // plan generation in force at its step
+} zps_work;
+
+typedef struct zps_schedule_plan {
+    uint32_t gen;             // generation (0: empty slot)
+    uint64_t effective;       // first step it holds for
+    uint32_t n;               // members
+    int position;             // this worker's index among them, -1 if not one
+    zps_plan_slice mine;      // this worker's slice, if a member
+} zps_schedule_plan;
+
+typedef struct zps_schedule {
+    uint32_t rank;                                   // this worker's rank
+    zps_schedule_plan plans[ZPS_SCHEDULE_PLANS];     // newest generations
+    struct {
+        uint64_t step;                               // step the slice belongs to
+        zps_work work;                               // the slice
+    } extras[ZPS_SCHEDULE_EXTRAS];                   // handed over, not yet computed
+    int n_extras;
+} zps_schedule;
+
+void zps_schedule_init(zps_schedule *s, uint32_t rank);
+// Records plan generation `gen`, in force from effective_step on; older
+// generations than the newest known are ignored.
+void zps_schedule_add_plan(zps_schedule *s, uint32_t gen, uint64_t effective_step,
+                           const zps_plan *plan);
+// Records a slice of `step` handed to this worker (ignored if already known).
+void zps_schedule_add_extra(zps_schedule *s, uint64_t step, zps_work work);
+// The slices to compute at `step` (own slice first, then extras), at most
+// max; removes the extras it returns.
+int zps_schedule_take(zps_schedule *s, uint64_t step, zps_work *out, int max);
+// Drops extras of steps before `step` (they were completed by others).
+void zps_schedule_forget_before(zps_schedule *s, uint64_t step);
+// This worker's position among the members in force at `step` and their
+// number; false if it is not a member then.
+bool zps_schedule_position(const zps_schedule *s, uint64_t step, uint32_t *pos, uint32_t *n);
+
+#endif
