@@ -2,11 +2,14 @@
  *
  * It moves the bytes a zps step moves, over the same transport and in the
  * same shape, and does nothing else: W client processes (DEALER, like
- * zps-worker) each push a tensor of P elements to S server ROUTERs (each gets
- * its contiguous slice, like zps shards), cut into frames of at most
- * --frame-bytes and sent zero-copy; every server waits for all W pushes,
- * then answers each client with its slice, zero-copy from one buffer. No
- * arithmetic, no validation beyond byte counts. zps can at best match it.
+ * zps-worker) each push a tensor of P elements to S server ROUTERs (each owns
+ * a contiguous slice, like zps shards). As zps does with flat:P models, the
+ * tensor goes as buckets of --bucket-floats elements (last bucket first),
+ * one message each, cut into frames of at most --frame-bytes and sent
+ * zero-copy; a server answers a bucket to every client, zero-copy from one
+ * buffer, as soon as all W clients pushed it, so replies overlap pushes.
+ * --bucket-floats 0 sends the whole slice as one message (no overlap). No
+ * arithmetic, no validation beyond counts. zps can at best match it.
  *
  * Clients and extra shards are forked processes, as in zps, and all forks
  * happen before any ZeroMQ context exists (a context does not survive fork).
@@ -19,8 +22,9 @@
  *
  * prints one line:
  *   ceiling transport=tcp workers=2 shards=1 floats=4194304 elem_bytes=4
- *   frame_bytes=4194304 steps=20 warmup=3 step_ms=... step_ms_min=...
- *   step_ms_max=... bytes_per_step=... bytes_per_s=... gbytes_per_s=...
+ *   bucket_floats=1048576 frame_bytes=4194304 steps=20 warmup=3 step_ms=...
+ *   step_ms_min=... step_ms_max=... bytes_per_step=... bytes_per_s=...
+ *   gbytes_per_s=...
  * where bytes_per_s = 2*W*P*elem_bytes / median step time (GB = 1e9 bytes).
  *
  * Every wait is bounded by --timeout-ms; a timeout or a failed child exits
@@ -56,10 +60,10 @@ typedef struct s_hdr {
     uint64_t round;
     uint64_t shard;
     uint64_t client;
-    uint64_t offset;   // first element of the slice
-    uint64_t count;    // elements in the slice
+    uint64_t bucket;   // global bucket index
+    uint64_t offset;   // first element of the bucket's part in this shard
+    uint64_t count;    // its elements
     uint64_t bytes;    // payload bytes that follow
-    uint64_t pad;
 } s_hdr;
 
 typedef struct s_cfg {
@@ -67,6 +71,7 @@ typedef struct s_cfg {
     int workers;
     int shards;
     uint64_t floats;      // P: elements per tensor
+    uint64_t bucket;      // elements per bucket (0 on the command line: P)
     int elem_bytes;       // 4 for fp32, 2 for bf16/fp16 on the wire
     size_t frame_bytes;   // largest payload frame, a multiple of elem_bytes
     int steps;            // timed steps
@@ -116,6 +121,31 @@ static uint64_t s_slice_lo(const s_cfg *c, int k)
 static uint64_t s_slice_count(const s_cfg *c, int k)
 {
     return s_slice_lo(c, k + 1) - s_slice_lo(c, k);
+}
+
+// Buckets: global ranges [g*B, (g+1)*B) of the tensor; shard k sees the
+// parts of buckets first..last that fall in its slice (zps_model_range_buckets).
+static uint64_t s_first_bucket(const s_cfg *c, int k)
+{
+    return s_slice_lo(c, k) / c->bucket;
+}
+
+static int s_n_buckets(const s_cfg *c, int k)
+{
+    uint64_t last = (s_slice_lo(c, k + 1) - 1) / c->bucket;
+    return (int)(last - s_first_bucket(c, k) + 1);
+}
+
+// The part [*lo, *lo + *count) of global bucket g in shard k; false if none.
+static bool s_bucket_part(const s_cfg *c, int k, uint64_t g, uint64_t *lo, uint64_t *count)
+{
+    uint64_t a = g * c->bucket, b = a + c->bucket;
+    uint64_t slo = s_slice_lo(c, k), shi = s_slice_lo(c, k + 1);
+    a = a > slo ? a : slo;
+    b = b < shi ? b : shi;
+    *lo = a;
+    *count = b > a ? b - a : 0;
+    return b > a;
 }
 
 // Shard k's endpoint: ipc paths need one per shard; tcp port * is unique anyway.
@@ -271,8 +301,9 @@ static bool s_more(void *sock)
 
 // Receives the rest of a message whose first part is already in: the header,
 // then every payload frame, which it drops (no arithmetic). Checks that the
-// header describes what we expect and that the bytes add up.
-static bool s_recv_body(void *sock, const s_hdr *want, s_hdr *got, const char *who)
+// header is for this round and shard and that the payload matches its count.
+static bool s_recv_body(void *sock, uint64_t round, int shard, int elem_bytes, s_hdr *got,
+                        const char *who)
 {
     zmq_msg_t part;
     zmq_msg_init(&part);
@@ -285,8 +316,8 @@ static bool s_recv_body(void *sock, const s_hdr *want, s_hdr *got, const char *w
     bool ok = zmq_msg_size(&part) == sizeof *got;
     if (ok) {
         memcpy(got, zmq_msg_data(&part), sizeof *got);
-        ok = got->magic == S_HDR_MAGIC && got->round == want->round &&
-             got->shard == want->shard && got->bytes == want->bytes;
+        ok = got->magic == S_HDR_MAGIC && got->round == round && got->shard == (uint64_t)shard &&
+             got->bytes == got->count * (uint64_t)elem_bytes;
     }
     zmq_msg_close(&part);
     size_t bytes = 0;
@@ -302,11 +333,11 @@ static bool s_recv_body(void *sock, const s_hdr *want, s_hdr *got, const char *w
         frames++;
         zmq_msg_close(&part);
     }
-    if (!ok || bytes != want->bytes || frames > S_MAX_FRAMES) {
+    if (!ok || bytes != got->bytes || frames > S_MAX_FRAMES) {
         fprintf(stderr,
                 "zmq_ceiling: %s: unexpected message in round %" PRIu64 " (%zu payload bytes in "
-                "%d frames, wanted %" PRIu64 ")\n",
-                who, want->round, bytes, frames, want->bytes);
+                "%d frames)\n",
+                who, round, bytes, frames);
         return false;
     }
     return true;
@@ -487,58 +518,95 @@ static bool s_wait_readable(void *sock, int timeout_ms, bool watch_children, con
     }
 }
 
+// Serves every round: counts each bucket's pushes and answers a bucket to
+// every client as soon as all W pushed it, as a zps shard does.
 static bool s_serve(void *sock, const s_cfg *c, int k, double *done_ms)
 {
     char who[32];
     snprintf(who, sizeof who, "shard %d", k);
     int rounds = c->warmup + c->steps + 1;
-    s_hdr reply = {.magic = S_HDR_MAGIC, .shard = (uint64_t)k, .offset = s_slice_lo(c, k),
-                   .count = s_slice_count(c, k)};
-    reply.bytes = reply.count * (uint64_t)c->elem_bytes;
-    uint8_t *buf = malloc(reply.bytes ? reply.bytes : 1);
-    if (!buf) {
-        fprintf(stderr, "zmq_ceiling: %s: cannot allocate %" PRIu64 " bytes\n", who, reply.bytes);
+    uint64_t lo = s_slice_lo(c, k), first = s_first_bucket(c, k);
+    int nb = s_n_buckets(c, k);
+    size_t bytes = (size_t)s_slice_count(c, k) * (size_t)c->elem_bytes;
+    uint8_t *buf = malloc(bytes);
+    int *pushed = calloc((size_t)nb, sizeof *pushed);
+    zmq_msg_t *routes = calloc((size_t)c->workers, sizeof *routes);
+    bool *route_set = calloc((size_t)c->workers, sizeof *route_set);
+    if (!buf || !pushed || !routes || !route_set) {
+        fprintf(stderr, "zmq_ceiling: %s: cannot allocate %zu bytes\n", who, bytes);
         return false;
     }
-    memset(buf, 1, reply.bytes); // fault the pages in before timing
-    zmq_msg_t routes[S_MAX_WORKERS];
+    memset(buf, 1, bytes); // fault the pages in before timing
     s_ref ref = {0};
     bool ok = true;
     for (int r = 0; r < rounds && ok; r++) {
-        reply.round = (uint64_t)r;
-        int got = 0;
-        for (; got < c->workers; got++) {
-            if (!s_wait_readable(sock, c->timeout_ms, done_ms != NULL, who)) {
-                ok = false;
+        memset(pushed, 0, (size_t)nb * sizeof *pushed);
+        int need = nb * c->workers, got = 0;
+        bool replied = false;
+        while (got < need && ok) {
+            zmq_msg_t route;
+            s_hdr h = {0};
+            ok = s_wait_readable(sock, c->timeout_ms, done_ms != NULL, who);
+            if (!ok) {
                 break;
             }
-            zmq_msg_init(&routes[got]);
-            if (zmq_msg_recv(&routes[got], sock, ZMQ_DONTWAIT) < 0 || !s_more(sock)) {
+            zmq_msg_init(&route);
+            if (zmq_msg_recv(&route, sock, ZMQ_DONTWAIT) < 0 || !s_more(sock)) {
                 fprintf(stderr, "zmq_ceiling: %s: routing id: %s\n", who, zmq_strerror(errno));
-                zmq_msg_close(&routes[got]);
+                zmq_msg_close(&route);
                 ok = false;
                 break;
             }
-            s_hdr h;
-            if (!s_recv_body(sock, &reply, &h, who)) {
-                zmq_msg_close(&routes[got]);
+            ok = s_recv_body(sock, (uint64_t)r, k, c->elem_bytes, &h, who);
+            uint64_t plo = 0, pcount = 0;
+            int b = (int)(h.bucket - first);
+            if (ok && (h.client >= (uint64_t)c->workers || h.bucket < first || b >= nb ||
+                       !s_bucket_part(c, k, h.bucket, &plo, &pcount) || h.offset != plo ||
+                       h.count != pcount || pushed[b] == c->workers)) {
+                fprintf(stderr, "zmq_ceiling: %s: bad push of bucket %" PRIu64 " in round %d\n",
+                        who, h.bucket, r);
                 ok = false;
+            }
+            if (ok && !route_set[h.client]) {
+                // A DEALER keeps its routing id: learn it once.
+                zmq_msg_init(&routes[h.client]);
+                zmq_msg_copy(&routes[h.client], &route);
+                route_set[h.client] = true;
+            }
+            zmq_msg_close(&route);
+            if (!ok) {
                 break;
             }
-        }
-        if (ok && done_ms) {
-            done_ms[r] = s_now_ms();
-        }
-        // The previous round's replies must be out of the buffer first, as in zps.
-        ok = ok && s_ref_wait(&ref, c->timeout_ms, who);
-        for (int i = 0; i < got; i++) {
-            if (ok) {
+            got++;
+            if (got == need && done_ms) {
+                done_ms[r] = s_now_ms(); // the step is complete, as zps's step_ms sees it
+            }
+            if (++pushed[b] < c->workers) {
+                continue;
+            }
+            // The buffer is rewritten each round in zps: last round's replies must be out.
+            if (!replied) {
+                ok = s_ref_wait(&ref, c->timeout_ms, who);
+                replied = true;
+            }
+            s_hdr reply = {.magic = S_HDR_MAGIC, .round = (uint64_t)r, .shard = (uint64_t)k,
+                           .bucket = h.bucket, .offset = plo, .count = pcount,
+                           .bytes = pcount * (uint64_t)c->elem_bytes};
+            for (int i = 0; i < c->workers && ok; i++) {
                 reply.client = (uint64_t)i;
-                ok = s_send_tensor(sock, &routes[i], &reply, buf, c, &ref, who);
+                ok = s_send_tensor(sock, &routes[i], &reply,
+                                   buf + (plo - lo) * (uint64_t)c->elem_bytes, c, &ref, who);
             }
+        }
+    }
+    for (int i = 0; i < c->workers; i++) {
+        if (route_set[i]) {
             zmq_msg_close(&routes[i]);
         }
     }
+    free(routes);
+    free(route_set);
+    free(pushed);
     // ZeroMQ must be done with buf before it is freed; after a failure the
     // process is about to exit, and buf is left to it rather than waited for.
     if (!ok || !s_ref_wait(&ref, c->timeout_ms, who)) {
@@ -611,26 +679,69 @@ static int s_client_main(const s_cfg *c, int id, int ep_fd)
     }
     s_ref ref = {0};
     int rounds = c->warmup + c->steps + 1;
+    int64_t n_global = (int64_t)((c->floats + c->bucket - 1) / c->bucket);
+    int want[S_MAX_SHARDS];
+    zmq_pollitem_t items[S_MAX_SHARDS];
+    for (int k = 0; k < c->shards; k++) {
+        items[k] = (zmq_pollitem_t){.socket = socks[k], .events = ZMQ_POLLIN};
+    }
     for (int r = 0; r < rounds && ok; r++) {
         // zps writes the next gradient into this buffer: ZeroMQ must be done with it.
         ok = s_ref_wait(&ref, c->timeout_ms, who);
-        for (int k = 0; k < c->shards && ok; k++) {
-            s_hdr h = {.magic = S_HDR_MAGIC, .round = (uint64_t)r, .shard = (uint64_t)k,
-                       .client = (uint64_t)id, .offset = s_slice_lo(c, k),
-                       .count = s_slice_count(c, k)};
-            h.bytes = h.count * (uint64_t)c->elem_bytes;
-            ok = s_send_tensor(socks[k], NULL, &h, buf + h.offset * (uint64_t)c->elem_bytes, c,
-                               &ref, who);
+        // Last bucket first, as backward finishes them; each to the shards it spans.
+        for (int64_t g = n_global - 1; g >= 0 && ok; g--) {
+            for (int k = 0; k < c->shards && ok; k++) {
+                s_hdr h = {.magic = S_HDR_MAGIC, .round = (uint64_t)r, .shard = (uint64_t)k,
+                           .client = (uint64_t)id, .bucket = (uint64_t)g};
+                if (!s_bucket_part(c, k, (uint64_t)g, &h.offset, &h.count)) {
+                    continue;
+                }
+                h.bytes = h.count * (uint64_t)c->elem_bytes;
+                ok = s_send_tensor(socks[k], NULL, &h, buf + h.offset * (uint64_t)c->elem_bytes,
+                                   c, &ref, who);
+            }
         }
-        for (int k = 0; k < c->shards && ok; k++) {
-            s_hdr want = {.round = (uint64_t)r, .shard = (uint64_t)k,
-                          .bytes = s_slice_count(c, k) * (uint64_t)c->elem_bytes};
-            s_hdr got;
-            ok = s_wait_readable(socks[k], c->timeout_ms, false, who) &&
-                 s_recv_body(socks[k], &want, &got, who);
+        // Every bucket of every shard comes back, in whatever order they finish.
+        int left = 0;
+        for (int k = 0; k < c->shards; k++) {
+            want[k] = s_n_buckets(c, k);
+            left += want[k];
+        }
+        double deadline = s_now_ms() + c->timeout_ms;
+        while (left > 0 && ok) {
+            int wait_ms = (int)(deadline - s_now_ms());
+            int rc = wait_ms > 0 ? zmq_poll(items, c->shards, wait_ms) : 0;
+            if (rc < 0 && errno == EINTR) {
+                continue;
+            }
+            if (rc <= 0) {
+                fprintf(stderr, "zmq_ceiling: %s: round %d replies incomplete after %d ms\n",
+                        who, r, c->timeout_ms);
+                ok = false;
+                break;
+            }
+            for (int k = 0; k < c->shards && ok; k++) {
+                if (!(items[k].revents & ZMQ_POLLIN)) {
+                    continue;
+                }
+                s_hdr got;
+                uint64_t plo, pcount;
+                ok = s_recv_body(socks[k], (uint64_t)r, k, c->elem_bytes, &got, who);
+                if (ok && (want[k] == 0 || !s_bucket_part(c, k, got.bucket, &plo, &pcount) ||
+                           got.offset != plo || got.count != pcount)) {
+                    fprintf(stderr, "zmq_ceiling: %s: bad reply for bucket %" PRIu64 "\n", who,
+                            got.bucket);
+                    ok = false;
+                }
+                if (ok) {
+                    want[k]--;
+                    left--;
+                }
+            }
         }
     }
-    ok = s_ref_wait(&ref, c->timeout_ms, who) && ok;
+    // After a failure zmq_ctx_term below drops (and releases) what is left.
+    ok = ok && s_ref_wait(&ref, c->timeout_ms, who);
     for (int k = 0; k < c->shards; k++) {
         if (socks[k]) {
             zmq_close(socks[k]);
@@ -656,6 +767,8 @@ static void s_usage(FILE *f)
             "  --shards S         server processes, each owning a slice (default 1)\n"
             "  --floats P         elements per tensor, suffix K/M = 2^10/2^20 (default 4M)\n"
             "  --elem-bytes N     bytes per element on the wire: 4 fp32, 2 bf16/fp16 (default 4)\n"
+            "  --bucket-floats N  elements per pushed message, suffix K/M (default 1M, as zps's\n"
+            "                     flat model; 0: the whole slice in one message)\n"
             "  --frame-bytes N    largest payload frame, suffix K/M (default 4M, as zps)\n"
             "  --steps N          timed steps (default 20)\n"
             "  --warmup K         untimed steps first (default 3)\n"
@@ -691,14 +804,15 @@ static bool s_parse_size(const char *flag, const char *text, uint64_t lo, uint64
 static bool s_parse_opts(int argc, char **argv, s_cfg *c)
 {
     *c = (s_cfg){.endpoint = "tcp://127.0.0.1:*", .workers = 2, .shards = 1,
-                 .floats = 4u << 20, .elem_bytes = 4, .frame_bytes = 4u << 20, .steps = 20,
+                 .floats = 4u << 20, .bucket = 1u << 20, .elem_bytes = 4, .frame_bytes = 4u << 20, .steps = 20,
                  .warmup = 3, .timeout_ms = 60000, .io_threads = 1};
-    enum { O_EP = 256, O_W, O_S, O_P, O_EB, O_FB, O_STEPS, O_WARM, O_TO, O_IO, O_Q, O_HELP };
+    enum { O_EP = 256, O_W, O_S, O_P, O_B, O_EB, O_FB, O_STEPS, O_WARM, O_TO, O_IO, O_Q, O_HELP };
     static const struct option opts[] = {
         {"endpoint", required_argument, NULL, O_EP},
         {"workers", required_argument, NULL, O_W},
         {"shards", required_argument, NULL, O_S},
         {"floats", required_argument, NULL, O_P},
+        {"bucket-floats", required_argument, NULL, O_B},
         {"elem-bytes", required_argument, NULL, O_EB},
         {"frame-bytes", required_argument, NULL, O_FB},
         {"steps", required_argument, NULL, O_STEPS},
@@ -724,6 +838,7 @@ static bool s_parse_opts(int argc, char **argv, s_cfg *c)
             c->shards = (int)v;
             break;
         case O_P: ok = s_parse_size("--floats", optarg, 1, 1ull << 32, &c->floats); break;
+        case O_B: ok = s_parse_size("--bucket-floats", optarg, 0, 1ull << 32, &c->bucket); break;
         case O_EB:
             ok = s_parse_size("--elem-bytes", optarg, 1, 8, &v);
             c->elem_bytes = (int)v;
@@ -769,10 +884,15 @@ static bool s_parse_opts(int argc, char **argv, s_cfg *c)
         fprintf(stderr, "zmq_ceiling: --endpoint is longer than %d characters\n", S_EP_LEN - 8);
         return false;
     }
+    if (c->bucket == 0 || c->bucket > c->floats) {
+        c->bucket = c->floats;
+    }
     // A frame never splits an element, as zps_wire_check_tensor demands.
     c->frame_bytes -= c->frame_bytes % (size_t)c->elem_bytes;
     uint64_t slice_bytes = s_slice_count(c, 0) * (uint64_t)c->elem_bytes;
-    if (s_slice_count(c, c->shards - 1) == 0 ||
+    slice_bytes = slice_bytes < c->bucket * (uint64_t)c->elem_bytes
+                      ? slice_bytes : c->bucket * (uint64_t)c->elem_bytes;
+    if (c->floats < (uint64_t)c->shards ||
         (slice_bytes + c->frame_bytes - 1) / c->frame_bytes > S_MAX_FRAMES) {
         fprintf(stderr, "zmq_ceiling: %" PRIu64 " elements do not split into %d shards of at "
                         "most %d frames\n", c->floats, c->shards, S_MAX_FRAMES);
@@ -886,9 +1006,9 @@ int main(int argc, char **argv)
     }
     if (!c.quiet) {
         fprintf(stderr, "zmq_ceiling: %s, %d workers, %d shards, %" PRIu64 " x %d bytes, "
-                        "frames of %zu bytes, %d+%d steps\n",
-                eps[0], c.workers, c.shards, c.floats, c.elem_bytes, c.frame_bytes, c.warmup,
-                c.steps);
+                        "buckets of %" PRIu64 ", frames of %zu bytes, %d+%d steps\n",
+                eps[0], c.workers, c.shards, c.floats, c.elem_bytes, c.bucket, c.frame_bytes,
+                c.warmup, c.steps);
     }
     if (!s_serve(sock, &c, 0, done_ms)) {
         goto out;
@@ -907,9 +1027,9 @@ int main(int argc, char **argv)
     double step_bytes = 2.0 * c.workers * (double)c.floats * c.elem_bytes;
     double bps = step_bytes / (med / 1e3);
     printf("ceiling transport=%.3s workers=%d shards=%d floats=%" PRIu64 " elem_bytes=%d "
-           "frame_bytes=%zu steps=%d warmup=%d step_ms=%.3f step_ms_min=%.3f step_ms_max=%.3f "
+           "bucket_floats=%" PRIu64 " frame_bytes=%zu steps=%d warmup=%d step_ms=%.3f step_ms_min=%.3f step_ms_max=%.3f "
            "bytes_per_step=%.0f bytes_per_s=%.0f gbytes_per_s=%.3f\n",
-           c.endpoint, c.workers, c.shards, c.floats, c.elem_bytes, c.frame_bytes, c.steps,
+           c.endpoint, c.workers, c.shards, c.floats, c.elem_bytes, c.bucket, c.frame_bytes, c.steps,
            c.warmup, med, dt[0], dt[c.steps - 1], step_bytes, bps, bps / 1e9);
     fflush(stdout);
     ret = 0;

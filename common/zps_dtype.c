@@ -154,32 +154,30 @@ static void s_dtype_to_f32(zps_dtype d, const void *src, float *dst, size_t n)
 }
 
 ZPS_DTYPE_CLONES
-static void s_dtype_axpy(zps_dtype d, float scale, const void *src, float *restrict dst, size_t n)
+static void s_dtype_axpy(zps_dtype d, float scale, const void *src, double *restrict dst, size_t n)
 {
     const unsigned char *s = (const unsigned char *)src;
+    const double k = scale;
     switch (d) {
     case ZPS_DTYPE_F32:
         for (size_t i = 0; i < n; i++) {
             float x;
             memcpy(&x, s + i * 4, 4);
-            float term = scale * x;
-            dst[i] += term;
+            dst[i] += k * (double)x;
         }
         return;
     case ZPS_DTYPE_BF16:
         for (size_t i = 0; i < n; i++) {
             uint16_t h;
             memcpy(&h, s + i * 2, 2);
-            float term = scale * zps_bf16_to_f32(h);
-            dst[i] += term;
+            dst[i] += k * (double)zps_bf16_to_f32(h);
         }
         return;
     case ZPS_DTYPE_F16:
         for (size_t i = 0; i < n; i++) {
             uint16_t h;
             memcpy(&h, s + i * 2, 2);
-            float term = scale * zps_f16_to_f32(h);
-            dst[i] += term;
+            dst[i] += k * (double)zps_f16_to_f32(h);
         }
         return;
     }
@@ -198,7 +196,7 @@ void zps_dtype_to_f32(zps_dtype d, const void *src, float *dst, size_t n)
     s_dtype_to_f32(d, src, dst, n);
 }
 
-void zps_dtype_axpy(zps_dtype d, float scale, const void *src, float *dst, size_t n)
+void zps_dtype_axpy(zps_dtype d, float scale, const void *src, double *dst, size_t n)
 {
     s_dtype_axpy(d, scale, src, dst, n);
 }

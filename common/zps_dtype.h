@@ -156,9 +156,12 @@ void zps_dtype_from_f32(zps_dtype d, const float *src, void *dst, size_t n);
 // n elements of dtype d in src to fp32 in dst.
 void zps_dtype_to_f32(zps_dtype d, const void *src, float *dst, size_t n);
 
-// The shard's accumulate: dst[i] += scale * (float)src[i] for n elements of
-// dtype d in src; dst is an aligned fp32 array. The product is rounded to
-// fp32 before the add (never fused), so every machine gives the same bits.
-void zps_dtype_axpy(zps_dtype d, float scale, const void *src, float *dst, size_t n);
+// The shard's accumulate: dst[i] += scale * src[i] for n elements of dtype
+// d in src, in double. A float times a sample count is exact in double, and
+// sums of a few such terms almost always are too: the result does not
+// depend on the order in which pushes arrive, so runs are reproducible and
+// the same whatever the number of workers. Never fused into an FMA, so
+// every machine gives the same bits.
+void zps_dtype_axpy(zps_dtype d, float scale, const void *src, double *dst, size_t n);
 
 #endif

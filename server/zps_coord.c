@@ -33,6 +33,7 @@ typedef struct s_member {
     uint64_t pushes;     // pushes seen on shard 0
     float compute_ms;    // last push's compute time
     bool live;           // admitted, not evicted
+    bool has_job;        // was sent its JOB: plans go to it from now on
     double last_seen_ms; // last message from it (heartbeats included)
 } s_member;
 
@@ -235,7 +236,7 @@ static void s_plan_to_wire(const zps_plan *plan, const s_member *only, Zps__Slic
 // JOB to a worker (its rank and id) or ASSIGN to a shard (every id, and
 // the optimizer): the same Job message, told apart by `to_shard`.
 static void s_send_job(zps_coord *c, void *sock, zmq_msg_t *route, Zps__MsgType type,
-                       const s_member *mem)
+                       s_member *mem)
 {
     Zps__Slice slices[ZPS_MAX_MEMBERS];
     Zps__Slice *slice_ptrs[ZPS_MAX_MEMBERS];
@@ -295,6 +296,9 @@ static void s_send_job(zps_coord *c, void *sock, zmq_msg_t *route, Zps__MsgType 
     zps_wire_header_init(&h, type);
     h.job_id = c->job_id;
     h.job = &job;
+    if (mem) {
+        mem->has_job = true;
+    }
     if (zps_wire_send(sock, route, &h, NULL, 0, NULL) != ZPS_OK) {
         zps_log_error("could not send the job to %s", mem ? mem->host : "a shard");
     }
@@ -451,7 +455,7 @@ static void s_broadcast_plan(zps_coord *c, void *sock)
     h.generation = g->gen;
     h.plan = &plan;
     for (uint32_t i = 0; i < c->n_members; i++) {
-        if (c->members[i].live) {
+        if (c->members[i].live && c->members[i].has_job) {
             s_plan_to_wire(&g->plan, &c->members[i], slices, slice_ptrs);
             (void)zps_wire_send(sock, &c->members[i].route, &h, NULL, 0, NULL);
         }

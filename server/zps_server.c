@@ -49,6 +49,7 @@ typedef struct s_server {
     zmq_msg_t route[ZPS_MAX_MEMBERS];            // where each rank's PARAMS go
     bool route_set[ZPS_MAX_MEMBERS];             // route[i] is initialised
     bool pushed[ZPS_MAX_MEMBERS];                // rank pushed this step: send it the buckets
+    uint64_t served[ZPS_MAX_MEMBERS];            // rank was sent the next step after a late push
     zps_wire_msg *held;                          // owned: ZPS_SERVER_HELD pushes on hold
     int n_held;
     s_puller pullers[ZPS_SERVER_PULLERS];        // PULLs waiting for a step
@@ -166,6 +167,8 @@ static bool s_serve_pull(s_server *srv, zmq_msg_t *route, uint64_t step, uint64_
     return *sent == (n == 64 ? ~0ull : (1ull << n) - 1);
 }
 
+static void s_queue_pull(s_server *srv, zmq_msg_t *route, uint64_t step);
+
 static void s_on_pull(s_server *srv, zps_wire_msg *m)
 {
     if (!s_check_member_msg(srv, m)) {
@@ -175,7 +178,7 @@ static void s_on_pull(s_server *srv, zps_wire_msg *m)
         s_refuse(srv, m, ZPS_ENOENT, "PULL from a member id this shard does not know");
         return;
     }
-    uint64_t step = m->hdr->step, sent = 0;
+    uint64_t step = m->hdr->step;
     const float *values;
     if (zps_shard_bucket_at(srv->shard, 0, step, &values) == ZPS_ESTALE) {
         char why[128];
@@ -184,7 +187,15 @@ static void s_on_pull(s_server *srv, zps_wire_msg *m)
         s_refuse(srv, m, ZPS_ESTALE, why);
         return;
     }
-    if (s_serve_pull(srv, &m->route, step, &sent)) {
+    s_queue_pull(srv, &m->route, step);
+}
+
+// Answers a PULL of `step` with what there is now and keeps it waiting for
+// the rest.
+static void s_queue_pull(s_server *srv, zmq_msg_t *route, uint64_t step)
+{
+    uint64_t sent = 0;
+    if (s_serve_pull(srv, route, step, &sent)) {
         return;
     }
     for (int i = 0; i < ZPS_SERVER_PULLERS; i++) {
@@ -192,11 +203,12 @@ static void s_on_pull(s_server *srv, zps_wire_msg *m)
         if (!p->used) {
             *p = (s_puller){.step = step, .sent = sent, .used = true};
             zmq_msg_init(&p->route);
-            zmq_msg_copy(&p->route, &m->route);
+            zmq_msg_copy(&p->route, route);
             return;
         }
     }
-    s_refuse(srv, m, ZPS_EAGAIN, "too many PULLs waiting; ask again");
+    zps_log_warn("too many PULLs waiting; one for step %llu dropped",
+                 (unsigned long long)step);
 }
 
 // After a bucket update: waiting PULLs may now have more to take.
@@ -245,6 +257,39 @@ static void s_hold(s_server *srv, zps_wire_msg *m, const char *why)
     zps_wire_msg_move(&srv->held[srv->n_held++], m);
 }
 
+// The sender of a push gets the step's new parameters: the buckets already
+// updated now, the others as they are. Its push may have been a second copy
+// (a slice handed to it and delivered by its first owner after all), yet it
+// waits for the next step like everyone else.
+static void s_add_recipient(s_server *srv, zps_wire_msg *m)
+{
+    uint32_t r = m->hdr->rank % ZPS_MAX_MEMBERS;
+    if (m->hdr->step < zps_shard_step(srv->shard)) {
+        // The step is complete here: answer as a PULL of the step after it, once.
+        if (srv->served[r] != m->hdr->step + 1) {
+            srv->served[r] = m->hdr->step + 1;
+            s_queue_pull(srv, &m->route, m->hdr->step + 1);
+        }
+        return;
+    }
+    if (srv->route_set[r]) {
+        zmq_msg_close(&srv->route[r]);
+    }
+    zmq_msg_init(&srv->route[r]);
+    zmq_msg_copy(&srv->route[r], &m->route);
+    srv->route_set[r] = true;
+    if (srv->pushed[r]) {
+        return;
+    }
+    srv->pushed[r] = true;
+    uint64_t next = zps_shard_step(srv->shard) + 1;
+    for (int b = 0; b < zps_shard_n_buckets(srv->shard); b++) {
+        if (zps_shard_applied(srv->shard, b)) {
+            s_send_bucket(srv, &srv->route[r], b, next, true);
+        }
+    }
+}
+
 static void s_on_push(s_server *srv, zps_wire_msg *m)
 {
     if (!s_check_member_msg(srv, m)) {
@@ -253,29 +298,21 @@ static void s_on_push(s_server *srv, zps_wire_msg *m)
     char why[256];
     int ready;
     zps_err err = zps_shard_push(srv->shard, m, &ready, why, sizeof why);
-    if (err == ZPS_EDUP) {
-        srv->duplicates++; // the first copy counted; this one changes nothing
-        zps_log_debug("dropped: %s", why);
-        return;
-    }
     if (err == ZPS_EAGAIN) {
         s_hold(srv, m, why);
         return;
     }
-    if (err != ZPS_OK) {
+    if (err != ZPS_OK && err != ZPS_EDUP) {
         s_refuse(srv, m, err, why);
         return;
     }
-    uint32_t r = m->hdr->rank % ZPS_MAX_MEMBERS; // a member's rank, bounded anyway
-    if (srv->route_set[r]) {
-        zmq_msg_close(&srv->route[r]);
+    if (err == ZPS_EDUP) {
+        srv->duplicates++; // the first copy counted; this one changes nothing
+        zps_log_debug("dropped: %s", why);
     }
-    zmq_msg_init(&srv->route[r]);
-    zmq_msg_copy(&srv->route[r], &m->route);
-    srv->route_set[r] = true;
-    srv->pushed[r] = true;
-    if (srv->coord) {
-        zps_coord_note_push(srv->coord, r, m->hdr->compute_ms);
+    s_add_recipient(srv, m);
+    if (srv->coord && err == ZPS_OK) {
+        zps_coord_note_push(srv->coord, m->hdr->rank % ZPS_MAX_MEMBERS, m->hdr->compute_ms);
     }
     if (ready < 0) {
         return;

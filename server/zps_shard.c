@@ -46,7 +46,8 @@ struct zps_shard {
     float *params;                                  // owned: master parameters, n
     float *prev;                                    // owned: parameters before this step's update, n
     float *momentum;                                // owned: optimizer state, n
-    float *acc;                                     // owned: sum of n_i * g_i, n
+    double *acc;                                    // owned: sum of n_i * g_i, n (order-free)
+    float *grad;                                    // owned: one block of the averaged gradient
     s_snapshot *snap;                               // owned: current parameters as sent
     s_snapshot *retired[ZPS_SHARD_MAX_RETIRED];     // owned: old snapshots a peer still reads
     int n_buckets;                                  // buckets of the range
@@ -102,16 +103,17 @@ zps_shard *zps_shard_new(const zps_shard_cfg *cfg)
     s->params = s_alloc(s->n * sizeof(float));
     s->prev = s_alloc(s->n * sizeof(float));
     s->momentum = s_alloc(s->n * sizeof(float));
-    s->acc = s_alloc(s->n * sizeof(float));
+    s->acc = s_alloc(s->n * sizeof(double));
+    s->grad = s_alloc(ZPS_SHARD_BLOCK * sizeof(float));
     s->snap = s_snapshot_new(s->n * zps_dtype_size(s->dtype));
-    if (!s->params || !s->prev || !s->momentum || !s->acc || !s->snap) {
+    if (!s->params || !s->prev || !s->momentum || !s->acc || !s->grad || !s->snap) {
         goto fail;
     }
     zps_model_init_range(cfg->model, cfg->seed, s->lo, s->hi, s->params);
     memcpy(s->prev, s->params, s->n * sizeof(float));
     zps_dtype_from_f32(s->dtype, s->params, s->snap->data, s->n);
     memset(s->momentum, 0, s->n * sizeof(float));
-    memset(s->acc, 0, s->n * sizeof(float));
+    memset(s->acc, 0, s->n * sizeof(double));
     return s;
 fail:
     zps_log_error("shard %u: cannot allocate %llu parameters", cfg->index,
@@ -135,6 +137,7 @@ void zps_shard_destroy(zps_shard **sp)
     free(s->prev);
     free(s->momentum);
     free(s->acc);
+    free(s->grad);
     free(s);
     *sp = NULL;
 }
@@ -252,7 +255,7 @@ static s_slice *s_slice_for(zps_shard *s, uint32_t offset, uint32_t count)
 
 static void s_accumulate(zps_shard *s, const zps_wire_msg *m, float samples)
 {
-    float *acc = s->acc + (m->hdr->offset - s->lo);
+    double *acc = s->acc + (m->hdr->offset - s->lo);
     for (int f = 0; f < m->n_frames; f++) {
         zmq_msg_t *frame = (zmq_msg_t *)&m->frames[f];
         size_t len = zmq_msg_size(frame) / zps_dtype_size(s->dtype);
@@ -268,6 +271,12 @@ static zps_err s_check_sender(const zps_shard *s, const Zps__Header *h, char *wh
         snprintf(why, len, "plan generation %u is newer than this shard's %u", h->generation,
                  zps_shard_generation(s));
         return ZPS_EAGAIN;
+    }
+    if (h->step < s->step && zps_shard_is_member(s, h->member_id)) {
+        // A member's late copy of a slice handed over: the step is complete,
+        // so every sample of it was counted already.
+        snprintf(why, len, "push for step %llu, which is complete", (unsigned long long)h->step);
+        return ZPS_EDUP;
     }
     if (h->step != s->step) {
         snprintf(why, len, "push for step %llu, shard is at step %llu",
@@ -390,7 +399,7 @@ void zps_shard_apply(zps_shard *s, int bucket)
     if (s->n_applied == 0) {
         s_prepare_snapshot(s);
     }
-    float total = (float)s->global_batch;
+    double total = (double)s->global_batch;
     float lr = zps_optim_lr_at(&s->optim, s->step);
     size_t esize = zps_dtype_size(s->dtype);
     // Block by block, so each element crosses the memory bus once for the
@@ -398,13 +407,13 @@ void zps_shard_apply(zps_shard *s, int bucket)
     size_t end = s->buckets[bucket].hi - s->lo;
     for (size_t lo = s->buckets[bucket].lo - s->lo; lo < end; lo += ZPS_SHARD_BLOCK) {
         size_t len = end - lo < ZPS_SHARD_BLOCK ? end - lo : ZPS_SHARD_BLOCK;
-        float *acc = s->acc + lo;
+        double *acc = s->acc + lo;
         for (size_t i = 0; i < len; i++) {
-            acc[i] /= total;
+            s->grad[i] = (float)(acc[i] / total);
         }
         memcpy(s->prev + lo, s->params + lo, len * sizeof(float));
-        zps_optim_sgd(&s->optim, lr, s->params + lo, s->momentum + lo, acc, len);
-        memset(acc, 0, len * sizeof(float));
+        zps_optim_sgd(&s->optim, lr, s->params + lo, s->momentum + lo, s->grad, len);
+        memset(acc, 0, len * sizeof(double));
         zps_dtype_from_f32(s->dtype, s->params + lo, s->snap->data + lo * esize, len);
     }
     s->applied[bucket] = true;

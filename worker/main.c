@@ -320,6 +320,9 @@ static zps_err s_take_bucket(s_worker *w, int i, uint64_t step, const zps_wire_m
                       zps_strerror((zps_err)h->error_code));
         return ZPS_ECLOSED;
     }
+    if (h->type == ZPS__MSG_TYPE__PARAMS && h->step < step) {
+        return ZPS_OK; // a late answer for a step already over: nothing to take
+    }
     if (h->type != ZPS__MSG_TYPE__PARAMS || h->step != step) {
         snprintf(why, sizeof why, "%s for step %llu, expected PARAMS for step %llu",
                  zps_wire_type_name(h->type), (unsigned long long)h->step,
@@ -330,10 +333,13 @@ static zps_err s_take_bucket(s_worker *w, int i, uint64_t step, const zps_wire_m
                 b = k;
             }
         }
-        if (b < 0 || ((sc->received >> b) & 1u)) {
-            snprintf(why, sizeof why, "[%llu, +%llu) is not a bucket still expected",
+        if (b >= 0 && ((sc->received >> b) & 1u)) {
+            // A second answer (to a pull and a push both): the same values.
+            return ZPS_OK;
+        }
+        if (b < 0) {
+            snprintf(why, sizeof why, "[%llu, +%llu) is not one of the shard's buckets",
                      (unsigned long long)h->offset, (unsigned long long)h->count);
-            b = -1;
         }
     }
     if (b < 0) {

@@ -435,8 +435,8 @@ START_TEST(test_dtype_axpy_matches_reference)
     static const float scales[] = {1.0f, 0.25f, 3.0f / 7.0f, -2.0f};
     uint32_t bits[BULK_N];
     float vals[BULK_N];
-    float *acc = malloc(BULK_N * sizeof(float));
-    float *want = malloc(BULK_N * sizeof(float));
+    double *acc = malloc(BULK_N * sizeof(double));
+    double *want = malloc(BULK_N * sizeof(double));
     unsigned char *src = malloc(BULK_N * 4 + 1);
     ck_assert(acc && want && src);
     zps_rng r;
@@ -448,9 +448,9 @@ START_TEST(test_dtype_axpy_matches_reference)
             // NaNs are left out: which NaN a sum returns is not ours to fix.
             s_fill(&r, bits, BULK_N, false);
             for (size_t i = 0; i < BULK_N; i++) {
-                acc[i] = (float)zps_rng_normal(&r);
+                acc[i] = zps_rng_normal(&r);
             }
-            memcpy(want, acc, BULK_N * sizeof(float));
+            memcpy(want, acc, BULK_N * sizeof(double));
             // The source sits one byte off alignment, as in a receive buffer.
             memcpy(vals, bits, sizeof vals);
             zps_dtype_from_f32(d, vals, src + 1, BULK_N);
@@ -460,14 +460,14 @@ START_TEST(test_dtype_axpy_matches_reference)
                 float x = d == ZPS_DTYPE_F32    ? s_f(bits[i])
                           : d == ZPS_DTYPE_BF16 ? zps_bf16_to_f32(h)
                                                 : zps_f16_to_f32(h);
-                // volatile: the product is rounded before the add, as promised.
-                volatile float term = scales[si] * x;
+                // volatile: the exact product is added unfused, as promised.
+                volatile double term = (double)scales[si] * (double)x;
                 want[i] += term;
             }
             zps_dtype_axpy(d, scales[si], src + 1, acc, BULK_N);
             for (size_t i = 0; i < BULK_N; i++) {
-                ck_assert_msg(memcmp(&acc[i], &want[i], 4) == 0, "%s axpy[%zu]: %a, not %a",
-                              zps_dtype_name(d), i, (double)acc[i], (double)want[i]);
+                ck_assert_msg(memcmp(&acc[i], &want[i], sizeof(double)) == 0,
+                              "%s axpy[%zu]: %a, not %a", zps_dtype_name(d), i, acc[i], want[i]);
             }
         }
     }
@@ -481,7 +481,7 @@ END_TEST
 START_TEST(test_dtype_bulk_aborts_on_invalid_dtype)
 {
     float x = 1.0f;
-    float y = 0.0f;
+    double y = 0.0;
     zps_dtype_axpy((zps_dtype)0, 1.0f, &x, &y, 1);
 }
 END_TEST

@@ -8,6 +8,7 @@ int main(void)
     SRunner *sr = srunner_create(zps_suite_train());
     srunner_add_suite(sr, zps_suite_malformed());
     srunner_add_suite(sr, zps_suite_cluster());
+    srunner_add_suite(sr, zps_suite_failures());
     srunner_run_all(sr, CK_NORMAL);
     int failed = srunner_ntests_failed(sr);
     srunner_free(sr);
