@@ -278,12 +278,19 @@ static zps_err s_check_sender(const zps_shard *s, const Zps__Header *h, char *wh
         snprintf(why, len, "push for step %llu, which is complete", (unsigned long long)h->step);
         return ZPS_EDUP;
     }
+    const s_gen *g = s_gen_at(s, h->step);
+    if (g && h->generation < g->gen && zps_shard_is_member(s, h->member_id)) {
+        // Computed under a plan that a newer one replaced (after a rollback):
+        // its step will be computed again under the new plan.
+        snprintf(why, len, "push of plan %u, superseded by plan %u at step %llu",
+                 h->generation, g->gen, (unsigned long long)h->step);
+        return ZPS_EDUP;
+    }
     if (h->step != s->step) {
         snprintf(why, len, "push for step %llu, shard is at step %llu",
                  (unsigned long long)h->step, (unsigned long long)s->step);
         return ZPS_ESTALE;
     }
-    const s_gen *g = s_gen_at(s, h->step);
     if (!g || g->gen != h->generation) {
         snprintf(why, len, "plan generation %u is not the one in force at step %llu (%u)",
                  h->generation, (unsigned long long)h->step, g ? g->gen : 0);

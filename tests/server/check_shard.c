@@ -201,8 +201,10 @@ START_TEST(test_shard_counts_handed_slices_once_and_follows_generations)
     ck_assert_int_eq(ready, 1);
     zps_shard_apply(s, 1);
     zps_shard_end_step(s);
-    // Step 1 is generation 2's: a generation-1 push is stale.
-    ck_assert_int_eq(s_feed(s, 0, 11, 1, 10, 4, g + 2, 3, &ready), ZPS_ESTALE);
+    // Step 1 is generation 2's: a member's generation-1 push is dropped,
+    // a stranger's refused.
+    ck_assert_int_eq(s_feed(s, 0, 11, 1, 10, 4, g + 2, 3, &ready), ZPS_EDUP);
+    ck_assert_int_eq(s_feed(s, 0, 99, 1, 10, 4, g + 2, 3, &ready), ZPS_ESTALE);
     zps_shard_destroy(&s);
 }
 END_TEST
