@@ -31,6 +31,9 @@ static void s_usage(FILE *f)
             "  --warmup-steps N       linear warm-up (default 0)\n"
             "  --seed N               init and data order (default 0)\n"
             "  --worker-timeout-ms MS evict a worker silent this long (default 10000)\n"
+            "  --checkpoint-every K   shards checkpoint every K steps (shard 0 sets it for all)\n"
+            "  --checkpoint-dir DIR   where this shard keeps its checkpoints\n"
+            "  --resume               restart from this shard's newest valid checkpoint\n"
             "  --wire-dtype T         fp32, bf16 or fp16 for tensors on the wire (default fp32)\n"
             "  --metrics-log FILE     JSON lines: one per step, one per evaluation\n"
             "  --log-level LEVEL      debug, info, warn, error (default info)\n");
@@ -66,7 +69,7 @@ static bool s_parse_opts(int argc, char **argv, s_opts *o)
 {
     enum { O_LISTEN = 256, O_WORKERS, O_MODEL, O_DATASET, O_BATCH, O_EPOCHS, O_STEPS, O_OPTIM,
            O_LR, O_MOMENTUM, O_NESTEROV, O_WD, O_SCHED, O_WARMUP, O_SEED, O_METRICS, O_LOG,
-           O_ENDPOINT_FILE, O_SHARD, O_SHARDS, O_COORD, O_DTYPE, O_WTIMEOUT, O_HELP };
+           O_ENDPOINT_FILE, O_SHARD, O_SHARDS, O_COORD, O_DTYPE, O_WTIMEOUT, O_CKPT_EVERY, O_CKPT_DIR, O_RESUME, O_HELP };
     static const struct option longopts[] = {
         {"listen", required_argument, 0, O_LISTEN},
         {"workers", required_argument, 0, O_WORKERS},
@@ -91,6 +94,9 @@ static bool s_parse_opts(int argc, char **argv, s_opts *o)
         {"coordinator", required_argument, 0, O_COORD},
         {"wire-dtype", required_argument, 0, O_DTYPE},
         {"worker-timeout-ms", required_argument, 0, O_WTIMEOUT},
+        {"checkpoint-every", required_argument, 0, O_CKPT_EVERY},
+        {"checkpoint-dir", required_argument, 0, O_CKPT_DIR},
+        {"resume", no_argument, 0, O_RESUME},
         {"help", no_argument, 0, O_HELP},
         {0, 0, 0, 0},
     };
@@ -148,6 +154,9 @@ static bool s_parse_opts(int argc, char **argv, s_opts *o)
             break;
         case O_COORD: o->coordinator = optarg; break;
         case O_DTYPE: ok = zps_dtype_parse(optarg, &o->wire_dtype) == ZPS_OK; break;
+        case O_CKPT_EVERY: ok = s_parse_u64("--checkpoint-every", optarg, &o->checkpoint_every); break;
+        case O_CKPT_DIR: o->checkpoint_dir = optarg; break;
+        case O_RESUME: o->resume = true; break;
         case O_WTIMEOUT:
             ok = s_parse_u64("--worker-timeout-ms", optarg, &v) && v >= 100;
             o->worker_timeout_ms = (double)v;
@@ -176,6 +185,14 @@ static bool s_parse_opts(int argc, char **argv, s_opts *o)
     }
     if (o->global_batch == 0) {
         fprintf(stderr, "zps-server: --global-batch must be 1..%u\n", 1u << 24);
+        return false;
+    }
+    if ((o->checkpoint_every || o->resume) && !o->checkpoint_dir) {
+        fprintf(stderr, "zps-server: --checkpoint-every and --resume need --checkpoint-dir\n");
+        return false;
+    }
+    if (o->resume && o->shard == 0) {
+        fprintf(stderr, "zps-server: --resume of shard 0 (the coordinator) is not supported yet\n");
         return false;
     }
     if (o->shard >= o->shards) {

@@ -88,6 +88,8 @@ struct zps_coord {
     int n_extras;
     uint64_t evictions;                 // members evicted for silence
     double stall_log_ms;                // next "cannot complete" line
+    bool rollback_pending;              // shard 0 must restore rollback_step
+    uint64_t rollback_step;
     uint64_t steps_done;                // last step_done + 1
     float last_loss;
     double last_step_ms;
@@ -291,6 +293,7 @@ static void s_send_job(zps_coord *c, void *sock, zmq_msg_t *route, Zps__MsgType 
     job.plan_effective = c->gens[s_gen_slot(c, c->gen)].effective;
     job.start_step = start;
     job.optim = mem ? NULL : &optim;
+    job.checkpoint_every = c->cfg.checkpoint_every;
 
     Zps__Header h;
     zps_wire_header_init(&h, type);
@@ -560,6 +563,79 @@ static zps_err s_start(zps_coord *c, void *sock)
     return ZPS_OK;
 }
 
+// Everyone goes back to `step`, which a restarted shard restored from its
+// checkpoint (the others have a checkpoint of the same step): a new plan
+// generation from there, and the steps after it replayed.
+static void s_rollback(zps_coord *c, void *sock, uint64_t step, uint32_t shard)
+{
+    zps_log_warn("shard %u is back at step %llu: every shard and worker rolls back to it "
+                 "and replays from there", shard, (unsigned long long)step);
+    zps_plan plan;
+    if (s_make_plan(c, &plan) != ZPS_OK) {
+        return;
+    }
+    c->plan = plan;
+    c->gen++;
+    c->gens[s_gen_slot(c, 0)] = (s_gen){.gen = c->gen, .effective = step, .plan = plan};
+    c->n_extras = 0;
+    for (uint32_t i = 0; i < c->cfg.shards; i++) {
+        c->shard_done[i] = step;
+    }
+    c->steps_done = step;
+    c->state = S_TRAINING;
+    c->rollback_pending = true;
+    c->rollback_step = step;
+    Zps__Slice slices[ZPS_MAX_MEMBERS];
+    Zps__Slice *slice_ptrs[ZPS_MAX_MEMBERS];
+    Zps__Plan p = ZPS__PLAN__INIT;
+    p.generation = c->gen;
+    p.effective_step = step;
+    p.n_slices = plan.n;
+    p.slices = slice_ptrs;
+    Zps__Header h;
+    zps_wire_header_init(&h, ZPS__MSG_TYPE__ROLLBACK);
+    h.job_id = c->job_id;
+    h.step = step;
+    h.generation = c->gen;
+    h.plan = &p;
+    s_plan_to_wire(&plan, NULL, slices, slice_ptrs);
+    for (uint32_t i = 1; i < c->cfg.shards; i++) {
+        (void)zps_wire_send(sock, &c->shards[i].route, &h, NULL, 0, NULL);
+    }
+    for (uint32_t i = 0; i < c->n_members; i++) {
+        if (c->members[i].live && c->members[i].has_job) {
+            s_plan_to_wire(&plan, &c->members[i], slices, slice_ptrs);
+            (void)zps_wire_send(sock, &c->members[i].route, &h, NULL, 0, NULL);
+        }
+    }
+}
+
+bool zps_coord_take_rollback(zps_coord *c, uint64_t *step)
+{
+    if (!c->rollback_pending) {
+        return false;
+    }
+    c->rollback_pending = false;
+    *step = c->rollback_step;
+    return true;
+}
+
+// A shard registers again while training: it crashed and restarted. It
+// gets its assignment again and says which step it restored (READY).
+static zps_err s_shard_restarted(zps_coord *c, void *sock, zps_wire_msg *m, s_shard_peer *sp)
+{
+    const Zps__Register *r = m->hdr->registration;
+    zmq_msg_close(&sp->route);
+    zmq_msg_init(&sp->route);
+    zmq_msg_copy(&sp->route, &m->route);
+    snprintf(sp->endpoint, sizeof sp->endpoint, "%s", r->endpoint);
+    sp->ready = false;
+    zps_log_warn("shard %u at %s restarted%s; assigning its range again", r->index, sp->endpoint,
+                 r->resume ? " from its checkpoint" : " without --resume");
+    s_send_job(c, sock, &sp->route, ZPS__MSG_TYPE__ASSIGN, NULL);
+    return ZPS_OK;
+}
+
 zps_err zps_coord_on_register(zps_coord *c, void *sock, zps_wire_msg *m)
 {
     const Zps__Register *r = m->hdr->registration;
@@ -571,11 +647,14 @@ zps_err zps_coord_on_register(zps_coord *c, void *sock, zps_wire_msg *m)
         s_refuse(c, sock, m, ZPS_EINVAL, why);
         return ZPS_EINVAL;
     }
+    s_shard_peer *sp = &c->shards[r->index];
+    if (c->state == S_TRAINING && sp->registered) {
+        return s_shard_restarted(c, sock, m, sp);
+    }
     if (c->state != S_WAITING) {
         s_refuse(c, sock, m, ZPS_ESTATE, "the job has started; shards cannot join it yet");
         return ZPS_ESTATE;
     }
-    s_shard_peer *sp = &c->shards[r->index];
     if (sp->registered) {
         zmq_msg_close(&sp->route); // a restart before the job started: take the new one
     } else {
@@ -594,6 +673,11 @@ zps_err zps_coord_on_register(zps_coord *c, void *sock, zps_wire_msg *m)
 zps_err zps_coord_on_ready(zps_coord *c, void *sock, zps_wire_msg *m)
 {
     uint32_t i = m->hdr->shard;
+    if (c->state == S_TRAINING && i > 0 && i < c->cfg.shards && !c->shards[i].ready) {
+        c->shards[i].ready = true;
+        s_rollback(c, sock, m->hdr->step, i);
+        return ZPS_OK;
+    }
     if (c->state != S_ASSIGNING || i == 0 || i >= c->cfg.shards || c->shards[i].ready) {
         zps_log_warn("dropped an unexpected READY from shard %u", i);
         return ZPS_ESTATE;

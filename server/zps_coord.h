@@ -27,6 +27,7 @@ typedef struct zps_coord_cfg {
     uint32_t n_test;              // test records, split among members for evaluation
     uint32_t workers;             // members to admit before step 0
     double worker_timeout_ms;     // a member silent this long is evicted
+    uint64_t checkpoint_every;    // shards checkpoint after every this many steps (0: never)
     uint64_t n_params;            // length of the flat vector
     uint32_t shards;              // shard processes, this one (shard 0) included
     zps_optim_cfg optim;          // sent to the other shards
@@ -67,6 +68,10 @@ void zps_coord_step_done(zps_coord *c, uint64_t step, float loss, double step_ms
 void zps_coord_shard_done(zps_coord *c, uint32_t shard, uint64_t steps_done);
 // The newest plan generation and the step it holds from.
 uint32_t zps_coord_generation(const zps_coord *c, uint64_t *effective);
+
+// A rollback decided (a restarted shard came back at an older step): true
+// once, with the step shard 0 must restore.
+bool zps_coord_take_rollback(zps_coord *c, uint64_t *step);
 
 // Records a member's push (timings for status).
 void zps_coord_note_push(zps_coord *c, uint32_t rank, float compute_ms);

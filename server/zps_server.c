@@ -59,6 +59,7 @@ typedef struct s_server {
     double next_stall_ms;                        // next stall warning
     double next_register_ms;                     // shard > 0: next REGISTER while unassigned
     bool finished;                               // shard > 0: the last step is done
+    uint64_t ckpt_every;                         // checkpoint after every this many steps
 } s_server;
 
 static volatile sig_atomic_t s_stop;
@@ -239,6 +240,9 @@ static void s_end_step(s_server *srv)
         (void)zps_wire_send(srv->up, NULL, &h, NULL, 0, NULL);
     }
     memset(srv->pushed, 0, sizeof srv->pushed);
+    if (srv->ckpt_every && srv->o->checkpoint_dir && (step + 1) % srv->ckpt_every == 0) {
+        (void)zps_shard_save(srv->shard, srv->o->checkpoint_dir, 3);
+    }
     srv->step_start_ms = now;
     srv->next_stall_ms = now + ZPS_SERVER_STALL_WARN_MS;
     if (step + 1 == srv->total_steps && !srv->coord) {
@@ -366,9 +370,16 @@ static void s_take_plan(s_server *srv, uint32_t gen, uint64_t effective, const z
     srv->next_stall_ms = srv->step_start_ms + ZPS_SERVER_STALL_WARN_MS;
 }
 
-// Shard 0 follows the coordinator's plan generations directly.
+static zps_err s_rollback(s_server *srv, uint64_t step);
+
+// Shard 0 follows the coordinator's plan generations and rollbacks directly.
 static void s_sync_coord_plan(s_server *srv)
 {
+    uint64_t rollback;
+    if (zps_coord_take_rollback(srv->coord, &rollback) && s_rollback(srv, rollback) != ZPS_OK) {
+        s_stop = 1; // shard 0 cannot follow its own rollback: nothing sound is left to do
+        return;
+    }
     uint64_t effective;
     uint32_t gen = zps_coord_generation(srv->coord, &effective);
     if (gen == srv->plan_gen || !zps_coord_plan(srv->coord)) {
@@ -468,6 +479,7 @@ static void s_register(s_server *srv)
     reg.index = srv->o->shard;
     reg.shards = srv->o->shards;
     reg.endpoint = srv->endpoint;
+    reg.resume = srv->o->resume;
     Zps__Header h;
     zps_wire_header_init(&h, ZPS__MSG_TYPE__REGISTER);
     h.shard = srv->o->shard;
@@ -506,8 +518,15 @@ static zps_err s_take_assignment(s_server *srv, const Zps__Header *h)
                   .warmup_steps = job->optim->warmup_steps, .total_steps = job->total_steps},
     };
     srv->dtype = cfg.dtype;
+    cfg.shards = srv->o->shards;
     if (!(srv->shard = zps_shard_new(&cfg))) {
         return ZPS_ENOMEM;
+    }
+    srv->ckpt_every = job->checkpoint_every;
+    uint64_t resumed = 0;
+    if (srv->o->resume &&
+        zps_shard_restore(srv->shard, srv->o->checkpoint_dir, UINT64_MAX, &resumed) != ZPS_OK) {
+        zps_log_warn("no valid checkpoint in %s: starting from step 0", srv->o->checkpoint_dir);
     }
     srv->job_id = h->job_id;
     srv->total_steps = job->total_steps;
@@ -519,7 +538,38 @@ static zps_err s_take_assignment(s_server *srv, const Zps__Header *h)
     zps_wire_header_init(&ready, ZPS__MSG_TYPE__READY);
     ready.job_id = srv->job_id;
     ready.shard = srv->o->shard;
+    ready.step = resumed;
     return zps_wire_send(srv->up, NULL, &ready, NULL, 0, NULL);
+}
+
+// Goes back to the checkpoint of `step`: the steps after it are replayed.
+static zps_err s_rollback(s_server *srv, uint64_t step)
+{
+    uint64_t loaded;
+    zps_err err = srv->o->checkpoint_dir
+                      ? zps_shard_restore(srv->shard, srv->o->checkpoint_dir, step, &loaded)
+                      : ZPS_ENOENT;
+    if (err != ZPS_OK) {
+        zps_log_error("cannot roll back to step %llu: no such checkpoint in %s",
+                      (unsigned long long)step,
+                      srv->o->checkpoint_dir ? srv->o->checkpoint_dir : "(no --checkpoint-dir)");
+        return err;
+    }
+    memset(srv->pushed, 0, sizeof srv->pushed);
+    memset(srv->served, 0, sizeof srv->served);
+    for (int i = 0; i < ZPS_SERVER_PULLERS; i++) {
+        if (srv->pullers[i].used) {
+            zmq_msg_close(&srv->pullers[i].route);
+            srv->pullers[i].used = false;
+        }
+    }
+    for (int i = 0; i < srv->n_held; i++) {
+        zps_wire_msg_fini(&srv->held[i]);
+    }
+    srv->n_held = 0;
+    srv->finished = false;
+    srv->step_start_ms = zps_clock_ms();
+    return ZPS_OK;
 }
 
 // Reads the coordinator's socket; a failure here ends the shard.
@@ -532,6 +582,15 @@ static zps_err s_read_up(s_server *srv)
         err = srv->shard ? ZPS_OK : ZPS_ECLOSED; // late refusals of a REGISTER do not matter
     } else if (err == ZPS_OK && m.hdr->type == ZPS__MSG_TYPE__ASSIGN && !srv->shard) {
         err = s_take_assignment(srv, m.hdr);
+    } else if (err == ZPS_OK && m.hdr->type == ZPS__MSG_TYPE__ROLLBACK && srv->shard) {
+        err = s_rollback(srv, m.hdr->step);
+        if (err == ZPS_OK && m.hdr->plan) {
+            zps_plan plan;
+            const Zps__Plan *p = m.hdr->plan;
+            if (zps_plan_from_wire(p->slices, p->n_slices, srv->plan.global_batch, &plan) == ZPS_OK) {
+                s_add_plan(srv, p->generation, p->effective_step, &plan);
+            }
+        }
     } else if (err == ZPS_OK && m.hdr->type == ZPS__MSG_TYPE__PLAN && srv->shard && m.hdr->plan) {
         zps_plan plan;
         const Zps__Plan *p = m.hdr->plan;
@@ -683,6 +742,8 @@ static int s_setup_coordinator(s_server *srv, FILE *metrics)
                          .dtype = o->wire_dtype, .optim = o->optim};
     cfg.optim.total_steps = srv->total_steps;
     zps_model_shard_range(srv->model.n_params, 0, o->shards, &cfg.lo, &cfg.hi);
+    cfg.shards = o->shards;
+    srv->ckpt_every = o->checkpoint_every;
     if (!(srv->shard = zps_shard_new(&cfg))) {
         return 1;
     }
@@ -692,7 +753,7 @@ static int s_setup_coordinator(s_server *srv, FILE *metrics)
         .steps_per_epoch = spe, .n_test = n_test, .workers = o->workers,
         .n_params = srv->model.n_params, .shards = o->shards, .optim = cfg.optim,
         .wire_dtype = o->wire_dtype, .endpoint = srv->endpoint, .metrics = metrics,
-        .worker_timeout_ms = o->worker_timeout_ms,
+        .worker_timeout_ms = o->worker_timeout_ms, .checkpoint_every = o->checkpoint_every,
     };
     if (!(srv->coord = zps_coord_new(&cc))) {
         return 1;

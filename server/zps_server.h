@@ -33,6 +33,9 @@ typedef struct zps_server_opts {
     zps_dtype wire_dtype;       // gradients and parameters on the wire
     const char *metrics_log;    // JSON lines, or NULL
     double worker_timeout_ms;   // a worker silent this long is evicted
+    uint64_t checkpoint_every;  // shard 0: checkpoint every this many steps (0: never)
+    const char *checkpoint_dir; // where this shard writes its checkpoints, or NULL
+    bool resume;                // start from this shard's newest valid checkpoint
 } zps_server_opts;
 
 // Runs a shard until the job is over or SIGINT/SIGTERM; returns the exit

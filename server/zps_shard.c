@@ -8,6 +8,7 @@
 #include <string.h>
 
 #include "common/zps_log.h"
+#include "server/zps_ckpt.h"
 
 #define ZPS_SHARD_BLOCK 2048 // elements per pass of the update: the arrays stay in L1/L2
 #define ZPS_SHARD_MAX_RETIRED 8
@@ -37,6 +38,9 @@ typedef struct s_gen {
 
 struct zps_shard {
     uint32_t index;                                 // shard number
+    uint32_t shards;                                // shards in the job
+    uint64_t seed;                                  // the job's seed (checkpoints name it)
+    uint64_t model_hash;                            // of the model spec (checkpoints name it)
     uint64_t lo, hi;                                // the range owned
     size_t n;                                       // hi - lo
     uint32_t global_batch;                          // B
@@ -60,6 +64,16 @@ struct zps_shard {
     double loss_sum;                                // sum of count * loss over slices this step
     s_gen gens[ZPS_SHARD_GENS];                     // newest plan generations
 };
+
+// FNV-1a: a checkpoint names the model it belongs to.
+static uint64_t s_hash(const char *text)
+{
+    uint64_t h = 0xcbf29ce484222325ull;
+    for (const unsigned char *p = (const unsigned char *)text; *p; p++) {
+        h = (h ^ *p) * 0x100000001b3ull;
+    }
+    return h;
+}
 
 static void *s_alloc(size_t bytes)
 {
@@ -93,6 +107,9 @@ zps_shard *zps_shard_new(const zps_shard_cfg *cfg)
         goto fail;
     }
     s->index = cfg->index;
+    s->shards = cfg->shards ? cfg->shards : 1;
+    s->seed = cfg->seed;
+    s->model_hash = s_hash(cfg->model->text);
     s->lo = cfg->lo;
     s->hi = cfg->hi;
     s->n = cfg->hi - cfg->lo;
@@ -474,4 +491,47 @@ zps_err zps_shard_bucket_at(const zps_shard *s, int b, uint64_t step, const floa
         return ZPS_OK;
     }
     return ZPS_ESTALE;
+}
+
+static zps_ckpt_meta s_meta(const zps_shard *s)
+{
+    return (zps_ckpt_meta){.shard = s->index, .shards = s->shards, .lo = s->lo, .hi = s->hi,
+                           .step = s->step, .job_seed = s->seed, .model_hash = s->model_hash};
+}
+
+zps_err zps_shard_save(const zps_shard *s, const char *dir, int keep)
+{
+    zps_ckpt_meta meta = s_meta(s);
+    return zps_ckpt_write(dir, &meta, s->params, s->momentum, keep);
+}
+
+zps_err zps_shard_restore(zps_shard *s, const char *dir, uint64_t step, uint64_t *loaded)
+{
+    zps_ckpt_meta want = s_meta(s);
+    // Loaded into the scratch arrays first, so a failure changes nothing.
+    zps_err err = step == UINT64_MAX
+                      ? zps_ckpt_load_newest(dir, &want, loaded, s->prev, (float *)s->acc)
+                      : zps_ckpt_load(dir, &want, step, s->prev, (float *)s->acc);
+    if (err != ZPS_OK) {
+        memcpy(s->prev, s->params, s->n * sizeof(float));
+        memset(s->acc, 0, s->n * sizeof(double));
+        return err;
+    }
+    if (step != UINT64_MAX) {
+        *loaded = step;
+    }
+    memcpy(s->params, s->prev, s->n * sizeof(float));
+    memcpy(s->momentum, s->acc, s->n * sizeof(float));
+    memset(s->acc, 0, s->n * sizeof(double));
+    s_prepare_snapshot(s);
+    zps_dtype_from_f32(s->dtype, s->params, s->snap->data, s->n);
+    memset(s->covered, 0, sizeof s->covered);
+    memset(s->applied, 0, sizeof s->applied);
+    s->n_applied = 0;
+    s->n_slices = 0;
+    s->loss_sum = 0;
+    s->step = *loaded;
+    zps_log_info("shard %u: restored step %llu from %s", s->index, (unsigned long long)s->step,
+                 dir);
+    return ZPS_OK;
 }

@@ -27,6 +27,7 @@ typedef struct zps_shard zps_shard;
 
 typedef struct zps_shard_cfg {
     uint32_t index;               // shard number
+    uint32_t shards;              // shards in the job (for checkpoints)
     uint64_t lo, hi;              // the range owned
     const zps_model_spec *model;  // borrowed: for the buckets and the initial values
     uint64_t seed;                // initial values
@@ -88,6 +89,15 @@ bool zps_shard_slice_done(const zps_shard *s, uint32_t offset, uint32_t count);
 // the reference to pass to zps_wire_send to send them zero-copy.
 void zps_shard_bucket_params(zps_shard *s, int b, const void **data, uint64_t *offset,
                              uint64_t *count, zps_wire_ref **ref);
+
+// Writes the shard's state after its completed steps (call between steps)
+// as a checkpoint in dir, keeping the newest `keep`. Logged on failure.
+zps_err zps_shard_save(const zps_shard *s, const char *dir, int keep);
+// Goes back to the shard's checkpoint of `step` in dir (the newest valid
+// one if step is UINT64_MAX; a corrupt one is reported and the previous one
+// used): parameters, optimizer state and step; the step in progress is
+// forgotten. Sets *loaded to the step restored. On failure nothing changes.
+zps_err zps_shard_restore(zps_shard *s, const char *dir, uint64_t step, uint64_t *loaded);
 
 // Bucket b's fp32 parameters as of `step` (a worker joining or replaying
 // asks for them): ZPS_OK with *values (borrowed, until the next update),

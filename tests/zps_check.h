@@ -13,5 +13,6 @@ Suite *zps_suite_sampler(void);
 Suite *zps_suite_cpu(void);
 Suite *zps_suite_shard(void);
 Suite *zps_suite_dtype(void);
+Suite *zps_suite_ckpt(void);
 
 #endif

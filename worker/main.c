@@ -80,6 +80,7 @@ typedef struct s_worker {
     double step_t0;                               // when it started (data, compute timings)
     double data_ms;                               // its data time
     zps_err push_err;                             // first failed push of the step
+    uint64_t rollback_to;                         // step to start over from after a ROLLBACK
     double sum_data_ms, sum_compute_ms, sum_wait_ms; // per-step phases, summed
     uint64_t timed_steps;                         // steps in those sums
 } s_worker;
@@ -383,6 +384,17 @@ static zps_err s_compute(s_worker *w, uint64_t step, zps_work work);
 static zps_err s_take_message(s_worker *w, int i, uint64_t step, const zps_wire_msg *m)
 {
     const Zps__Header *h = m->hdr;
+    if (i == 0 && h->type == ZPS__MSG_TYPE__ROLLBACK && h->plan) {
+        // A shard came back from its checkpoint: start over from its step.
+        const Zps__Plan *p = h->plan;
+        zps_log_warn("rolling back to step %llu (plan %u)", (unsigned long long)h->step,
+                     p->generation);
+        zps_schedule_forget_before(&w->schedule, UINT64_MAX);
+        zps_err err = s_take_plan(w, p->slices, p->n_slices, p->generation, p->effective_step,
+                                  p->extras, p->n_extras);
+        w->rollback_to = h->step;
+        return err == ZPS_OK ? ZPS_EAGAIN : err;
+    }
     if (i != 0 || h->type != ZPS__MSG_TYPE__PLAN || !h->plan) {
         return s_take_bucket(w, i, step, m);
     }
@@ -463,6 +475,8 @@ static zps_err s_pull(s_worker *w, uint64_t step)
     return err == ZPS_OK ? s_take_params(w, step) : err;
 }
 
+static zps_err s_start_over(s_worker *w, uint64_t *t);
+
 static zps_err s_join(s_worker *w)
 {
     zps_err err = s_hello(w);
@@ -484,7 +498,10 @@ static zps_err s_join(s_worker *w)
         w->heartbeat = zps_heartbeat_start(w->ctx, w->shards[0].endpoint, w->job_id, w->rank,
                                            w->member_id, w->opts.heartbeat_ms);
     }
-    return err == ZPS_OK ? s_pull(w, w->start_step) : err;
+    if (err == ZPS_OK && (err = s_pull(w, w->start_step)) == ZPS_EAGAIN) {
+        err = s_start_over(w, &w->start_step);
+    }
+    return err;
 }
 
 // ---------------------------------------------------------------------------
@@ -648,11 +665,27 @@ static void s_log_timing(const s_worker *w, double wall_ms)
                  step > 0 ? 100.0 * w->sum_wait_ms / n / step : 0.0);
 }
 
+// After a ROLLBACK: the parameters of its step, then the loop goes on from
+// there (another ROLLBACK on the way starts over again).
+static zps_err s_start_over(s_worker *w, uint64_t *t)
+{
+    zps_err err;
+    do {
+        *t = w->rollback_to;
+        err = s_pull(w, *t);
+    } while (err == ZPS_EAGAIN);
+    return err;
+}
+
 static zps_err s_train(s_worker *w)
 {
     double start = zps_clock_ms();
     for (uint64_t t = w->start_step; t < w->total_steps; t++) {
         zps_err err = s_step(w, t);
+        if (err == ZPS_EAGAIN && (err = s_start_over(w, &t)) == ZPS_OK) {
+            t--; // step t is computed again
+            continue;
+        }
         if (err != ZPS_OK) {
             zps_log_error("step %llu failed: %s", (unsigned long long)t, zps_strerror(err));
             return err;

@@ -8,6 +8,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include <time.h>
+#include <unistd.h>
 
 #include "common/zps_clock.h"
 #include "common/zps_model.h"
@@ -141,6 +142,21 @@ static size_t s_n_params(void)
     return spec.n_params;
 }
 
+static bool s_log_has(zps_procs *ps, const char *log, const char *text)
+{
+    FILE *f = fopen(zps_procs_path(ps, log), "r");
+    if (!f) {
+        return false;
+    }
+    char line[1024];
+    bool found = false;
+    while (!found && fgets(line, sizeof line, f)) {
+        found = strstr(line, text) != NULL;
+    }
+    fclose(f);
+    return found;
+}
+
 START_TEST(test_failures_worker_killed_mid_epoch_run_ends_equal)
 {
     zps_procs ps;
@@ -235,15 +251,8 @@ START_TEST(test_failures_all_workers_gone_server_waits_then_resumes)
     s_sleep_ms(2500);
     job_status still = s_status(ep);
     ck_assert_uint_eq(still.step, gone.step);
-    FILE *f = fopen(zps_procs_path(&ps, "server.log"), "r");
-    ck_assert_ptr_nonnull(f);
-    char line[1024];
-    bool said = false;
-    while (fgets(line, sizeof line, f)) {
-        said = said || strstr(line, "cannot complete: no live worker");
-    }
-    fclose(f);
-    ck_assert_msg(said, "the server did not report the step that cannot complete");
+    ck_assert_msg(s_log_has(&ps, "server.log", "cannot complete: no live worker"),
+                  "the server did not report the step that cannot complete");
     pid_t a = s_start_worker(&ps, ep, "back0"), b = s_start_worker(&ps, ep, "back1");
     ck_assert_int_eq(zps_procs_wait(&ps, a, 120000), 0);
     ck_assert_int_eq(zps_procs_wait(&ps, b, 120000), 0);
@@ -258,6 +267,81 @@ START_TEST(test_failures_all_workers_gone_server_waits_then_resumes)
 }
 END_TEST
 
+// Shard 1 of 2 is killed and restarted with --resume: every shard and
+// worker rolls back to the checkpoint it restored and replays. With
+// `cut`, its newest checkpoint is cut short first: it must report it,
+// use the one before, and the run must still end equal.
+static void s_shard_restart(const char *tag, uint64_t kill_at, bool cut)
+{
+    zps_procs ps;
+    zps_procs_init(&ps, tag);
+    size_t n = s_n_params();
+    float *ref = s_reference(&ps, n);
+    char ck0[512], ck1[512], shard1[64];
+    snprintf(ck0, sizeof ck0, "%s", zps_procs_path(&ps, "ck0"));
+    snprintf(ck1, sizeof ck1, "%s", zps_procs_path(&ps, "ck1"));
+    snprintf(shard1, sizeof shard1, "tcp://127.0.0.1:%d", zps_free_port());
+    const char *args0[] = {"--workers", "2", "--global-batch", BATCH, "--steps", STEPS,
+                           "--model", MODEL, "--seed", "5", "--lr", "0.02", "--shards", "2",
+                           "--checkpoint-every", "10", "--checkpoint-dir", ck0,
+                           "--worker-timeout-ms", "30000", NULL};
+    pid_t s0, s1;
+    char ep[256];
+    snprintf(ep, sizeof ep, "%s", zps_procs_start_server(&ps, "server", &s0, args0, 10000));
+    const char *args1[] = {"--shard", "1", "--shards", "2", "--coordinator", ep, "--listen",
+                           shard1, "--checkpoint-dir", ck1, NULL};
+    s1 = zps_procs_start(&ps, "zps-server", "shard1.log", args1);
+    pid_t w0 = s_start_worker(&ps, ep, "w0"), w1 = s_start_worker(&ps, ep, "w1");
+    s_wait_step(ep, kill_at);
+    double killed = zps_clock_ms();
+    ck_assert_int_eq(kill(s1, SIGKILL), 0);
+    zps_procs_wait(&ps, s1, 5000);
+    if (cut) {
+        uint64_t newest = kill_at / 10 * 10;
+        char path[600];
+        snprintf(path, sizeof path, "%s/shard-1-step-%llu.ckpt", ck1, (unsigned long long)newest);
+        ck_assert_msg(truncate(path, 100) == 0, "cannot truncate %s", path);
+    }
+    const char *again[] = {"--shard", "1", "--shards", "2", "--coordinator", ep, "--listen",
+                           shard1, "--checkpoint-dir", ck1, "--resume", NULL};
+    s1 = zps_procs_start(&ps, "zps-server", "shard1.log", again);
+    job_status st = s_wait_step(ep, kill_at + 5);
+    fprintf(stderr, "%s: shard 1 killed at step %llu; step %llu done %.0f ms later\n", tag,
+            (unsigned long long)kill_at, (unsigned long long)st.step, zps_clock_ms() - killed);
+    ck_assert_int_eq(zps_procs_wait(&ps, w0, 120000), 0);
+    ck_assert_int_eq(zps_procs_wait(&ps, w1, 120000), 0);
+    ck_assert_int_eq(zps_procs_wait(&ps, s1, 30000), 0);
+    ck_assert_int_eq(zps_procs_wait(&ps, s0, 30000), 0);
+    // It really went back: shard 1 restored the checkpoint before the one
+    // cut short (or the newest), and shard 0 led the rollback to it.
+    uint64_t restored = cut ? kill_at / 10 * 10 - 10 : kill_at / 10 * 10;
+    char want[96];
+    snprintf(want, sizeof want, "restored step %llu", (unsigned long long)restored);
+    ck_assert_msg(s_log_has(&ps, "shard1.log", want), "shard 1 did not log '%s'", want);
+    ck_assert_msg(s_log_has(&ps, "server.log", "rolls back to it"), "no rollback logged");
+    ck_assert_msg(!cut || s_log_has(&ps, "shard1.log", "truncated"),
+                  "the cut checkpoint was not reported");
+    float *a = s_check_close(&ps, "w0", ref, n);
+    float *b = s_check_close(&ps, "w1", ref, n);
+    ck_assert_msg(memcmp(a, b, n * sizeof(float)) == 0, "the workers differ");
+    free(a);
+    free(b);
+    free(ref);
+    zps_procs_fini(&ps, false);
+}
+
+START_TEST(test_failures_shard_killed_and_resumed_run_ends_equal)
+{
+    s_shard_restart("shard", 25, false);
+}
+END_TEST
+
+START_TEST(test_failures_truncated_newest_checkpoint_falls_back)
+{
+    s_shard_restart("truncated", 35, true);
+}
+END_TEST
+
 Suite *zps_suite_failures(void)
 {
     Suite *s = suite_create("failures");
@@ -266,6 +350,8 @@ Suite *zps_suite_failures(void)
     tcase_add_test(tc, test_failures_worker_killed_mid_epoch_run_ends_equal);
     tcase_add_test(tc, test_failures_restarted_and_joining_workers_run_ends_equal);
     tcase_add_test(tc, test_failures_all_workers_gone_server_waits_then_resumes);
+    tcase_add_test(tc, test_failures_shard_killed_and_resumed_run_ends_equal);
+    tcase_add_test(tc, test_failures_truncated_newest_checkpoint_falls_back);
     suite_add_tcase(s, tc);
     return s;
 }

@@ -42,6 +42,10 @@ bool zps_proc_alive(pid_t pid);
 // Runs a shell command line with a bound; returns its exit status or -1.
 int zps_procs_sh(zps_procs *ps, const char *cmdline, const char *log, int timeout_ms);
 
+// A TCP port on 127.0.0.1 that was free a moment ago (for a server that
+// must come back on the same address after a restart).
+int zps_free_port(void);
+
 // Path under the scratch directory (static storage, 8 rotating buffers).
 const char *zps_procs_path(const zps_procs *ps, const char *name);
 

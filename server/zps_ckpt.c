@@ -1,0 +1,712 @@
+/* zps_ckpt.c - shard checkpoint files (format in zps_ckpt.h).
+ *
+ * Writes go to a temporary file in the target directory, are fsynced, then
+ * renamed over the final name and the directory is fsynced, so after a crash
+ * a name either is absent or names a complete file. The CRC still matters:
+ * it catches what rename cannot (a disk or copy that tears or flips bytes),
+ * and a reader that finds a bad newest file falls back to the previous one.
+ *
+ * A shard's range can be 25M floats, so nothing is buffered whole: the
+ * caller's arrays are written and read in chunks and the CRC is updated per
+ * chunk (zlib's crc32 takes a uInt length). */
+#include "zps_ckpt.h"
+
+#include <dirent.h>
+#include <errno.h>
+#include <fcntl.h>
+#include <inttypes.h>
+#include <limits.h>
+#include <stdbool.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+#include <unistd.h>
+#include <zlib.h>
+
+#include "common/zps_log.h"
+
+// The float arrays go to disk as they lie in memory; the header is encoded
+// explicitly, but the payload relies on the host order (as the wire does).
+#if !defined(__BYTE_ORDER__) || __BYTE_ORDER__ != __ORDER_LITTLE_ENDIAN__
+#error "zps checkpoints store fp32 arrays little-endian: a little-endian host is required"
+#endif
+
+#define CKPT_MAGIC "ZPSCKPT1"
+#define CKPT_MAGIC_LEN 8
+#define CKPT_VERSION 1u
+#define CKPT_HEADER_LEN 64
+#define CKPT_CRC_LEN 4
+#define CKPT_CHUNK ((size_t)8 << 20) // bytes per write/read/crc32 call
+#define CKPT_WHY_LEN 256
+
+// ---------------------------------------------------------------- encoding
+
+static void s_put32(uint8_t *p, uint32_t v)
+{
+    for (int i = 0; i < 4; i++) {
+        p[i] = (uint8_t)(v >> (8 * i));
+    }
+}
+
+static void s_put64(uint8_t *p, uint64_t v)
+{
+    for (int i = 0; i < 8; i++) {
+        p[i] = (uint8_t)(v >> (8 * i));
+    }
+}
+
+static uint32_t s_get32(const uint8_t *p)
+{
+    uint32_t v = 0;
+    for (int i = 3; i >= 0; i--) {
+        v = (v << 8) | p[i];
+    }
+    return v;
+}
+
+static uint64_t s_get64(const uint8_t *p)
+{
+    uint64_t v = 0;
+    for (int i = 7; i >= 0; i--) {
+        v = (v << 8) | p[i];
+    }
+    return v;
+}
+
+// Header layout: magic[8], version u32, shard u32, shards u32, reserved u32
+// (zero), lo, hi, step, job_seed, model_hash (u64 each): 64 bytes.
+static void s_encode_header(uint8_t *h, const zps_ckpt_meta *m)
+{
+    memcpy(h, CKPT_MAGIC, CKPT_MAGIC_LEN);
+    s_put32(h + 8, CKPT_VERSION);
+    s_put32(h + 12, m->shard);
+    s_put32(h + 16, m->shards);
+    s_put32(h + 20, 0);
+    s_put64(h + 24, m->lo);
+    s_put64(h + 32, m->hi);
+    s_put64(h + 40, m->step);
+    s_put64(h + 48, m->job_seed);
+    s_put64(h + 56, m->model_hash);
+}
+
+static void s_decode_header(const uint8_t *h, uint32_t *version, zps_ckpt_meta *m)
+{
+    *version = s_get32(h + 8);
+    m->shard = s_get32(h + 12);
+    m->shards = s_get32(h + 16);
+    m->lo = s_get64(h + 24);
+    m->hi = s_get64(h + 32);
+    m->step = s_get64(h + 40);
+    m->job_seed = s_get64(h + 48);
+    m->model_hash = s_get64(h + 56);
+}
+
+static uint32_t s_crc(uint32_t crc, const uint8_t *p, size_t len)
+{
+    while (len > 0) {
+        uInt n = len > CKPT_CHUNK ? (uInt)CKPT_CHUNK : (uInt)len;
+        crc = (uint32_t)crc32(crc, p, n);
+        p += n;
+        len -= n;
+    }
+    return crc;
+}
+
+// ---------------------------------------------------------------- names
+
+// <dir>/shard-<I>-step-<T>.ckpt; false (logged) if it does not fit.
+static bool s_path(char *out, size_t out_len, const char *dir, uint32_t shard, uint64_t step)
+{
+    int n = snprintf(out, out_len, "%s/shard-%" PRIu32 "-step-%" PRIu64 ".ckpt", dir, shard, step);
+    if (n < 0 || (size_t)n >= out_len) {
+        zps_log_error("ckpt %s: path too long", dir);
+        return false;
+    }
+    return true;
+}
+
+// Parses a canonical decimal (no sign, no leading zero) up to max; advances *p.
+static bool s_parse_dec(const char **p, uint64_t max, uint64_t *out)
+{
+    const char *s = *p;
+    if (*s < '0' || *s > '9' || (s[0] == '0' && s[1] >= '0' && s[1] <= '9')) {
+        return false;
+    }
+    uint64_t v = 0;
+    for (; *s >= '0' && *s <= '9'; s++) {
+        uint64_t d = (uint64_t)(*s - '0');
+        if (v > (max - d) / 10) {
+            return false;
+        }
+        v = v * 10 + d;
+    }
+    *p = s;
+    *out = v;
+    return true;
+}
+
+// True if name is exactly a checkpoint name; only the canonical spelling
+// counts, so one step never has two files, and temporaries never match.
+static bool s_parse_name(const char *name, uint32_t *shard, uint64_t *step)
+{
+    uint64_t sh;
+    if (strncmp(name, "shard-", 6) != 0) {
+        return false;
+    }
+    name += 6;
+    if (!s_parse_dec(&name, UINT32_MAX, &sh) || strncmp(name, "-step-", 6) != 0) {
+        return false;
+    }
+    name += 6;
+    if (!s_parse_dec(&name, UINT64_MAX, step) || strcmp(name, ".ckpt") != 0) {
+        return false;
+    }
+    *shard = (uint32_t)sh;
+    return true;
+}
+
+static int s_cmp_u64(const void *a, const void *b)
+{
+    uint64_t x = *(const uint64_t *)a, y = *(const uint64_t *)b;
+    return x < y ? -1 : x > y;
+}
+
+// The steps of shard's checkpoints in dir, ascending. Caller owns *out
+// (NULL when *n is 0). A missing dir holds none.
+static zps_err s_list(const char *dir, uint32_t shard, uint64_t **out, size_t *n)
+{
+    *out = NULL;
+    *n = 0;
+    DIR *d = opendir(dir);
+    if (d == NULL) {
+        if (errno == ENOENT) {
+            return ZPS_OK;
+        }
+        zps_log_error("ckpt %s: opendir: %s", dir, strerror(errno));
+        return ZPS_EIO;
+    }
+    zps_err err = ZPS_OK;
+    uint64_t *steps = NULL;
+    size_t len = 0, cap = 0;
+    for (;;) {
+        errno = 0;
+        struct dirent *e = readdir(d);
+        if (e == NULL) {
+            if (errno != 0) {
+                zps_log_error("ckpt %s: readdir: %s", dir, strerror(errno));
+                err = ZPS_EIO;
+            }
+            break;
+        }
+        uint32_t sh;
+        uint64_t step;
+        if (!s_parse_name(e->d_name, &sh, &step) || sh != shard) {
+            continue;
+        }
+        if (len == cap) {
+            size_t ncap = cap ? 2 * cap : 16;
+            uint64_t *grown = realloc(steps, ncap * sizeof *steps);
+            if (grown == NULL) {
+                zps_log_error("ckpt %s: out of memory listing checkpoints", dir);
+                err = ZPS_ENOMEM;
+                break;
+            }
+            steps = grown;
+            cap = ncap;
+        }
+        steps[len++] = step;
+    }
+    closedir(d);
+    if (err != ZPS_OK) {
+        free(steps);
+        return err;
+    }
+    qsort(steps, len, sizeof *steps, s_cmp_u64);
+    *out = steps;
+    *n = len;
+    return ZPS_OK;
+}
+
+// ---------------------------------------------------------------- write
+
+// mkdir -p, so a fresh --checkpoint-dir works without a setup step.
+static zps_err s_mkdir_p(const char *dir)
+{
+    char buf[PATH_MAX];
+    int len = snprintf(buf, sizeof buf, "%s", dir);
+    if (len <= 0 || (size_t)len >= sizeof buf) {
+        zps_log_error("ckpt '%s': empty or too long a directory name", dir);
+        return ZPS_EIO;
+    }
+    // Each prefix ending before a '/' (and the whole path) is made in turn.
+    for (char *p = buf + 1;; p++) {
+        bool last = *p == '\0';
+        if (*p != '/' && !last) {
+            continue;
+        }
+        *p = '\0';
+        struct stat st;
+        if (mkdir(buf, 0755) != 0) {
+            int e = errno;
+            if (e != EEXIST) {
+                zps_log_error("ckpt %s: mkdir %s: %s", dir, buf, strerror(e));
+                return ZPS_EIO;
+            }
+            if (stat(buf, &st) != 0 || !S_ISDIR(st.st_mode)) {
+                zps_log_error("ckpt %s: %s exists and is not a directory", dir, buf);
+                return ZPS_EIO;
+            }
+        }
+        if (last) {
+            return ZPS_OK;
+        }
+        *p = '/';
+    }
+}
+
+// Writes len bytes, retrying interrupted and short writes, and adds them to
+// *crc unless crc is NULL.
+static zps_err s_write_all(int fd, const void *buf, size_t len, uint32_t *crc, const char *path)
+{
+    const uint8_t *p = buf;
+    while (len > 0) {
+        size_t n = len > CKPT_CHUNK ? CKPT_CHUNK : len;
+        if (crc != NULL) {
+            *crc = s_crc(*crc, p, n);
+        }
+        size_t done = 0;
+        while (done < n) {
+            ssize_t w = write(fd, p + done, n - done);
+            if (w < 0 && errno == EINTR) {
+                continue;
+            }
+            if (w < 0) {
+                zps_log_error("ckpt %s: write: %s", path, strerror(errno));
+                return ZPS_EIO;
+            }
+            done += (size_t)w;
+        }
+        p += n;
+        len -= n;
+    }
+    return ZPS_OK;
+}
+
+// Makes the rename itself durable: without it a power loss can forget the
+// new name even though the file's data reached the disk.
+static zps_err s_sync_dir(const char *dir)
+{
+    int fd = open(dir, O_RDONLY | O_DIRECTORY | O_CLOEXEC);
+    if (fd < 0) {
+        zps_log_error("ckpt %s: open directory to fsync: %s", dir, strerror(errno));
+        return ZPS_EIO;
+    }
+    zps_err err = ZPS_OK;
+    if (fsync(fd) != 0) {
+        zps_log_error("ckpt %s: fsync directory: %s", dir, strerror(errno));
+        err = ZPS_EIO;
+    }
+    close(fd);
+    return err;
+}
+
+// Removes this shard's temporaries left by a writer that crashed mid-write
+// (each as large as a checkpoint). Only one process writes a shard, and it
+// is here, so none of them is in use.
+static void s_remove_stale_temps(const char *dir, uint32_t shard)
+{
+    char prefix[32];
+    snprintf(prefix, sizeof prefix, ".shard-%" PRIu32 "-step-", shard);
+    size_t prefix_len = strlen(prefix);
+    DIR *d = opendir(dir);
+    if (d == NULL) {
+        return;
+    }
+    struct dirent *e;
+    while ((e = readdir(d)) != NULL) {
+        if (strncmp(e->d_name, prefix, prefix_len) != 0 ||
+            strstr(e->d_name, ".ckpt.tmp.") == NULL) {
+            continue;
+        }
+        if (unlinkat(dirfd(d), e->d_name, 0) == 0) {
+            zps_log_info("ckpt %s/%s: removed a stale temporary", dir, e->d_name);
+        } else if (errno != ENOENT) {
+            zps_log_warn("ckpt %s/%s: removing a stale temporary: %s", dir, e->d_name,
+                         strerror(errno));
+        }
+    }
+    closedir(d);
+}
+
+// Deletes shard's checkpoints of steps before `step` beyond the newest keep
+// (counting `step`). Later steps are left: they belong to a timeline that
+// was rolled back and will be rewritten by the replay.
+static void s_prune(const char *dir, uint32_t shard, uint64_t step, int keep)
+{
+    uint64_t *steps;
+    size_t n;
+    if (s_list(dir, shard, &steps, &n) != ZPS_OK) {
+        zps_log_warn("ckpt %s: old checkpoints of shard %" PRIu32 " not pruned", dir, shard);
+        return;
+    }
+    int kept = 0;
+    for (size_t i = n; i-- > 0;) {
+        if (steps[i] > step) {
+            continue;
+        }
+        if (kept < keep) {
+            kept++;
+            continue;
+        }
+        char path[PATH_MAX];
+        if (s_path(path, sizeof path, dir, shard, steps[i]) && unlink(path) != 0 &&
+            errno != ENOENT) {
+            zps_log_warn("ckpt %s: deleting an old checkpoint: %s", path, strerror(errno));
+        }
+    }
+    free(steps);
+}
+
+zps_err zps_ckpt_write(const char *dir, const zps_ckpt_meta *meta, const float *params,
+                       const float *momentum, int keep)
+{
+    ZPS_ASSERT(dir != NULL && meta != NULL && keep >= 1);
+    ZPS_ASSERT(meta->shard < meta->shards && meta->lo <= meta->hi);
+    uint64_t n = meta->hi - meta->lo;
+    ZPS_ASSERT(n <= (SIZE_MAX - CKPT_HEADER_LEN - CKPT_CRC_LEN) / (2 * sizeof(float)));
+    ZPS_ASSERT(n == 0 || (params != NULL && momentum != NULL));
+
+    char path[PATH_MAX], tmp[PATH_MAX];
+    if (s_mkdir_p(dir) != ZPS_OK || !s_path(path, sizeof path, dir, meta->shard, meta->step)) {
+        return ZPS_EIO;
+    }
+    // A dot name in the same directory: the rename stays within one file
+    // system, and listings (s_parse_name) never mistake it for a checkpoint.
+    int len = snprintf(tmp, sizeof tmp, "%s/.shard-%" PRIu32 "-step-%" PRIu64 ".ckpt.tmp.XXXXXX",
+                       dir, meta->shard, meta->step);
+    if (len < 0 || (size_t)len >= sizeof tmp) {
+        zps_log_error("ckpt %s: path too long", dir);
+        return ZPS_EIO;
+    }
+    s_remove_stale_temps(dir, meta->shard);
+    int fd = mkostemp(tmp, O_CLOEXEC);
+    if (fd < 0) {
+        zps_log_error("ckpt %s: create temporary: %s", tmp, strerror(errno));
+        return ZPS_EIO;
+    }
+    (void)fchmod(fd, 0644); // mkstemp's 0600 would hide it from operators; best effort
+
+    uint8_t header[CKPT_HEADER_LEN], tail[CKPT_CRC_LEN];
+    s_encode_header(header, meta);
+    uint32_t crc = (uint32_t)crc32(0L, Z_NULL, 0);
+    size_t bytes = (size_t)n * sizeof(float);
+    zps_err err = s_write_all(fd, header, sizeof header, &crc, tmp);
+    if (err == ZPS_OK) {
+        err = s_write_all(fd, params, bytes, &crc, tmp);
+    }
+    if (err == ZPS_OK) {
+        err = s_write_all(fd, momentum, bytes, &crc, tmp);
+    }
+    if (err == ZPS_OK) {
+        s_put32(tail, crc);
+        err = s_write_all(fd, tail, sizeof tail, NULL, tmp);
+    }
+    if (err == ZPS_OK && fsync(fd) != 0) {
+        zps_log_error("ckpt %s: fsync: %s", tmp, strerror(errno));
+        err = ZPS_EIO;
+    }
+    // close can report a deferred write error (NFS), so it is checked too.
+    if (close(fd) != 0 && err == ZPS_OK) {
+        zps_log_error("ckpt %s: close: %s", tmp, strerror(errno));
+        err = ZPS_EIO;
+    }
+    if (err == ZPS_OK && rename(tmp, path) != 0) {
+        zps_log_error("ckpt %s: rename to %s: %s", tmp, path, strerror(errno));
+        err = ZPS_EIO;
+    }
+    if (err != ZPS_OK) {
+        unlink(tmp);
+        return err;
+    }
+    // The file is complete under its name; if the directory sync fails the
+    // rename may not survive a power loss, which the caller must hear.
+    err = s_sync_dir(dir);
+    if (err != ZPS_OK) {
+        return err;
+    }
+    zps_log_debug("ckpt %s: written (%" PRIu64 " floats)", path, n);
+    s_prune(dir, meta->shard, meta->step, keep);
+    return ZPS_OK;
+}
+
+// ---------------------------------------------------------------- load
+
+// Reads up to len bytes, retrying interrupted and short reads; *got is how
+// many before end of file. -1 with errno on an error.
+static int s_read_full(int fd, void *buf, size_t len, size_t *got)
+{
+    uint8_t *p = buf;
+    *got = 0;
+    while (*got < len) {
+        ssize_t r = read(fd, p + *got, len - *got);
+        if (r < 0 && errno == EINTR) {
+            continue;
+        }
+        if (r < 0) {
+            return -1;
+        }
+        if (r == 0) {
+            break;
+        }
+        *got += (size_t)r;
+    }
+    return 0;
+}
+
+// Reads len bytes of payload into dst, chunk by chunk, adding them to *crc.
+// With a scratch dst (advance false) every chunk lands at dst, so a file of
+// an unexpected size can still be checksummed without the caller's arrays.
+static zps_err s_read_payload(int fd, uint8_t *dst, bool advance, size_t len, uint32_t *crc,
+                              char *why, size_t why_len)
+{
+    while (len > 0) {
+        size_t n = len > CKPT_CHUNK ? CKPT_CHUNK : len;
+        size_t got;
+        if (s_read_full(fd, dst, n, &got) != 0) {
+            snprintf(why, why_len, "read: %s", strerror(errno));
+            return ZPS_EIO;
+        }
+        if (got < n) {
+            snprintf(why, why_len, "truncated (shrank while being read)");
+            return ZPS_EPROTO;
+        }
+        *crc = s_crc(*crc, dst, n);
+        if (advance) {
+            dst += n;
+        }
+        len -= n;
+    }
+    return ZPS_OK;
+}
+
+// Why the header's meta does not match what the caller expects, or "".
+static void s_mismatch(const zps_ckpt_meta *got, const zps_ckpt_meta *want, uint64_t step,
+                       char *why, size_t why_len)
+{
+    why[0] = '\0';
+    if (got->shard != want->shard || got->shards != want->shards) {
+        snprintf(why, why_len, "written for shard %" PRIu32 " of %" PRIu32
+                               ", expected shard %" PRIu32 " of %" PRIu32,
+                 got->shard, got->shards, want->shard, want->shards);
+    } else if (got->lo != want->lo || got->hi != want->hi) {
+        snprintf(why, why_len, "covers [%" PRIu64 ", %" PRIu64 "), expected [%" PRIu64
+                               ", %" PRIu64 ")",
+                 got->lo, got->hi, want->lo, want->hi);
+    } else if (got->step != step) {
+        snprintf(why, why_len, "holds step %" PRIu64 " though its name says %" PRIu64,
+                 got->step, step);
+    } else if (got->job_seed != want->job_seed) {
+        snprintf(why, why_len, "written for job seed %" PRIu64 ", expected %" PRIu64,
+                 got->job_seed, want->job_seed);
+    } else if (got->model_hash != want->model_hash) {
+        snprintf(why, why_len, "written for model hash %016" PRIx64 ", expected %016" PRIx64,
+                 got->model_hash, want->model_hash);
+    }
+}
+
+// Checks the file at path and loads it; on failure why says what is wrong
+// and nothing is logged (the caller knows whether it is fatal or a fallback).
+// The checksum is verified before the meta, so a damaged header is reported
+// as damage rather than as another shard's file.
+static zps_err s_load_file(const char *path, const zps_ckpt_meta *want, uint64_t step,
+                           float *params, float *momentum, char *why, size_t why_len)
+{
+    zps_err err = ZPS_OK;
+    uint8_t *scratch = NULL;
+    int fd = open(path, O_RDONLY | O_CLOEXEC);
+    if (fd < 0) {
+        int e = errno;
+        snprintf(why, why_len, "%s", strerror(e));
+        return e == ENOENT ? ZPS_ENOENT : ZPS_EIO;
+    }
+    struct stat st;
+    if (fstat(fd, &st) != 0) {
+        snprintf(why, why_len, "fstat: %s", strerror(errno));
+        err = ZPS_EIO;
+        goto out_close;
+    }
+    if (!S_ISREG(st.st_mode)) {
+        snprintf(why, why_len, "not a regular file");
+        err = ZPS_EPROTO;
+        goto out_close;
+    }
+    uint8_t header[CKPT_HEADER_LEN];
+    size_t got;
+    if (s_read_full(fd, header, sizeof header, &got) != 0) {
+        snprintf(why, why_len, "read: %s", strerror(errno));
+        err = ZPS_EIO;
+        goto out_close;
+    }
+    if (got < sizeof header) {
+        snprintf(why, why_len, "truncated (%zu bytes, shorter than the header)", got);
+        err = ZPS_EPROTO;
+        goto out_close;
+    }
+    if (memcmp(header, CKPT_MAGIC, CKPT_MAGIC_LEN) != 0) {
+        snprintf(why, why_len, "not a zps checkpoint (bad magic)");
+        err = ZPS_EPROTO;
+        goto out_close;
+    }
+    uint32_t version;
+    zps_ckpt_meta meta;
+    s_decode_header(header, &version, &meta);
+    if (version != CKPT_VERSION) {
+        snprintf(why, why_len, "format version %" PRIu32 ", this build reads %u", version,
+                 CKPT_VERSION);
+        err = ZPS_EPROTO;
+        goto out_close;
+    }
+    const uint64_t max_n = (uint64_t)(INT64_MAX - CKPT_HEADER_LEN - CKPT_CRC_LEN) / 8;
+    if (meta.hi < meta.lo || meta.hi - meta.lo > max_n) {
+        snprintf(why, why_len, "corrupt header (range [%" PRIu64 ", %" PRIu64 "))", meta.lo,
+                 meta.hi);
+        err = ZPS_EPROTO;
+        goto out_close;
+    }
+    uint64_t n = meta.hi - meta.lo;
+    uint64_t want_size = CKPT_HEADER_LEN + 8 * n + CKPT_CRC_LEN;
+    if ((uint64_t)st.st_size < want_size) {
+        snprintf(why, why_len, "truncated (%lld of %" PRIu64 " bytes)", (long long)st.st_size,
+                 want_size);
+        err = ZPS_EPROTO;
+        goto out_close;
+    }
+    if ((uint64_t)st.st_size > want_size) {
+        snprintf(why, why_len, "%lld bytes, expected %" PRIu64 " (trailing data)",
+                 (long long)st.st_size, want_size);
+        err = ZPS_EPROTO;
+        goto out_close;
+    }
+
+    uint32_t crc = s_crc((uint32_t)crc32(0L, Z_NULL, 0), header, sizeof header);
+    size_t bytes = (size_t)n * sizeof(float);
+    if (n == want->hi - want->lo) {
+        err = s_read_payload(fd, (uint8_t *)params, true, bytes, &crc, why, why_len);
+        if (err == ZPS_OK) {
+            err = s_read_payload(fd, (uint8_t *)momentum, true, bytes, &crc, why, why_len);
+        }
+    } else {
+        // Another range: still checksummed, to tell damage from a mismatch.
+        size_t scratch_len = 2 * bytes < CKPT_CHUNK ? 2 * bytes : CKPT_CHUNK;
+        scratch = malloc(scratch_len ? scratch_len : 1);
+        if (scratch == NULL) {
+            snprintf(why, why_len, "out of memory");
+            err = ZPS_ENOMEM;
+            goto out_close;
+        }
+        err = s_read_payload(fd, scratch, false, 2 * bytes, &crc, why, why_len);
+    }
+    if (err != ZPS_OK) {
+        goto out_close;
+    }
+    uint8_t tail[CKPT_CRC_LEN];
+    if (s_read_full(fd, tail, sizeof tail, &got) != 0) {
+        snprintf(why, why_len, "read: %s", strerror(errno));
+        err = ZPS_EIO;
+        goto out_close;
+    }
+    if (got < sizeof tail) {
+        snprintf(why, why_len, "truncated (shrank while being read)");
+        err = ZPS_EPROTO;
+        goto out_close;
+    }
+    if (s_get32(tail) != crc) {
+        snprintf(why, why_len, "checksum mismatch (stored %08" PRIx32 ", computed %08" PRIx32 ")",
+                 s_get32(tail), crc);
+        err = ZPS_EPROTO;
+        goto out_close;
+    }
+    s_mismatch(&meta, want, step, why, why_len);
+    if (why[0] != '\0') {
+        err = ZPS_EPROTO;
+    }
+out_close:
+    free(scratch);
+    close(fd);
+    return err;
+}
+
+zps_err zps_ckpt_load(const char *dir, const zps_ckpt_meta *want, uint64_t step, float *params,
+                      float *momentum)
+{
+    ZPS_ASSERT(dir != NULL && want != NULL && want->lo <= want->hi);
+    ZPS_ASSERT(want->hi == want->lo || (params != NULL && momentum != NULL));
+    char path[PATH_MAX], why[CKPT_WHY_LEN];
+    if (!s_path(path, sizeof path, dir, want->shard, step)) {
+        return ZPS_EIO;
+    }
+    zps_err err = s_load_file(path, want, step, params, momentum, why, sizeof why);
+    if (err == ZPS_ENOENT) {
+        zps_log_warn("ckpt %s: no such checkpoint", path);
+    } else if (err != ZPS_OK) {
+        zps_log_error("ckpt %s: %s", path, why);
+    }
+    return err;
+}
+
+zps_err zps_ckpt_load_newest(const char *dir, const zps_ckpt_meta *want, uint64_t *step,
+                             float *params, float *momentum)
+{
+    ZPS_ASSERT(dir != NULL && want != NULL && step != NULL && want->lo <= want->hi);
+    ZPS_ASSERT(want->hi == want->lo || (params != NULL && momentum != NULL));
+    uint64_t *steps;
+    size_t n;
+    zps_err err = s_list(dir, want->shard, &steps, &n);
+    if (err != ZPS_OK) {
+        return err;
+    }
+    err = ZPS_ENOENT;
+    for (size_t i = n; i-- > 0;) {
+        char path[PATH_MAX], why[CKPT_WHY_LEN];
+        if (!s_path(path, sizeof path, dir, want->shard, steps[i])) {
+            continue;
+        }
+        zps_err e = s_load_file(path, want, steps[i], params, momentum, why, sizeof why);
+        if (e == ZPS_OK) {
+            zps_log_info("ckpt %s: loaded step %" PRIu64, path, steps[i]);
+            *step = steps[i];
+            err = ZPS_OK;
+            break;
+        }
+        if (e == ZPS_ENOMEM) {
+            zps_log_error("ckpt %s: %s", path, why);
+            err = e;
+            break;
+        }
+        zps_log_warn("ckpt %s: %s; %s", path, why,
+                     i > 0 ? "trying the previous checkpoint" : "no older checkpoint left");
+    }
+    if (err == ZPS_ENOENT) {
+        zps_log_warn("ckpt %s: no valid checkpoint of shard %" PRIu32 " (%zu found)", dir,
+                     want->shard, n);
+    }
+    free(steps);
+    return err;
+}
+
+int zps_ckpt_steps(const char *dir, uint32_t shard, uint64_t *steps, int max)
+{
+    ZPS_ASSERT(dir != NULL && max >= 0 && (steps != NULL || max == 0));
+    uint64_t *all;
+    size_t n;
+    if (s_list(dir, shard, &all, &n) != ZPS_OK) {
+        return -1;
+    }
+    size_t take = n < (size_t)max ? n : (size_t)max;
+    if (take > 0) {
+        memcpy(steps, all + (n - take), take * sizeof *steps);
+    }
+    free(all);
+    return (int)take;
+}
