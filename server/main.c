@@ -191,10 +191,6 @@ static bool s_parse_opts(int argc, char **argv, s_opts *o)
         fprintf(stderr, "zps-server: --checkpoint-every and --resume need --checkpoint-dir\n");
         return false;
     }
-    if (o->resume && o->shard == 0) {
-        fprintf(stderr, "zps-server: --resume of shard 0 (the coordinator) is not supported yet\n");
-        return false;
-    }
     if (o->shard >= o->shards) {
         fprintf(stderr, "zps-server: --shard %u needs --shards above it (1..%d shards)\n",
                 o->shard, ZPS_MAX_SHARDS);

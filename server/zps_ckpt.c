@@ -710,3 +710,86 @@ int zps_ckpt_steps(const char *dir, uint32_t shard, uint64_t *steps, int max)
     free(all);
     return (int)take;
 }
+
+// ---------------------------------------------------------------- records
+
+zps_err zps_ckpt_write_record(const char *dir, const char *name, const void *data, size_t len)
+{
+    char path[PATH_MAX], tmp[PATH_MAX];
+    int n1 = snprintf(path, sizeof path, "%s/%s", dir, name);
+    int n2 = snprintf(tmp, sizeof tmp, "%s/.%s.tmp.XXXXXX", dir, name);
+    if (n1 < 0 || (size_t)n1 >= sizeof path || n2 < 0 || (size_t)n2 >= sizeof tmp) {
+        zps_log_error("ckpt %s: path too long", dir);
+        return ZPS_EIO;
+    }
+    if (s_mkdir_p(dir) != ZPS_OK) {
+        return ZPS_EIO;
+    }
+    int fd = mkostemp(tmp, O_CLOEXEC);
+    if (fd < 0) {
+        zps_log_error("ckpt %s: create temporary: %s", tmp, strerror(errno));
+        return ZPS_EIO;
+    }
+    (void)fchmod(fd, 0644);
+    uint32_t crc = (uint32_t)crc32(0L, Z_NULL, 0);
+    uint8_t tail[CKPT_CRC_LEN];
+    zps_err err = s_write_all(fd, data, len, &crc, tmp);
+    if (err == ZPS_OK) {
+        s_put32(tail, crc);
+        err = s_write_all(fd, tail, sizeof tail, NULL, tmp);
+    }
+    if (err == ZPS_OK && fsync(fd) != 0) {
+        zps_log_error("ckpt %s: fsync: %s", tmp, strerror(errno));
+        err = ZPS_EIO;
+    }
+    if (close(fd) != 0 && err == ZPS_OK) {
+        err = ZPS_EIO;
+    }
+    if (err == ZPS_OK && rename(tmp, path) != 0) {
+        zps_log_error("ckpt %s: rename to %s: %s", tmp, path, strerror(errno));
+        err = ZPS_EIO;
+    }
+    if (err != ZPS_OK) {
+        unlink(tmp);
+        return err;
+    }
+    return s_sync_dir(dir);
+}
+
+zps_err zps_ckpt_read_record(const char *dir, const char *name, void *buf, size_t cap,
+                             size_t *len)
+{
+    char path[PATH_MAX];
+    int n = snprintf(path, sizeof path, "%s/%s", dir, name);
+    if (n < 0 || (size_t)n >= sizeof path) {
+        return ZPS_ENOENT;
+    }
+    int fd = open(path, O_RDONLY | O_CLOEXEC);
+    if (fd < 0) {
+        return ZPS_ENOENT;
+    }
+    struct stat st;
+    size_t got = 0;
+    zps_err err = ZPS_OK;
+    if (fstat(fd, &st) != 0 || st.st_size < CKPT_CRC_LEN ||
+        (uint64_t)st.st_size - CKPT_CRC_LEN > cap) {
+        zps_log_error("ckpt %s: truncated or too large (%lld bytes)", path, (long long)st.st_size);
+        err = ZPS_EPROTO;
+    } else if (s_read_full(fd, buf, (size_t)st.st_size - CKPT_CRC_LEN, &got) != 0 ||
+               got != (size_t)st.st_size - CKPT_CRC_LEN) {
+        zps_log_error("ckpt %s: truncated (shrank while being read)", path);
+        err = ZPS_EPROTO;
+    } else {
+        uint8_t tail[CKPT_CRC_LEN];
+        size_t t = 0;
+        uint32_t crc = s_crc((uint32_t)crc32(0L, Z_NULL, 0), buf, got);
+        if (s_read_full(fd, tail, sizeof tail, &t) != 0 || t != sizeof tail ||
+            s_get32(tail) != crc) {
+            zps_log_error("ckpt %s: checksum mismatch", path);
+            err = ZPS_EPROTO;
+        }
+    }
+    close(fd);
+    *len = got;
+    return err;
+}

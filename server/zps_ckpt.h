@@ -12,6 +12,7 @@
 #ifndef ZPS_CKPT_H
 #define ZPS_CKPT_H
 
+#include <stddef.h>
 #include <stdint.h>
 
 #include "common/zps_err.h"
@@ -59,5 +60,14 @@ zps_err zps_ckpt_load_newest(const char *dir, const zps_ckpt_meta *want, uint64_
 // newest max are given. Returns how many were stored: 0 if dir does not
 // exist, -1 if it cannot be read (logged).
 int zps_ckpt_steps(const char *dir, uint32_t shard, uint64_t *steps, int max);
+
+// A small record beside the checkpoints (the coordinator's job state):
+// <dir>/<name> holds data and a CRC-32, written atomically as checkpoints
+// are. ZPS_EIO on failure, logged.
+zps_err zps_ckpt_write_record(const char *dir, const char *name, const void *data, size_t len);
+// Reads <dir>/<name> into buf (at most cap bytes) and checks its CRC.
+// ZPS_ENOENT if absent, ZPS_EPROTO (logged) if truncated, too large or corrupt.
+zps_err zps_ckpt_read_record(const char *dir, const char *name, void *buf, size_t cap,
+                             size_t *len);
 
 #endif

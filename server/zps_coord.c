@@ -11,6 +11,7 @@
 #include "common/zps_log.h"
 #include "common/zps_model.h"
 #include "common/zps_rng.h"
+#include "server/zps_ckpt.h"
 
 #define ZPS_COORD_PROGRESS_MS 2000.0
 #define ZPS_COORD_WAIT_LOG_MS 5000.0
@@ -19,7 +20,9 @@
 
 // WAITING for workers and shards, ASSIGNING ranges to the other shards
 // (workers get the job once every shard serves), TRAINING, DONE.
-typedef enum s_state { S_WAITING, S_ASSIGNING, S_TRAINING, S_DONE } s_state;
+// RECOVERING: restarted from a checkpoint, waiting for shards and workers
+// to come back before everyone rolls back to it.
+typedef enum s_state { S_WAITING, S_ASSIGNING, S_TRAINING, S_DONE, S_RECOVERING } s_state;
 
 typedef struct s_member {
     uint32_t rank;       // position in the plan
@@ -34,6 +37,7 @@ typedef struct s_member {
     float compute_ms;    // last push's compute time
     bool live;           // admitted, not evicted
     bool has_job;        // was sent its JOB: plans go to it from now on
+    bool route_known;    // route is valid (false after a coordinator restart until it calls)
     double last_seen_ms; // last message from it (heartbeats included)
 } s_member;
 
@@ -88,6 +92,7 @@ struct zps_coord {
     int n_extras;
     uint64_t evictions;                 // members evicted for silence
     double stall_log_ms;                // next "cannot complete" line
+    double recover_deadline_ms;         // RECOVERING: when to go on without the missing
     bool rollback_pending;              // shard 0 must restore rollback_step
     uint64_t rollback_step;
     uint64_t steps_done;                // last step_done + 1
@@ -458,7 +463,7 @@ static void s_broadcast_plan(zps_coord *c, void *sock)
     h.generation = g->gen;
     h.plan = &plan;
     for (uint32_t i = 0; i < c->n_members; i++) {
-        if (c->members[i].live && c->members[i].has_job) {
+        if (c->members[i].live && c->members[i].has_job && c->members[i].route_known) {
             s_plan_to_wire(&g->plan, &c->members[i], slices, slice_ptrs);
             (void)zps_wire_send(sock, &c->members[i].route, &h, NULL, 0, NULL);
         }
@@ -511,14 +516,54 @@ static s_member *s_member_by_id(zps_coord *c, uint64_t member_id)
     return NULL;
 }
 
-zps_err zps_coord_on_heartbeat(zps_coord *c, const zps_wire_msg *m)
+static void s_try_recover(zps_coord *c, void *sock, bool deadline_passed);
+static void s_rollback(zps_coord *c, void *sock, uint64_t step, uint32_t shard);
+
+// Heartbeats from a worker's main socket (flag 1) also say where its
+// replies go: after a coordinator restart that is how routes come back.
+zps_err zps_coord_on_heartbeat(zps_coord *c, void *sock, zps_wire_msg *m)
 {
     s_member *mem = s_member_by_id(c, m->hdr->member_id);
     if (!mem || !mem->live) {
         return ZPS_ENOENT;
     }
     mem->last_seen_ms = zps_clock_ms();
+    if ((m->hdr->flags & 1u) && !mem->route_known) {
+        zmq_msg_close(&mem->route);
+        zmq_msg_init(&mem->route);
+        zmq_msg_copy(&mem->route, &m->route);
+        mem->route_known = true;
+        zps_log_info("rank %u (%s) is back", mem->rank, mem->host);
+        s_try_recover(c, sock, false);
+    }
     return ZPS_OK;
+}
+
+// RECOVERING: once every shard and live worker called back (or the wait
+// ran out for the workers), everyone rolls back to the restored step.
+static void s_try_recover(zps_coord *c, void *sock, bool deadline_passed)
+{
+    if (c->state != S_RECOVERING) {
+        return;
+    }
+    for (uint32_t i = 1; i < c->cfg.shards; i++) {
+        if (!c->shards[i].registered) {
+            return; // no step can complete without it
+        }
+    }
+    for (uint32_t i = 0; i < c->n_members; i++) {
+        s_member *mem = &c->members[i];
+        if (mem->live && !mem->route_known) {
+            if (!deadline_passed) {
+                return;
+            }
+            mem->live = false;
+            c->evictions++;
+            zps_log_warn("rank %u (%s) did not come back after the restart: evicted", mem->rank,
+                         mem->host);
+        }
+    }
+    s_rollback(c, sock, c->steps_done, 0);
 }
 
 void zps_coord_shard_done(zps_coord *c, uint32_t shard, uint64_t steps_done)
@@ -603,7 +648,7 @@ static void s_rollback(zps_coord *c, void *sock, uint64_t step, uint32_t shard)
         (void)zps_wire_send(sock, &c->shards[i].route, &h, NULL, 0, NULL);
     }
     for (uint32_t i = 0; i < c->n_members; i++) {
-        if (c->members[i].live && c->members[i].has_job) {
+        if (c->members[i].live && c->members[i].has_job && c->members[i].route_known) {
             s_plan_to_wire(&plan, &c->members[i], slices, slice_ptrs);
             (void)zps_wire_send(sock, &c->members[i].route, &h, NULL, 0, NULL);
         }
@@ -648,6 +693,19 @@ zps_err zps_coord_on_register(zps_coord *c, void *sock, zps_wire_msg *m)
         return ZPS_EINVAL;
     }
     s_shard_peer *sp = &c->shards[r->index];
+    if (r->serving) {
+        // A shard saying where it is, every few seconds: after a restart of
+        // the coordinator, this is how it finds its shards again.
+        if (c->state == S_RECOVERING && !sp->registered) {
+            zmq_msg_init(&sp->route);
+            zmq_msg_copy(&sp->route, &m->route);
+            snprintf(sp->endpoint, sizeof sp->endpoint, "%s", r->endpoint);
+            sp->registered = sp->ready = true;
+            zps_log_info("shard %u at %s is back", r->index, sp->endpoint);
+            s_try_recover(c, sock, false);
+        }
+        return ZPS_OK;
+    }
     if (c->state == S_TRAINING && sp->registered) {
         return s_shard_restarted(c, sock, m, sp);
     }
@@ -727,6 +785,7 @@ zps_err zps_coord_on_hello(zps_coord *c, void *sock, zps_wire_msg *m)
     mem->share = hello->share;
     mem->pid = hello->pid;
     mem->live = true;
+    mem->route_known = true;
     mem->last_seen_ms = zps_clock_ms();
     zmq_msg_init(&mem->route);
     zmq_msg_copy(&mem->route, &m->route);
@@ -802,7 +861,7 @@ zps_err zps_coord_on_bye(zps_coord *c, const zps_wire_msg *m)
 
 static const char *s_state_name(s_state s)
 {
-    static const char *names[] = {"waiting", "assigning", "training", "done"};
+    static const char *names[] = {"waiting", "assigning", "training", "done", "recovering"};
     return names[s];
 }
 
@@ -925,6 +984,16 @@ void zps_coord_tick(zps_coord *c, void *sock, double now_ms)
         return;
     }
     switch (c->state) {
+    case S_RECOVERING:
+        if (now_ms > c->recover_deadline_ms) {
+            s_try_recover(c, sock, true);
+        }
+        if (c->state == S_RECOVERING) {
+            zps_log_info("restarted at step %llu: waiting for shards and workers to call back",
+                         (unsigned long long)c->steps_done);
+        }
+        c->next_log_ms = now_ms + ZPS_COORD_WAIT_LOG_MS;
+        break;
     case S_WAITING:
         zps_log_info("waiting for %u more worker(s) to say HELLO and %u more shard(s) to "
                      "register (%u of %u workers, %u of %u shards)",
@@ -968,4 +1037,108 @@ void zps_coord_tick(zps_coord *c, void *sock, double now_ms)
         c->next_log_ms = now_ms + ZPS_COORD_WAIT_LOG_MS;
         break;
     }
+}
+
+// ---------------------------------------------------------------------------
+// Job state beside the checkpoints.
+
+#define ZPS_COORD_STATE_MAX (1u << 20)
+
+static void s_state_name_for(char *buf, size_t len, uint64_t step)
+{
+    snprintf(buf, len, "coord-step-%llu.state", (unsigned long long)step);
+}
+
+zps_err zps_coord_save(const zps_coord *c, const char *dir, uint64_t step)
+{
+    Zps__Member members[ZPS_MAX_MEMBERS];
+    Zps__Member *ptrs[ZPS_MAX_MEMBERS];
+    for (uint32_t i = 0; i < c->n_members; i++) {
+        const s_member *s = &c->members[i];
+        zps__member__init(&members[i]);
+        members[i].rank = s->rank;
+        members[i].host = (char *)s->host;
+        members[i].device = (char *)s->device;
+        members[i].share = s->share;
+        members[i].pid = s->pid;
+        members[i].live = s->live;
+        members[i].member_id = s->member_id;
+        ptrs[i] = &members[i];
+    }
+    Zps__JobState st = ZPS__JOB_STATE__INIT;
+    st.job_id = c->job_id;
+    st.generation = c->gen;
+    st.step = step;
+    st.n_members = c->n_members;
+    st.members = ptrs;
+    size_t len = zps__job_state__get_packed_size(&st);
+    uint8_t *buf = malloc(len ? len : 1);
+    if (!buf) {
+        return ZPS_ENOMEM;
+    }
+    zps__job_state__pack(&st, buf);
+    char name[64];
+    s_state_name_for(name, sizeof name, step);
+    zps_err err = zps_ckpt_write_record(dir, name, buf, len);
+    free(buf);
+    if (err == ZPS_OK && step > 3 * c->cfg.checkpoint_every && c->cfg.checkpoint_every) {
+        char old[600];
+        s_state_name_for(name, sizeof name, step - 3 * c->cfg.checkpoint_every);
+        snprintf(old, sizeof old, "%s/%s", dir, name);
+        unlink(old); // as the shard keeps its newest three checkpoints
+    }
+    return err;
+}
+
+zps_err zps_coord_resume(zps_coord *c, const char *dir, uint64_t step)
+{
+    char name[64];
+    s_state_name_for(name, sizeof name, step);
+    uint8_t *buf = malloc(ZPS_COORD_STATE_MAX);
+    size_t len = 0;
+    zps_err err = buf ? zps_ckpt_read_record(dir, name, buf, ZPS_COORD_STATE_MAX, &len)
+                      : ZPS_ENOMEM;
+    Zps__JobState *st = err == ZPS_OK ? zps__job_state__unpack(NULL, len, buf) : NULL;
+    free(buf);
+    if (!st || st->step != step || st->n_members > ZPS_MAX_MEMBERS) {
+        if (err == ZPS_OK) {
+            zps_log_error("ckpt %s/%s: not a job state of step %llu", dir, name,
+                          (unsigned long long)step);
+        }
+        if (st) {
+            zps__job_state__free_unpacked(st, NULL);
+        }
+        return err == ZPS_OK ? ZPS_EPROTO : err;
+    }
+    c->job_id = st->job_id;
+    c->gen = st->generation;
+    c->n_members = (uint32_t)st->n_members;
+    for (uint32_t i = 0; i < c->n_members; i++) {
+        const Zps__Member *m = st->members[i];
+        s_member *mem = &c->members[i];
+        memset(mem, 0, sizeof *mem);
+        mem->rank = i;
+        mem->member_id = m->member_id;
+        snprintf(mem->host, sizeof mem->host, "%s", m->host);
+        snprintf(mem->device, sizeof mem->device, "%s", m->device);
+        mem->share = m->share;
+        mem->pid = m->pid;
+        mem->live = m->live;
+        mem->has_job = true;
+        mem->last_seen_ms = zps_clock_ms();
+        zmq_msg_init(&mem->route); // unknown until its heartbeat
+    }
+    zps__job_state__free_unpacked(st, NULL);
+    zps_err perr = s_make_plan(c, &c->plan);
+    c->gens[0] = (s_gen){.gen = c->gen, .effective = step, .plan = c->plan};
+    for (uint32_t i = 0; i < c->cfg.shards; i++) {
+        c->shard_done[i] = step;
+        c->shards[i].registered = c->shards[i].ready = i == 0;
+    }
+    c->steps_done = step;
+    c->state = S_RECOVERING;
+    c->recover_deadline_ms = zps_clock_ms() + c->cfg.worker_timeout_ms;
+    zps_log_info("job %016llx resumed at step %llu: %u members, plan %u; waiting for them",
+                 (unsigned long long)c->job_id, (unsigned long long)step, c->n_members, c->gen);
+    return perr;
 }

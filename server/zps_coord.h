@@ -54,7 +54,7 @@ bool zps_coord_finished(const zps_coord *c);
 // refused the message, if it did (already answered with ERROR).
 zps_err zps_coord_on_hello(zps_coord *c, void *sock, zps_wire_msg *m);
 zps_err zps_coord_on_register(zps_coord *c, void *sock, zps_wire_msg *m);
-zps_err zps_coord_on_heartbeat(zps_coord *c, const zps_wire_msg *m);
+zps_err zps_coord_on_heartbeat(zps_coord *c, void *sock, zps_wire_msg *m);
 zps_err zps_coord_on_ready(zps_coord *c, void *sock, zps_wire_msg *m);
 zps_err zps_coord_on_eval(zps_coord *c, const zps_wire_msg *m);
 zps_err zps_coord_on_bye(zps_coord *c, const zps_wire_msg *m);
@@ -68,6 +68,13 @@ void zps_coord_step_done(zps_coord *c, uint64_t step, float loss, double step_ms
 void zps_coord_shard_done(zps_coord *c, uint32_t shard, uint64_t steps_done);
 // The newest plan generation and the step it holds from.
 uint32_t zps_coord_generation(const zps_coord *c, uint64_t *effective);
+
+// Saves the job state (job id, plan generation, members) beside the
+// checkpoints of `step`, and restores it on a restart with --resume: the
+// coordinator then waits (bounded) for shards and workers to come back and
+// rolls everyone back to `step`.
+zps_err zps_coord_save(const zps_coord *c, const char *dir, uint64_t step);
+zps_err zps_coord_resume(zps_coord *c, const char *dir, uint64_t step);
 
 // A rollback decided (a restarted shard came back at an older step): true
 // once, with the step shard 0 must restore.

@@ -13,12 +13,13 @@
 #include "common/zps_log.h"
 #include "common/zps_model.h"
 #include "common/zps_wire.h"
+#include "server/zps_ckpt.h"
 #include "server/zps_coord.h"
 #include "server/zps_shard.h"
 
 #define ZPS_SERVER_POLL_MS 200
 #define ZPS_SERVER_STALL_WARN_MS 5000.0
-#define ZPS_SERVER_REGISTER_MS 5000.0
+#define ZPS_SERVER_REGISTER_MS 2000.0
 #define ZPS_SERVER_SEND_TIMEOUT_MS 5000
 #define ZPS_SERVER_HELD 32      // pushes of a plan not heard of yet, kept until it arrives
 #define ZPS_SERVER_PULLERS 32   // PULLs waiting for a step not reached yet
@@ -240,8 +241,9 @@ static void s_end_step(s_server *srv)
         (void)zps_wire_send(srv->up, NULL, &h, NULL, 0, NULL);
     }
     memset(srv->pushed, 0, sizeof srv->pushed);
-    if (srv->ckpt_every && srv->o->checkpoint_dir && (step + 1) % srv->ckpt_every == 0) {
-        (void)zps_shard_save(srv->shard, srv->o->checkpoint_dir, 3);
+    if (srv->ckpt_every && srv->o->checkpoint_dir && (step + 1) % srv->ckpt_every == 0 &&
+        zps_shard_save(srv->shard, srv->o->checkpoint_dir, 3) == ZPS_OK && srv->coord) {
+        (void)zps_coord_save(srv->coord, srv->o->checkpoint_dir, step + 1);
     }
     srv->step_start_ms = now;
     srv->next_stall_ms = now + ZPS_SERVER_STALL_WARN_MS;
@@ -415,7 +417,7 @@ static void s_dispatch_coord(s_server *srv, zps_wire_msg *m)
     case ZPS__MSG_TYPE__READY: err = zps_coord_on_ready(srv->coord, srv->sock, m); break;
     case ZPS__MSG_TYPE__EVAL: err = zps_coord_on_eval(srv->coord, m); break;
     case ZPS__MSG_TYPE__BYE: err = zps_coord_on_bye(srv->coord, m); break;
-    case ZPS__MSG_TYPE__HEARTBEAT: (void)zps_coord_on_heartbeat(srv->coord, m); break;
+    case ZPS__MSG_TYPE__HEARTBEAT: (void)zps_coord_on_heartbeat(srv->coord, srv->sock, m); break;
     case ZPS__MSG_TYPE__STEP_DONE:
         zps_coord_shard_done(srv->coord, m->hdr->shard, m->hdr->step);
         break;
@@ -480,6 +482,7 @@ static void s_register(s_server *srv)
     reg.shards = srv->o->shards;
     reg.endpoint = srv->endpoint;
     reg.resume = srv->o->resume;
+    reg.serving = srv->shard != NULL;
     Zps__Header h;
     zps_wire_header_init(&h, ZPS__MSG_TYPE__REGISTER);
     h.shard = srv->o->shard;
@@ -667,6 +670,8 @@ static int s_loop(s_server *srv)
             zps_log_info("waiting for the coordinator at %s to assign this shard's range",
                          srv->o->coordinator);
             s_register(srv);
+        } else if (srv->shard && now > srv->next_register_ms) {
+            s_register(srv); // says where it is, for a coordinator that restarts
         }
         s_warn_stall(srv, now);
     }
@@ -705,6 +710,26 @@ static int s_bind(s_server *srv)
         }
     }
     return 0;
+}
+
+// Shard 0 restarted with --resume: the newest step of which both its
+// checkpoint and the job state are valid.
+static zps_err s_resume_coordinator(s_server *srv)
+{
+    uint64_t steps[64];
+    int n = zps_ckpt_steps(srv->o->checkpoint_dir, 0, steps, 64);
+    for (int i = n - 1; i >= 0; i--) {
+        uint64_t loaded;
+        if (zps_shard_restore(srv->shard, srv->o->checkpoint_dir, steps[i], &loaded) == ZPS_OK &&
+            zps_coord_resume(srv->coord, srv->o->checkpoint_dir, steps[i]) == ZPS_OK) {
+            srv->plan_gen = 0; // the coordinator's plan is taken again, with the rollback
+            return ZPS_OK;
+        }
+        zps_log_warn("step %llu cannot be resumed; trying the one before",
+                     (unsigned long long)steps[i]);
+    }
+    zps_log_error("--resume: no valid checkpoint and job state in %s", srv->o->checkpoint_dir);
+    return ZPS_ENOENT;
 }
 
 // Shard 0: the job from the flags, the coordinator, and this shard's range.
@@ -758,6 +783,9 @@ static int s_setup_coordinator(s_server *srv, FILE *metrics)
     if (!(srv->coord = zps_coord_new(&cc))) {
         return 1;
     }
+    if (o->resume && s_resume_coordinator(srv) != ZPS_OK) {
+        return 2;
+    }
     zps_log_info("listening on %s: model %s (%zu parameters), dataset %s (%u train, %u test), "
                  "global batch %u, %llu steps, shard 0 of %u: [%llu, %llu)",
                  srv->endpoint, o->model, srv->model.n_params, o->dataset, n_train, n_test,
@@ -804,7 +832,8 @@ int zps_server_run(const zps_server_opts *o)
     if (!srv.sock) {
         goto out;
     }
-    if (o->metrics_log && !(metrics = fopen(o->metrics_log, "w"))) {
+    // A resumed run goes on with the log it had (replayed steps appear twice).
+    if (o->metrics_log && !(metrics = fopen(o->metrics_log, o->resume ? "a" : "w"))) {
         zps_log_error("--metrics-log %s: %s", o->metrics_log, strerror(errno));
         ret = 2;
         goto out;

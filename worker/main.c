@@ -422,6 +422,7 @@ static zps_err s_take_params(s_worker *w, uint64_t step)
         items[i] = (zmq_pollitem_t){.socket = w->shards[i].sock, .events = ZMQ_POLLIN};
     }
     double start = zps_clock_ms(), next_log = start + ZPS_WORKER_WAIT_LOG_MS;
+    double next_beat = start + w->opts.heartbeat_ms;
     while (!s_all_received(w)) {
         int rc = zmq_poll(items, w->n_shards, ZPS_WORKER_POLL_MS);
         for (int i = 0; rc > 0 && i < w->n_shards; i++) {
@@ -439,6 +440,15 @@ static zps_err s_take_params(s_worker *w, uint64_t step)
             }
         }
         double now = zps_clock_ms();
+        if (now > next_beat) {
+            // From the main socket too: a restarted coordinator learns from
+            // it where this worker's replies go.
+            Zps__Header h;
+            zps_wire_header_init(&h, ZPS__MSG_TYPE__HEARTBEAT);
+            h.flags = 1;
+            (void)s_send(w, 0, &h, NULL, 0, NULL);
+            next_beat = now + w->opts.heartbeat_ms;
+        }
         if (now - start > w->opts.timeout_ms) {
             zps_log_error("gave up after %.0f s waiting for step %llu parameters",
                           (now - start) / 1e3, (unsigned long long)step);

@@ -342,6 +342,56 @@ START_TEST(test_failures_truncated_newest_checkpoint_falls_back)
 }
 END_TEST
 
+// The coordinator (shard 0) is killed and restarted with --resume on the
+// same address: it reloads its checkpoint and job state, finds its shard
+// and workers again, and everyone rolls back to that step and replays.
+START_TEST(test_failures_coordinator_killed_and_resumed_run_ends_equal)
+{
+    zps_procs ps;
+    zps_procs_init(&ps, "coord");
+    size_t n = s_n_params();
+    float *ref = s_reference(&ps, n);
+    char ck0[512], ck1[512], listen0[64];
+    snprintf(ck0, sizeof ck0, "%s", zps_procs_path(&ps, "ck0"));
+    snprintf(ck1, sizeof ck1, "%s", zps_procs_path(&ps, "ck1"));
+    snprintf(listen0, sizeof listen0, "tcp://127.0.0.1:%d", zps_free_port());
+    const char *args0[] = {"--workers", "2", "--global-batch", BATCH, "--steps", STEPS,
+                           "--model", MODEL, "--seed", "5", "--lr", "0.02", "--shards", "2",
+                           "--checkpoint-every", "10", "--checkpoint-dir", ck0,
+                           "--worker-timeout-ms", "30000", "--listen", listen0, NULL, NULL};
+    pid_t s0, s1;
+    char ep[256];
+    snprintf(ep, sizeof ep, "%s", zps_procs_start_server(&ps, "server", &s0, args0, 10000));
+    const char *args1[] = {"--shard", "1", "--shards", "2", "--coordinator", ep,
+                           "--checkpoint-dir", ck1, NULL};
+    char tag1[16] = "shard1";
+    zps_procs_start_server(&ps, tag1, &s1, args1, 10000);
+    pid_t w0 = s_start_worker(&ps, ep, "w0"), w1 = s_start_worker(&ps, ep, "w1");
+    s_wait_step(ep, 25);
+    double killed = zps_clock_ms();
+    ck_assert_int_eq(kill(s0, SIGKILL), 0);
+    zps_procs_wait(&ps, s0, 5000);
+    args0[sizeof args0 / sizeof args0[0] - 2] = "--resume";
+    zps_procs_start_server(&ps, "server-again", &s0, args0, 10000);
+    job_status st = s_wait_step(ep, 25);
+    fprintf(stderr, "coordinator killed at step 25; back at step %llu %.0f ms later\n",
+            (unsigned long long)st.step, zps_clock_ms() - killed);
+    ck_assert_int_eq(zps_procs_wait(&ps, w0, 120000), 0);
+    ck_assert_int_eq(zps_procs_wait(&ps, w1, 120000), 0);
+    ck_assert_int_eq(zps_procs_wait(&ps, s1, 30000), 0);
+    ck_assert_int_eq(zps_procs_wait(&ps, s0, 30000), 0);
+    ck_assert_msg(s_log_has(&ps, "server-again.log", "resumed at step 20"), "not resumed at 20");
+    ck_assert_msg(s_log_has(&ps, "server-again.log", "rolls back to it"), "no rollback logged");
+    float *a = s_check_close(&ps, "w0", ref, n);
+    float *b = s_check_close(&ps, "w1", ref, n);
+    ck_assert_msg(memcmp(a, b, n * sizeof(float)) == 0, "the workers differ");
+    free(a);
+    free(b);
+    free(ref);
+    zps_procs_fini(&ps, false);
+}
+END_TEST
+
 Suite *zps_suite_failures(void)
 {
     Suite *s = suite_create("failures");
@@ -352,6 +402,7 @@ Suite *zps_suite_failures(void)
     tcase_add_test(tc, test_failures_all_workers_gone_server_waits_then_resumes);
     tcase_add_test(tc, test_failures_shard_killed_and_resumed_run_ends_equal);
     tcase_add_test(tc, test_failures_truncated_newest_checkpoint_falls_back);
+    tcase_add_test(tc, test_failures_coordinator_killed_and_resumed_run_ends_equal);
     suite_add_tcase(s, tc);
     return s;
 }
