@@ -1,6 +1,8 @@
 /* zps_ctl.c - zps-ctl, the operator's tool.
  *
- *   zps-ctl status [ENDPOINT]   the coordinator's job, step and members
+ *   zps-ctl status [ENDPOINT] [--curve-secret FILE --server-key FILE]
+ *                               the coordinator's job, step and members
+ *   zps-ctl keygen NAME         a CurveZMQ keypair: NAME.key (secret) and NAME.pub
  *
  * It speaks the same wire as workers (a DEALER, one STATUS request) and
  * waits a bounded time for the answer. */
@@ -9,6 +11,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "common/zps_curve.h"
 #include "common/zps_log.h"
 #include "common/zps_wire.h"
 
@@ -17,7 +20,11 @@
 
 static void s_usage(FILE *f)
 {
-    fprintf(f, "usage: zps-ctl status [ENDPOINT]   (default %s)\n", ZPS_CTL_DEFAULT_ENDPOINT);
+    fprintf(f,
+            "usage: zps-ctl status [ENDPOINT] [--curve-secret FILE --server-key FILE]\n"
+            "                                   (default %s)\n"
+            "       zps-ctl keygen NAME         writes NAME.key (secret, 0600) and NAME.pub\n",
+            ZPS_CTL_DEFAULT_ENDPOINT);
 }
 
 static void s_print_status(const Zps__Header *h)
@@ -45,12 +52,12 @@ static void s_print_status(const Zps__Header *h)
     }
 }
 
-static int s_status(const char *endpoint)
+static int s_status(const char *endpoint, const zps_curve *curve)
 {
     int ret = 1;
     void *ctx = zmq_ctx_new();
     void *sock = ctx ? zps_wire_socket(ctx, ZMQ_DEALER, ZPS_CTL_TIMEOUT_MS) : NULL;
-    if (!sock || zmq_connect(sock, endpoint) != 0) {
+    if (!sock || zps_curve_client(curve, sock) != ZPS_OK || zmq_connect(sock, endpoint) != 0) {
         fprintf(stderr, "zps-ctl: cannot connect to %s: %s\n", endpoint, zmq_strerror(errno));
         goto out;
     }
@@ -93,9 +100,34 @@ int main(int argc, char **argv)
         s_usage(stdout);
         return 0;
     }
-    if (argc < 2 || argc > 3 || strcmp(argv[1], "status") != 0) {
+    if (argc == 3 && strcmp(argv[1], "keygen") == 0) {
+        if (zps_curve_keygen(argv[2]) != ZPS_OK) {
+            return 1;
+        }
+        printf("wrote %s.key (secret) and %s.pub\n", argv[2], argv[2]);
+        return 0;
+    }
+    if (argc < 2 || strcmp(argv[1], "status") != 0) {
         s_usage(stderr);
         return 2;
     }
-    return s_status(argc == 3 ? argv[2] : ZPS_CTL_DEFAULT_ENDPOINT);
+    const char *endpoint = ZPS_CTL_DEFAULT_ENDPOINT, *secret = NULL, *server = NULL;
+    for (int i = 2; i < argc; i++) {
+        if (strcmp(argv[i], "--curve-secret") == 0 && i + 1 < argc) {
+            secret = argv[++i];
+        } else if (strcmp(argv[i], "--server-key") == 0 && i + 1 < argc) {
+            server = argv[++i];
+        } else if (argv[i][0] != '-') {
+            endpoint = argv[i];
+        } else {
+            s_usage(stderr);
+            return 2;
+        }
+    }
+    zps_curve curve = {0};
+    if ((secret || server) && (!secret || !server || zps_curve_load(&curve, secret, server))) {
+        fprintf(stderr, "zps-ctl: --curve-secret and --server-key go together\n");
+        return 2;
+    }
+    return s_status(endpoint, &curve);
 }

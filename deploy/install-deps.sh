@@ -11,6 +11,7 @@ pkgs=(
   zlib1g-dev                           # decompressing the IDX .gz files once
   check                                # unit and integration tests
   dataset-fashion-mnist                # the demo's and tests' data
+  tcpdump                              # the security test captures loopback traffic
 )
 missing=()
 for p in "${pkgs[@]}"; do

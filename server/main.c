@@ -34,6 +34,10 @@ static void s_usage(FILE *f)
             "  --checkpoint-every K   shards checkpoint every K steps (shard 0 sets it for all)\n"
             "  --checkpoint-dir DIR   where this shard keeps its checkpoints\n"
             "  --resume               restart from this shard's newest valid checkpoint\n"
+            "  --curve-secret FILE    CurveZMQ: this server's secret key (zps-ctl keygen)\n"
+            "  --authorized-keys DIR  CurveZMQ: the public keys (*.pub) admitted; SIGHUP re-reads\n"
+            "  --server-key FILE      shards > 0: the coordinator's public key (default: own)\n"
+            "  --require-curve        refuse to start without CurveZMQ\n"
             "  --wire-dtype T         fp32, bf16 or fp16 for tensors on the wire (default fp32)\n"
             "  --metrics-log FILE     JSON lines: one per step, one per evaluation\n"
             "  --log-level LEVEL      debug, info, warn, error (default info)\n");
@@ -69,7 +73,8 @@ static bool s_parse_opts(int argc, char **argv, s_opts *o)
 {
     enum { O_LISTEN = 256, O_WORKERS, O_MODEL, O_DATASET, O_BATCH, O_EPOCHS, O_STEPS, O_OPTIM,
            O_LR, O_MOMENTUM, O_NESTEROV, O_WD, O_SCHED, O_WARMUP, O_SEED, O_METRICS, O_LOG,
-           O_ENDPOINT_FILE, O_SHARD, O_SHARDS, O_COORD, O_DTYPE, O_WTIMEOUT, O_CKPT_EVERY, O_CKPT_DIR, O_RESUME, O_HELP };
+           O_ENDPOINT_FILE, O_SHARD, O_SHARDS, O_COORD, O_DTYPE, O_WTIMEOUT, O_CKPT_EVERY, O_CKPT_DIR, O_RESUME, O_CURVE_SECRET, O_AUTH_KEYS,
+           O_SERVER_KEY, O_REQUIRE_CURVE, O_HELP };
     static const struct option longopts[] = {
         {"listen", required_argument, 0, O_LISTEN},
         {"workers", required_argument, 0, O_WORKERS},
@@ -97,6 +102,10 @@ static bool s_parse_opts(int argc, char **argv, s_opts *o)
         {"checkpoint-every", required_argument, 0, O_CKPT_EVERY},
         {"checkpoint-dir", required_argument, 0, O_CKPT_DIR},
         {"resume", no_argument, 0, O_RESUME},
+        {"curve-secret", required_argument, 0, O_CURVE_SECRET},
+        {"authorized-keys", required_argument, 0, O_AUTH_KEYS},
+        {"server-key", required_argument, 0, O_SERVER_KEY},
+        {"require-curve", no_argument, 0, O_REQUIRE_CURVE},
         {"help", no_argument, 0, O_HELP},
         {0, 0, 0, 0},
     };
@@ -157,6 +166,10 @@ static bool s_parse_opts(int argc, char **argv, s_opts *o)
         case O_CKPT_EVERY: ok = s_parse_u64("--checkpoint-every", optarg, &o->checkpoint_every); break;
         case O_CKPT_DIR: o->checkpoint_dir = optarg; break;
         case O_RESUME: o->resume = true; break;
+        case O_CURVE_SECRET: o->curve_secret = optarg; break;
+        case O_AUTH_KEYS: o->authorized_keys = optarg; break;
+        case O_SERVER_KEY: o->server_key = optarg; break;
+        case O_REQUIRE_CURVE: o->require_curve = true; break;
         case O_WTIMEOUT:
             ok = s_parse_u64("--worker-timeout-ms", optarg, &v) && v >= 100;
             o->worker_timeout_ms = (double)v;
@@ -185,6 +198,10 @@ static bool s_parse_opts(int argc, char **argv, s_opts *o)
     }
     if (o->global_batch == 0) {
         fprintf(stderr, "zps-server: --global-batch must be 1..%u\n", 1u << 24);
+        return false;
+    }
+    if (!o->curve_secret != !o->authorized_keys) {
+        fprintf(stderr, "zps-server: --curve-secret and --authorized-keys go together\n");
         return false;
     }
     if ((o->checkpoint_every || o->resume) && !o->checkpoint_dir) {

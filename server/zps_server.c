@@ -16,6 +16,8 @@
 #include "server/zps_ckpt.h"
 #include "server/zps_coord.h"
 #include "server/zps_shard.h"
+#include "server/zps_zap.h"
+#include "common/zps_curve.h"
 
 #define ZPS_SERVER_POLL_MS 200
 #define ZPS_SERVER_STALL_WARN_MS 5000.0
@@ -60,15 +62,21 @@ typedef struct s_server {
     double next_stall_ms;                        // next stall warning
     double next_register_ms;                     // shard > 0: next REGISTER while unassigned
     bool finished;                               // shard > 0: the last step is done
+    zps_curve curve;                             // CURVE keys, if on
+    zps_zap *zap;                                // owned: admits CURVE clients, if on
     uint64_t ckpt_every;                         // checkpoint after every this many steps
 } s_server;
 
 static volatile sig_atomic_t s_stop;
+static volatile sig_atomic_t s_reload_keys;
 
 static void s_on_signal(int sig)
 {
-    (void)sig;
-    s_stop = 1;
+    if (sig == SIGHUP) {
+        s_reload_keys = 1;
+    } else {
+        s_stop = 1;
+    }
 }
 
 static uint64_t s_job_id(const s_server *srv)
@@ -662,6 +670,10 @@ static int s_loop(s_server *srv)
         if (n_items == 2 && (items[1].revents & ZMQ_POLLIN) && s_read_up(srv) != ZPS_OK) {
             return 1;
         }
+        if (s_reload_keys) {
+            s_reload_keys = 0;
+            zps_zap_reload(srv->zap);
+        }
         double now = zps_clock_ms();
         if (srv->coord) {
             zps_coord_tick(srv->coord, srv->sock, now);
@@ -687,6 +699,38 @@ static int s_loop(s_server *srv)
 
 // Binds sock and reports the endpoint bound (a port of '*' resolved) in
 // srv->endpoint and, if asked, in a file that launchers and tests wait for.
+// CURVE on the bound socket, and the ZAP handler that admits clients; or,
+// without CURVE, a warning (or a refusal) when the address is not loopback.
+static int s_setup_security(s_server *srv)
+{
+    const zps_server_opts *o = srv->o;
+    if (!o->curve_secret) {
+        if (!zps_curve_is_loopback(o->listen)) {
+            zps_log_warn("%s is reachable beyond this host and CurveZMQ is off: anyone who "
+                         "reaches it can join the job (see --curve-secret)", o->listen);
+            if (o->require_curve) {
+                zps_log_error("--require-curve: refusing to listen without CurveZMQ");
+                return 2;
+            }
+        }
+        return 0;
+    }
+    if (zps_curve_load(&srv->curve, o->curve_secret, o->server_key) != ZPS_OK) {
+        return 2;
+    }
+    if (!o->server_key) {
+        memcpy(srv->curve.server, srv->curve.public_, sizeof srv->curve.server);
+    }
+    const char *domain = "zps";
+    if (!(srv->zap = zps_zap_start(srv->ctx, o->authorized_keys)) ||
+        zps_curve_server(&srv->curve, srv->sock) != ZPS_OK ||
+        zmq_setsockopt(srv->sock, ZMQ_ZAP_DOMAIN, domain, strlen(domain)) != 0) {
+        return 2;
+    }
+    zps_log_info("CurveZMQ on: public key %s", srv->curve.public_);
+    return 0;
+}
+
 static int s_bind(s_server *srv)
 {
     const zps_server_opts *o = srv->o;
@@ -797,7 +841,8 @@ static int s_setup_coordinator(s_server *srv, FILE *metrics)
 static int s_setup_shard(s_server *srv)
 {
     srv->up = zps_wire_socket(srv->ctx, ZMQ_DEALER, ZPS_SERVER_SEND_TIMEOUT_MS);
-    if (!srv->up || zmq_connect(srv->up, srv->o->coordinator) != 0) {
+    if (!srv->up || zps_curve_client(&srv->curve, srv->up) != ZPS_OK ||
+        zmq_connect(srv->up, srv->o->coordinator) != 0) {
         zps_log_error("cannot connect to the coordinator at %s", srv->o->coordinator);
         return 2;
     }
@@ -838,7 +883,7 @@ int zps_server_run(const zps_server_opts *o)
         ret = 2;
         goto out;
     }
-    if ((ret = s_bind(&srv)) != 0) {
+    if ((ret = s_setup_security(&srv)) != 0 || (ret = s_bind(&srv)) != 0) {
         goto out;
     }
     ret = o->shard == 0 ? s_setup_coordinator(&srv, metrics) : s_setup_shard(&srv);
@@ -847,6 +892,7 @@ int zps_server_run(const zps_server_opts *o)
     }
     signal(SIGINT, s_on_signal);
     signal(SIGTERM, s_on_signal);
+    signal(SIGHUP, s_on_signal);
     ret = s_loop(&srv);
     s_log_peak_rss(&srv);
 out:
@@ -870,6 +916,7 @@ out:
     if (srv.up) {
         zmq_close(srv.up);
     }
+    zps_zap_stop(&srv.zap);
     if (srv.ctx) {
         zmq_ctx_term(srv.ctx); // flushes replies; releases the shard's zero-copy frames
     }

@@ -36,6 +36,10 @@ typedef struct zps_server_opts {
     uint64_t checkpoint_every;  // shard 0: checkpoint every this many steps (0: never)
     const char *checkpoint_dir; // where this shard writes its checkpoints, or NULL
     bool resume;                // start from this shard's newest valid checkpoint
+    const char *curve_secret;   // this server's CURVE secret key file, or NULL
+    const char *server_key;     // shard > 0: the coordinator's public key (default: own)
+    const char *authorized_keys; // directory of the public keys admitted
+    bool require_curve;         // refuse to run without CURVE
 } zps_server_opts;
 
 // Runs a shard until the job is over or SIGINT/SIGTERM; returns the exit

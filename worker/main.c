@@ -14,6 +14,7 @@
 #include <unistd.h>
 
 #include "common/zps_clock.h"
+#include "common/zps_curve.h"
 #include "common/zps_dataset.h"
 #include "common/zps_dtype.h"
 #include "common/zps_log.h"
@@ -41,6 +42,8 @@ typedef struct s_opts {
     int join_timeout_ms;      // bound on waiting for the job to start
     bool no_overlap;          // push after backward, not during (to measure the overlap)
     int heartbeat_ms;         // interval of the heartbeat to the coordinator
+    const char *curve_secret; // CurveZMQ: this worker's secret key, or NULL
+    const char *server_key;   // CurveZMQ: the servers' public key
 } s_opts;
 
 typedef struct s_shard_conn {
@@ -63,6 +66,7 @@ typedef struct s_worker {
     uint32_t global_batch;                        // B
     zps_schedule schedule;                        // what to compute at each step
     zps_heartbeat *heartbeat;                     // owned
+    zps_curve curve;                              // CURVE keys, if on
     uint64_t seed, total_steps, steps_per_epoch, start_step;
     zps_model_spec model;
     zps_dtype dtype;                              // tensors on the wire
@@ -180,7 +184,8 @@ static zps_err s_take_shards(s_worker *w, const Zps__Job *job)
         }
         snprintf(sc->endpoint, sizeof sc->endpoint, "%s", si->endpoint);
         sc->sock = zps_wire_socket(w->ctx, ZMQ_DEALER, ZPS_WORKER_POLL_MS);
-        if (!sc->sock || zmq_connect(sc->sock, sc->endpoint) != 0) {
+        if (!sc->sock || zps_curve_client(&w->curve, sc->sock) != ZPS_OK ||
+            zmq_connect(sc->sock, sc->endpoint) != 0) {
             zps_log_error("cannot connect to shard %zu at %s", i, sc->endpoint);
             return ZPS_EIO;
         }
@@ -505,8 +510,8 @@ static zps_err s_join(s_worker *w)
     }
     zps_wire_msg_fini(&m);
     if (err == ZPS_OK) {
-        w->heartbeat = zps_heartbeat_start(w->ctx, w->shards[0].endpoint, w->job_id, w->rank,
-                                           w->member_id, w->opts.heartbeat_ms);
+        w->heartbeat = zps_heartbeat_start(w->ctx, w->shards[0].endpoint, &w->curve, w->job_id,
+                                           w->rank, w->member_id, w->opts.heartbeat_ms);
     }
     if (err == ZPS_OK && (err = s_pull(w, w->start_step)) == ZPS_EAGAIN) {
         err = s_start_over(w, &w->start_step);
@@ -756,6 +761,8 @@ static void s_usage(FILE *f)
             "  --join-timeout-ms MS    bound on waiting for the job to start (default 600000)\n"
             "  --no-overlap            push after backward instead of during it (benchmarks)\n"
             "  --heartbeat-ms MS       heartbeat interval to the coordinator (default 1000)\n"
+            "  --curve-secret FILE     CurveZMQ: this worker's secret key (zps-ctl keygen)\n"
+            "  --server-key FILE       CurveZMQ: the servers' public key\n"
             "  --log-level LEVEL       debug, info, warn, error (default info)\n");
 }
 
@@ -776,7 +783,7 @@ static bool s_parse_int(const char *flag, const char *text, long lo, long hi, lo
 static bool s_parse_opts(int argc, char **argv, s_opts *o, char *cache_buf, size_t cache_len)
 {
     enum { O_COORD = 256, O_DEVICE, O_SHARE, O_SAVE, O_THREADS, O_CACHE, O_TIMEOUT, O_JOIN,
-           O_NO_OVERLAP, O_HEARTBEAT, O_LOG, O_HELP };
+           O_NO_OVERLAP, O_HEARTBEAT, O_CURVE_SECRET, O_SERVER_KEY, O_LOG, O_HELP };
     static const struct option longopts[] = {
         {"coordinator", required_argument, 0, O_COORD},
         {"device", required_argument, 0, O_DEVICE},
@@ -788,6 +795,8 @@ static bool s_parse_opts(int argc, char **argv, s_opts *o, char *cache_buf, size
         {"join-timeout-ms", required_argument, 0, O_JOIN},
         {"no-overlap", no_argument, 0, O_NO_OVERLAP},
         {"heartbeat-ms", required_argument, 0, O_HEARTBEAT},
+        {"curve-secret", required_argument, 0, O_CURVE_SECRET},
+        {"server-key", required_argument, 0, O_SERVER_KEY},
         {"log-level", required_argument, 0, O_LOG},
         {"help", no_argument, 0, O_HELP},
         {0, 0, 0, 0},
@@ -808,6 +817,8 @@ static bool s_parse_opts(int argc, char **argv, s_opts *o, char *cache_buf, size
         case O_TIMEOUT: ok = s_parse_int("--timeout-ms", optarg, 100, 86400000, &v); o->timeout_ms = (int)v; break;
         case O_JOIN: ok = s_parse_int("--join-timeout-ms", optarg, 100, 86400000, &v); o->join_timeout_ms = (int)v; break;
         case O_NO_OVERLAP: o->no_overlap = true; break;
+        case O_CURVE_SECRET: o->curve_secret = optarg; break;
+        case O_SERVER_KEY: o->server_key = optarg; break;
         case O_HEARTBEAT:
             ok = s_parse_int("--heartbeat-ms", optarg, 10, 3600000, &v);
             o->heartbeat_ms = (int)v;
@@ -881,12 +892,21 @@ int main(int argc, char **argv)
     if (!zps_backend_supports(w.opts.device)) {
         return 2;
     }
+    if (!w.opts.curve_secret != !w.opts.server_key) {
+        fprintf(stderr, "zps-worker: --curve-secret and --server-key go together\n");
+        return 2;
+    }
+    if (w.opts.curve_secret &&
+        zps_curve_load(&w.curve, w.opts.curve_secret, w.opts.server_key) != ZPS_OK) {
+        return 2;
+    }
     openblas_set_num_threads(w.opts.threads);
     w.ctx = zmq_ctx_new();
     s_shard_conn *coord = &w.shards[0];
     snprintf(coord->endpoint, sizeof coord->endpoint, "%s", w.opts.coordinator);
     coord->sock = w.ctx ? zps_wire_socket(w.ctx, ZMQ_DEALER, ZPS_WORKER_POLL_MS) : NULL;
-    if (!coord->sock || zmq_connect(coord->sock, coord->endpoint) != 0) {
+    if (!coord->sock || zps_curve_client(&w.curve, coord->sock) != ZPS_OK ||
+        zmq_connect(coord->sock, coord->endpoint) != 0) {
         zps_log_error("cannot connect to %s: %s", coord->endpoint, zmq_strerror(errno));
         s_worker_fini(&w);
         return 2;

@@ -41,8 +41,9 @@ static void *s_run(void *arg)
     return NULL;
 }
 
-zps_heartbeat *zps_heartbeat_start(void *ctx, const char *endpoint, uint64_t job_id,
-                                   uint32_t rank, uint64_t member_id, int interval_ms)
+zps_heartbeat *zps_heartbeat_start(void *ctx, const char *endpoint, const zps_curve *curve,
+                                   uint64_t job_id, uint32_t rank, uint64_t member_id,
+                                   int interval_ms)
 {
     zps_heartbeat *hb = calloc(1, sizeof *hb);
     if (!hb) {
@@ -51,7 +52,8 @@ zps_heartbeat *zps_heartbeat_start(void *ctx, const char *endpoint, uint64_t job
     *hb = (zps_heartbeat){.job_id = job_id, .rank = rank, .member_id = member_id,
                           .interval_ms = interval_ms};
     hb->sock = zps_wire_socket(ctx, ZMQ_DEALER, interval_ms);
-    if (!hb->sock || zmq_connect(hb->sock, endpoint) != 0 ||
+    if (!hb->sock || zps_curve_client(curve, hb->sock) != ZPS_OK ||
+        zmq_connect(hb->sock, endpoint) != 0 ||
         pthread_create(&hb->thread, NULL, s_run, hb) != 0) {
         zps_log_error("cannot start the heartbeat to %s", endpoint);
         if (hb->sock) {

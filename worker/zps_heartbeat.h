@@ -8,12 +8,15 @@
 
 #include <stdint.h>
 
+#include "common/zps_curve.h"
+
 typedef struct zps_heartbeat zps_heartbeat;
 
 // Starts beating to the coordinator at endpoint. Caller owns the result
 // (zps_heartbeat_stop); NULL on failure, logged.
-zps_heartbeat *zps_heartbeat_start(void *ctx, const char *endpoint, uint64_t job_id,
-                                   uint32_t rank, uint64_t member_id, int interval_ms);
+zps_heartbeat *zps_heartbeat_start(void *ctx, const char *endpoint, const zps_curve *curve,
+                                   uint64_t job_id, uint32_t rank, uint64_t member_id,
+                                   int interval_ms);
 // Stops the thread, waits for it (at most one interval) and frees.
 void zps_heartbeat_stop(zps_heartbeat **hb);
 
