@@ -8,6 +8,8 @@
 #include <cblas.h>
 #include <errno.h>
 #include <getopt.h>
+#include <math.h>
+#include <time.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -20,6 +22,7 @@
 #include "common/zps_log.h"
 #include "common/zps_model.h"
 #include "common/zps_plan.h"
+#include "common/zps_rng.h"
 #include "common/zps_wire.h"
 #include "worker/zps_backend.h"
 #include "worker/zps_heartbeat.h"
@@ -44,6 +47,9 @@ typedef struct s_opts {
     int heartbeat_ms;         // interval of the heartbeat to the coordinator
     const char *curve_secret; // CurveZMQ: this worker's secret key, or NULL
     const char *server_key;   // CurveZMQ: the servers' public key
+    double slowdown;          // fault injection: compute takes this many times longer
+    double stall_prob;        // fault injection: chance of a pause per step
+    int stall_ms;             // fault injection: length of a pause
 } s_opts;
 
 typedef struct s_shard_conn {
@@ -85,6 +91,8 @@ typedef struct s_worker {
     double data_ms;                               // its data time
     zps_err push_err;                             // first failed push of the step
     uint64_t rollback_to;                         // step to start over from after a ROLLBACK
+    zps_rng fault_rng;                            // draws the injected pauses
+    double last_compute_ms;                       // the last slice's own compute time
     double sum_data_ms, sum_compute_ms, sum_wait_ms; // per-step phases, summed
     uint64_t timed_steps;                         // steps in those sums
 } s_worker;
@@ -611,6 +619,28 @@ static void s_on_bucket(void *arg, int bucket)
     }
 }
 
+static void s_sleep_ms(double ms)
+{
+    if (ms > 0) {
+        struct timespec ts = {(time_t)(ms / 1000), (long)(fmod(ms, 1000.0) * 1e6)};
+        nanosleep(&ts, NULL);
+    }
+}
+
+// Fault injection for tests and demos (--slowdown, --stall-prob): the
+// pause comes before the compute, so a slowed worker pushes late.
+static void s_inject_faults(s_worker *w)
+{
+    if (w->opts.slowdown > 1.0) {
+        // Slowed by the factor: wait (factor - 1) times the last compute.
+        s_sleep_ms((w->opts.slowdown - 1.0) * w->last_compute_ms);
+    }
+    if (w->opts.stall_prob > 0 && zps_rng_uniform(&w->fault_rng) < w->opts.stall_prob) {
+        zps_log_debug("injected stall of %d ms", w->opts.stall_ms);
+        s_sleep_ms(w->opts.stall_ms);
+    }
+}
+
 // Computes one slice of a step on the current parameters and pushes its
 // gradient bucket by bucket.
 static zps_err s_compute(s_worker *w, uint64_t step, zps_work work)
@@ -637,7 +667,10 @@ static zps_err s_compute(s_worker *w, uint64_t step, zps_work work)
     double t1 = zps_clock_ms();
     w->data_ms = t1 - w->step_t0;
     float loss;
+    s_inject_faults(w);
+    double tc = zps_clock_ms();
     err = zps_backend_train_step(w->be, w->x, w->labels, work.count, &loss);
+    w->last_compute_ms = zps_clock_ms() - tc;
     for (int b = 0; err == ZPS_OK && w->opts.no_overlap && b < zps_model_n_buckets(&w->model);
          b++) {
         s_push_bucket(w, b);
@@ -761,6 +794,8 @@ static void s_usage(FILE *f)
             "  --join-timeout-ms MS    bound on waiting for the job to start (default 600000)\n"
             "  --no-overlap            push after backward instead of during it (benchmarks)\n"
             "  --heartbeat-ms MS       heartbeat interval to the coordinator (default 1000)\n"
+            "  --slowdown F            fault injection: compute takes F times longer\n"
+            "  --stall-prob P --stall-ms M  fault injection: pause M ms with chance P a step\n"
             "  --curve-secret FILE     CurveZMQ: this worker's secret key (zps-ctl keygen)\n"
             "  --server-key FILE       CurveZMQ: the servers' public key\n"
             "  --log-level LEVEL       debug, info, warn, error (default info)\n");
@@ -780,10 +815,24 @@ static bool s_parse_int(const char *flag, const char *text, long lo, long hi, lo
     return true;
 }
 
+static bool s_parse_real(const char *flag, const char *text, double lo, double hi, double *out)
+{
+    char *end;
+    errno = 0;
+    double v = strtod(text, &end);
+    if (errno || end == text || *end || !(v >= lo && v <= hi)) {
+        fprintf(stderr, "zps-worker: %s: '%s' is not a number in %g..%g\n", flag, text, lo, hi);
+        return false;
+    }
+    *out = v;
+    return true;
+}
+
 static bool s_parse_opts(int argc, char **argv, s_opts *o, char *cache_buf, size_t cache_len)
 {
     enum { O_COORD = 256, O_DEVICE, O_SHARE, O_SAVE, O_THREADS, O_CACHE, O_TIMEOUT, O_JOIN,
-           O_NO_OVERLAP, O_HEARTBEAT, O_CURVE_SECRET, O_SERVER_KEY, O_LOG, O_HELP };
+           O_NO_OVERLAP, O_HEARTBEAT, O_CURVE_SECRET, O_SERVER_KEY, O_SLOWDOWN, O_STALL_PROB,
+           O_STALL_MS, O_LOG, O_HELP };
     static const struct option longopts[] = {
         {"coordinator", required_argument, 0, O_COORD},
         {"device", required_argument, 0, O_DEVICE},
@@ -797,6 +846,9 @@ static bool s_parse_opts(int argc, char **argv, s_opts *o, char *cache_buf, size
         {"heartbeat-ms", required_argument, 0, O_HEARTBEAT},
         {"curve-secret", required_argument, 0, O_CURVE_SECRET},
         {"server-key", required_argument, 0, O_SERVER_KEY},
+        {"slowdown", required_argument, 0, O_SLOWDOWN},
+        {"stall-prob", required_argument, 0, O_STALL_PROB},
+        {"stall-ms", required_argument, 0, O_STALL_MS},
         {"log-level", required_argument, 0, O_LOG},
         {"help", no_argument, 0, O_HELP},
         {0, 0, 0, 0},
@@ -819,6 +871,12 @@ static bool s_parse_opts(int argc, char **argv, s_opts *o, char *cache_buf, size
         case O_NO_OVERLAP: o->no_overlap = true; break;
         case O_CURVE_SECRET: o->curve_secret = optarg; break;
         case O_SERVER_KEY: o->server_key = optarg; break;
+        case O_SLOWDOWN: ok = s_parse_real("--slowdown", optarg, 1.0, 1000.0, &o->slowdown); break;
+        case O_STALL_PROB: ok = s_parse_real("--stall-prob", optarg, 0.0, 1.0, &o->stall_prob); break;
+        case O_STALL_MS:
+            ok = s_parse_int("--stall-ms", optarg, 0, 3600000, &v);
+            o->stall_ms = (int)v;
+            break;
         case O_HEARTBEAT:
             ok = s_parse_int("--heartbeat-ms", optarg, 10, 3600000, &v);
             o->heartbeat_ms = (int)v;
@@ -901,6 +959,7 @@ int main(int argc, char **argv)
         return 2;
     }
     openblas_set_num_threads(w.opts.threads);
+    zps_rng_seed(&w.fault_rng, (uint64_t)getpid(), 0x5ea11);
     w.ctx = zmq_ctx_new();
     s_shard_conn *coord = &w.shards[0];
     snprintf(coord->endpoint, sizeof coord->endpoint, "%s", w.opts.coordinator);
