@@ -39,16 +39,21 @@ static void s_print_status(const Zps__Header *h)
     if (st->test_accuracy >= 0) {
         printf(", test accuracy %.4f", st->test_accuracy);
     }
-    printf("\nmembers %zu of %u, refused messages %llu\n", st->n_members, st->workers_expected,
-           (unsigned long long)st->bad_messages);
+    printf("\nmembers %zu of %u, refused messages %llu, evictions %llu, plan %u, "
+           "step time median %.2f ms, p95 %.2f ms\n",
+           st->n_members, st->workers_expected, (unsigned long long)st->bad_messages,
+           (unsigned long long)st->evictions, st->generation, st->step_ms_median,
+           st->step_ms_p95);
     if (st->n_members > 0) {
-        printf("%4s  %-20s %-8s %6s %8s %10s %8s\n", "rank", "host", "device", "share", "pushes",
-               "compute_ms", "pid");
+        printf("%4s  %-20s %-8s %6s %8s %10s %8s %10s %8s  %s\n", "rank", "host", "device",
+               "share", "pushes", "compute_ms", "lag_ms", "samples/s", "pid", "state");
     }
     for (size_t i = 0; i < st->n_members; i++) {
         const Zps__Member *m = st->members[i];
-        printf("%4u  %-20s %-8s %6u %8llu %10.2f %8u\n", m->rank, m->host, m->device, m->share,
-               (unsigned long long)m->pushes, m->compute_ms, m->pid);
+        printf("%4u  %-20s %-8s %6u %8llu %10.2f %8.2f %10.0f %8u  %s\n", m->rank, m->host,
+               m->device, m->share, (unsigned long long)m->pushes, m->compute_ms, m->lag_ms,
+               m->samples_per_s, m->pid,
+               !m->live ? "gone" : m->straggler ? "STRAGGLER" : "ok");
     }
 }
 

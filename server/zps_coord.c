@@ -12,6 +12,7 @@
 #include "common/zps_model.h"
 #include "common/zps_rng.h"
 #include "server/zps_ckpt.h"
+#include "server/zps_monitor.h"
 
 #define ZPS_COORD_PROGRESS_MS 2000.0
 #define ZPS_COORD_WAIT_LOG_MS 5000.0
@@ -91,6 +92,7 @@ struct zps_coord {
     s_extra extras[ZPS_COORD_EXTRAS];   // handed-over slices of steps in progress
     int n_extras;
     uint64_t evictions;                 // members evicted for silence
+    zps_monitor *mon;                   // owned: lag, stragglers, throughput
     double stall_log_ms;                // next "cannot complete" line
     double recover_deadline_ms;         // RECOVERING: when to go on without the missing
     bool rollback_pending;              // shard 0 must restore rollback_step
@@ -116,6 +118,10 @@ zps_coord *zps_coord_new(const zps_coord_cfg *cfg)
         return NULL;
     }
     c->cfg = *cfg;
+    if (!(c->mon = zps_monitor_new())) {
+        free(c);
+        return NULL;
+    }
     struct timespec ts;
     clock_gettime(CLOCK_REALTIME, &ts);
     // Member and job ids must differ between runs, not be reproducible.
@@ -147,6 +153,7 @@ void zps_coord_destroy(zps_coord **cp)
             zmq_msg_close(&c->shards[i].route);
         }
     }
+    zps_monitor_destroy(&c->mon);
     free(c);
     *cp = NULL;
 }
@@ -882,6 +889,12 @@ void zps_coord_on_status(zps_coord *c, void *sock, zps_wire_msg *m, uint64_t ste
         members[i].pushes = s->pushes;
         members[i].compute_ms = s->compute_ms;
         members[i].live = s->live;
+        zps_monitor_view v;
+        if (zps_monitor_view_of(c->mon, s->rank, &v)) {
+            members[i].lag_ms = v.lag_ms;
+            members[i].straggler = v.straggler;
+            members[i].samples_per_s = v.samples_per_s;
+        }
         member_ptrs[i] = &members[i];
     }
     Zps__Status st = ZPS__STATUS__INIT;
@@ -912,6 +925,8 @@ void zps_coord_on_status(zps_coord *c, void *sock, zps_wire_msg *m, uint64_t ste
     }
     st.n_shards = c->cfg.shards;
     st.evictions = c->evictions;
+    st.step_ms_median = zps_monitor_step_quantile(c->mon, 0.5);
+    st.step_ms_p95 = zps_monitor_step_quantile(c->mon, 0.95);
     st.generation = c->gen;
     st.shards = shard_ptrs;
 
@@ -931,11 +946,17 @@ void zps_coord_step_done(zps_coord *c, uint64_t step, float loss, double step_ms
     c->last_step_ms = step_ms;
     c->sum_step_ms += step_ms;
     c->n_step_ms++;
-    if (c->cfg.metrics) {
-        fprintf(c->cfg.metrics,
-                "{\"step\":%llu,\"epoch\":%llu,\"loss\":%.6f,\"samples\":%u,\"step_ms\":%.3f}\n",
+    FILE *f = c->cfg.metrics;
+    if (f) {
+        fprintf(f,
+                "{\"step\":%llu,\"epoch\":%llu,\"loss\":%.6f,\"samples\":%u,\"step_ms\":%.3f,"
+                "\"workers\":[",
                 (unsigned long long)step, (unsigned long long)(step / c->cfg.steps_per_epoch),
-                loss, c->plan.global_batch, step_ms);
+                loss, c->cfg.global_batch, step_ms);
+    }
+    zps_monitor_step_done(c->mon, step, step_ms, f);
+    if (f) {
+        fprintf(f, "]}\n");
     }
     if (c->steps_done >= c->cfg.total_steps) {
         c->state = S_DONE;
@@ -949,13 +970,20 @@ void zps_coord_step_done(zps_coord *c, uint64_t step, float loss, double step_ms
     }
 }
 
-void zps_coord_note_push(zps_coord *c, uint32_t rank, float compute_ms)
+void zps_coord_note_push(zps_coord *c, uint64_t step, uint32_t rank, uint32_t samples,
+                         float compute_ms, double now_ms)
 {
     if (rank < c->n_members) {
-        c->members[rank].last_seen_ms = zps_clock_ms();
+        c->members[rank].last_seen_ms = now_ms;
         c->members[rank].pushes++;
         c->members[rank].compute_ms = compute_ms;
+        zps_monitor_push(c->mon, step, rank, samples, compute_ms, now_ms);
     }
+}
+
+const char *zps_coord_member_device(const zps_coord *c, uint32_t rank)
+{
+    return rank < c->n_members ? c->members[rank].device : "?";
 }
 
 static void s_log_progress(zps_coord *c)

@@ -80,8 +80,11 @@ zps_err zps_coord_resume(zps_coord *c, const char *dir, uint64_t step);
 // once, with the step shard 0 must restore.
 bool zps_coord_take_rollback(zps_coord *c, uint64_t *step);
 
-// Records a member's push (timings for status).
-void zps_coord_note_push(zps_coord *c, uint32_t rank, float compute_ms);
+// Records a member's push arriving at now_ms (lag, timings for status).
+void zps_coord_note_push(zps_coord *c, uint64_t step, uint32_t rank, uint32_t samples,
+                         float compute_ms, double now_ms);
+// Host and device of a rank, for log lines ("?" if unknown; borrowed).
+const char *zps_coord_member_device(const zps_coord *c, uint32_t rank);
 
 // Periodic work: evictions (and the new plan they make, sent on sock),
 // progress and waiting lines, the end-of-run deadline.

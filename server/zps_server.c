@@ -20,7 +20,6 @@
 #include "common/zps_curve.h"
 
 #define ZPS_SERVER_POLL_MS 200
-#define ZPS_SERVER_STALL_WARN_MS 5000.0
 #define ZPS_SERVER_REGISTER_MS 2000.0
 #define ZPS_SERVER_SEND_TIMEOUT_MS 5000
 #define ZPS_SERVER_HELD 32      // pushes of a plan not heard of yet, kept until it arrives
@@ -254,7 +253,7 @@ static void s_end_step(s_server *srv)
         (void)zps_coord_save(srv->coord, srv->o->checkpoint_dir, step + 1);
     }
     srv->step_start_ms = now;
-    srv->next_stall_ms = now + ZPS_SERVER_STALL_WARN_MS;
+    srv->next_stall_ms = now + srv->o->stall_warn_ms;
     if (step + 1 == srv->total_steps && !srv->coord) {
         zps_log_info("shard %u: last step done", srv->o->shard);
         srv->finished = true;
@@ -326,7 +325,8 @@ static void s_on_push(s_server *srv, zps_wire_msg *m)
     }
     s_add_recipient(srv, m);
     if (srv->coord && err == ZPS_OK) {
-        zps_coord_note_push(srv->coord, m->hdr->rank % ZPS_MAX_MEMBERS, m->hdr->compute_ms);
+        zps_coord_note_push(srv->coord, m->hdr->step, m->hdr->rank % ZPS_MAX_MEMBERS,
+                            m->hdr->samples, m->hdr->compute_ms, zps_clock_ms());
     }
     if (ready < 0) {
         return;
@@ -377,7 +377,7 @@ static void s_take_plan(s_server *srv, uint32_t gen, uint64_t effective, const z
     srv->plan_set = true;
     s_add_plan(srv, gen, effective, plan);
     srv->step_start_ms = zps_clock_ms();
-    srv->next_stall_ms = srv->step_start_ms + ZPS_SERVER_STALL_WARN_MS;
+    srv->next_stall_ms = srv->step_start_ms + srv->o->stall_warn_ms;
 }
 
 static zps_err s_rollback(s_server *srv, uint64_t step);
@@ -629,16 +629,23 @@ static void s_warn_stall(s_server *srv, double now)
         zps_shard_step(srv->shard) >= srv->total_steps) {
         return;
     }
+    uint32_t missing = 0;
+    for (uint32_t i = 0; i < srv->plan.n; i++) {
+        const zps_plan_slice *sl = &srv->plan.slices[i];
+        missing += !zps_shard_slice_done(srv->shard, sl->offset, sl->count);
+    }
     for (uint32_t i = 0; i < srv->plan.n; i++) {
         const zps_plan_slice *sl = &srv->plan.slices[i];
         if (!zps_shard_slice_done(srv->shard, sl->offset, sl->count)) {
-            zps_log_warn("step %llu: waiting %.1f s for slice [%u, %u) of rank %u (%s)",
+            zps_log_warn("step %llu: waiting %.1f s for rank %u (%s, %s): %u of %u slices missing",
                          (unsigned long long)zps_shard_step(srv->shard),
-                         (now - srv->step_start_ms) / 1e3, sl->offset, sl->offset + sl->count,
-                         sl->rank, srv->coord ? zps_coord_member_host(srv->coord, sl->rank) : "?");
+                         (now - srv->step_start_ms) / 1e3, sl->rank,
+                         srv->coord ? zps_coord_member_host(srv->coord, sl->rank) : "?",
+                         srv->coord ? zps_coord_member_device(srv->coord, sl->rank) : "?",
+                         missing, srv->plan.n);
         }
     }
-    srv->next_stall_ms = now + ZPS_SERVER_STALL_WARN_MS;
+    srv->next_stall_ms = now + srv->o->stall_warn_ms;
 }
 
 static bool s_over(const s_server *srv)

@@ -40,6 +40,7 @@ typedef struct zps_server_opts {
     const char *server_key;     // shard > 0: the coordinator's public key (default: own)
     const char *authorized_keys; // directory of the public keys admitted
     bool require_curve;         // refuse to run without CURVE
+    double stall_warn_ms;       // while a step waits, name what it waits for this often
 } zps_server_opts;
 
 // Runs a shard until the job is over or SIGINT/SIGTERM; returns the exit
