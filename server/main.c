@@ -32,6 +32,8 @@ static void s_usage(FILE *f)
             "  --seed N               init and data order (default 0)\n"
             "  --worker-timeout-ms MS evict a worker silent this long (default 10000)\n"
             "  --stall-warn-ms MS     while a step waits, say for whom this often (default 5000)\n"
+            "  --adaptive-split       shares follow each worker's measured throughput\n"
+            "  --speculate-after X    hand a slice late by X median steps to a finished worker too\n"
             "  --checkpoint-every K   shards checkpoint every K steps (shard 0 sets it for all)\n"
             "  --checkpoint-dir DIR   where this shard keeps its checkpoints\n"
             "  --resume               restart from this shard's newest valid checkpoint\n"
@@ -75,7 +77,7 @@ static bool s_parse_opts(int argc, char **argv, s_opts *o)
     enum { O_LISTEN = 256, O_WORKERS, O_MODEL, O_DATASET, O_BATCH, O_EPOCHS, O_STEPS, O_OPTIM,
            O_LR, O_MOMENTUM, O_NESTEROV, O_WD, O_SCHED, O_WARMUP, O_SEED, O_METRICS, O_LOG,
            O_ENDPOINT_FILE, O_SHARD, O_SHARDS, O_COORD, O_DTYPE, O_WTIMEOUT, O_CKPT_EVERY, O_CKPT_DIR, O_RESUME, O_CURVE_SECRET, O_AUTH_KEYS,
-           O_SERVER_KEY, O_REQUIRE_CURVE, O_STALL_WARN, O_HELP };
+           O_SERVER_KEY, O_REQUIRE_CURVE, O_STALL_WARN, O_ADAPTIVE, O_SPECULATE, O_HELP };
     static const struct option longopts[] = {
         {"listen", required_argument, 0, O_LISTEN},
         {"workers", required_argument, 0, O_WORKERS},
@@ -108,6 +110,8 @@ static bool s_parse_opts(int argc, char **argv, s_opts *o)
         {"server-key", required_argument, 0, O_SERVER_KEY},
         {"require-curve", no_argument, 0, O_REQUIRE_CURVE},
         {"stall-warn-ms", required_argument, 0, O_STALL_WARN},
+        {"adaptive-split", no_argument, 0, O_ADAPTIVE},
+        {"speculate-after", required_argument, 0, O_SPECULATE},
         {"help", no_argument, 0, O_HELP},
         {0, 0, 0, 0},
     };
@@ -173,6 +177,13 @@ static bool s_parse_opts(int argc, char **argv, s_opts *o)
         case O_AUTH_KEYS: o->authorized_keys = optarg; break;
         case O_SERVER_KEY: o->server_key = optarg; break;
         case O_REQUIRE_CURVE: o->require_curve = true; break;
+        case O_ADAPTIVE: o->adaptive_split = true; break;
+        case O_SPECULATE: {
+            float f;
+            ok = s_parse_float("--speculate-after", optarg, &f) && f >= 0;
+            o->speculate_after = f;
+            break;
+        }
         case O_STALL_WARN:
             ok = s_parse_u64("--stall-warn-ms", optarg, &v) && v >= 10;
             o->stall_warn_ms = (double)v;

@@ -39,6 +39,7 @@ typedef struct s_member {
     bool live;           // admitted, not evicted
     bool has_job;        // was sent its JOB: plans go to it from now on
     bool route_known;    // route is valid (false after a coordinator restart until it calls)
+    uint32_t adapted;    // share from the adaptive split (0: none)
     double last_seen_ms; // last message from it (heartbeats included)
 } s_member;
 
@@ -340,11 +341,21 @@ static void s_start_workers(zps_coord *c, void *sock)
 static zps_err s_make_plan(zps_coord *c, zps_plan *out)
 {
     uint32_t shares[ZPS_MAX_MEMBERS] = {0}, live[ZPS_MAX_MEMBERS] = {0}, n = 0;
+    uint64_t adapted = 0;
     for (uint32_t i = 0; i < c->n_members; i++) {
         if (c->members[i].live) {
             live[n] = i;
+            adapted += c->members[i].adapted;
             shares[n++] = c->members[i].share;
         }
+    }
+    // An adaptive split holds only while it covers exactly the live members.
+    bool use_adapted = adapted == c->cfg.global_batch;
+    for (uint32_t i = 0; use_adapted && i < n; i++) {
+        use_adapted = c->members[live[i]].adapted > 0;
+    }
+    for (uint32_t i = 0; use_adapted && i < n; i++) {
+        shares[i] = c->members[live[i]].adapted;
     }
     char why[256];
     zps_err err = zps_plan_split(c->cfg.global_batch, shares, n, out, why, sizeof why);
@@ -362,6 +373,15 @@ static zps_err s_make_plan(zps_coord *c, zps_plan *out)
         out->slices[i].member_id = c->members[live[i]].member_id;
     }
     return ZPS_OK;
+}
+
+static uint32_t s_live_flexible(const zps_coord *c)
+{
+    uint32_t n = 0;
+    for (uint32_t i = 0; i < c->n_members; i++) {
+        n += c->members[i].live && c->members[i].share == 0;
+    }
+    return n;
 }
 
 static uint32_t s_live_members(const zps_coord *c)
@@ -1169,4 +1189,129 @@ zps_err zps_coord_resume(zps_coord *c, const char *dir, uint64_t step)
     zps_log_info("job %016llx resumed at step %llu: %u members, plan %u; waiting for them",
                  (unsigned long long)c->job_id, (unsigned long long)step, c->n_members, c->gen);
     return perr;
+}
+
+// ---------------------------------------------------------------------------
+// Adaptive split and speculation.
+
+#define ZPS_COORD_ADAPT_EVERY 20   // steps between looks at the split
+#define ZPS_COORD_ADAPT_GAIN 0.9   // replan only if the step gets this much shorter
+
+double zps_coord_median_step_ms(const zps_coord *c)
+{
+    return zps_monitor_step_quantile(c->mon, 0.5);
+}
+
+// Integer shares of B in proportion to w[0..n), each at least 1, summing
+// to B exactly (largest remainders get the leftovers).
+static void s_proportional(uint32_t B, const double *w, uint32_t n, uint32_t *out)
+{
+    double total = 0;
+    for (uint32_t i = 0; i < n; i++) {
+        total += w[i];
+    }
+    uint32_t given = 0;
+    double rem[ZPS_MAX_MEMBERS];
+    for (uint32_t i = 0; i < n; i++) {
+        double exact = (double)(B - n) * w[i] / total;
+        out[i] = 1 + (uint32_t)exact;
+        rem[i] = exact - floor(exact);
+        given += out[i];
+    }
+    while (given < B) {
+        uint32_t best = 0;
+        for (uint32_t i = 1; i < n; i++) {
+            best = rem[i] > rem[best] ? i : best;
+        }
+        out[best]++;
+        rem[best] = -1;
+        given++;
+    }
+}
+
+void zps_coord_adapt(zps_coord *c, void *sock)
+{
+    if (!c->cfg.adaptive_split || c->state != S_TRAINING || c->steps_done == 0 ||
+        c->steps_done % ZPS_COORD_ADAPT_EVERY != 0) {
+        return;
+    }
+    double thr[ZPS_MAX_MEMBERS];
+    uint32_t idx[ZPS_MAX_MEMBERS], n = 0, now_share[ZPS_MAX_MEMBERS], next[ZPS_MAX_MEMBERS];
+    for (uint32_t i = 0; i < c->n_members; i++) {
+        zps_monitor_view v;
+        const zps_plan_slice *sl = zps_plan_find(&c->plan, c->members[i].rank);
+        if (!c->members[i].live || !sl || c->members[i].share ||
+            !zps_monitor_view_of(c->mon, c->members[i].rank, &v) || v.samples_per_s <= 0) {
+            if (c->members[i].live && c->members[i].share == 0) {
+                return; // a member without a measure yet: wait
+            }
+            continue;
+        }
+        thr[n] = v.samples_per_s;
+        now_share[n] = sl->count;
+        idx[n++] = i;
+    }
+    if (n < 2 || n != s_live_flexible(c)) {
+        return;
+    }
+    uint32_t B = 0;
+    for (uint32_t i = 0; i < n; i++) {
+        B += now_share[i];
+    }
+    s_proportional(B, thr, n, next);
+    double t_now = 0, t_next = 0;
+    for (uint32_t i = 0; i < n; i++) {
+        t_now = fmax(t_now, now_share[i] / thr[i]);
+        t_next = fmax(t_next, next[i] / thr[i]);
+    }
+    if (t_next > ZPS_COORD_ADAPT_GAIN * t_now) {
+        return;
+    }
+    zps_log_info("adaptive split: predicted step %.2f -> %.2f ms; new shares by throughput",
+                 t_now * 1e3, t_next * 1e3);
+    for (uint32_t i = 0; i < n; i++) {
+        c->members[idx[i]].adapted = next[i];
+    }
+    s_replan(c, sock);
+}
+
+bool zps_coord_speculate(zps_coord *c, void *sock, uint64_t step, uint32_t offset,
+                         uint32_t count, uint32_t late_rank, const bool *finished)
+{
+    const s_gen *g = s_gen_at(c, step);
+    if (!g || c->n_extras == ZPS_COORD_EXTRAS) {
+        return false;
+    }
+    for (uint32_t i = 0; i < c->n_members; i++) {
+        s_member *mem = &c->members[i];
+        if (!mem->live || !mem->route_known || mem->rank == late_rank || !finished[mem->rank]) {
+            continue;
+        }
+        s_extra e = {.step = step, .offset = offset, .count = count, .gen = g->gen,
+                     .rank = mem->rank};
+        Zps__Extra wire;
+        Zps__Extra *wp = &wire;
+        s_extra_to_wire(&e, &wire);
+        Zps__Slice slices[ZPS_MAX_MEMBERS];
+        Zps__Slice *ptrs[ZPS_MAX_MEMBERS];
+        s_plan_to_wire(&g->plan, mem, slices, ptrs);
+        Zps__Plan p = ZPS__PLAN__INIT;
+        p.generation = g->gen; // the same plan: only the extra is new
+        p.effective_step = g->effective;
+        p.n_slices = g->plan.n;
+        p.slices = ptrs;
+        p.n_extras = 1;
+        p.extras = &wp;
+        Zps__Header h;
+        zps_wire_header_init(&h, ZPS__MSG_TYPE__PLAN);
+        h.job_id = c->job_id;
+        h.generation = g->gen;
+        h.plan = &p;
+        (void)zps_wire_send(sock, &mem->route, &h, NULL, 0, NULL);
+        zps_log_info("step %llu: slice [%u, %u) of rank %u is late; also handed to rank %u (%s)",
+                     (unsigned long long)step, offset, offset + count, late_rank, mem->rank,
+                     mem->host);
+        return true;
+    }
+    return false;
 }

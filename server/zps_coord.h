@@ -28,6 +28,7 @@ typedef struct zps_coord_cfg {
     uint32_t workers;             // members to admit before step 0
     double worker_timeout_ms;     // a member silent this long is evicted
     uint64_t checkpoint_every;    // shards checkpoint after every this many steps (0: never)
+    bool adaptive_split;          // shares follow measured throughput
     uint64_t n_params;            // length of the flat vector
     uint32_t shards;              // shard processes, this one (shard 0) included
     zps_optim_cfg optim;          // sent to the other shards
@@ -75,6 +76,17 @@ uint32_t zps_coord_generation(const zps_coord *c, uint64_t *effective);
 // rolls everyone back to `step`.
 zps_err zps_coord_save(const zps_coord *c, const char *dir, uint64_t step);
 zps_err zps_coord_resume(zps_coord *c, const char *dir, uint64_t step);
+
+// Adaptive split: every few steps, shares in proportion to each member's
+// measured throughput, if that shortens the predicted step by >= 10 %.
+void zps_coord_adapt(zps_coord *c, void *sock);
+// Speculation: also hand the slice [offset, offset + count) of `step`,
+// late, to a live member that finished its own (the first copy counts).
+// False if there is no such member.
+bool zps_coord_speculate(zps_coord *c, void *sock, uint64_t step, uint32_t offset,
+                         uint32_t count, uint32_t late_rank, const bool *finished);
+// The median step time of the last steps (ms, 0 before any).
+double zps_coord_median_step_ms(const zps_coord *c);
 
 // A rollback decided (a restarted shard came back at an older step): true
 // once, with the step shard 0 must restore.

@@ -64,6 +64,7 @@ typedef struct s_server {
     zps_curve curve;                             // CURVE keys, if on
     zps_zap *zap;                                // owned: admits CURVE clients, if on
     uint64_t ckpt_every;                         // checkpoint after every this many steps
+    bool speculated;                             // a late slice was handed on this step
 } s_server;
 
 static volatile sig_atomic_t s_stop;
@@ -232,13 +233,18 @@ static void s_serve_pullers(s_server *srv)
     }
 }
 
+static void s_sync_coord_plan(s_server *srv);
+
 static void s_end_step(s_server *srv)
 {
     uint64_t step = zps_shard_step(srv->shard);
     float loss = zps_shard_end_step(srv->shard);
     double now = zps_clock_ms();
+    srv->speculated = false;
     if (srv->coord) {
         zps_coord_step_done(srv->coord, step, loss, now - srv->step_start_ms);
+        zps_coord_adapt(srv->coord, srv->sock);
+        s_sync_coord_plan(srv);
     } else {
         Zps__Header h;
         zps_wire_header_init(&h, ZPS__MSG_TYPE__STEP_DONE);
@@ -622,7 +628,32 @@ static zps_err s_read_up(s_server *srv)
 // ---------------------------------------------------------------------------
 // The loop.
 
-// Names what a stalled step waits for, every ZPS_SERVER_STALL_WARN_MS.
+// Speculation: a slice late by --speculate-after median steps is also
+// handed to a member whose own slice is in (the first copy counts).
+static void s_speculate(s_server *srv, double now)
+{
+    double median = srv->coord ? zps_coord_median_step_ms(srv->coord) : 0;
+    if (!srv->coord || srv->o->speculate_after <= 0 || srv->speculated || !srv->plan_set ||
+        median <= 0 || now - srv->step_start_ms < srv->o->speculate_after * median) {
+        return;
+    }
+    bool finished[ZPS_MAX_MEMBERS] = {false};
+    for (uint32_t i = 0; i < srv->plan.n; i++) {
+        const zps_plan_slice *sl = &srv->plan.slices[i];
+        finished[sl->rank] = zps_shard_slice_done(srv->shard, sl->offset, sl->count);
+    }
+    uint64_t step = zps_shard_step(srv->shard);
+    for (uint32_t i = 0; i < srv->plan.n; i++) {
+        const zps_plan_slice *sl = &srv->plan.slices[i];
+        if (!finished[sl->rank]) {
+            zps_coord_speculate(srv->coord, srv->sock, step, sl->offset, sl->count, sl->rank,
+                                finished);
+        }
+    }
+    srv->speculated = true;
+}
+
+// Names what a stalled step waits for, every --stall-warn-ms.
 static void s_warn_stall(s_server *srv, double now)
 {
     if (!srv->plan_set || srv->finished || now < srv->next_stall_ms ||
@@ -659,7 +690,13 @@ static int s_loop(s_server *srv)
                                {.socket = srv->up, .events = ZMQ_POLLIN}};
     int n_items = srv->up ? 2 : 1;
     while (!s_stop && !s_over(srv)) {
-        int rc = zmq_poll(items, n_items, ZPS_SERVER_POLL_MS);
+        // Speculation needs a tick soon after a slice becomes late.
+        long timeout = ZPS_SERVER_POLL_MS;
+        if (srv->coord && srv->o->speculate_after > 0) {
+            double late = srv->o->speculate_after * zps_coord_median_step_ms(srv->coord);
+            timeout = late > 0 && late / 2 < timeout ? (long)(late / 2) + 1 : timeout;
+        }
+        int rc = zmq_poll(items, n_items, timeout);
         if (rc < 0 && errno != EINTR) {
             zps_log_error("zmq_poll: %s", zmq_strerror(errno));
             return 1;
@@ -693,6 +730,7 @@ static int s_loop(s_server *srv)
             s_register(srv); // says where it is, for a coordinator that restarts
         }
         s_warn_stall(srv, now);
+        s_speculate(srv, now);
     }
     if (s_stop) {
         zps_log_info("stopped by signal at step %llu",
@@ -830,6 +868,7 @@ static int s_setup_coordinator(s_server *srv, FILE *metrics)
         .n_params = srv->model.n_params, .shards = o->shards, .optim = cfg.optim,
         .wire_dtype = o->wire_dtype, .endpoint = srv->endpoint, .metrics = metrics,
         .worker_timeout_ms = o->worker_timeout_ms, .checkpoint_every = o->checkpoint_every,
+        .adaptive_split = o->adaptive_split,
     };
     if (!(srv->coord = zps_coord_new(&cc))) {
         return 1;

@@ -41,6 +41,8 @@ typedef struct zps_server_opts {
     const char *authorized_keys; // directory of the public keys admitted
     bool require_curve;         // refuse to run without CURVE
     double stall_warn_ms;       // while a step waits, name what it waits for this often
+    bool adaptive_split;        // shard 0: shares follow measured throughput
+    double speculate_after;     // shard 0: hand a late slice on after this many median steps (0: off)
 } zps_server_opts;
 
 // Runs a shard until the job is over or SIGINT/SIGTERM; returns the exit
