@@ -9,7 +9,7 @@
 # deploy/install-deps.sh --ci):
 #   make test SAN=1 the same tests, everything built with ASan + UBSan into build/san/
 #   make valgrind   one short training run (1 server, 2 workers) under valgrind memcheck
-#   make lint       cppcheck and clang-tidy (.clang-tidy) over common/ server/ worker/ ctl/
+#   make lint       cppcheck and clang-tidy (.clang-tidy) over common/ server/ worker/ ctl/ fuzz/
 #   make fuzz       libFuzzer over the message path for FUZZ_SECONDS (default 30)
 #
 # Dependencies come from pkg-config; deploy/install-deps.sh installs them.
@@ -55,7 +55,7 @@ WORKER_OBJ := $(call obj,$(WORKER_SRC))
 BINS := $(BIN)/zps-server $(BIN)/zps-worker $(BIN)/zps-ctl
 TESTS := $(B)/tests/check_unit $(B)/tests/check_integration
 
-.PHONY: all deps demo test test-unit test-integration bench clean
+.PHONY: all deps demo test test-unit test-integration test-fuzz-replay bench clean
 all: $(BINS)
 
 deps:
@@ -101,8 +101,8 @@ demo: deps
 	@bash deploy/demo.sh
 
 test: deps
-	@$(MAKE) --no-print-directory all $(TESTS)
-	@$(MAKE) --no-print-directory test-unit test-integration
+	@$(MAKE) --no-print-directory all $(TESTS) $(FUZZ_REPLAY)
+	@$(MAKE) --no-print-directory test-unit test-integration test-fuzz-replay
 
 test-unit: $(B)/tests/check_unit
 	$(B)/tests/check_unit
@@ -111,10 +111,152 @@ test-unit: $(B)/tests/check_unit
 test-integration: $(B)/tests/check_integration $(BINS)
 	ZPS_BIN_DIR=$(CURDIR)/$(BIN) $(B)/tests/check_integration
 
+# The fuzz target run once over its generated seeds and over every input
+# that once broke it (fuzz/regressions/): a regression test with this
+# flavour's compiler and sanitizers, no clang needed.
+FUZZ_REPLAY := $(B)/fuzz/zps_fuzz_replay $(B)/fuzz/zps_fuzz_seeds
+$(B)/fuzz/zps_fuzz_replay: $(B)/obj/fuzz/zps_fuzz_replay.o $(B)/obj/fuzz/zps_fuzz_msg.o \
+		$(B)/libzps_server.a $(B)/libzps_common.a
+	@mkdir -p $(dir $@)
+	$(CC) $(ZPS_CFLAGS) -o $@ $^ $(ZPS_LDLIBS)
+$(B)/fuzz/zps_fuzz_seeds: $(B)/obj/fuzz/zps_fuzz_seeds.o $(B)/libzps_common.a
+	@mkdir -p $(dir $@)
+	$(CC) $(ZPS_CFLAGS) -o $@ $^ $(ZPS_LDLIBS)
+
+test-fuzz-replay: $(FUZZ_REPLAY)
+	@rm -rf $(B)/fuzz/seeds && mkdir -p $(B)/fuzz/seeds
+	$(B)/fuzz/zps_fuzz_seeds $(B)/fuzz/seeds
+	$(B)/fuzz/zps_fuzz_replay $(B)/fuzz/seeds fuzz/regressions
+
 bench: all
 	@bash bench/train.sh
+
+# ================================================================ checks
+# What CI runs after make test (.ci/run). Their extra packages (clang,
+# clang-tidy, cppcheck, valgrind) come from deploy/install-deps.sh --ci;
+# make demo and make test never need them.
+
+# ---------------------------------------------------------------- SAN=1
+# Runtime options of the sanitized tests: a finding aborts the process
+# (Check reports the signal; a server or worker exits non-zero, which the
+# integration tests see), leaks are checked at every exit, and Check's
+# timeouts stretch for the slower sanitized code. Suppressions of reports
+# inside libraries we do not build live in tests/sanitizers/.
+ifeq ($(SAN),1)
+export ASAN_OPTIONS ?= detect_leaks=1:abort_on_error=1:detect_stack_use_after_return=1:strict_string_checks=1:check_initialization_order=1
+export UBSAN_OPTIONS ?= print_stacktrace=1:halt_on_error=1:abort_on_error=1
+export LSAN_OPTIONS ?= suppressions=$(CURDIR)/tests/sanitizers/lsan.supp:print_suppressions=0
+export CK_TIMEOUT_MULTIPLIER ?= 2
+endif
+
+# ---------------------------------------------------------------- valgrind
+# One short training run, 1 server + 2 workers, every process under
+# memcheck (tests/valgrind/train.sh): fails on any invalid access or
+# definite leak. The normal build: valgrind cannot run ASan binaries.
+.PHONY: valgrind
+valgrind: all
+ifeq ($(SAN),1)
+	$(error make valgrind runs the normal build; drop SAN=1)
+endif
+	ZPS_BIN_DIR=$(CURDIR)/$(BIN) bash tests/valgrind/train.sh
+
+# ---------------------------------------------------------------- lint
+# cppcheck over the sources as one project, then clang-tidy (.clang-tidy)
+# once per file: one clang-tidy process over several files reports
+# va_list false positives from state left by the previous file. -k and
+# output per file: every finding of every file is shown, not the first.
+LINT_DIRS := common server worker ctl fuzz
+LINT_SRC := $(wildcard $(addsuffix /*.c,$(LINT_DIRS)))
+LINT_PROTO := build/lint/proto/zps.pb-c.c
+TIDY_FLAGS := -std=c11 -D_GNU_SOURCE -I. -Ibuild/lint $(PKG_CFLAGS)
+CPPCHECK_FLAGS := --quiet --error-exitcode=1 --inline-suppr --std=c11 --library=posix \
+	--enable=warning,style,performance,portability -D_GNU_SOURCE -I. -j2 \
+	-D__ORDER_LITTLE_ENDIAN__=1234 -D__ORDER_BIG_ENDIAN__=4321 -D__BYTE_ORDER__=1234 \
+	--suppress=knownConditionTrueFalse --suppress=readdirCalled
+TIDY_TARGETS := $(addprefix lint-tidy/,$(LINT_SRC))
+.PHONY: lint lint-cppcheck lint-tidy $(TIDY_TARGETS)
+
+lint:
+	@$(MAKE) --no-print-directory -k lint-cppcheck lint-tidy
+
+$(LINT_PROTO): proto/zps.proto
+	@mkdir -p build/lint
+	protoc-c --proto_path=. --c_out=build/lint $<
+
+# cppcheck without the generated header (it would need protobuf-c's system
+# header to pass its version check); the project's own headers are read.
+# It knows none of the compiler's predefined macros: the byte-order checks
+# (#error on big-endian hosts) need GCC's three. Two checks are off:
+#   knownConditionTrueFalse  cppcheck 2.10's value flow takes every chunked
+#     loop, `n = len > C ? C : len; for (i = 0; i < n; i++)`, for a loop that
+#     never runs: only false positives here, and the pattern is everywhere.
+#   readdirCalled  it recommends readdir_r, which glibc deprecates; readdir
+#     is safe on a stream no other thread reads.
+lint-cppcheck:
+	@command -v cppcheck >/dev/null || { echo "lint: no cppcheck (HINT: deploy/install-deps.sh --ci)"; exit 1; }
+	cppcheck $(CPPCHECK_FLAGS) $(LINT_DIRS)
+
+NPROC := $(shell nproc 2>/dev/null || echo 2)
+lint-tidy: $(LINT_PROTO)
+	@command -v clang-tidy >/dev/null || { echo "lint: no clang-tidy (HINT: deploy/install-deps.sh --ci)"; exit 1; }
+	@echo "clang-tidy $(words $(LINT_SRC)) files of $(LINT_DIRS)"
+	@$(MAKE) --no-print-directory -k -j$(NPROC) -Otarget $(TIDY_TARGETS)
+
+# The count line clang-tidy prints to stderr says nothing; the findings
+# (stdout) and the exit status are kept.
+$(TIDY_TARGETS): lint-tidy/%: | $(LINT_PROTO)
+	@out=$$(clang-tidy --quiet $* -- $(TIDY_FLAGS) 2>&1); rc=$$?; \
+	printf '%s\n' "$$out" | grep -v -E '^[0-9]+ (warning|error)s? (and [0-9]+ (warning|error)s? )?generated\.$$|^$$'; \
+	exit $$rc
+
+# ---------------------------------------------------------------- fuzz
+# make fuzz FUZZ_SECONDS=N: libFuzzer (clang) over the message path
+# (fuzz/zps_fuzz_msg.c), starting from generated seeds, the inputs it
+# found before (build/fuzz/corpus) and the regressions (fuzz/regressions).
+# A finding fails the run; its input is in build/fuzz/artifacts/ and
+# belongs in fuzz/regressions/, which make test replays.
+FUZZ_SECONDS ?= 30
+FUZZ_CC ?= clang
+FZ := build/fuzz
+# No -Werror: gcc's warnings gate the build; a warning only clang gives
+# must not stop the fuzzing (make lint runs clang's analysis anyway).
+FUZZ_CFLAGS := -std=c11 -D_GNU_SOURCE -O1 -g -Wall -Wextra -fno-omit-frame-pointer \
+	-fsanitize=address,undefined -fno-sanitize-recover=undefined -MMD -MP \
+	-I. -I$(FZ) $(PKG_CFLAGS)
+# The target links what it uses (the shard and what the shard needs) from
+# one archive of common/ and server/, as the server does.
+FUZZ_LIB_SRC := $(FZ)/proto/zps.pb-c.c $(COMMON_SRC:$(PROTO_C)=) $(SERVER_SRC)
+FUZZ_LIB_OBJ := $(patsubst %.c,$(FZ)/obj/%.o,$(patsubst $(FZ)/%,%,$(FUZZ_LIB_SRC)))
+.PHONY: fuzz
+
+$(FZ)/proto/zps.pb-c.c: proto/zps.proto
+	@mkdir -p $(FZ)
+	protoc-c --proto_path=. --c_out=$(FZ) $<
+# Coverage-instrumented objects (fuzzer-no-link); libFuzzer's main comes
+# in at the link.
+$(FZ)/obj/%.o: %.c | $(FZ)/proto/zps.pb-c.c
+	@mkdir -p $(dir $@)
+	$(FUZZ_CC) $(FUZZ_CFLAGS) -fsanitize=fuzzer-no-link -c $< -o $@
+$(FZ)/obj/proto/%.o: $(FZ)/proto/%.c
+	@mkdir -p $(dir $@)
+	$(FUZZ_CC) $(FUZZ_CFLAGS) -fsanitize=fuzzer-no-link -c $< -o $@
+$(FZ)/libzps_fuzz.a: $(FUZZ_LIB_OBJ)
+	@rm -f $@
+	ar rcs $@ $^
+$(FZ)/zps_fuzz_msg: $(FZ)/obj/fuzz/zps_fuzz_msg.o $(FZ)/libzps_fuzz.a
+	$(FUZZ_CC) $(FUZZ_CFLAGS) -fsanitize=fuzzer -o $@ $^ $(ZPS_LDLIBS)
+
+fuzz: deps
+	@command -v $(FUZZ_CC) >/dev/null || { echo "fuzz: no $(FUZZ_CC) (HINT: deploy/install-deps.sh --ci)"; exit 1; }
+	@$(MAKE) --no-print-directory $(FZ)/zps_fuzz_msg $(B)/fuzz/zps_fuzz_seeds
+	@rm -rf $(FZ)/seeds && mkdir -p $(FZ)/seeds $(FZ)/corpus $(FZ)/artifacts
+	$(B)/fuzz/zps_fuzz_seeds $(FZ)/seeds
+	$(FZ)/zps_fuzz_msg -max_total_time=$(FUZZ_SECONDS) -max_len=8192 -timeout=10 \
+		-print_final_stats=1 -artifact_prefix=$(FZ)/artifacts/ \
+		$(FZ)/corpus $(FZ)/seeds fuzz/regressions || \
+	{ echo "fuzz: FINDING; its input is in $(FZ)/artifacts/: add it to fuzz/regressions/" >&2; exit 1; }
 
 clean:
 	rm -rf build bin
 
--include $(shell find $(B)/obj -name '*.d' 2>/dev/null)
+-include $(shell find $(B)/obj $(FZ)/obj -name '*.d' 2>/dev/null)

@@ -1,6 +1,8 @@
 #!/usr/bin/env bash
 # Installs the Debian packages zps builds and runs with, and only those that
 # are missing: a machine that has them all is left untouched (no apt-get).
+# --ci adds what the checks of .ci/run need beyond make test, so that make
+# demo and make test stay lean.
 set -euo pipefail
 
 pkgs=(
@@ -13,6 +15,13 @@ pkgs=(
   dataset-fashion-mnist                # the demo's and tests' data
   tcpdump                              # the security test captures loopback traffic
 )
+if [ "${1:-}" = --ci ]; then
+  pkgs+=(
+    clang libclang-rt-dev              # make fuzz: libFuzzer, clang's sanitizer runtimes
+    clang-tidy cppcheck                # make lint
+    valgrind                           # make valgrind
+  )                                    # (make test SAN=1: gcc's runtimes come with gcc)
+fi
 missing=()
 for p in "${pkgs[@]}"; do
   if ! dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q 'install ok installed'; then
