@@ -82,7 +82,8 @@ $(B)/%.a:
 
 $(BIN)/zps-server: $(B)/obj/server/main.o $(B)/libzps_server.a $(B)/libzps_common.a
 $(BIN)/zps-worker: $(B)/obj/worker/main.o $(B)/libzps_worker.a $(B)/libzps_common.a
-$(BIN)/zps-ctl: $(B)/obj/ctl/zps_ctl.o $(B)/libzps_common.a
+$(BIN)/zps-ctl: $(B)/obj/ctl/zps_ctl.o $(B)/obj/ctl/zps_report.o $(B)/libzps_common.a
+$(BIN)/zps-ctl: ZPS_LDLIBS += $(shell pkg-config --libs jansson 2>/dev/null)
 $(BIN)/%:
 	@mkdir -p $(BIN)
 	$(CC) $(ZPS_CFLAGS) -o $@ $^ $(ZPS_LDLIBS)
@@ -94,7 +95,7 @@ $(B)/tests/check_unit: $(call obj,$(UNIT_SRC)) $(B)/libzps_server.a $(B)/libzps_
 	$(CC) $(ZPS_CFLAGS) -o $@ $^ $(CHECK_LIBS) $(ZPS_LDLIBS)
 $(B)/tests/check_integration: $(call obj,$(INTEG_SRC)) $(B)/libzps_common.a
 	@mkdir -p $(dir $@)
-	$(CC) $(ZPS_CFLAGS) -o $@ $^ $(CHECK_LIBS) $(ZPS_LDLIBS)
+	$(CC) $(ZPS_CFLAGS) -o $@ $^ $(CHECK_LIBS) $(shell pkg-config --libs expat 2>/dev/null) $(ZPS_LDLIBS)
 
 demo: deps
 	@$(MAKE) --no-print-directory all

@@ -60,7 +60,7 @@ zps_err zps_curve_read_key(const char *path, char *key)
     }
     char line[128] = "";
     bool ok = fgets(line, sizeof line, f) != NULL;
-    fclose(f);
+    (void)fclose(f); // read only: a failed close loses nothing
     line[strcspn(line, "\r\n")] = '\0';
     uint8_t raw[32];
     if (!ok || strlen(line) != ZPS_CURVE_KEY_LEN || !zmq_z85_decode(raw, line)) {

@@ -2,29 +2,50 @@
  *
  *   zps-ctl status [ENDPOINT] [--curve-secret FILE --server-key FILE]
  *                               the coordinator's job, step and members
+ *   zps-ctl top [ENDPOINT] [--interval-ms N] [--iterations K] [curve options]
+ *                               the status table, refreshed live until Ctrl-C
+ *   zps-ctl report --metrics FILE --out DIR
+ *                               SVG pictures of a run from its metrics log
  *   zps-ctl keygen NAME         a CurveZMQ keypair: NAME.key (secret) and NAME.pub
  *
  * It speaks the same wire as workers (a DEALER, one STATUS request) and
- * waits a bounded time for the answer. */
+ * waits a bounded time for each answer. */
 #include <errno.h>
+#include <limits.h>
+#include <signal.h>
+#include <stdbool.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <time.h>
+#include <unistd.h>
 
 #include "common/zps_curve.h"
 #include "common/zps_log.h"
 #include "common/zps_wire.h"
+#include "ctl/zps_report.h"
 
 #define ZPS_CTL_DEFAULT_ENDPOINT "tcp://127.0.0.1:5555"
 #define ZPS_CTL_TIMEOUT_MS 3000
+#define ZPS_CTL_TOP_INTERVAL_MS 1000
+
+// Set by SIGINT/SIGTERM while `top` runs: ends the loop, and a status
+// request it cut short is not reported as an error.
+static volatile sig_atomic_t s_stop;
 
 static void s_usage(FILE *f)
 {
     fprintf(f,
             "usage: zps-ctl status [ENDPOINT] [--curve-secret FILE --server-key FILE]\n"
             "                                   (default %s)\n"
+            "       zps-ctl top [ENDPOINT] [--interval-ms N] [--iterations K] [curve options]\n"
+            "                                   the status refreshed every N ms (default %d)\n"
+            "                                   until Ctrl-C, or K times\n"
+            "       zps-ctl report --metrics FILE --out DIR\n"
+            "                                   lag_heatmap.svg, step_time.svg, shares.svg\n"
+            "                                   from zps-server --metrics-log FILE\n"
             "       zps-ctl keygen NAME         writes NAME.key (secret, 0600) and NAME.pub\n",
-            ZPS_CTL_DEFAULT_ENDPOINT);
+            ZPS_CTL_DEFAULT_ENDPOINT, ZPS_CTL_TOP_INTERVAL_MS);
 }
 
 static void s_print_status(const Zps__Header *h)
@@ -74,7 +95,9 @@ static int s_status(const char *endpoint, const zps_curve *curve)
         goto out;
     }
     zps_err err = zps_wire_recv(sock, false, &m);
-    if (err == ZPS_ETIMEDOUT) {
+    if (s_stop) {
+        ret = 0; // Ctrl-C in `top`: the user asked to stop, nothing failed
+    } else if (err == ZPS_ETIMEDOUT) {
         fprintf(stderr, "zps-ctl: no answer from %s within %d ms (is zps-server running?)\n",
                 endpoint, ZPS_CTL_TIMEOUT_MS);
     } else if (err != ZPS_OK || m.hdr->type != ZPS__MSG_TYPE__STATUS_REPLY || !m.hdr->status) {
@@ -97,6 +120,93 @@ out:
     return ret;
 }
 
+static void s_on_signal(int sig)
+{
+    (void)sig;
+    s_stop = 1;
+}
+
+// Sleeps ms, or less when a signal sets s_stop.
+static void s_sleep_ms(long ms)
+{
+    struct timespec ts = {.tv_sec = ms / 1000, .tv_nsec = (ms % 1000) * 1000000L};
+    while (!s_stop && nanosleep(&ts, &ts) != 0 && errno == EINTR) {
+    }
+}
+
+// The status table every interval_ms, iterations times (0: until Ctrl-C).
+// On a terminal each refresh replaces the last (like top); into a pipe or
+// file the tables follow one another. Exits 1 when the last request got no
+// status, so a script sees a dead coordinator.
+static int s_top(const char *endpoint, const zps_curve *curve, long interval_ms, long iterations)
+{
+    struct sigaction sa = {.sa_handler = s_on_signal}; // no SA_RESTART: waits end at once
+    sigemptyset(&sa.sa_mask);
+    sigaction(SIGINT, &sa, NULL);
+    sigaction(SIGTERM, &sa, NULL);
+    bool tty = isatty(STDOUT_FILENO);
+    int ret = 0;
+    for (long i = 0; !s_stop && (iterations == 0 || i < iterations); i++) {
+        if (i > 0) {
+            s_sleep_ms(interval_ms);
+            if (s_stop) {
+                break;
+            }
+        }
+        time_t now = time(NULL);
+        struct tm tm;
+        char clock[16] = "";
+        if (localtime_r(&now, &tm)) {
+            strftime(clock, sizeof clock, "%H:%M:%S", &tm);
+        }
+        // Home and clear: the new table draws over the old in place.
+        printf("%s%szps-ctl top: %s every %ld ms, %s (Ctrl-C quits)\n\n", tty ? "\033[H\033[2J" : "",
+               i > 0 && !tty ? "\n" : "", endpoint, interval_ms, clock);
+        fflush(stdout);
+        ret = s_status(endpoint, curve);
+        fflush(stdout);
+    }
+    return s_stop ? 0 : ret;
+}
+
+// A whole number in [lo, hi] from an option's argument; -1 if it is not one.
+static long s_parse_long(const char *s, long lo, long hi)
+{
+    char *end;
+    errno = 0;
+    long v = strtol(s, &end, 10);
+    if (errno != 0 || end == s || *end != '\0' || v < lo || v > hi) {
+        return -1;
+    }
+    return v;
+}
+
+static int s_report(int argc, char **argv)
+{
+    const char *metrics = NULL, *out = NULL;
+    for (int i = 2; i < argc; i++) {
+        if (strcmp(argv[i], "--metrics") == 0 && i + 1 < argc) {
+            metrics = argv[++i];
+        } else if (strcmp(argv[i], "--out") == 0 && i + 1 < argc) {
+            out = argv[++i];
+        } else {
+            s_usage(stderr);
+            return 2;
+        }
+    }
+    if (!metrics || !out) {
+        s_usage(stderr);
+        return 2;
+    }
+    char err[512];
+    if (zps_report_write(metrics, out, err, sizeof err) != 0) {
+        fprintf(stderr, "zps-ctl: report: %s\n", err);
+        return 1;
+    }
+    printf("wrote %s/lag_heatmap.svg, %s/step_time.svg, %s/shares.svg\n", out, out, out);
+    return 0;
+}
+
 int main(int argc, char **argv)
 {
     zps_log_set_name("zps-ctl");
@@ -112,13 +222,28 @@ int main(int argc, char **argv)
         printf("wrote %s.key (secret) and %s.pub\n", argv[2], argv[2]);
         return 0;
     }
-    if (argc < 2 || strcmp(argv[1], "status") != 0) {
+    if (argc >= 2 && strcmp(argv[1], "report") == 0) {
+        return s_report(argc, argv);
+    }
+    bool top = argc >= 2 && strcmp(argv[1], "top") == 0;
+    if (argc < 2 || (!top && strcmp(argv[1], "status") != 0)) {
         s_usage(stderr);
         return 2;
     }
     const char *endpoint = ZPS_CTL_DEFAULT_ENDPOINT, *secret = NULL, *server = NULL;
+    long interval_ms = ZPS_CTL_TOP_INTERVAL_MS, iterations = 0;
     for (int i = 2; i < argc; i++) {
-        if (strcmp(argv[i], "--curve-secret") == 0 && i + 1 < argc) {
+        if (top && strcmp(argv[i], "--interval-ms") == 0 && i + 1 < argc) {
+            if ((interval_ms = s_parse_long(argv[++i], 10, 3600000)) < 0) {
+                fprintf(stderr, "zps-ctl: --interval-ms takes 10 to 3600000\n");
+                return 2;
+            }
+        } else if (top && strcmp(argv[i], "--iterations") == 0 && i + 1 < argc) {
+            if ((iterations = s_parse_long(argv[++i], 1, LONG_MAX)) < 0) {
+                fprintf(stderr, "zps-ctl: --iterations takes a positive number\n");
+                return 2;
+            }
+        } else if (strcmp(argv[i], "--curve-secret") == 0 && i + 1 < argc) {
             secret = argv[++i];
         } else if (strcmp(argv[i], "--server-key") == 0 && i + 1 < argc) {
             server = argv[++i];
@@ -134,5 +259,5 @@ int main(int argc, char **argv)
         fprintf(stderr, "zps-ctl: --curve-secret and --server-key go together\n");
         return 2;
     }
-    return s_status(endpoint, &curve);
+    return top ? s_top(endpoint, &curve, interval_ms, iterations) : s_status(endpoint, &curve);
 }

@@ -12,6 +12,8 @@ pkgs=(
   libopenblas-dev                      # the CPU backend's GEMMs
   zlib1g-dev                           # decompressing the IDX .gz files once
   check                                # unit and integration tests
+  libjansson-dev                       # zps-ctl report reads the JSON-lines metrics log
+  libexpat1-dev                        # the report test parses the SVG pictures as XML
   dataset-fashion-mnist                # the demo's and tests' data
   tcpdump                              # the security test captures loopback traffic
 )

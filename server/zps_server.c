@@ -204,6 +204,12 @@ static void s_on_pull(s_server *srv, zps_wire_msg *m)
 // the rest.
 static void s_queue_pull(s_server *srv, zmq_msg_t *route, uint64_t step)
 {
+    const float *values;
+    if (zps_shard_bucket_at(srv->shard, 0, step, &values) == ZPS_ESTALE) {
+        // That step is gone here: the asker is behind, and catches up at
+        // the step in progress when it sees a later step's parameters.
+        step = zps_shard_step(srv->shard);
+    }
     uint64_t sent = 0;
     if (s_serve_pull(srv, route, step, &sent)) {
         return;

@@ -337,6 +337,14 @@ static zps_err s_take_bucket(s_worker *w, int i, uint64_t step, const zps_wire_m
     if (h->type == ZPS__MSG_TYPE__PARAMS && h->step < step) {
         return ZPS_OK; // a late answer for a step already over: nothing to take
     }
+    if (h->type == ZPS__MSG_TYPE__PARAMS && h->step > step) {
+        // The job went on without this worker (its slices were handed on
+        // while it stalled): catch up at the step the shard is at.
+        zps_log_warn("behind: step %llu is over; catching up at step %llu",
+                     (unsigned long long)step - 1, (unsigned long long)h->step);
+        w->rollback_to = h->step;
+        return ZPS_EAGAIN;
+    }
     if (h->type != ZPS__MSG_TYPE__PARAMS || h->step != step) {
         snprintf(why, sizeof why, "%s for step %llu, expected PARAMS for step %llu",
                  zps_wire_type_name(h->type), (unsigned long long)h->step,
@@ -417,8 +425,9 @@ static zps_err s_take_message(s_worker *w, int i, uint64_t step, const zps_wire_
     zps_err err = s_take_plan(w, p->slices, p->n_slices, p->generation, p->effective_step,
                               p->extras, p->n_extras);
     zps_work work[ZPS_SCHEDULE_EXTRAS];
-    int n = err == ZPS_OK && step > 0 ? zps_schedule_take(&w->schedule, step - 1, work,
-                                                          ZPS_SCHEDULE_EXTRAS) : 0;
+    int n = err == ZPS_OK && step > 0
+                ? zps_schedule_take_extras(&w->schedule, step - 1, work, ZPS_SCHEDULE_EXTRAS)
+                : 0;
     for (int k = 0; err == ZPS_OK && k < n; k++) {
         err = s_compute(w, step - 1, work[k]);
     }

@@ -65,6 +65,12 @@ int zps_schedule_take(zps_schedule *s, uint64_t step, zps_work *out, int max)
     if (p && p->position >= 0 && n < max) {
         out[n++] = (zps_work){.offset = p->mine.offset, .count = p->mine.count, .gen = p->gen};
     }
+    return n + zps_schedule_take_extras(s, step, out + n, max - n);
+}
+
+int zps_schedule_take_extras(zps_schedule *s, uint64_t step, zps_work *out, int max)
+{
+    int n = 0;
     for (int i = 0; i < s->n_extras;) {
         if (s->extras[i].step == step && n < max) {
             out[n++] = s->extras[i].work;

@@ -49,6 +49,9 @@ void zps_schedule_add_extra(zps_schedule *s, uint64_t step, zps_work work);
 // The slices to compute at `step` (own slice first, then extras), at most
 // max; removes the extras it returns.
 int zps_schedule_take(zps_schedule *s, uint64_t step, zps_work *out, int max);
+// Only the extras of `step` (a plan arriving mid-step adds work to the
+// step, never repeats the own slice already pushed).
+int zps_schedule_take_extras(zps_schedule *s, uint64_t step, zps_work *out, int max);
 // Drops extras of steps before `step` (they were completed by others).
 void zps_schedule_forget_before(zps_schedule *s, uint64_t step);
 // This worker's position among the members in force at `step` and their

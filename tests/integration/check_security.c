@@ -135,11 +135,20 @@ START_TEST(test_security_capture_of_encrypted_run_shows_no_plaintext)
             argv[argc++] = t;
         }
         argv[argc] = NULL;
+        // zps_procs_start runs $ZPS_BIN_DIR/PROG: /usr/bin for tcpdump only,
+        // then back to the binaries under test (make test SAN=1 sets it).
+        const char *bins = getenv("ZPS_BIN_DIR");
+        char *saved = bins ? strdup(bins) : NULL;
         setenv("ZPS_BIN_DIR", "/usr/bin", 1);
         char log[32];
         snprintf(log, sizeof log, "tcpdump-%s.log", names[run]);
         pid_t dump = zps_procs_start(&ps, "tcpdump", log, (const char *const *)argv);
-        unsetenv("ZPS_BIN_DIR");
+        if (saved) {
+            setenv("ZPS_BIN_DIR", saved, 1);
+            free(saved);
+        } else {
+            unsetenv("ZPS_BIN_DIR");
+        }
         struct timespec ts = {1, 0}; // tcpdump needs a moment to listen
         nanosleep(&ts, NULL);
         pid_t server;
