@@ -157,11 +157,12 @@ static int s_top(const char *endpoint, const zps_curve *curve, long interval_ms,
         struct tm tm;
         char clock[16] = "";
         if (localtime_r(&now, &tm)) {
-            strftime(clock, sizeof clock, "%H:%M:%S", &tm);
+            (void)strftime(clock, sizeof clock, "%H:%M:%S", &tm); // 8 characters always fit
         }
         // Home and clear: the new table draws over the old in place.
-        printf("%s%szps-ctl top: %s every %ld ms, %s (Ctrl-C quits)\n\n", tty ? "\033[H\033[2J" : "",
-               i > 0 && !tty ? "\n" : "", endpoint, interval_ms, clock);
+        printf("%s%szps-ctl top: %s every %ld ms, %s (Ctrl-C quits)\n\n",
+               tty ? "\033[H\033[2J" : "", i > 0 && !tty ? "\n" : "", endpoint, interval_ms,
+               clock);
         fflush(stdout);
         ret = s_status(endpoint, curve);
         fflush(stdout);

@@ -197,7 +197,9 @@ static int s_cmp_step(const void *a, const void *b)
 // the ranks that remain as rows.
 static void s_log_finish(s_log *lg)
 {
-    qsort(lg->steps, lg->n_steps, sizeof *lg->steps, s_cmp_step);
+    if (lg->n_steps > 1) { // qsort's base must not be NULL, even for 0 elements
+        qsort(lg->steps, lg->n_steps, sizeof *lg->steps, s_cmp_step);
+    }
     size_t kept = 0;
     for (size_t i = 0; i < lg->n_steps; i++) {
         if (i + 1 < lg->n_steps && lg->steps[i + 1].step == lg->steps[i].step) {
@@ -261,7 +263,7 @@ static int s_log_read(s_log *lg, const char *path, char *err, size_t errlen)
         ret = s_fail(err, errlen, "%s: read error", path);
     }
     free(line);
-    fclose(f);
+    (void)fclose(f); // read only: a failed close loses nothing
     if (ret == 0) {
         s_log_finish(lg);
         if (lg->n_steps == 0) {
@@ -370,7 +372,8 @@ static void s_svg_begin(FILE *f, int w, int h, const char *title, const char *su
             "viewBox=\"0 0 %d %d\" font-family=\"%s\" font-size=\"12\">\n"
             "<title>%s</title>\n"
             "<rect x=\"0\" y=\"0\" width=\"%d\" height=\"%d\" fill=\"#ffffff\"/>\n"
-            "<text x=\"%d\" y=\"26\" font-size=\"17\" font-weight=\"bold\" fill=\"#222222\">%s</text>\n"
+            "<text x=\"%d\" y=\"26\" font-size=\"17\" font-weight=\"bold\" "
+            "fill=\"#222222\">%s</text>\n"
             "<text x=\"%d\" y=\"46\" fill=\"#555555\">%s</text>\n",
             w, h, w, h, S_FONT, title, w, h, S_LEFT, title, S_LEFT, subtitle);
 }
@@ -383,13 +386,16 @@ static void s_x_axis(FILE *f, const s_plot *p)
     fprintf(f, "<g stroke=\"#444444\" fill=\"none\">\n");
     fprintf(f, "<line x1=\"%.1f\" y1=\"%.1f\" x2=\"%.1f\" y2=\"%.1f\"/>\n", p->x0, p->y1, p->x1,
             p->y1);
-    for (double t = ceil(p->lo / step) * step; t <= p->hi + 1e-9; t += step) {
-        double x = s_px(p, t);
+    // Ticks counted, not summed: a double stepped by addition drifts.
+    double first = ceil(p->lo / step) * step;
+    for (int k = 0; first + k * step <= p->hi + 1e-9; k++) {
+        double x = s_px(p, first + k * step);
         fprintf(f, "<line x1=\"%.1f\" y1=\"%.1f\" x2=\"%.1f\" y2=\"%.1f\"/>\n", x, p->y1, x,
                 p->y1 + 5);
     }
     fprintf(f, "</g>\n<g text-anchor=\"middle\" fill=\"#333333\">\n");
-    for (double t = ceil(p->lo / step) * step; t <= p->hi + 1e-9; t += step) {
+    for (int k = 0; first + k * step <= p->hi + 1e-9; k++) {
+        double t = first + k * step;
         fprintf(f, "<text x=\"%.1f\" y=\"%.1f\">%.0f</text>\n", s_px(p, t), p->y1 + 19, t);
     }
     fprintf(f, "<text x=\"%.1f\" y=\"%.1f\" font-size=\"13\">step</text>\n</g>\n",
@@ -403,13 +409,14 @@ static void s_y_axis(FILE *f, const s_plot *p, double step, double mul, const ch
 {
     int dec = s_decimals(step * mul);
     fprintf(f, "<g stroke=\"#e3e3e3\">\n");
-    for (double t = p->ylo; t <= p->yhi + step * 1e-6; t += step) {
-        double y = s_py(p, t);
+    for (int k = 0; p->ylo + k * step <= p->yhi + step * 1e-6; k++) {
+        double y = s_py(p, p->ylo + k * step);
         fprintf(f, "<line x1=\"%.1f\" y1=\"%.1f\" x2=\"%.1f\" y2=\"%.1f\"/>\n", p->x0, y, p->x1,
                 y);
     }
     fprintf(f, "</g>\n<g text-anchor=\"end\" fill=\"#333333\">\n");
-    for (double t = p->ylo; t <= p->yhi + step * 1e-6; t += step) {
+    for (int k = 0; p->ylo + k * step <= p->yhi + step * 1e-6; k++) {
+        double t = p->ylo + k * step;
         fprintf(f, "<text x=\"%.1f\" y=\"%.1f\">%.*f%s</text>\n", p->x0 - 7, s_py(p, t) + 4, dec,
                 t * mul, unit);
     }
@@ -628,7 +635,8 @@ static int s_draw_step_time(FILE *f, const s_log *lg)
 
     s_plot p = {.x0 = S_LEFT, .x1 = S_WIDTH - 150, .y0 = S_TOP + 10, .y1 = S_TOP + 10 + S_PLOT_H,
                 .lo = (double)b.first, .hi = (double)(b.first + b.span), .ylo = 0, .yhi = top};
-    char sub[200], per[64], acc[64] = "", clip[96] = "";
+    // sub has room for every part at its longest (gcc -O1 checks the sum).
+    char sub[256], per[64], acc[64] = "", clip[96] = "";
     s_per_column(per, sizeof per, &b, "median");
     if (lg->test_accuracy >= 0) {
         snprintf(acc, sizeof acc, "; test accuracy %.2f %% after epoch %llu",
@@ -722,7 +730,8 @@ static int s_draw_step_time(FILE *f, const s_log *lg)
             "y2=\"%.1f\" stroke=\"#222222\" stroke-width=\"1.2\" stroke-dasharray=\"6 4\"/>\n"
             "<line data-stat=\"p95\" data-value=\"%.3f\" x1=\"%.1f\" y1=\"%.1f\" x2=\"%.1f\" "
             "y2=\"%.1f\" stroke=\"#d6604d\" stroke-width=\"1.2\" stroke-dasharray=\"6 4\"/>\n"
-            "<text data-stat=\"median\" x=\"%.1f\" y=\"%.1f\" fill=\"#222222\">median %.2f ms</text>\n"
+            "<text data-stat=\"median\" x=\"%.1f\" y=\"%.1f\" "
+            "fill=\"#222222\">median %.2f ms</text>\n"
             "<text data-stat=\"p95\" x=\"%.1f\" y=\"%.1f\" fill=\"#b2412c\">p95 %.2f ms</text>\n",
             med, p.x0, ym, p.x1, ym, p95, p.x0, yp, p.x1, yp, p.x1 + 8, lm, med, p.x1 + 8, lp, p95);
     fprintf(f, "</svg>\n");
@@ -815,7 +824,9 @@ static int s_draw_shares(FILE *f, const s_log *lg)
     // The legend lists ranks top-down in the order the bands are stacked,
     // each with its mean share over the run.
     size_t fit = (size_t)((p.y1 - p.y0 - 14) / 20), shown = rows <= fit ? rows : fit - 1;
-    fprintf(f, "<g fill=\"#333333\">\n<text x=\"%.1f\" y=\"%.1f\" fill=\"#555555\">mean share</text>\n",
+    fprintf(f,
+            "<g fill=\"#333333\">\n"
+            "<text x=\"%.1f\" y=\"%.1f\" fill=\"#555555\">mean share</text>\n",
             p.x1 + 14, p.y0 + 4);
     for (size_t k = 0; k < shown; k++) {
         size_t r = rows - 1 - k;

@@ -9,10 +9,10 @@
 
 // A rank lagging more than this share of the median step, with a floor,
 // in most of the last steps, is a straggler.
-#define ZPS_MONITOR_LAG_REL 0.25
+#define ZPS_MONITOR_LAG_REL 0.5
 #define ZPS_MONITOR_LAG_FLOOR_MS 2.0
 #define ZPS_MONITOR_RECENT 10
-#define ZPS_MONITOR_FLAG_AT 6   // late steps of the recent ones to be flagged ...
+#define ZPS_MONITOR_FLAG_AT 7   // late steps of the recent ones to be flagged ...
 #define ZPS_MONITOR_CLEAR_AT 2  // ... and at most this many to be cleared (no flapping)
 
 typedef struct s_sample {
