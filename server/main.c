@@ -129,7 +129,7 @@ static bool s_parse_opts(int argc, char **argv, s_opts *o)
         .worker_timeout_ms = 10000,
         .stall_warn_ms = 5000,
     };
-    uint64_t v;
+    uint64_t v = 0;
     int c;
     while ((c = getopt_long(argc, argv, "", longopts, NULL)) != -1) {
         bool ok = true;

@@ -1009,7 +1009,7 @@ const char *zps_coord_member_device(const zps_coord *c, uint32_t rank)
 static void s_log_progress(zps_coord *c)
 {
     uint64_t spe = c->cfg.steps_per_epoch;
-    double mean = c->n_step_ms ? c->sum_step_ms / c->n_step_ms : 0;
+    double mean = c->n_step_ms ? c->sum_step_ms / (double)c->n_step_ms : 0;
     zps_log_info("step %llu/%llu epoch %llu: loss %.4f, %.2f ms/step", (unsigned long long)c->steps_done,
                  (unsigned long long)c->cfg.total_steps,
                  (unsigned long long)(c->steps_done / spe), c->last_loss, mean);

@@ -700,7 +700,7 @@ static int s_loop(s_server *srv)
         long timeout = ZPS_SERVER_POLL_MS;
         if (srv->coord && srv->o->speculate_after > 0) {
             double late = srv->o->speculate_after * zps_coord_median_step_ms(srv->coord);
-            timeout = late > 0 && late / 2 < timeout ? (long)(late / 2) + 1 : timeout;
+            timeout = late > 0 && late / 2 < (double)timeout ? (long)(late / 2) + 1 : timeout;
         }
         int rc = zmq_poll(items, n_items, timeout);
         if (rc < 0 && errno != EINTR) {
@@ -942,9 +942,9 @@ int zps_server_run(const zps_server_opts *o)
     if (ret != 0) {
         goto out;
     }
-    signal(SIGINT, s_on_signal);
-    signal(SIGTERM, s_on_signal);
-    signal(SIGHUP, s_on_signal);
+    (void)signal(SIGINT, s_on_signal);
+    (void)signal(SIGTERM, s_on_signal);
+    (void)signal(SIGHUP, s_on_signal);
     ret = s_loop(&srv);
     s_log_peak_rss(&srv);
 out:
@@ -975,7 +975,7 @@ out:
     zps_coord_destroy(&srv.coord);
     zps_shard_destroy(&srv.shard);
     if (metrics) {
-        fclose(metrics);
+        (void)fclose(metrics);
     }
     return ret;
 }

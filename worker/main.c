@@ -292,7 +292,7 @@ static zps_err s_setup_data(s_worker *w, const char *dataset, uint32_t rows)
                       (unsigned long long)w->steps_per_epoch);
         return ZPS_EINVAL;
     }
-    w->x = malloc((size_t)rows * dim * sizeof(float));
+    w->x = malloc((size_t)rows * (dim ? dim : 1) * sizeof(float));
     w->labels = malloc(rows * sizeof(uint32_t));
     w->eval_idx = malloc(ZPS_WORKER_EVAL_CHUNK * sizeof(uint32_t));
     if (!w->x || !w->labels || !w->eval_idx) {
@@ -864,7 +864,7 @@ static bool s_parse_opts(int argc, char **argv, s_opts *o, char *cache_buf, size
     };
     *o = (s_opts){.device = "cpu", .threads = 1, .timeout_ms = 60000, .join_timeout_ms = 600000,
                   .heartbeat_ms = 1000};
-    long v;
+    long v = 0;
     int c;
     while ((c = getopt_long(argc, argv, "", longopts, NULL)) != -1) {
         bool ok = true;
@@ -952,7 +952,7 @@ int main(int argc, char **argv)
 {
     zps_log_set_name("worker");
     static s_worker w; // large (plan); static keeps it off the stack
-    char cache_dir[4096];
+    static char cache_dir[4096]; // w (static) points into it
     if (!s_parse_opts(argc, argv, &w.opts, cache_dir, sizeof cache_dir)) {
         return 2;
     }

@@ -31,7 +31,7 @@ static void *s_run(void *arg)
         // A beat that cannot go out now is not worth queueing: the next one follows.
         (void)zps_wire_send(hb->sock, NULL, &h, NULL, 0, NULL);
         for (int waited = 0; waited < hb->interval_ms && !atomic_load(&hb->stop); waited += 10) {
-            struct timespec ts = {0, 10 * 1000 * 1000};
+            struct timespec ts = {0, 10L * 1000 * 1000};
             nanosleep(&ts, NULL);
         }
     }
