@@ -222,7 +222,9 @@ static zps_err s_list(const char *dir, uint32_t shard, uint64_t **out, size_t *n
         free(steps);
         return err;
     }
-    qsort(steps, len, sizeof *steps, s_cmp_u64);
+    if (len > 1) { // steps is NULL when there is none: qsort(NULL, ...) is undefined
+        qsort(steps, len, sizeof *steps, s_cmp_u64);
+    }
     *out = steps;
     *n = len;
     return ZPS_OK;

@@ -177,7 +177,7 @@ static bool s_serve_pull(s_server *srv, zmq_msg_t *route, uint64_t step, uint64_
     return *sent == (n == 64 ? ~0ull : (1ull << n) - 1);
 }
 
-static void s_queue_pull(s_server *srv, zmq_msg_t *route, uint64_t step);
+static void s_queue_pull(s_server *srv, zmq_msg_t *route, uint64_t step, bool catch_up);
 
 static void s_on_pull(s_server *srv, zps_wire_msg *m)
 {
@@ -188,24 +188,17 @@ static void s_on_pull(s_server *srv, zps_wire_msg *m)
         s_refuse(srv, m, ZPS_ENOENT, "PULL from a member id this shard does not know");
         return;
     }
-    uint64_t step = m->hdr->step;
-    const float *values;
-    if (zps_shard_bucket_at(srv->shard, 0, step, &values) == ZPS_ESTALE) {
-        char why[128];
-        snprintf(why, sizeof why, "parameters of step %llu are gone (shard at step %llu)",
-                 (unsigned long long)step, (unsigned long long)zps_shard_step(srv->shard));
-        s_refuse(srv, m, ZPS_ESTALE, why);
-        return;
-    }
-    s_queue_pull(srv, &m->route, step);
+    // A step this shard has passed may come back: a rollback to it can be
+    // on its way here while the worker asking already heard of it.
+    s_queue_pull(srv, &m->route, m->hdr->step, false);
 }
 
 // Answers a PULL of `step` with what there is now and keeps it waiting for
 // the rest.
-static void s_queue_pull(s_server *srv, zmq_msg_t *route, uint64_t step)
+static void s_queue_pull(s_server *srv, zmq_msg_t *route, uint64_t step, bool catch_up)
 {
     const float *values;
-    if (zps_shard_bucket_at(srv->shard, 0, step, &values) == ZPS_ESTALE) {
+    if (catch_up && zps_shard_bucket_at(srv->shard, 0, step, &values) == ZPS_ESTALE) {
         // That step is gone here: the asker is behind, and catches up at
         // the step in progress when it sees a later step's parameters.
         step = zps_shard_step(srv->shard);
@@ -289,11 +282,14 @@ static void s_hold(s_server *srv, zps_wire_msg *m, const char *why)
 static void s_add_recipient(s_server *srv, zps_wire_msg *m)
 {
     uint32_t r = m->hdr->rank % ZPS_MAX_MEMBERS;
+    if (m->hdr->step > zps_shard_step(srv->shard)) {
+        return; // ahead of a restarted shard: the rollback tells it where to go
+    }
     if (m->hdr->step < zps_shard_step(srv->shard)) {
         // The step is complete here: answer as a PULL of the step after it, once.
         if (srv->served[r] != m->hdr->step + 1) {
             srv->served[r] = m->hdr->step + 1;
-            s_queue_pull(srv, &m->route, m->hdr->step + 1);
+            s_queue_pull(srv, &m->route, m->hdr->step + 1, true);
         }
         return;
     }
@@ -580,12 +576,11 @@ static zps_err s_rollback(s_server *srv, uint64_t step)
     }
     memset(srv->pushed, 0, sizeof srv->pushed);
     memset(srv->served, 0, sizeof srv->served);
+    // PULLs that arrived before the rollback (for its step) can be served now.
     for (int i = 0; i < ZPS_SERVER_PULLERS; i++) {
-        if (srv->pullers[i].used) {
-            zmq_msg_close(&srv->pullers[i].route);
-            srv->pullers[i].used = false;
-        }
+        srv->pullers[i].sent = 0;
     }
+    s_serve_pullers(srv);
     for (int i = 0; i < srv->n_held; i++) {
         zps_wire_msg_fini(&srv->held[i]);
     }

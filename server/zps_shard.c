@@ -303,6 +303,13 @@ static zps_err s_check_sender(const zps_shard *s, const Zps__Header *h, char *wh
                  h->generation, g->gen, (unsigned long long)h->step);
         return ZPS_EDUP;
     }
+    if (h->step > s->step && zps_shard_is_member(s, h->member_id)) {
+        // A member ahead of this shard: the shard restarted from a
+        // checkpoint, and the rollback on its way replays that step.
+        snprintf(why, len, "push for step %llu, ahead of this shard (step %llu): a rollback "
+                 "is coming", (unsigned long long)h->step, (unsigned long long)s->step);
+        return ZPS_EDUP;
+    }
     if (h->step != s->step) {
         snprintf(why, len, "push for step %llu, shard is at step %llu",
                  (unsigned long long)h->step, (unsigned long long)s->step);

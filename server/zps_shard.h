@@ -66,7 +66,8 @@ uint32_t zps_shard_generation(const zps_shard *s);
 // sample count other than its length, a range that is not one bucket, or a
 // slice overlapping another slice of the step (ZPS_EPROTO). A second copy
 // of a slice already counted for the bucket, a member's push for a step
-// already complete, or one computed under a superseded plan, returns
+// already complete, one computed under a superseded plan, or one for a step
+// the shard has not reached (it restarted; a rollback follows), returns
 // ZPS_EDUP and is dropped. On success *ready is the bucket now complete (update it with
 // zps_shard_apply), or -1.
 zps_err zps_shard_push(zps_shard *s, const zps_wire_msg *m, int *ready, char *why,

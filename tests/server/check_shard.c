@@ -145,7 +145,8 @@ START_TEST(test_shard_refusals_leave_parameters_untouched)
     s_params(s, before);
     float g[HI - LO] = {1e6f, 1e6f, 1e6f, 1e6f, 1e6f};
     int ready;
-    ck_assert_int_eq(s_feed(s, 0, 11, 1, 10, 4, g, 3, &ready), ZPS_ESTALE);   // future step
+    ck_assert_int_eq(s_feed(s, 0, 11, 1, 10, 4, g, 3, &ready), ZPS_EDUP);     // a member ahead
+    ck_assert_int_eq(s_feed(s, 0, 77, 1, 10, 4, g, 3, &ready), ZPS_ESTALE);   // a stranger's future
     ck_assert_int_eq(s_feed(s, 2, 33, 0, 10, 4, g, 3, &ready), ZPS_ENOENT);   // unknown member
     ck_assert_int_eq(s_feed(s, 0, 12, 0, 10, 4, g, 3, &ready), ZPS_ENOENT);   // wrong member id
     ck_assert_int_eq(s_feed(s, 1, 22, 0, 31, 4, g, 3, &ready), ZPS_EPROTO);   // past the batch
