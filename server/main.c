@@ -179,7 +179,7 @@ static bool s_parse_opts(int argc, char **argv, s_opts *o)
         case O_REQUIRE_CURVE: o->require_curve = true; break;
         case O_ADAPTIVE: o->adaptive_split = true; break;
         case O_SPECULATE: {
-            float f;
+            float f = 0;
             ok = s_parse_float("--speculate-after", optarg, &f) && f >= 0;
             o->speculate_after = f;
             break;

@@ -78,7 +78,8 @@ static uint64_t s_get64(const uint8_t *p)
 // (zero), lo, hi, step, job_seed, model_hash (u64 each): 64 bytes.
 static void s_encode_header(uint8_t *h, const zps_ckpt_meta *m)
 {
-    memcpy(h, CKPT_MAGIC, CKPT_MAGIC_LEN);
+    // The magic is 8 bytes of a fixed-width field, without its NUL.
+    memcpy(h, CKPT_MAGIC, CKPT_MAGIC_LEN); // NOLINT(bugprone-not-null-terminated-result)
     s_put32(h + 8, CKPT_VERSION);
     s_put32(h + 12, m->shard);
     s_put32(h + 16, m->shards);
@@ -399,7 +400,7 @@ zps_err zps_ckpt_write(const char *dir, const zps_ckpt_meta *meta, const float *
     }
     (void)fchmod(fd, 0644); // mkstemp's 0600 would hide it from operators; best effort
 
-    uint8_t header[CKPT_HEADER_LEN], tail[CKPT_CRC_LEN];
+    uint8_t header[CKPT_HEADER_LEN];
     s_encode_header(header, meta);
     uint32_t crc = (uint32_t)crc32(0L, Z_NULL, 0);
     size_t bytes = (size_t)n * sizeof(float);
@@ -411,6 +412,7 @@ zps_err zps_ckpt_write(const char *dir, const zps_ckpt_meta *meta, const float *
         err = s_write_all(fd, momentum, bytes, &crc, tmp);
     }
     if (err == ZPS_OK) {
+        uint8_t tail[CKPT_CRC_LEN];
         s_put32(tail, crc);
         err = s_write_all(fd, tail, sizeof tail, NULL, tmp);
     }
@@ -734,9 +736,9 @@ zps_err zps_ckpt_write_record(const char *dir, const char *name, const void *dat
     }
     (void)fchmod(fd, 0644);
     uint32_t crc = (uint32_t)crc32(0L, Z_NULL, 0);
-    uint8_t tail[CKPT_CRC_LEN];
     zps_err err = s_write_all(fd, data, len, &crc, tmp);
     if (err == ZPS_OK) {
+        uint8_t tail[CKPT_CRC_LEN];
         s_put32(tail, crc);
         err = s_write_all(fd, tail, sizeof tail, NULL, tmp);
     }

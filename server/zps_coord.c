@@ -94,7 +94,6 @@ struct zps_coord {
     int n_extras;
     uint64_t evictions;                 // members evicted for silence
     zps_monitor *mon;                   // owned: lag, stragglers, throughput
-    double stall_log_ms;                // next "cannot complete" line
     double recover_deadline_ms;         // RECOVERING: when to go on without the missing
     bool rollback_pending;              // shard 0 must restore rollback_step
     uint64_t rollback_step;
@@ -711,9 +710,9 @@ static zps_err s_shard_restarted(zps_coord *c, void *sock, zps_wire_msg *m, s_sh
 zps_err zps_coord_on_register(zps_coord *c, void *sock, zps_wire_msg *m)
 {
     const Zps__Register *r = m->hdr->registration;
-    char why[160];
     if (!r || r->shards != c->cfg.shards || r->index == 0 || r->index >= c->cfg.shards ||
         !r->endpoint || !r->endpoint[0] || strlen(r->endpoint) >= sizeof c->shards[0].endpoint) {
+        char why[160];
         snprintf(why, sizeof why, "REGISTER must name a shard 1..%u of %u and its endpoint",
                  c->cfg.shards - 1, c->cfg.shards);
         s_refuse(c, sock, m, ZPS_EINVAL, why);

@@ -56,6 +56,7 @@ typedef struct s_server {
     int n_held;
     s_puller pullers[ZPS_SERVER_PULLERS];        // PULLs waiting for a step
     uint32_t plan_gen;                           // newest generation given to the shard
+    bool replay_held;                            // a plan arrived: count the held pushes
     uint64_t duplicates;                         // second copies of slices, dropped
     double step_start_ms;                        // when the current step began
     double next_stall_ms;                        // next stall warning
@@ -377,7 +378,7 @@ static void s_add_plan(s_server *srv, uint32_t gen, uint64_t effective, const zp
     zps_shard_add_plan(srv->shard, gen, effective, plan);
     srv->plan = *plan;
     srv->plan_gen = gen;
-    s_replay_held(srv);
+    srv->replay_held = srv->n_held > 0; // from the loop, not from inside a push's handling
 }
 
 static void s_take_plan(s_server *srv, uint32_t gen, uint64_t effective, const zps_plan *plan)
@@ -714,6 +715,10 @@ static int s_loop(s_server *srv)
         }
         if (n_items == 2 && (items[1].revents & ZMQ_POLLIN) && s_read_up(srv) != ZPS_OK) {
             return 1;
+        }
+        if (srv->replay_held) {
+            srv->replay_held = false;
+            s_replay_held(srv);
         }
         if (s_reload_keys) {
             s_reload_keys = 0;

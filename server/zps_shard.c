@@ -515,20 +515,23 @@ zps_err zps_shard_save(const zps_shard *s, const char *dir, int keep)
 zps_err zps_shard_restore(zps_shard *s, const char *dir, uint64_t step, uint64_t *loaded)
 {
     zps_ckpt_meta want = s_meta(s);
-    // Loaded into the scratch arrays first, so a failure changes nothing.
-    zps_err err = step == UINT64_MAX
-                      ? zps_ckpt_load_newest(dir, &want, loaded, s->prev, (float *)s->acc)
-                      : zps_ckpt_load(dir, &want, step, s->prev, (float *)s->acc);
+    // Loaded aside first (prev and a scratch array), so a failure changes nothing.
+    float *momentum = s_alloc(s->n * sizeof(float));
+    zps_err err = !momentum ? ZPS_ENOMEM
+                  : step == UINT64_MAX
+                      ? zps_ckpt_load_newest(dir, &want, loaded, s->prev, momentum)
+                      : zps_ckpt_load(dir, &want, step, s->prev, momentum);
     if (err != ZPS_OK) {
         memcpy(s->prev, s->params, s->n * sizeof(float));
-        memset(s->acc, 0, s->n * sizeof(double));
+        free(momentum);
         return err;
     }
     if (step != UINT64_MAX) {
         *loaded = step;
     }
     memcpy(s->params, s->prev, s->n * sizeof(float));
-    memcpy(s->momentum, s->acc, s->n * sizeof(float));
+    memcpy(s->momentum, momentum, s->n * sizeof(float));
+    free(momentum);
     memset(s->acc, 0, s->n * sizeof(double));
     s_prepare_snapshot(s);
     zps_dtype_from_f32(s->dtype, s->params, s->snap->data, s->n);
