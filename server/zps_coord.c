@@ -891,6 +891,18 @@ static const char *s_state_name(s_state s)
     return names[s];
 }
 
+// The fields of a member that STATUS and the saved job state share.
+static void s_member_to_wire(const s_member *s, Zps__Member *out)
+{
+    zps__member__init(out);
+    out->rank = s->rank;
+    out->host = (char *)s->host;
+    out->device = (char *)s->device;
+    out->share = s->share;
+    out->pid = s->pid;
+    out->live = s->live;
+}
+
 void zps_coord_on_status(zps_coord *c, void *sock, zps_wire_msg *m, uint64_t step,
                          uint64_t bad_messages)
 {
@@ -898,16 +910,11 @@ void zps_coord_on_status(zps_coord *c, void *sock, zps_wire_msg *m, uint64_t ste
     Zps__Member *member_ptrs[ZPS_MAX_MEMBERS];
     for (uint32_t i = 0; i < c->n_members; i++) {
         const s_member *s = &c->members[i];
-        zps__member__init(&members[i]);
-        members[i].rank = s->rank;
-        members[i].host = (char *)s->host;
-        members[i].device = (char *)s->device;
+        s_member_to_wire(s, &members[i]);
         const zps_plan_slice *sl = zps_plan_find(&c->plan, s->rank);
         members[i].share = c->state == S_WAITING ? s->share : sl && s->live ? sl->count : 0;
-        members[i].pid = s->pid;
         members[i].pushes = s->pushes;
         members[i].compute_ms = s->compute_ms;
-        members[i].live = s->live;
         zps_monitor_view v;
         if (zps_monitor_view_of(c->mon, s->rank, &v)) {
             members[i].lag_ms = v.lag_ms;
@@ -1102,13 +1109,7 @@ zps_err zps_coord_save(const zps_coord *c, const char *dir, uint64_t step)
     Zps__Member *ptrs[ZPS_MAX_MEMBERS];
     for (uint32_t i = 0; i < c->n_members; i++) {
         const s_member *s = &c->members[i];
-        zps__member__init(&members[i]);
-        members[i].rank = s->rank;
-        members[i].host = (char *)s->host;
-        members[i].device = (char *)s->device;
-        members[i].share = s->share;
-        members[i].pid = s->pid;
-        members[i].live = s->live;
+        s_member_to_wire(s, &members[i]);
         members[i].member_id = s->member_id;
         ptrs[i] = &members[i];
     }

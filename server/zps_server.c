@@ -100,18 +100,26 @@ static void s_refuse(s_server *srv, zps_wire_msg *m, zps_err err, const char *wh
     }
 }
 
+// The PARAMS header of bucket b for `step`; *data and *ref say where the
+// bucket's current wire values are.
+static void s_params_header(s_server *srv, int b, uint64_t step, Zps__Header *h,
+                            const void **data, zps_wire_ref **ref)
+{
+    zps_wire_header_init(h, ZPS__MSG_TYPE__PARAMS);
+    h->job_id = s_job_id(srv);
+    h->step = step;
+    h->shard = srv->o->shard;
+    h->dtype = (Zps__DType)srv->dtype;
+    zps_shard_bucket_params(srv->shard, b, data, &h->offset, &h->count, ref);
+}
+
 // Sends bucket b's parameters, labelled with the step they are for.
 static void s_send_bucket(s_server *srv, zmq_msg_t *route, int b, uint64_t step, bool zero_copy)
 {
     Zps__Header h;
-    zps_wire_header_init(&h, ZPS__MSG_TYPE__PARAMS);
-    h.job_id = s_job_id(srv);
-    h.step = step;
-    h.shard = srv->o->shard;
-    h.dtype = (Zps__DType)srv->dtype;
     const void *data;
     zps_wire_ref *ref;
-    zps_shard_bucket_params(srv->shard, b, &data, &h.offset, &h.count, &ref);
+    s_params_header(srv, b, step, &h, &data, &ref);
     zps_err err = zps_wire_send(srv->sock, route, &h, data,
                                 h.count * zps_dtype_size(srv->dtype),
                                 zero_copy ? ref : NULL);
@@ -144,14 +152,9 @@ static void s_send_values(s_server *srv, zmq_msg_t *route, int b, uint64_t step,
                           const float *values)
 {
     Zps__Header h;
-    zps_wire_header_init(&h, ZPS__MSG_TYPE__PARAMS);
-    h.job_id = s_job_id(srv);
-    h.step = step;
-    h.shard = srv->o->shard;
-    h.dtype = (Zps__DType)srv->dtype;
     const void *data;
     zps_wire_ref *ref;
-    zps_shard_bucket_params(srv->shard, b, &data, &h.offset, &h.count, &ref);
+    s_params_header(srv, b, step, &h, &data, &ref);
     size_t bytes = h.count * zps_dtype_size(srv->dtype);
     void *buf = malloc(bytes ? bytes : 1);
     if (!buf) {
