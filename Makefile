@@ -32,7 +32,7 @@ SAN_CFLAGS :=
 endif
 
 OPT ?= -O3
-PKGS := libzmq libprotobuf-c openblas zlib
+PKGS := libzmq libprotobuf-c openblas zlib libmicrohttpd jansson
 PKG_CFLAGS := $(shell pkg-config --cflags $(PKGS) 2>/dev/null)
 PKG_LIBS := $(shell pkg-config --libs $(PKGS) 2>/dev/null)
 

@@ -16,6 +16,8 @@ pkgs=(
   libexpat1-dev                        # the report test parses the SVG pictures as XML
   dataset-fashion-mnist                # the demo's and tests' data
   tcpdump                              # the security test captures loopback traffic
+  libmicrohttpd-dev                    # zps-server --http: /metrics and /status
+  prometheus                           # promtool checks /metrics in the tests (the server is not run)
 )
 if [ "${1:-}" = --ci ]; then
   pkgs+=(

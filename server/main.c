@@ -34,6 +34,7 @@ static void s_usage(FILE *f)
             "  --stall-warn-ms MS     while a step waits, say for whom this often (default 5000)\n"
             "  --adaptive-split       shares follow each worker's measured throughput\n"
             "  --speculate-after X    hand a slice late by X median steps to a finished worker too\n"
+            "  --http HOST:PORT       serve /metrics (Prometheus) and /status (JSON) there\n"
             "  --checkpoint-every K   shards checkpoint every K steps (shard 0 sets it for all)\n"
             "  --checkpoint-dir DIR   where this shard keeps its checkpoints\n"
             "  --resume               restart from this shard's newest valid checkpoint\n"
@@ -77,7 +78,7 @@ static bool s_parse_opts(int argc, char **argv, s_opts *o)
     enum { O_LISTEN = 256, O_WORKERS, O_MODEL, O_DATASET, O_BATCH, O_EPOCHS, O_STEPS, O_OPTIM,
            O_LR, O_MOMENTUM, O_NESTEROV, O_WD, O_SCHED, O_WARMUP, O_SEED, O_METRICS, O_LOG,
            O_ENDPOINT_FILE, O_SHARD, O_SHARDS, O_COORD, O_DTYPE, O_WTIMEOUT, O_CKPT_EVERY, O_CKPT_DIR, O_RESUME, O_CURVE_SECRET, O_AUTH_KEYS,
-           O_SERVER_KEY, O_REQUIRE_CURVE, O_STALL_WARN, O_ADAPTIVE, O_SPECULATE, O_HELP };
+           O_SERVER_KEY, O_REQUIRE_CURVE, O_STALL_WARN, O_ADAPTIVE, O_SPECULATE, O_HTTP, O_HELP };
     static const struct option longopts[] = {
         {"listen", required_argument, 0, O_LISTEN},
         {"workers", required_argument, 0, O_WORKERS},
@@ -112,6 +113,7 @@ static bool s_parse_opts(int argc, char **argv, s_opts *o)
         {"stall-warn-ms", required_argument, 0, O_STALL_WARN},
         {"adaptive-split", no_argument, 0, O_ADAPTIVE},
         {"speculate-after", required_argument, 0, O_SPECULATE},
+        {"http", required_argument, 0, O_HTTP},
         {"help", no_argument, 0, O_HELP},
         {0, 0, 0, 0},
     };
@@ -178,6 +180,7 @@ static bool s_parse_opts(int argc, char **argv, s_opts *o)
         case O_SERVER_KEY: o->server_key = optarg; break;
         case O_REQUIRE_CURVE: o->require_curve = true; break;
         case O_ADAPTIVE: o->adaptive_split = true; break;
+        case O_HTTP: o->http = optarg; break;
         case O_SPECULATE: {
             float f = 0;
             ok = s_parse_float("--speculate-after", optarg, &f) && f >= 0;

@@ -7,6 +7,8 @@
 #include <time.h>
 #include <unistd.h>
 
+#include <jansson.h>
+
 #include "common/zps_clock.h"
 #include "common/zps_log.h"
 #include "common/zps_model.h"
@@ -1314,4 +1316,132 @@ bool zps_coord_speculate(zps_coord *c, void *sock, uint64_t step, uint32_t offse
         return true;
     }
     return false;
+}
+
+// ---------------------------------------------------------------------------
+// The documents of --http.
+
+// A Prometheus label value: backslash, quote and newline escaped (hosts
+// and devices come from the workers).
+static void s_label(FILE *f, const char *v)
+{
+    for (; *v; v++) {
+        if (*v == '\\' || *v == '"') {
+            fputc('\\', f);
+            fputc(*v, f);
+        } else if (*v == '\n') {
+            fputs("\\n", f);
+        } else {
+            fputc(*v, f);
+        }
+    }
+}
+
+static void s_metric_head(FILE *f, const char *name, const char *type, const char *help)
+{
+    fprintf(f, "# HELP %s %s\n# TYPE %s %s\n", name, help, name, type);
+}
+
+static void s_render_metrics(const zps_coord *c, uint64_t step, uint64_t bad, FILE *f)
+{
+    s_metric_head(f, "zps_steps_completed_total", "counter", "Steps completed on shard 0.");
+    fprintf(f, "zps_steps_completed_total %llu\n", (unsigned long long)step);
+    s_metric_head(f, "zps_steps_planned", "gauge", "Steps of the run.");
+    fprintf(f, "zps_steps_planned %llu\n", (unsigned long long)c->cfg.total_steps);
+    s_metric_head(f, "zps_loss", "gauge", "Mean training loss of the last step.");
+    fprintf(f, "zps_loss %.6f\n", c->last_loss);
+    s_metric_head(f, "zps_step_seconds_median", "gauge", "Median step time, last steps.");
+    fprintf(f, "zps_step_seconds_median %.6f\n", zps_monitor_step_quantile(c->mon, 0.5) / 1e3);
+    s_metric_head(f, "zps_step_seconds_p95", "gauge", "95th percentile step time, last steps.");
+    fprintf(f, "zps_step_seconds_p95 %.6f\n", zps_monitor_step_quantile(c->mon, 0.95) / 1e3);
+    s_metric_head(f, "zps_refused_messages_total", "counter", "Messages refused by shard 0.");
+    fprintf(f, "zps_refused_messages_total %llu\n", (unsigned long long)bad);
+    s_metric_head(f, "zps_evictions_total", "counter", "Workers evicted for silence.");
+    fprintf(f, "zps_evictions_total %llu\n", (unsigned long long)c->evictions);
+    s_metric_head(f, "zps_test_accuracy", "gauge", "Last complete test-set evaluation.");
+    fprintf(f, "zps_test_accuracy %.6f\n", c->test_accuracy);
+    static const char *names[5] = {"zps_worker_lag_seconds", "zps_worker_compute_seconds",
+                                   "zps_worker_samples_per_second", "zps_worker_share",
+                                   "zps_worker_straggler"};
+    static const char *help[5] = {"Lag behind the step's first arrival (shard 0's clock).",
+                                  "Mean compute time of a step.", "Measured throughput.",
+                                  "Samples of the global batch in the current plan.",
+                                  "1 if flagged a straggler."};
+    for (int k = 0; k < 5; k++) {
+        s_metric_head(f, names[k], "gauge", help[k]);
+        for (uint32_t i = 0; i < c->n_members; i++) {
+            const s_member *m = &c->members[i];
+            zps_monitor_view v = {0};
+            if (!m->live) {
+                continue;
+            }
+            (void)zps_monitor_view_of(c->mon, m->rank, &v);
+            const zps_plan_slice *sl = zps_plan_find(&c->plan, m->rank);
+            double value[5] = {v.lag_ms / 1e3, v.compute_ms / 1e3, v.samples_per_s,
+                               sl ? sl->count : 0, v.straggler};
+            fprintf(f, "%s{rank=\"%u\",host=\"", names[k], m->rank);
+            s_label(f, m->host);
+            fputs("\",device=\"", f);
+            s_label(f, m->device);
+            fprintf(f, "\"} %.6f\n", value[k]);
+        }
+    }
+}
+
+static json_t *s_render_status(const zps_coord *c, uint64_t step, uint64_t bad)
+{
+    json_t *members = json_array();
+    for (uint32_t i = 0; i < c->n_members; i++) {
+        const s_member *m = &c->members[i];
+        zps_monitor_view v = {0};
+        (void)zps_monitor_view_of(c->mon, m->rank, &v);
+        const zps_plan_slice *sl = zps_plan_find(&c->plan, m->rank);
+        json_array_append_new(
+            members,
+            json_pack("{s:i, s:s, s:s, s:i, s:b, s:b, s:i, s:f, s:f, s:f, s:I}", "rank",
+                      (int)m->rank, "host", m->host, "device", m->device, "pid", (int)m->pid,
+                      "live", m->live, "straggler", v.straggler, "share",
+                      sl && m->live ? (int)sl->count : 0, "lag_ms", (double)v.lag_ms,
+                      "compute_ms", (double)v.compute_ms, "samples_per_s", v.samples_per_s,
+                      "pushes", (json_int_t)m->pushes));
+    }
+    char job[24];
+    snprintf(job, sizeof job, "%016llx", (unsigned long long)c->job_id);
+    return json_pack("{s:s, s:s, s:s, s:s, s:I, s:I, s:i, s:i, s:f, s:f, s:f, s:f, s:I, s:I, "
+                     "s:o}",
+                     "state", s_state_name(c->state), "model", c->cfg.model, "dataset",
+                     c->cfg.dataset, "job_id", job, "step",
+                     (json_int_t)step, "total_steps", (json_int_t)c->cfg.total_steps,
+                     "global_batch", (int)c->cfg.global_batch, "plan_generation", (int)c->gen,
+                     "loss", (double)c->last_loss, "step_ms_median",
+                     zps_monitor_step_quantile(c->mon, 0.5), "step_ms_p95",
+                     zps_monitor_step_quantile(c->mon, 0.95), "test_accuracy",
+                     c->test_accuracy, "refused_messages", (json_int_t)bad, "evictions",
+                     (json_int_t)c->evictions, "members", members);
+}
+
+zps_err zps_coord_render(const zps_coord *c, uint64_t step, uint64_t bad_messages,
+                         char **metrics, char **status_json)
+{
+    size_t len;
+    *metrics = NULL;
+    FILE *f = open_memstream(metrics, &len);
+    if (!f) {
+        return ZPS_ENOMEM;
+    }
+    s_render_metrics(c, step, bad_messages, f);
+    if (fclose(f) != 0) {
+        free(*metrics);
+        *metrics = NULL;
+        return ZPS_ENOMEM;
+    }
+    json_t *st = s_render_status(c, step, bad_messages);
+    *status_json = st ? json_dumps(st, JSON_COMPACT) : NULL;
+    json_decref(st);
+    if (!*status_json) {
+        free(*metrics);
+        *metrics = NULL;
+        return ZPS_ENOMEM;
+    }
+    return ZPS_OK;
 }

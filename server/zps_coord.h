@@ -88,6 +88,11 @@ bool zps_coord_speculate(zps_coord *c, void *sock, uint64_t step, uint32_t offse
 // The median step time of the last steps (ms, 0 before any).
 double zps_coord_median_step_ms(const zps_coord *c);
 
+// The two documents of --http: Prometheus text and the status as JSON
+// (caller frees both). step and bad_messages come from shard 0.
+zps_err zps_coord_render(const zps_coord *c, uint64_t step, uint64_t bad_messages,
+                         char **metrics, char **status_json);
+
 // A rollback decided (a restarted shard came back at an older step): true
 // once, with the step shard 0 must restore.
 bool zps_coord_take_rollback(zps_coord *c, uint64_t *step);

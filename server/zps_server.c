@@ -15,6 +15,7 @@
 #include "common/zps_wire.h"
 #include "server/zps_ckpt.h"
 #include "server/zps_coord.h"
+#include "server/zps_http.h"
 #include "server/zps_shard.h"
 #include "server/zps_zap.h"
 #include "common/zps_curve.h"
@@ -64,6 +65,8 @@ typedef struct s_server {
     bool finished;                               // shard > 0: the last step is done
     zps_curve curve;                             // CURVE keys, if on
     zps_zap *zap;                                // owned: admits CURVE clients, if on
+    zps_http *http;                              // owned: /metrics and /status, if asked
+    double next_publish_ms;                      // next refresh of the HTTP documents
     uint64_t ckpt_every;                         // checkpoint after every this many steps
     bool speculated;                             // a late slice was handed on this step
 } s_server;
@@ -633,6 +636,21 @@ static zps_err s_read_up(s_server *srv)
 // ---------------------------------------------------------------------------
 // The loop.
 
+// Refreshes what --http serves, twice a second.
+static void s_publish(s_server *srv, double now)
+{
+    char *metrics, *status;
+    if (!srv->http || now < srv->next_publish_ms ||
+        zps_coord_render(srv->coord, zps_shard_step(srv->shard), srv->bad_messages, &metrics,
+                         &status) != ZPS_OK) {
+        return;
+    }
+    zps_http_publish(srv->http, metrics, status);
+    free(metrics);
+    free(status);
+    srv->next_publish_ms = now + 500;
+}
+
 // Speculation: a slice late by --speculate-after median steps is also
 // handed to a member whose own slice is in (the first copy counts).
 static void s_speculate(s_server *srv, double now)
@@ -740,6 +758,7 @@ static int s_loop(s_server *srv)
         }
         s_warn_stall(srv, now);
         s_speculate(srv, now);
+        s_publish(srv, now);
     }
     if (s_stop) {
         zps_log_info("stopped by signal at step %llu",
@@ -885,6 +904,9 @@ static int s_setup_coordinator(s_server *srv, FILE *metrics)
     if (o->resume && s_resume_coordinator(srv) != ZPS_OK) {
         return 2;
     }
+    if (o->http && !(srv->http = zps_http_start(o->http))) {
+        return 2;
+    }
     zps_log_info("listening on %s: model %s (%zu parameters), dataset %s (%u train, %u test), "
                  "global batch %u, %llu steps, shard 0 of %u: [%llu, %llu)",
                  srv->endpoint, o->model, srv->model.n_params, o->dataset, n_train, n_test,
@@ -972,6 +994,7 @@ out:
         zmq_close(srv.up);
     }
     zps_zap_stop(&srv.zap);
+    zps_http_stop(&srv.http);
     if (srv.ctx) {
         zmq_ctx_term(srv.ctx); // flushes replies; releases the shard's zero-copy frames
     }

@@ -43,6 +43,7 @@ typedef struct zps_server_opts {
     double stall_warn_ms;       // while a step waits, name what it waits for this often
     bool adaptive_split;        // shard 0: shares follow measured throughput
     double speculate_after;     // shard 0: hand a late slice on after this many median steps (0: off)
+    const char *http;           // shard 0: HOST:PORT of /metrics and /status, or NULL
 } zps_server_opts;
 
 // Runs a shard until the job is over or SIGINT/SIGTERM; returns the exit
