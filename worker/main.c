@@ -691,7 +691,6 @@ static zps_err s_compute(s_worker *w, uint64_t step, zps_work work)
 
 static zps_err s_step(s_worker *w, uint64_t step)
 {
-    double t0 = zps_clock_ms();
     zps_work work[1 + ZPS_SCHEDULE_EXTRAS];
     int n = zps_schedule_take(&w->schedule, step, work, 1 + ZPS_SCHEDULE_EXTRAS);
     zps_err err = ZPS_OK;
@@ -706,7 +705,6 @@ static zps_err s_step(s_worker *w, uint64_t step)
     err = n == 0 ? s_pull(w, step + 1) : s_take_params(w, step + 1);
     w->sum_wait_ms += zps_clock_ms() - t2;
     w->timed_steps++;
-    (void)t0;
     return err;
 }
 
