@@ -1099,6 +1099,7 @@ void zps_coord_tick(zps_coord *c, void *sock, double now_ms)
 // Job state beside the checkpoints.
 
 #define ZPS_COORD_STATE_MAX (1u << 20)
+#define ZPS_COORD_RESUME_GEN_GAP 1000u
 
 static void s_state_name_for(char *buf, size_t len, uint64_t step)
 {
@@ -1161,7 +1162,10 @@ zps_err zps_coord_resume(zps_coord *c, const char *dir, uint64_t step)
         return err == ZPS_OK ? ZPS_EPROTO : err;
     }
     c->job_id = st->job_id;
-    c->gen = st->generation;
+    // Plans made after this checkpoint and before the crash may still be
+    // known to shards and workers under the next numbers: the plans of the
+    // resumed run start well above them, so they supersede, never collide.
+    c->gen = st->generation + ZPS_COORD_RESUME_GEN_GAP;
     c->n_members = (uint32_t)st->n_members;
     for (uint32_t i = 0; i < c->n_members; i++) {
         const Zps__Member *m = st->members[i];
