@@ -55,11 +55,14 @@ WORKER_OBJ := $(call obj,$(WORKER_SRC))
 BINS := $(BIN)/zps-server $(BIN)/zps-worker $(BIN)/zps-ctl
 TESTS := $(B)/tests/check_unit $(B)/tests/check_integration
 
-.PHONY: all deps demo test test-unit test-integration test-fuzz-replay bench clean
+.PHONY: all deps test-deps demo test test-unit test-integration test-fuzz-replay bench clean
 all: $(BINS)
 
 deps:
 	@bash deploy/install-deps.sh
+
+test-deps:
+	@bash deploy/install-deps.sh --test
 
 $(PROTO_C): proto/zps.proto
 	@mkdir -p $(B)
@@ -101,7 +104,7 @@ demo: deps
 	@$(MAKE) --no-print-directory all
 	@bash deploy/demo.sh
 
-test: deps
+test: test-deps
 	@$(MAKE) --no-print-directory all $(TESTS) $(FUZZ_REPLAY)
 	@$(MAKE) --no-print-directory test-unit test-integration test-fuzz-replay
 

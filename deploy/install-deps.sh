@@ -1,8 +1,8 @@
 #!/usr/bin/env bash
 # Installs the Debian packages zps builds and runs with, and only those that
 # are missing: a machine that has them all is left untouched (no apt-get).
-# --ci adds what the checks of .ci/run need beyond make test, so that make
-# demo and make test stay lean.
+# --test adds what only the tests use (make test), --ci also what the checks
+# of .ci/run need beyond make test, so that make demo stays lean.
 set -euo pipefail
 
 pkgs=(
@@ -11,14 +11,18 @@ pkgs=(
   libprotobuf-c-dev protobuf-c-compiler # message headers
   libopenblas-dev                      # the CPU backend's GEMMs
   zlib1g-dev                           # decompressing the IDX .gz files once
-  check                                # unit and integration tests
-  libjansson-dev                       # zps-ctl report reads the JSON-lines metrics log
+  check                                # unit and integration tests (built by make)
+  libjansson-dev                       # zps-ctl report reads the JSON-lines metrics log; /status
   libexpat1-dev                        # the report test parses the SVG pictures as XML
   dataset-fashion-mnist                # the demo's and tests' data
-  tcpdump                              # the security test captures loopback traffic
   libmicrohttpd-dev                    # zps-server --http: /metrics and /status
-  prometheus                           # promtool checks /metrics in the tests (the server is not run)
 )
+if [ "${1:-}" = --test ] || [ "${1:-}" = --ci ]; then
+  pkgs+=(
+    tcpdump                            # the security test captures loopback traffic
+    prometheus                         # promtool checks /metrics (the server is never run)
+  )
+fi
 if [ "${1:-}" = --ci ]; then
   pkgs+=(
     clang libclang-rt-dev              # make fuzz: libFuzzer, clang's sanitizer runtimes
