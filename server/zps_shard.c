@@ -32,6 +32,7 @@ typedef struct s_gen {
     uint64_t effective;      // first step it holds for
     uint32_t n;              // members
     uint64_t member_id[ZPS_MAX_MEMBERS];
+    uint32_t rank[ZPS_MAX_MEMBERS];   // each member's rank: replies are routed by it
 } s_gen;
 
 #define ZPS_SHARD_GENS 4 // generations kept: a step in progress may still use an older one
@@ -197,6 +198,7 @@ void zps_shard_add_plan(zps_shard *s, uint32_t gen, uint64_t effective_step,
     g->n = plan->n;
     for (uint32_t i = 0; i < plan->n; i++) {
         g->member_id[i] = plan->slices[i].member_id;
+        g->rank[i] = plan->slices[i].rank;
     }
 }
 
@@ -207,6 +209,21 @@ uint32_t zps_shard_generation(const zps_shard *s)
         newest = s->gens[i].gen > newest ? s->gens[i].gen : newest;
     }
     return newest;
+}
+
+// The member id must go with the rank it claims: replies are routed by
+// rank, and a member must not take another's.
+static bool s_member_has_rank(const zps_shard *s, uint64_t member_id, uint32_t rank)
+{
+    for (int k = 0; k < ZPS_SHARD_GENS; k++) {
+        const s_gen *g = &s->gens[k];
+        for (uint32_t i = 0; g->gen != 0 && i < g->n; i++) {
+            if (g->member_id[i] == member_id) {
+                return g->rank[i] == rank;
+            }
+        }
+    }
+    return false;
 }
 
 // The generation in force at a step: the newest one in effect by then.
@@ -320,7 +337,7 @@ static zps_err s_check_sender(const zps_shard *s, const Zps__Header *h, char *wh
                  h->generation, (unsigned long long)h->step, g ? g->gen : 0);
         return ZPS_ESTALE;
     }
-    if (!zps_shard_is_member(s, h->member_id)) {
+    if (!s_member_has_rank(s, h->member_id, h->rank)) {
         snprintf(why, len, "rank %u with member id %llx is not a member", h->rank,
                  (unsigned long long)h->member_id);
         return ZPS_ENOENT;

@@ -149,6 +149,7 @@ START_TEST(test_shard_refusals_leave_parameters_untouched)
     ck_assert_int_eq(s_feed(s, 0, 77, 1, 10, 4, g, 3, &ready), ZPS_ESTALE);   // a stranger's future
     ck_assert_int_eq(s_feed(s, 2, 33, 0, 10, 4, g, 3, &ready), ZPS_ENOENT);   // unknown member
     ck_assert_int_eq(s_feed(s, 0, 12, 0, 10, 4, g, 3, &ready), ZPS_ENOENT);   // wrong member id
+    ck_assert_int_eq(s_feed(s, 1, 11, 0, 30, 4, g, 3, &ready), ZPS_ENOENT);   // another's rank
     ck_assert_int_eq(s_feed(s, 1, 22, 0, 31, 4, g, 3, &ready), ZPS_EPROTO);   // past the batch
     ck_assert_int_eq(s_feed(s, 0, 11, 0, 10, 1, g, 3, &ready), ZPS_ERANGE);   // outside the range
     ck_assert_int_eq(s_feed(s, 0, 11, 0, 10, 5, g, 3, &ready), ZPS_ERANGE);
