@@ -371,6 +371,39 @@ static void s_prune(const char *dir, uint32_t shard, uint64_t step, int keep)
     free(steps);
 }
 
+// Ends a write begun in the temporary tmp (err: how it went so far): the
+// CRC trailer, fsync, close, rename over path, then the directory synced.
+// A failure removes tmp; fd is closed either way.
+static zps_err s_commit(int fd, zps_err err, uint32_t crc, const char *tmp, const char *path,
+                        const char *dir)
+{
+    if (err == ZPS_OK) {
+        uint8_t tail[CKPT_CRC_LEN];
+        s_put32(tail, crc);
+        err = s_write_all(fd, tail, sizeof tail, NULL, tmp);
+    }
+    if (err == ZPS_OK && fsync(fd) != 0) {
+        zps_log_error("ckpt %s: fsync: %s", tmp, strerror(errno));
+        err = ZPS_EIO;
+    }
+    // close can report a deferred write error (NFS), so it is checked too.
+    if (close(fd) != 0 && err == ZPS_OK) {
+        zps_log_error("ckpt %s: close: %s", tmp, strerror(errno));
+        err = ZPS_EIO;
+    }
+    if (err == ZPS_OK && rename(tmp, path) != 0) {
+        zps_log_error("ckpt %s: rename to %s: %s", tmp, path, strerror(errno));
+        err = ZPS_EIO;
+    }
+    if (err != ZPS_OK) {
+        unlink(tmp);
+        return err;
+    }
+    // The file is complete under its name; if the directory sync fails the
+    // rename may not survive a power loss, which the caller must hear.
+    return s_sync_dir(dir);
+}
+
 zps_err zps_ckpt_write(const char *dir, const zps_ckpt_meta *meta, const float *params,
                        const float *momentum, int keep)
 {
@@ -411,31 +444,7 @@ zps_err zps_ckpt_write(const char *dir, const zps_ckpt_meta *meta, const float *
     if (err == ZPS_OK) {
         err = s_write_all(fd, momentum, bytes, &crc, tmp);
     }
-    if (err == ZPS_OK) {
-        uint8_t tail[CKPT_CRC_LEN];
-        s_put32(tail, crc);
-        err = s_write_all(fd, tail, sizeof tail, NULL, tmp);
-    }
-    if (err == ZPS_OK && fsync(fd) != 0) {
-        zps_log_error("ckpt %s: fsync: %s", tmp, strerror(errno));
-        err = ZPS_EIO;
-    }
-    // close can report a deferred write error (NFS), so it is checked too.
-    if (close(fd) != 0 && err == ZPS_OK) {
-        zps_log_error("ckpt %s: close: %s", tmp, strerror(errno));
-        err = ZPS_EIO;
-    }
-    if (err == ZPS_OK && rename(tmp, path) != 0) {
-        zps_log_error("ckpt %s: rename to %s: %s", tmp, path, strerror(errno));
-        err = ZPS_EIO;
-    }
-    if (err != ZPS_OK) {
-        unlink(tmp);
-        return err;
-    }
-    // The file is complete under its name; if the directory sync fails the
-    // rename may not survive a power loss, which the caller must hear.
-    err = s_sync_dir(dir);
+    err = s_commit(fd, err, crc, tmp, path, dir);
     if (err != ZPS_OK) {
         return err;
     }
@@ -737,27 +746,7 @@ zps_err zps_ckpt_write_record(const char *dir, const char *name, const void *dat
     (void)fchmod(fd, 0644);
     uint32_t crc = (uint32_t)crc32(0L, Z_NULL, 0);
     zps_err err = s_write_all(fd, data, len, &crc, tmp);
-    if (err == ZPS_OK) {
-        uint8_t tail[CKPT_CRC_LEN];
-        s_put32(tail, crc);
-        err = s_write_all(fd, tail, sizeof tail, NULL, tmp);
-    }
-    if (err == ZPS_OK && fsync(fd) != 0) {
-        zps_log_error("ckpt %s: fsync: %s", tmp, strerror(errno));
-        err = ZPS_EIO;
-    }
-    if (close(fd) != 0 && err == ZPS_OK) {
-        err = ZPS_EIO;
-    }
-    if (err == ZPS_OK && rename(tmp, path) != 0) {
-        zps_log_error("ckpt %s: rename to %s: %s", tmp, path, strerror(errno));
-        err = ZPS_EIO;
-    }
-    if (err != ZPS_OK) {
-        unlink(tmp);
-        return err;
-    }
-    return s_sync_dir(dir);
+    return s_commit(fd, err, crc, tmp, path, dir);
 }
 
 zps_err zps_ckpt_read_record(const char *dir, const char *name, void *buf, size_t cap,

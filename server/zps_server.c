@@ -597,6 +597,17 @@ static zps_err s_rollback(s_server *srv, uint64_t step)
     return ZPS_OK;
 }
 
+// A plan from the coordinator (PLAN or ROLLBACK) for this shard.
+static void s_take_wire_plan(s_server *srv, const Zps__Plan *p)
+{
+    zps_plan plan;
+    if (zps_plan_from_wire(p->slices, p->n_slices, srv->plan.global_batch, &plan) == ZPS_OK) {
+        s_add_plan(srv, p->generation, p->effective_step, &plan);
+    } else {
+        zps_log_warn("ignored an inconsistent plan from the coordinator");
+    }
+}
+
 // Reads the coordinator's socket; a failure here ends the shard.
 static zps_err s_read_up(s_server *srv)
 {
@@ -610,20 +621,10 @@ static zps_err s_read_up(s_server *srv)
     } else if (err == ZPS_OK && m.hdr->type == ZPS__MSG_TYPE__ROLLBACK && srv->shard) {
         err = s_rollback(srv, m.hdr->step);
         if (err == ZPS_OK && m.hdr->plan) {
-            zps_plan plan;
-            const Zps__Plan *p = m.hdr->plan;
-            if (zps_plan_from_wire(p->slices, p->n_slices, srv->plan.global_batch, &plan) == ZPS_OK) {
-                s_add_plan(srv, p->generation, p->effective_step, &plan);
-            }
+            s_take_wire_plan(srv, m.hdr->plan);
         }
     } else if (err == ZPS_OK && m.hdr->type == ZPS__MSG_TYPE__PLAN && srv->shard && m.hdr->plan) {
-        zps_plan plan;
-        const Zps__Plan *p = m.hdr->plan;
-        if (zps_plan_from_wire(p->slices, p->n_slices, srv->plan.global_batch, &plan) == ZPS_OK) {
-            s_add_plan(srv, p->generation, p->effective_step, &plan);
-        } else {
-            zps_log_warn("ignored an inconsistent plan from the coordinator");
-        }
+        s_take_wire_plan(srv, m.hdr->plan);
     } else if (err == ZPS_OK) {
         zps_log_warn("ignored %s from the coordinator", zps_wire_type_name(m.hdr->type));
     } else if (err == ZPS_ETIMEDOUT) {

@@ -135,6 +135,21 @@ static float *s_check_close(zps_procs *ps, const char *name, const float *ref, s
     return p;
 }
 
+// Every named worker ends within 1e-4 of the reference, and all of them
+// hold the same bits.
+static void s_check_all_close(zps_procs *ps, const char *const *names, int count,
+                              const float *ref, size_t n)
+{
+    float *first = s_check_close(ps, names[0], ref, n);
+    for (int i = 1; i < count; i++) {
+        float *p = s_check_close(ps, names[i], ref, n);
+        ck_assert_msg(memcmp(first, p, n * sizeof(float)) == 0, "%s differs from %s", names[i],
+                      names[0]);
+        free(p);
+    }
+    free(first);
+}
+
 static size_t s_n_params(void)
 {
     zps_model_spec spec;
@@ -182,11 +197,8 @@ START_TEST(test_failures_worker_killed_mid_epoch_run_ends_equal)
     ck_assert_int_eq(zps_procs_wait(&ps, w[0], 120000), 0);
     ck_assert_int_eq(zps_procs_wait(&ps, w[2], 120000), 0);
     ck_assert_int_eq(zps_procs_wait(&ps, server, 30000), 0);
-    float *a = s_check_close(&ps, "w0", ref, n);
-    float *b = s_check_close(&ps, "w2", ref, n);
-    ck_assert_msg(memcmp(a, b, n * sizeof(float)) == 0, "the survivors differ");
-    free(a);
-    free(b);
+    const char *survivors[] = {"w0", "w2"};
+    s_check_all_close(&ps, survivors, 2, ref, n);
     free(ref);
     zps_procs_fini(&ps, false);
 }
@@ -219,13 +231,7 @@ START_TEST(test_failures_restarted_and_joining_workers_run_ends_equal)
     ck_assert_int_eq(zps_procs_wait(&ps, fourth, 120000), 0);
     ck_assert_int_eq(zps_procs_wait(&ps, server, 30000), 0);
     const char *live[4] = {"w0", "w2", "w1-again", "w3"};
-    float *first = s_check_close(&ps, live[0], ref, n);
-    for (int i = 1; i < 4; i++) {
-        float *p = s_check_close(&ps, live[i], ref, n);
-        ck_assert_msg(memcmp(first, p, n * sizeof(float)) == 0, "%s differs from w0", live[i]);
-        free(p);
-    }
-    free(first);
+    s_check_all_close(&ps, live, 4, ref, n);
     free(ref);
     zps_procs_fini(&ps, false);
 }
@@ -257,11 +263,8 @@ START_TEST(test_failures_all_workers_gone_server_waits_then_resumes)
     ck_assert_int_eq(zps_procs_wait(&ps, a, 120000), 0);
     ck_assert_int_eq(zps_procs_wait(&ps, b, 120000), 0);
     ck_assert_int_eq(zps_procs_wait(&ps, server, 30000), 0);
-    float *p = s_check_close(&ps, "back0", ref, n);
-    float *q = s_check_close(&ps, "back1", ref, n);
-    ck_assert_msg(memcmp(p, q, n * sizeof(float)) == 0, "the returning workers differ");
-    free(p);
-    free(q);
+    const char *back[] = {"back0", "back1"};
+    s_check_all_close(&ps, back, 2, ref, n);
     free(ref);
     zps_procs_fini(&ps, false);
 }
@@ -321,11 +324,8 @@ static void s_shard_restart(const char *tag, uint64_t kill_at, bool cut)
     ck_assert_msg(s_log_has(&ps, "server.log", "rolls back to it"), "no rollback logged");
     ck_assert_msg(!cut || s_log_has(&ps, "shard1.log", "truncated"),
                   "the cut checkpoint was not reported");
-    float *a = s_check_close(&ps, "w0", ref, n);
-    float *b = s_check_close(&ps, "w1", ref, n);
-    ck_assert_msg(memcmp(a, b, n * sizeof(float)) == 0, "the workers differ");
-    free(a);
-    free(b);
+    const char *workers[] = {"w0", "w1"};
+    s_check_all_close(&ps, workers, 2, ref, n);
     free(ref);
     zps_procs_fini(&ps, false);
 }
@@ -382,11 +382,8 @@ START_TEST(test_failures_coordinator_killed_and_resumed_run_ends_equal)
     ck_assert_int_eq(zps_procs_wait(&ps, s0, 30000), 0);
     ck_assert_msg(s_log_has(&ps, "server-again.log", "resumed at step 20"), "not resumed at 20");
     ck_assert_msg(s_log_has(&ps, "server-again.log", "rolls back to it"), "no rollback logged");
-    float *a = s_check_close(&ps, "w0", ref, n);
-    float *b = s_check_close(&ps, "w1", ref, n);
-    ck_assert_msg(memcmp(a, b, n * sizeof(float)) == 0, "the workers differ");
-    free(a);
-    free(b);
+    const char *workers[] = {"w0", "w1"};
+    s_check_all_close(&ps, workers, 2, ref, n);
     free(ref);
     zps_procs_fini(&ps, false);
 }

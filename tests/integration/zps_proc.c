@@ -74,6 +74,25 @@ const char *zps_procs_path(const zps_procs *ps, const char *name)
     return b;
 }
 
+// Forks; in the child (0 returned) stdout and stderr go to <dir>/<log>
+// and the child dies with the test.
+static pid_t s_fork_logged(zps_procs *ps, const char *log)
+{
+    const char *logpath = zps_procs_path(ps, log);
+    pid_t pid = fork();
+    ck_assert_int_ge(pid, 0);
+    if (pid == 0) {
+        prctl(PR_SET_PDEATHSIG, SIGKILL);
+        int fd = open(logpath, O_WRONLY | O_CREAT | O_APPEND, 0644);
+        if (fd >= 0) {
+            dup2(fd, 1);
+            dup2(fd, 2);
+            close(fd);
+        }
+    }
+    return pid;
+}
+
 pid_t zps_procs_start(zps_procs *ps, const char *prog, const char *log, const char *const *args)
 {
     const char *bin = getenv("ZPS_BIN_DIR");
@@ -90,17 +109,8 @@ pid_t zps_procs_start(zps_procs *ps, const char *prog, const char *log, const ch
         slot++;
     }
     ck_assert_int_lt(slot, ZPS_PROC_MAX);
-    const char *logpath = zps_procs_path(ps, log);
-    pid_t pid = fork();
-    ck_assert_int_ge(pid, 0);
+    pid_t pid = s_fork_logged(ps, log);
     if (pid == 0) {
-        prctl(PR_SET_PDEATHSIG, SIGKILL);
-        int fd = open(logpath, O_WRONLY | O_CREAT | O_APPEND, 0644);
-        if (fd >= 0) {
-            dup2(fd, 1);
-            dup2(fd, 2);
-            close(fd);
-        }
         execv(path, (char *const *)argv);
         fprintf(stderr, "exec %s: %s\n", path, strerror(errno));
         _exit(127);
@@ -224,17 +234,8 @@ bool zps_proc_alive(pid_t pid)
 
 int zps_procs_sh(zps_procs *ps, const char *cmdline, const char *log, int timeout_ms)
 {
-    const char *logpath = zps_procs_path(ps, log);
-    pid_t pid = fork();
-    ck_assert_int_ge(pid, 0);
+    pid_t pid = s_fork_logged(ps, log);
     if (pid == 0) {
-        prctl(PR_SET_PDEATHSIG, SIGKILL);
-        int fd = open(logpath, O_WRONLY | O_CREAT | O_APPEND, 0644);
-        if (fd >= 0) {
-            dup2(fd, 1);
-            dup2(fd, 2);
-            close(fd);
-        }
         execl("/bin/sh", "sh", "-c", cmdline, (char *)NULL);
         _exit(127);
     }
