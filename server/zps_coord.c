@@ -466,8 +466,24 @@ static void s_assign_extras(zps_coord *c)
     }
 }
 
-// PLAN to every live worker (its own id only) and every other shard.
-static void s_broadcast_plan(zps_coord *c, void *sock)
+// A new plan generation over the live members, from `effective` on;
+// false (nothing changed) if no member is live.
+static bool s_new_generation(zps_coord *c, uint64_t effective)
+{
+    zps_plan plan;
+    if (s_make_plan(c, &plan) != ZPS_OK) {
+        return false;
+    }
+    c->plan = plan;
+    c->gen++;
+    c->gens[s_gen_slot(c, 0)] = (s_gen){.gen = c->gen, .effective = effective, .plan = plan};
+    return true;
+}
+
+// The newest generation, with the handed-over slices, to every other shard
+// and every live worker (its own id only): as a PLAN, or as a ROLLBACK to
+// `step`.
+static void s_broadcast(zps_coord *c, void *sock, Zps__MsgType type, uint64_t step)
 {
     const s_gen *g = &c->gens[s_gen_slot(c, c->gen)];
     Zps__Slice slices[ZPS_MAX_MEMBERS];
@@ -486,19 +502,20 @@ static void s_broadcast_plan(zps_coord *c, void *sock)
     plan.n_extras = (size_t)c->n_extras;
     plan.extras = extra_ptrs;
     Zps__Header h;
-    zps_wire_header_init(&h, ZPS__MSG_TYPE__PLAN);
+    zps_wire_header_init(&h, type);
     h.job_id = c->job_id;
+    h.step = step;
     h.generation = g->gen;
     h.plan = &plan;
+    s_plan_to_wire(&g->plan, NULL, slices, slice_ptrs);
+    for (uint32_t i = 1; i < c->cfg.shards; i++) {
+        (void)zps_wire_send(sock, &c->shards[i].route, &h, NULL, 0, NULL);
+    }
     for (uint32_t i = 0; i < c->n_members; i++) {
         if (c->members[i].live && c->members[i].has_job && c->members[i].route_known) {
             s_plan_to_wire(&g->plan, &c->members[i], slices, slice_ptrs);
             (void)zps_wire_send(sock, &c->members[i].route, &h, NULL, 0, NULL);
         }
-    }
-    s_plan_to_wire(&g->plan, NULL, slices, slice_ptrs);
-    for (uint32_t i = 1; i < c->cfg.shards; i++) {
-        (void)zps_wire_send(sock, &c->shards[i].route, &h, NULL, 0, NULL);
     }
 }
 
@@ -506,20 +523,15 @@ static void s_broadcast_plan(zps_coord *c, void *sock)
 // started, and the gone members' slices of the steps in progress handed on.
 static void s_replan(zps_coord *c, void *sock)
 {
-    zps_plan plan;
-    if (s_make_plan(c, &plan) != ZPS_OK) {
+    if (!s_new_generation(c, c->shard_done[0] + 1)) {
         zps_log_warn("step %llu cannot complete: no live worker; waiting for workers to join",
                      (unsigned long long)s_global_done(c));
         return;
     }
-    c->plan = plan;
-    c->gen++;
-    c->gens[s_gen_slot(c, 0)] = (s_gen){.gen = c->gen, .effective = c->shard_done[0] + 1,
-                                        .plan = plan};
     s_assign_extras(c);
     zps_log_info("plan %u from step %llu: %u workers", c->gen,
-                 (unsigned long long)c->shard_done[0] + 1, plan.n);
-    s_broadcast_plan(c, sock);
+                 (unsigned long long)c->shard_done[0] + 1, c->plan.n);
+    s_broadcast(c, sock, ZPS__MSG_TYPE__PLAN, 0);
 }
 
 static void s_evict(zps_coord *c, void *sock, s_member *mem, double now_ms)
@@ -643,13 +655,9 @@ static void s_rollback(zps_coord *c, void *sock, uint64_t step, uint32_t shard)
 {
     zps_log_warn("shard %u is back at step %llu: every shard and worker rolls back to it "
                  "and replays from there", shard, (unsigned long long)step);
-    zps_plan plan;
-    if (s_make_plan(c, &plan) != ZPS_OK) {
+    if (!s_new_generation(c, step)) {
         return;
     }
-    c->plan = plan;
-    c->gen++;
-    c->gens[s_gen_slot(c, 0)] = (s_gen){.gen = c->gen, .effective = step, .plan = plan};
     c->n_extras = 0;
     for (uint32_t i = 0; i < c->cfg.shards; i++) {
         c->shard_done[i] = step;
@@ -658,29 +666,7 @@ static void s_rollback(zps_coord *c, void *sock, uint64_t step, uint32_t shard)
     c->state = S_TRAINING;
     c->rollback_pending = true;
     c->rollback_step = step;
-    Zps__Slice slices[ZPS_MAX_MEMBERS];
-    Zps__Slice *slice_ptrs[ZPS_MAX_MEMBERS];
-    Zps__Plan p = ZPS__PLAN__INIT;
-    p.generation = c->gen;
-    p.effective_step = step;
-    p.n_slices = plan.n;
-    p.slices = slice_ptrs;
-    Zps__Header h;
-    zps_wire_header_init(&h, ZPS__MSG_TYPE__ROLLBACK);
-    h.job_id = c->job_id;
-    h.step = step;
-    h.generation = c->gen;
-    h.plan = &p;
-    s_plan_to_wire(&plan, NULL, slices, slice_ptrs);
-    for (uint32_t i = 1; i < c->cfg.shards; i++) {
-        (void)zps_wire_send(sock, &c->shards[i].route, &h, NULL, 0, NULL);
-    }
-    for (uint32_t i = 0; i < c->n_members; i++) {
-        if (c->members[i].live && c->members[i].has_job && c->members[i].route_known) {
-            s_plan_to_wire(&plan, &c->members[i], slices, slice_ptrs);
-            (void)zps_wire_send(sock, &c->members[i].route, &h, NULL, 0, NULL);
-        }
-    }
+    s_broadcast(c, sock, ZPS__MSG_TYPE__ROLLBACK, step);
 }
 
 bool zps_coord_take_rollback(zps_coord *c, uint64_t *step)
