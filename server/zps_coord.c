@@ -1283,45 +1283,65 @@ void zps_coord_adapt(zps_coord *c, void *sock)
     s_replan(c, sock);
 }
 
+// Hands [offset, offset + count) of `step` to member `mem` as an extra of
+// the plan it already has.
+static void s_send_speculation(zps_coord *c, void *sock, const s_gen *g, s_member *mem,
+                               uint64_t step, uint32_t offset, uint32_t count)
+{
+    s_extra e = {.step = step, .offset = offset, .count = count, .gen = g->gen,
+                 .rank = mem->rank};
+    Zps__Extra wire;
+    Zps__Extra *wp = &wire;
+    s_extra_to_wire(&e, &wire);
+    Zps__Slice slices[ZPS_MAX_MEMBERS];
+    Zps__Slice *ptrs[ZPS_MAX_MEMBERS];
+    s_plan_to_wire(&g->plan, mem, slices, ptrs);
+    Zps__Plan p = ZPS__PLAN__INIT;
+    p.generation = g->gen; // the same plan: only the extra is new
+    p.effective_step = g->effective;
+    p.n_slices = g->plan.n;
+    p.slices = ptrs;
+    p.n_extras = 1;
+    p.extras = &wp;
+    Zps__Header h;
+    zps_wire_header_init(&h, ZPS__MSG_TYPE__PLAN);
+    h.job_id = c->job_id;
+    h.generation = g->gen;
+    h.plan = &p;
+    (void)zps_wire_send(sock, &mem->route, &h, NULL, 0, NULL);
+}
+
 bool zps_coord_speculate(zps_coord *c, void *sock, uint64_t step, uint32_t offset,
-                         uint32_t count, uint32_t late_rank, const bool *finished)
+                         uint32_t count, uint32_t late_rank, const bool *finished, bool split)
 {
     const s_gen *g = s_gen_at(c, step);
-    if (!g || c->n_extras == ZPS_COORD_EXTRAS) {
+    if (!g) {
         return false;
     }
+    // Split, the copy is done sooner, but the owner's own copy no longer
+    // counts once a piece did, and a helper that stalls holds the step.
+    // Whole, every helper's copy and the owner's are alike: the first counts.
+    s_member *helpers[ZPS_MAX_MEMBERS];
+    uint32_t k = 0;
     for (uint32_t i = 0; i < c->n_members; i++) {
         s_member *mem = &c->members[i];
-        if (!mem->live || !mem->route_known || mem->rank == late_rank || !finished[mem->rank]) {
-            continue;
+        if (mem->live && mem->route_known && mem->rank != late_rank && finished[mem->rank]) {
+            helpers[k++] = mem;
         }
-        s_extra e = {.step = step, .offset = offset, .count = count, .gen = g->gen,
-                     .rank = mem->rank};
-        Zps__Extra wire;
-        Zps__Extra *wp = &wire;
-        s_extra_to_wire(&e, &wire);
-        Zps__Slice slices[ZPS_MAX_MEMBERS];
-        Zps__Slice *ptrs[ZPS_MAX_MEMBERS];
-        s_plan_to_wire(&g->plan, mem, slices, ptrs);
-        Zps__Plan p = ZPS__PLAN__INIT;
-        p.generation = g->gen; // the same plan: only the extra is new
-        p.effective_step = g->effective;
-        p.n_slices = g->plan.n;
-        p.slices = ptrs;
-        p.n_extras = 1;
-        p.extras = &wp;
-        Zps__Header h;
-        zps_wire_header_init(&h, ZPS__MSG_TYPE__PLAN);
-        h.job_id = c->job_id;
-        h.generation = g->gen;
-        h.plan = &p;
-        (void)zps_wire_send(sock, &mem->route, &h, NULL, 0, NULL);
-        zps_log_info("step %llu: slice [%u, %u) of rank %u is late; also handed to rank %u (%s)",
-                     (unsigned long long)step, offset, offset + count, late_rank, mem->rank,
-                     mem->host);
-        return true;
     }
-    return false;
+    k = k < count ? k : count;
+    uint32_t parts = split ? k : 1;
+    for (uint32_t i = 0; i < k; i++) {
+        uint32_t lo = offset + (uint32_t)((uint64_t)count * (i % parts) / parts);
+        uint32_t hi = offset + (uint32_t)((uint64_t)count * (i % parts + 1) / parts);
+        s_send_speculation(c, sock, g, helpers[i], step, lo, hi - lo);
+    }
+    if (k > 0) {
+        zps_log_info("step %llu: slice [%u, %u) of rank %u is late; also handed to %u "
+                     "member(s)%s", (unsigned long long)step, offset, offset + count, late_rank,
+                     k, split && k > 1 ? ", in pieces" : "");
+    }
+    return k > 0;
 }
 
 // ---------------------------------------------------------------------------

@@ -81,10 +81,11 @@ zps_err zps_coord_resume(zps_coord *c, const char *dir, uint64_t step);
 // measured throughput, if that shortens the predicted step by >= 10 %.
 void zps_coord_adapt(zps_coord *c, void *sock);
 // Speculation: also hand the slice [offset, offset + count) of `step`,
-// late, to a live member that finished its own (the first copy counts).
-// False if there is no such member.
+// late, to the live members marked in `finished` (by rank): whole to each,
+// or split in pieces among them. The first copy of a sample counts. False
+// if there is no such member.
 bool zps_coord_speculate(zps_coord *c, void *sock, uint64_t step, uint32_t offset,
-                         uint32_t count, uint32_t late_rank, const bool *finished);
+                         uint32_t count, uint32_t late_rank, const bool *finished, bool split);
 // The median step time of the last steps (ms, 0 before any).
 double zps_coord_median_step_ms(const zps_coord *c);
 

@@ -71,6 +71,8 @@ typedef struct s_server {
     double next_publish_ms;                      // next refresh of the HTTP documents
     uint64_t ckpt_every;                         // checkpoint after every this many steps
     bool speculated;                             // a late slice was handed on this step
+    bool late_now[ZPS_MAX_MEMBERS];              // ranks whose slice was handed on this step
+    double first_push_ms;                        // the step's first push counted, or 0
     double stop_deadline_ms;                     // after a signal: when to stop regardless
 } s_server;
 
@@ -243,6 +245,7 @@ static void s_serve_pullers(s_server *srv)
 }
 
 static void s_sync_coord_plan(s_server *srv);
+static void s_speculate_ahead(s_server *srv, uint64_t step);
 
 static void s_end_step(s_server *srv)
 {
@@ -254,6 +257,7 @@ static void s_end_step(s_server *srv)
         zps_coord_step_done(srv->coord, step, loss, now - srv->step_start_ms);
         zps_coord_adapt(srv->coord, srv->sock);
         s_sync_coord_plan(srv);
+        s_speculate_ahead(srv, step + 1);
     } else {
         Zps__Header h;
         zps_wire_header_init(&h, ZPS__MSG_TYPE__STEP_DONE);
@@ -268,6 +272,7 @@ static void s_end_step(s_server *srv)
         (void)zps_coord_save(srv->coord, srv->o->checkpoint_dir, step + 1);
     }
     srv->step_start_ms = now;
+    srv->first_push_ms = 0;
     srv->next_stall_ms = now + srv->o->stall_warn_ms;
     if (step + 1 == srv->total_steps && !srv->coord) {
         zps_log_info("shard %u: last step done", srv->o->shard);
@@ -342,6 +347,9 @@ static void s_on_push(s_server *srv, zps_wire_msg *m)
         zps_log_debug("dropped: %s", why);
     }
     s_add_recipient(srv, m);
+    if (err == ZPS_OK && srv->first_push_ms == 0) {
+        srv->first_push_ms = zps_clock_ms();
+    }
     if (srv->coord && err == ZPS_OK) {
         zps_coord_note_push(srv->coord, m->hdr->step, m->hdr->rank % ZPS_MAX_MEMBERS,
                             m->hdr->samples, m->hdr->compute_ms, zps_clock_ms());
@@ -597,6 +605,7 @@ static zps_err s_rollback(s_server *srv, uint64_t step)
     srv->n_held = 0;
     srv->finished = false;
     srv->step_start_ms = zps_clock_ms();
+    srv->first_push_ms = 0;
     return ZPS_OK;
 }
 
@@ -658,13 +667,16 @@ static void s_publish(s_server *srv, double now)
     free(status);
 }
 
-// Speculation: a slice late by --speculate-after median steps is also
-// handed to a member whose own slice is in (the first copy counts).
+// Speculation: a slice late by --speculate-after median steps behind the
+// step's first arrival (the lag the monitor measures) is also handed, in
+// pieces, to the members whose own slices are in; the first copy of a
+// sample counts.
 static void s_speculate(s_server *srv, double now)
 {
     double median = srv->coord ? zps_coord_median_step_ms(srv->coord) : 0;
     if (!srv->coord || srv->o->speculate_after <= 0 || srv->speculated || !srv->plan_set ||
-        median <= 0 || now - srv->step_start_ms < srv->o->speculate_after * median) {
+        median <= 0 || srv->first_push_ms == 0 ||
+        now - srv->first_push_ms < srv->o->speculate_after * median) {
         return;
     }
     bool finished[ZPS_MAX_MEMBERS] = {false};
@@ -675,15 +687,45 @@ static void s_speculate(s_server *srv, double now)
     uint64_t step = zps_shard_step(srv->shard);
     for (uint32_t i = 0; i < srv->plan.n; i++) {
         const zps_plan_slice *sl = &srv->plan.slices[i];
-        if (!finished[sl->rank]) {
+        if (!finished[sl->rank] &&
             zps_coord_speculate(srv->coord, srv->sock, step, sl->offset, sl->count, sl->rank,
-                                finished);
+                                finished, true)) {
+            srv->late_now[sl->rank] = true;
         }
     }
     srv->speculated = true;
 }
 
-// Names what a stalled step waits for, every --stall-warn-ms.
+// At the start of a step: a rank that was late on the step before and sent
+// nothing of its own is presumed still late (a pause usually outlasts a
+// step), so its slice is handed to the others at once, to compute beside
+// their own; its own copy still counts if it comes first.
+static void s_speculate_ahead(s_server *srv, uint64_t step)
+{
+    bool late[ZPS_MAX_MEMBERS] = {false}, any = false;
+    for (int r = 0; r < ZPS_MAX_MEMBERS; r++) {
+        late[r] = srv->late_now[r] && !srv->pushed[r];
+        any = any || late[r];
+    }
+    memset(srv->late_now, 0, sizeof srv->late_now);
+    if (!any || !srv->coord || srv->o->speculate_after <= 0 || !srv->plan_set ||
+        step >= srv->total_steps) {
+        return;
+    }
+    bool helper[ZPS_MAX_MEMBERS] = {false};
+    for (uint32_t i = 0; i < srv->plan.n; i++) {
+        helper[srv->plan.slices[i].rank] = !late[srv->plan.slices[i].rank];
+    }
+    for (uint32_t i = 0; i < srv->plan.n; i++) {
+        const zps_plan_slice *sl = &srv->plan.slices[i];
+        if (late[sl->rank] && zps_coord_speculate(srv->coord, srv->sock, step, sl->offset,
+                                                  sl->count, sl->rank, helper, true)) {
+            srv->late_now[sl->rank] = true;
+            srv->speculated = true; // the threshold need not hand it again
+        }
+    }
+}
+
 static void s_warn_stall(s_server *srv, double now)
 {
     if (!srv->plan_set || srv->finished || now < srv->next_stall_ms ||

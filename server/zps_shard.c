@@ -266,21 +266,29 @@ static int s_bucket_at(const zps_shard *s, uint64_t lo, uint64_t hi)
 
 // The slice of this step with exactly these bounds (created if new), or
 // NULL if it overlaps another one.
-static s_slice *s_slice_for(zps_shard *s, uint32_t offset, uint32_t count)
+// The entry of slice [offset, +count), added if new. Each bucket tiles the
+// batch on its own: entries may overlap (a late slice and the pieces of it
+// handed to others), but for bucket b only disjoint ones count. NULL with
+// *partly set if [offset, +count) overlaps, without equalling, a slice
+// already counted for b; NULL alone if the table is full.
+static s_slice *s_slice_for(zps_shard *s, uint32_t offset, uint32_t count, int b, bool *partly)
 {
+    s_slice *same = NULL;
+    *partly = false;
     for (int i = 0; i < s->n_slices; i++) {
         s_slice *sl = &s->slices[i];
         if (sl->offset == offset && sl->count == count) {
-            return sl;
-        }
-        if (offset < sl->offset + sl->count && sl->offset < offset + count) {
+            same = sl;
+        } else if (offset < sl->offset + sl->count && sl->offset < offset + count &&
+                   ((sl->buckets >> b) & 1u)) {
+            *partly = true;
             return NULL;
         }
     }
-    // Disjoint slices of [0, B) cannot outnumber the slots unless B is huge;
-    // a full table means a peer is splitting the batch absurdly finely.
-    if (s->n_slices == ZPS_MAX_MEMBERS) {
-        return NULL;
+    // Slices of [0, B) cannot outnumber the slots unless B is huge; a full
+    // table means a peer is splitting the batch absurdly finely.
+    if (same || s->n_slices == ZPS_MAX_MEMBERS) {
+        return same;
     }
     s_slice *sl = &s->slices[s->n_slices++];
     *sl = (s_slice){.offset = offset, .count = count};
@@ -368,9 +376,17 @@ zps_err zps_shard_push(zps_shard *s, const zps_wire_msg *m, int *ready, char *wh
                  (unsigned long long)h->offset, (unsigned long long)h->count);
         return ZPS_EPROTO;
     }
-    s_slice *sl = s_slice_for(s, h->batch_offset, h->samples);
+    bool partly;
+    s_slice *sl = s_slice_for(s, h->batch_offset, h->samples, b, &partly);
+    if (partly) {
+        // Speculation hands out pieces of a late slice: whichever copy
+        // covers a sample first counts it, and this one came second.
+        snprintf(why, why_len, "slice [%u, +%u) of step %llu is partly counted already for "
+                 "bucket %d", h->batch_offset, h->samples, (unsigned long long)s->step, b);
+        return ZPS_EDUP;
+    }
     if (!sl) {
-        snprintf(why, why_len, "slice [%u, +%u) overlaps another slice of step %llu",
+        snprintf(why, why_len, "slice [%u, +%u) of step %llu: too many slices in one step",
                  h->batch_offset, h->samples, (unsigned long long)s->step);
         return ZPS_EPROTO;
     }
@@ -380,7 +396,9 @@ zps_err zps_shard_push(zps_shard *s, const zps_wire_msg *m, int *ready, char *wh
         return ZPS_EDUP;
     }
     s_accumulate(s, m, (float)h->samples);
-    if (sl->buckets == 0) {
+    if (b == 0) {
+        // The counted slices of one bucket tile the batch: each sample's
+        // loss once, whatever pieces the batch came in.
         s->loss_sum += (double)h->samples * h->loss;
     }
     sl->buckets |= 1ull << b;
@@ -393,13 +411,24 @@ zps_err zps_shard_push(zps_shard *s, const zps_wire_msg *m, int *ready, char *wh
 
 bool zps_shard_slice_done(const zps_shard *s, uint32_t offset, uint32_t count)
 {
-    uint64_t all = s->n_buckets == 64 ? ~0ull : (1ull << s->n_buckets) - 1;
-    for (int i = 0; i < s->n_slices; i++) {
-        if (s->slices[i].offset == offset && s->slices[i].count == count) {
-            return s->slices[i].buckets == all;
+    for (int b = 0; b < s->n_buckets; b++) {
+        // Counted slices of a bucket are disjoint: their overlaps with
+        // [offset, +count) add up to it when it is covered.
+        uint64_t covered = 0;
+        for (int i = 0; i < s->n_slices; i++) {
+            const s_slice *sl = &s->slices[i];
+            uint32_t lo = sl->offset > offset ? sl->offset : offset;
+            uint32_t hi = sl->offset + sl->count < offset + count ? sl->offset + sl->count
+                                                                  : offset + count;
+            if (((sl->buckets >> b) & 1u) && lo < hi) {
+                covered += hi - lo;
+            }
+        }
+        if (covered < count) {
+            return false;
         }
     }
-    return false;
+    return true;
 }
 
 // Frees retired snapshots no peer reads any more.
