@@ -928,11 +928,19 @@ static int s_bind(s_server *srv)
 }
 
 // Shard 0 restarted with --resume: the newest step of which both its
-// checkpoint and the job state are valid.
+// checkpoint and the job state are valid. No checkpoint at all is a first
+// start; checkpoints of which none is valid are an error, not a restart
+// from scratch.
 static zps_err s_resume_coordinator(s_server *srv)
 {
     uint64_t steps[64];
     int n = zps_ckpt_steps(srv->o->checkpoint_dir, 0, steps, 64);
+    if (n == 0) {
+        // A supervisor passes --resume on every start, the first included.
+        zps_log_info("--resume: no checkpoint in %s yet: the job starts at step 0",
+                     srv->o->checkpoint_dir);
+        return ZPS_OK;
+    }
     for (int i = n - 1; i >= 0; i--) {
         uint64_t loaded;
         if (zps_shard_restore(srv->shard, srv->o->checkpoint_dir, steps[i], &loaded) == ZPS_OK &&
