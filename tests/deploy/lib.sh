@@ -37,3 +37,19 @@ finish() {
   [ "$failures" -eq 0 ] || { echo "  $failures check(s) failed"; exit 1; }
   exit 0
 }
+
+# Installs tests/deploy/node's pinned packages (package-lock.json) when
+# node_modules is missing or older than the lock; skips the test without
+# node and npm. Sets $node_dir.
+node_deps() {
+  node_dir=$root/tests/deploy/node
+  if ! command -v node >/dev/null || ! command -v npm >/dev/null; then
+    skip "no node or npm (HINT: deploy/install-deps.sh --test)"
+  fi
+  if ! [ "$node_dir/node_modules/.zps-installed" -nt "$node_dir/package-lock.json" ]; then
+    echo "  npm ci in tests/deploy/node"
+    (cd "$node_dir" && npm ci --no-audit --no-fund --loglevel=error) ||
+      { fail "npm ci in $node_dir"; finish; }
+    touch "$node_dir/node_modules/.zps-installed"
+  fi
+}
