@@ -40,7 +40,7 @@ else
     "$docker/Dockerfile")
   for lib in $(for b in "$bin"/zps-server "$bin"/zps-worker "$bin"/zps-ctl; do
                  objdump -p "$b" | awk '/NEEDED/ { print $2 }'; done | sort -u); do
-    path=$(ldconfig -p | awk -v l="$lib" '$1 == l { print $NF; exit }')
+    path=$(ldconfig -p | awk -v l="$lib" '$1 == l && !n++ { print $NF }')
     pkg=$(dpkg -S "$(readlink -f "$path")" 2>/dev/null | head -n 1 | cut -d: -f1) || true
     [ -n "$pkg" ] || pkg=$(dpkg -S "$path" 2>/dev/null | head -n 1 | cut -d: -f1) || true
     case "$pkg" in
