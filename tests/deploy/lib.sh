@@ -54,3 +54,13 @@ node_deps() {
     touch "$node_dir/node_modules/.zps-installed"
   fi
 }
+
+# Fails the test unless the daemons are built (make test-deploy builds them
+# first). Sets $bin.
+need_bins() {
+  bin=${ZPS_BIN_DIR:-$root/bin}
+  local b
+  for b in zps-server zps-worker zps-ctl; do
+    [ -x "$bin/$b" ] || { fail "no $bin/$b (HINT: make all, or make test-deploy)"; finish; }
+  done
+}

@@ -31,7 +31,7 @@ expect_match "a broken copy fails: lower-case RUN, COPY --from a missing stage, 
   "exit $rc $out" '^exit 1 .*uppercase.*COPY --from=builder names.*FAILED: Dockerfile: the last stage runs as USER root'
 
 echo "runtime libraries"
-bin=${ZPS_BIN_DIR:-$root/bin}
+need_bins
 if ! command -v dpkg >/dev/null || ! command -v objdump >/dev/null; then
   echo "  skipped: no dpkg or objdump to map libraries to packages"
 else

@@ -136,11 +136,7 @@ expect_match "no Slurm environment" "$(env -i PATH=/usr/bin:/bin bash "$slurm" 2
   'run this under srun.*exit 1'
 
 echo "real run: localhost, 4 tasks (2 shards, 2 CPU workers), 20 steps"
-bin=${ZPS_BIN_DIR:-$root/bin}
-if ! [ -x "$bin/zps-server" ] || ! [ -x "$bin/zps-worker" ]; then
-  fail "no binaries in $bin (make all)"
-  finish
-fi
+need_bins
 # A base port whose two ports are free (connecting to a closed port fails).
 port=
 for _ in $(seq 20); do

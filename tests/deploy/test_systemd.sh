@@ -9,7 +9,7 @@ set -euo pipefail
 source "$(dirname "$0")/lib.sh"
 command -v systemd-analyze >/dev/null ||
   skip "no systemd-analyze (HINT: deploy/install-deps.sh --test installs systemd)"
-bin=${ZPS_BIN_DIR:-$root/bin}
+need_bins
 src=$root/deploy/systemd
 tmp=$(mktemp -d "${TMPDIR:-/tmp}/zps-test-systemd-XXXXXX")
 trap 'rm -rf "$tmp"' EXIT
