@@ -2,7 +2,7 @@
 #
 #   make            build bin/zps-server, bin/zps-worker, bin/zps-ctl
 #   make demo       install missing Debian packages, build, train Fashion-MNIST on loopback
-#   make test       install missing Debian packages, build, run unit and integration tests
+#   make test       install missing Debian packages, build, run unit, integration and deploy tests
 #   make bench      ms/step of the default job with 1 and 2 workers (bench/train.sh)
 #
 # Checks (CI runs them after make test; their extra packages come from
@@ -55,7 +55,7 @@ WORKER_OBJ := $(call obj,$(WORKER_SRC))
 BINS := $(BIN)/zps-server $(BIN)/zps-worker $(BIN)/zps-ctl
 TESTS := $(B)/tests/check_unit $(B)/tests/check_integration
 
-.PHONY: all deps test-deps demo test test-unit test-integration test-fuzz-replay bench clean
+.PHONY: all deps test-deps demo test test-unit test-integration test-fuzz-replay test-deploy bench clean
 all: $(BINS)
 
 deps:
@@ -106,7 +106,7 @@ demo: deps
 
 test: test-deps
 	@$(MAKE) --no-print-directory all $(TESTS) $(FUZZ_REPLAY)
-	@$(MAKE) --no-print-directory test-unit test-integration test-fuzz-replay
+	@$(MAKE) --no-print-directory test-unit test-integration test-fuzz-replay test-deploy
 
 test-unit: $(B)/tests/check_unit
 	$(B)/tests/check_unit
@@ -131,6 +131,14 @@ test-fuzz-replay: $(FUZZ_REPLAY)
 	@rm -rf $(B)/fuzz/seeds && mkdir -p $(B)/fuzz/seeds
 	$(B)/fuzz/zps_fuzz_seeds $(B)/fuzz/seeds
 	$(B)/fuzz/zps_fuzz_replay $(B)/fuzz/seeds fuzz/regressions
+
+# The launchers of deploy/ (tests/deploy/run.sh): shellcheck, the systemd
+# units (systemd-analyze), the Slurm script (dry runs and a real run on
+# loopback), the Kubernetes manifests (their API schema, with npm packages
+# pinned in tests/deploy/node) and the Dockerfiles (a linter). V=1 shows
+# the checks of passing tests too.
+test-deploy: $(BINS)
+	ZPS_BIN_DIR=$(CURDIR)/$(BIN) bash tests/deploy/run.sh
 
 bench: all
 	@bash bench/train.sh

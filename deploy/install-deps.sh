@@ -21,7 +21,14 @@ if [ "${1:-}" = --test ] || [ "${1:-}" = --ci ]; then
   pkgs+=(
     tcpdump                            # the security test captures loopback traffic
     prometheus                         # promtool checks /metrics (the server is never run)
+    shellcheck                         # tests/deploy: the shell scripts of deploy/ and the tests
+    systemd                            # tests/deploy: systemd-analyze verify/security on the units
   )
+  # tests/deploy/node: the Kubernetes schema and Dockerfile checks run on
+  # Node.js with packages from npm. A node from elsewhere (with its own
+  # npm) is kept: Debian's npm would conflict with it.
+  command -v node >/dev/null || pkgs+=(nodejs)
+  command -v npm >/dev/null || pkgs+=(npm)
 fi
 if [ "${1:-}" = --ci ]; then
   pkgs+=(
