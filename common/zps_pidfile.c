@@ -3,6 +3,7 @@
 
 #include <errno.h>
 #include <stdio.h>
+#include <stdlib.h>
 #include <string.h>
 #include <unistd.h>
 
@@ -29,11 +30,11 @@ zps_err zps_pidfile_write(const char *path)
 void zps_pidfile_remove(const char *path)
 {
     FILE *f = fopen(path, "r");
-    long pid = 0;
+    char line[32];
     if (!f) {
         return;
     }
-    bool ours = fscanf(f, "%ld", &pid) == 1 && pid == (long)getpid();
+    bool ours = fgets(line, sizeof line, f) && strtol(line, NULL, 10) == (long)getpid();
     (void)fclose(f);
     if (ours) {
         (void)unlink(path);

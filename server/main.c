@@ -6,6 +6,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <unistd.h>
 
 #include "common/zps_flags.h"
 #include "common/zps_log.h"
@@ -123,7 +124,6 @@ static bool s_parse_opts(int argc, char **argv, s_opts *o)
         {"help", no_argument, 0, O_HELP},
         {0, 0, 0, 0},
     };
-    extern char **environ;
     char **args;
     if (zps_flags_from_env("zps-server", longopts, environ, argc, argv, &argc, &args) != ZPS_OK) {
         return false;

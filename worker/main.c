@@ -898,7 +898,6 @@ static bool s_parse_opts(int argc, char **argv, s_opts *o, char *cache_buf, size
         {"help", no_argument, 0, O_HELP},
         {0, 0, 0, 0},
     };
-    extern char **environ;
     char **args;
     if (zps_flags_from_env("zps-worker", longopts, environ, argc, argv, &argc, &args) != ZPS_OK) {
         return false;
