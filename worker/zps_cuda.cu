@@ -277,7 +277,11 @@ static int s_device_count(char *why, size_t len)
         // A failed query leaves a sticky-looking last error; clear it so a
         // later, unrelated check does not report it again.
         (void)cudaGetLastError();
-        snprintf(why, len, "no usable CUDA device: %s", cudaGetErrorString(e));
+        snprintf(why, len, "no usable CUDA device: %s (%s)%s", cudaGetErrorString(e),
+                 cudaGetErrorName(e),
+                 e == cudaErrorInsufficientDriver || e == cudaErrorNoDevice
+                     ? "; is an NVIDIA GPU with its driver installed?"
+                     : "");
         return 0;
     }
     if (count == 0) {
