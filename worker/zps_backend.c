@@ -107,9 +107,9 @@ bool zps_backend_parse_gpu_math(const char *text, zps_gpu_math *out)
 // do not survive being unloaded and loaded again well).
 static const zps_cuda_api *s_cuda_api;
 
-static void s_cuda_log(const char *line)
+static void s_cuda_log(bool error, const char *line)
 {
-    zps_log_error("%s", line);
+    zps_log(error ? ZPS_LOG_ERROR : ZPS_LOG_INFO, "%s", line);
 }
 
 // Opens the plugin at path; its table, or NULL with dlerror's text in why.

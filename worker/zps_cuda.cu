@@ -35,6 +35,8 @@
 #define ZPS_CUDA_THREADS 256   // threads per block of the elementwise kernels
 #define ZPS_CUDA_HEAD_THREADS 128 // threads per row of the softmax head
 #define ZPS_CUDA_MAX_BLOCKS 4096  // grid-stride loops cover the rest
+// GEMMs of a train step: forward, dW and dX of every layer.
+#define ZPS_CUDA_MAX_GEMMS (3 * ZPS_MODEL_MAX_LAYERS)
 
 struct zps_cuda {
     zps_model_spec spec;                     // layout of params and grads
@@ -65,6 +67,12 @@ struct zps_cuda {
     uint32_t *d_row_hit;                     // owned, device: per-sample argmax == label
     double *d_loss;                          // owned, device: summed loss
     uint32_t *d_hits;                        // owned, device: summed hits
+    cudaEvent_t gemm_t[ZPS_CUDA_MAX_GEMMS][2]; // owned: timing events around each GEMM
+    int n_gemms;                             // GEMMs timed in the running step
+    double gemm_flop;                        // their FLOPs
+    double sum_gemm_ms, sum_gemm_flop;       // over all train steps
+    uint64_t steps;                          // train steps in those sums
+    char name[256];                          // the device's name, for the summary
     zps_cuda_grad_ready_fn hook;             // borrowed: called as each layer's grads land
     void *hook_arg;                          // borrowed: hook's argument
     float loss;                              // mean loss of the running or last train step
@@ -79,19 +87,33 @@ static void s_set_log(zps_cuda_log_fn fn)
     s_log_fn = fn;
 }
 
-static void s_log(const char *fmt, ...) __attribute__((format(printf, 1, 2)));
-static void s_log(const char *fmt, ...)
+static void s_vlog(bool error, const char *fmt, va_list ap)
 {
     char line[512];
-    va_list ap;
-    va_start(ap, fmt);
     vsnprintf(line, sizeof line, fmt, ap);
-    va_end(ap);
     if (s_log_fn) {
-        s_log_fn(line);
+        s_log_fn(error, line);
     } else {
         fprintf(stderr, "%s\n", line);
     }
+}
+
+static void s_log(const char *fmt, ...) __attribute__((format(printf, 1, 2)));
+static void s_log(const char *fmt, ...)
+{
+    va_list ap;
+    va_start(ap, fmt);
+    s_vlog(true, fmt, ap);
+    va_end(ap);
+}
+
+static void s_info(const char *fmt, ...) __attribute__((format(printf, 1, 2)));
+static void s_info(const char *fmt, ...)
+{
+    va_list ap;
+    va_start(ap, fmt);
+    s_vlog(false, fmt, ap);
+    va_end(ap);
 }
 
 // True if a CUDA call succeeded; logs what failed otherwise. Every runtime
@@ -306,6 +328,13 @@ static void s_destroy(zps_cuda **mp)
     if (!m) {
         return;
     }
+    if (m->steps > 0 && m->sum_gemm_ms > 0) {
+        double ms = m->sum_gemm_ms / (double)m->steps;
+        s_info("cuda:%d (%s): %llu train steps: GEMMs %.3f ms/step, %.1f GFLOP/step, "
+               "%.2f TFLOP/s",
+               m->gpu, m->name, (unsigned long long)m->steps, ms,
+               m->sum_gemm_flop / (double)m->steps / 1e9, m->sum_gemm_flop / m->sum_gemm_ms / 1e9);
+    }
     // Errors while tearing down are logged by s_ok and otherwise ignored:
     // there is nothing left to do about them.
     (void)s_ok(cudaSetDevice(m->gpu), "cudaSetDevice");
@@ -327,6 +356,13 @@ static void s_destroy(zps_cuda **mp)
         }
         if (m->d_act[l]) {
             (void)s_ok(cudaFree(m->d_act[l]), "cudaFree");
+        }
+    }
+    for (int k = 0; k < ZPS_CUDA_MAX_GEMMS; k++) {
+        for (int e = 0; e < 2; e++) {
+            if (m->gemm_t[k][e]) {
+                (void)s_ok(cudaEventDestroy(m->gemm_t[k][e]), "cudaEventDestroy");
+            }
         }
     }
     if (m->head_done) {
@@ -371,6 +407,13 @@ static bool s_create_sync(zps_cuda *m)
         if (!s_ok(cudaEventCreateWithFlags(&m->param_up[l], cudaEventDisableTiming), "event") ||
             !s_ok(cudaEventCreateWithFlags(&m->grad_done[l], cudaEventDisableTiming), "event") ||
             !s_ok(cudaEventCreateWithFlags(&m->landed[l], cudaEventDisableTiming), "event")) {
+            return false;
+        }
+    }
+    // These do time: the GEMMs' own time, for the TFLOP/s of the summary.
+    for (int k = 0; k < 3 * m->spec.n_layers; k++) {
+        if (!s_ok(cudaEventCreate(&m->gemm_t[k][0]), "event") ||
+            !s_ok(cudaEventCreate(&m->gemm_t[k][1]), "event")) {
             return false;
         }
     }
@@ -450,15 +493,19 @@ static zps_cuda *s_create(const zps_model_spec *spec, uint32_t max_batch, int gp
     m->spec = *spec;
     m->max_batch = max_batch;
     m->gpu = gpu;
+    m->n_gemms = -1; // timing only inside train steps
     m->compute = math == ZPS_GPU_MATH_TF32   ? CUBLAS_COMPUTE_32F_FAST_TF32
                  : math == ZPS_GPU_MATH_BF16 ? CUBLAS_COMPUTE_32F_FAST_16BF
                                              : CUBLAS_COMPUTE_32F;
-    if (!s_ok(cudaSetDevice(gpu), "cudaSetDevice") || !s_create_sync(m) ||
-        !s_create_memory(m)) {
+    cudaDeviceProp prop;
+    if (!s_ok(cudaSetDevice(gpu), "cudaSetDevice") ||
+        !s_ok(cudaGetDeviceProperties(&prop, gpu), "cudaGetDeviceProperties") ||
+        !s_create_sync(m) || !s_create_memory(m)) {
         s_log("cuda:%d: cannot set up model '%s' at batch %u", gpu, spec->text, max_batch);
         s_destroy(&m);
         return NULL;
     }
+    snprintf(m->name, sizeof m->name, "%s", prop.name);
     return m;
 }
 
@@ -487,14 +534,45 @@ static float s_loss(const zps_cuda *m)
 
 // C (M, N) = op(A) op(B), column-major, fp32 in and out, with the compute
 // type chosen at creation (fp32 accumulation in every mode).
+// In a train step (n_gemms >= 0) each GEMM is bracketed by timing events;
+// evaluation (n_gemms < 0) is not timed.
 static bool s_gemm(zps_cuda *m, cublasOperation_t ta, cublasOperation_t tb, int M, int N, int K,
                    const float *A, int lda, const float *B, int ldb, float *C, int ldc)
 {
     const float one = 1.0f, zero = 0.0f;
-    return s_blas_ok(cublasGemmEx(m->blas, ta, tb, M, N, K, &one, A, CUDA_R_32F, lda, B,
-                                  CUDA_R_32F, ldb, &zero, C, CUDA_R_32F, ldc, m->compute,
-                                  CUBLAS_GEMM_DEFAULT),
-                     "cublasGemmEx");
+    int k = m->n_gemms;
+    bool timed = k >= 0 && k < 3 * m->spec.n_layers;
+    if (timed && !s_ok(cudaEventRecord(m->gemm_t[k][0], m->cs), "cudaEventRecord")) {
+        return false;
+    }
+    if (!s_blas_ok(cublasGemmEx(m->blas, ta, tb, M, N, K, &one, A, CUDA_R_32F, lda, B,
+                                CUDA_R_32F, ldb, &zero, C, CUDA_R_32F, ldc, m->compute,
+                                CUBLAS_GEMM_DEFAULT),
+                   "cublasGemmEx")) {
+        return false;
+    }
+    if (timed) {
+        m->n_gemms++;
+        m->gemm_flop += 2.0 * M * N * K;
+        return s_ok(cudaEventRecord(m->gemm_t[k][1], m->cs), "cudaEventRecord");
+    }
+    return true;
+}
+
+// Adds the GEMMs of the step that just finished to the sums; its events
+// have completed (the last gradient has landed), so this does not wait.
+static bool s_account_gemms(zps_cuda *m, int n_gemms)
+{
+    for (int k = 0; k < n_gemms; k++) {
+        float ms = 0.0f;
+        if (!s_ok(cudaEventElapsedTime(&ms, m->gemm_t[k][0], m->gemm_t[k][1]), "GEMM timing")) {
+            return false;
+        }
+        m->sum_gemm_ms += ms;
+    }
+    m->sum_gemm_flop += m->gemm_flop;
+    m->steps++;
+    return true;
 }
 
 // Uploads the host parameters layer by layer on the copy stream; layer l's
@@ -661,6 +739,8 @@ static bool s_labels_ok(const zps_cuda *m, const uint32_t *labels, uint32_t n)
 // Launches a whole step without waiting for any of it.
 static bool s_launch_step(zps_cuda *m, const float *x, const uint32_t *labels, uint32_t n)
 {
+    m->n_gemms = 0;
+    m->gemm_flop = 0.0;
     if (!s_upload_params(m) || !s_upload_batch(m, x, labels, n) || !s_forward(m, (int)n) ||
         !s_head(m, n, true)) {
         return false;
@@ -708,6 +788,11 @@ static zps_err s_train_step(zps_cuda *m, const float *x, const uint32_t *labels,
             m->hook(m->hook_arg, l);
         }
     }
+    int timed = m->n_gemms;
+    m->n_gemms = -1;
+    if (!s_account_gemms(m, timed)) {
+        return ZPS_EIO;
+    }
     if (loss) {
         *loss = m->loss;
     }
@@ -724,6 +809,7 @@ static zps_err s_evaluate(zps_cuda *m, const float *x, const uint32_t *labels, u
     if (n == 0) {
         return ZPS_OK;
     }
+    m->n_gemms = -1; // not timed
     if (!s_ok(cudaSetDevice(m->gpu), "cudaSetDevice") || !s_upload_params(m)) {
         return ZPS_EIO;
     }

@@ -11,6 +11,7 @@
 #ifndef ZPS_CUDA_H
 #define ZPS_CUDA_H
 
+#include <stdbool.h>
 #include <stddef.h>
 #include <stdint.h>
 
@@ -38,8 +39,9 @@ typedef enum zps_gpu_math {
 
 typedef struct zps_cuda zps_cuda;
 
-// Where the plugin's error lines go (one line each, no newline).
-typedef void (*zps_cuda_log_fn)(const char *line);
+// Where the plugin's log lines go (one line each, no newline); error is
+// false for information (the GEMM timing summary), true for failures.
+typedef void (*zps_cuda_log_fn)(bool error, const char *line);
 
 // Called during a train step as soon as a layer's dW and db have landed in
 // the host gradient buffer (last layer first).
@@ -56,7 +58,8 @@ typedef struct zps_cuda_api {
     int (*device_count)(char *why, size_t len);
 
     // A model on device gpu for batches of up to max_batch samples. Caller
-    // owns the result (destroy); NULL on failure, logged.
+    // owns the result (destroy, which logs the GEMMs' time per step and
+    // TFLOP/s if it ran any); NULL on failure, logged.
     zps_cuda *(*create)(const zps_model_spec *spec, uint32_t max_batch, int gpu,
                         zps_gpu_math math);
     void (*destroy)(zps_cuda **m);
