@@ -60,7 +60,11 @@ static bool s_have_gpu(zps_procs *ps, const char *test, const char *device)
     char why[512] = "no GPU";
     FILE *f = fopen(zps_procs_path(ps, "check-device.log"), "r");
     if (f) {
-        if (fgets(why, sizeof why, f)) {
+        char line[512];
+        if (fgets(line, sizeof line, f)) {
+            // The reason without the log line's timestamp and level.
+            const char *r = strstr(line, "--device");
+            snprintf(why, sizeof why, "%s", r ? r : line);
             why[strcspn(why, "\n")] = '\0';
         }
         fclose(f);
