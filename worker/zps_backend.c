@@ -73,7 +73,7 @@ bool zps_backend_parse_device(const char *device, int *gpu)
     const char *d = device + 5;
     long n = 0;
     size_t i = 0;
-    for (; d[i] && i < 5; i++) {
+    for (; i < 5 && d[i]; i++) {
         if (!isdigit((unsigned char)d[i])) {
             return false;
         }
@@ -103,8 +103,9 @@ bool zps_backend_parse_gpu_math(const char *text, zps_gpu_math *out)
 }
 
 #ifdef ZPS_HAVE_CUDA
-// The loaded plugin's table; loaded once, never unloaded (CUDA libraries
-// do not survive being unloaded and loaded again well).
+// The loaded plugin and its table; loaded once, never unloaded (CUDA
+// libraries do not survive being unloaded and loaded again well).
+static void *s_cuda_handle;
 static const zps_cuda_api *s_cuda_api;
 
 static void s_cuda_log(bool error, const char *line)
@@ -131,6 +132,7 @@ static const zps_cuda_api *s_open_plugin(const char *path, char *why, size_t len
         dlclose(h);
         return NULL;
     }
+    s_cuda_handle = h;
     return api;
 }
 

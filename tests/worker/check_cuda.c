@@ -97,8 +97,8 @@ static double s_ref_loss(const zps_model_spec *spec, const double *p, const floa
             }
             memcpy(a, z, ls->out * sizeof *a);
         }
-        double sum = 0.0;
-        for (uint32_t j = 0; j < zps_model_classes(spec); j++) {
+        double sum = exp(z[0]);
+        for (uint32_t j = 1; j < zps_model_classes(spec); j++) {
             sum += exp(z[j]);
         }
         total += log(sum) - z[labels[s]];
