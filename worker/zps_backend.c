@@ -182,8 +182,9 @@ int zps_backend_cuda_devices(char *why, size_t len)
     }
     return api->device_count(why, len);
 #else
-    snprintf(why, len, "this build has no CUDA backend (nvcc was not found when it was built; "
-                       "make CUDA=1 [CUDA_HOME=...] builds it)");
+    snprintf(why, len,
+             "this build has no CUDA backend (built with CUDA=0, or nvcc was not found); "
+             "make CUDA=1 [CUDA_HOME=...] builds it");
     return 0;
 #endif
 }
