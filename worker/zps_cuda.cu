@@ -464,7 +464,9 @@ static bool s_create_memory(zps_cuda *m)
     // first pull or step (as on the CPU).
     memset(m->h_params, 0, np);
     memset(m->h_grads, 0, np);
-    return s_ok(cudaMemset(m->d_grads, 0, np), "cudaMemset");
+    // On the compute stream: a non-blocking stream does not order itself
+    // after work on the legacy default stream.
+    return s_ok(cudaMemsetAsync(m->d_grads, 0, np, m->cs), "cudaMemsetAsync");
 }
 
 static zps_cuda *s_create(const zps_model_spec *spec, uint32_t max_batch, int gpu,
