@@ -96,7 +96,7 @@ say ""
 say "== build (make CUDA=1)"
 # Missing Debian packages (and the Fashion-MNIST package) if the machine
 # can reach a mirror; a machine that cannot goes on with what it has.
-if ! timeout "$(allow 90)" bash deploy/install-deps.sh >"$run/deps.log" 2>&1; then
+if ! timeout "$(allow 45)" bash deploy/install-deps.sh >"$run/deps.log" 2>&1; then
   say "    install-deps failed or timed out (offline?); going on with what is installed:"
   tail -n 3 "$run/deps.log" | sed 's/^/    /' >>"$results"
 fi
