@@ -7,9 +7,11 @@
 #include <string.h>
 #include <sys/time.h>
 #include <time.h>
+#include <unistd.h>
 
 static char s_name[32] = "zps";
 static zps_log_level s_level = ZPS_LOG_INFO;
+static bool s_json;
 
 void zps_log_set_name(const char *name)
 {
@@ -19,6 +21,29 @@ void zps_log_set_name(const char *name)
 void zps_log_set_level(zps_log_level level)
 {
     s_level = level;
+}
+
+void zps_log_set_json(bool on)
+{
+    s_json = on;
+}
+
+// msg as the inside of a JSON string: quotes, backslashes and control
+// characters escaped (a message may quote a peer's text).
+static void s_json_escape(const char *msg, char *out, size_t len)
+{
+    size_t o = 0;
+    for (const unsigned char *p = (const unsigned char *)msg; *p && o + 7 < len; p++) {
+        if (*p == '"' || *p == '\\') {
+            out[o++] = '\\';
+            out[o++] = (char)*p;
+        } else if (*p < 0x20) {
+            o += (size_t)snprintf(out + o, len - o, "\\u%04x", *p);
+        } else {
+            out[o++] = (char)*p;
+        }
+    }
+    out[o] = '\0';
 }
 
 bool zps_log_parse_level(const char *text, zps_log_level *out)
@@ -48,7 +73,18 @@ void zps_log(zps_log_level level, const char *fmt, ...)
     va_start(ap, fmt);
     vsnprintf(msg, sizeof msg, fmt, ap);
     va_end(ap);
-    fprintf(stderr, "%04d-%02d-%02dT%02d:%02d:%02d.%03ldZ %-5s %s: %s\n", tm.tm_year + 1900,
-            tm.tm_mon + 1, tm.tm_mday, tm.tm_hour, tm.tm_min, tm.tm_sec,
-            (long)(tv.tv_usec / 1000), tags[level], s_name, msg);
+    char ts[64];
+    snprintf(ts, sizeof ts, "%04d-%02d-%02dT%02d:%02d:%02d.%03ldZ", tm.tm_year + 1900,
+             tm.tm_mon + 1, tm.tm_mday, tm.tm_hour, tm.tm_min, tm.tm_sec,
+             (long)(tv.tv_usec / 1000));
+    if (s_json) {
+        static const char *levels[] = {"debug", "info", "warn", "error"};
+        char esc[6 * sizeof msg + 1], name[6 * sizeof s_name + 1];
+        s_json_escape(msg, esc, sizeof esc);
+        s_json_escape(s_name, name, sizeof name);
+        fprintf(stderr, "{\"ts\":\"%s\",\"level\":\"%s\",\"proc\":\"%s\",\"pid\":%ld,\"msg\":\"%s\"}\n",
+                ts, levels[level], name, (long)getpid(), esc);
+    } else {
+        fprintf(stderr, "%s %-5s %s: %s\n", ts, tags[level], s_name, msg);
+    }
 }

@@ -17,6 +17,9 @@ typedef enum zps_log_level {
 
 void zps_log_set_name(const char *name);
 void zps_log_set_level(zps_log_level level);
+// --log-json: each line one JSON object {"ts","level","proc","pid","msg"},
+// for collectors that parse fields instead of text.
+void zps_log_set_json(bool on);
 // Parses "debug|info|warn|error"; false on anything else.
 bool zps_log_parse_level(const char *text, zps_log_level *out);
 

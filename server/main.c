@@ -1,10 +1,13 @@
 /* main.c - zps-server's flags. The process itself is zps_server.c. */
 #include <errno.h>
+#include <float.h>
+#include <limits.h>
 #include <getopt.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
+#include "common/zps_flags.h"
 #include "common/zps_log.h"
 #include "common/zps_plan.h"
 #include "server/zps_server.h"
@@ -34,7 +37,8 @@ static void s_usage(FILE *f)
             "  --stall-warn-ms MS     while a step waits, say for whom this often (default 5000)\n"
             "  --adaptive-split       shares follow each worker's measured throughput\n"
             "  --speculate-after X    hand a slice late by X median steps to a finished worker too\n"
-            "  --http HOST:PORT       serve /metrics (Prometheus) and /status (JSON) there\n"
+            "  --http HOST:PORT       /healthz and /readyz (any shard); shard 0 also /metrics\n"
+            "                         (Prometheus) and /status (JSON)\n"
             "  --checkpoint-every K   shards checkpoint every K steps (shard 0 sets it for all)\n"
             "  --checkpoint-dir DIR   where this shard keeps its checkpoints\n"
             "  --resume               restart from this shard's newest valid checkpoint\n"
@@ -44,33 +48,31 @@ static void s_usage(FILE *f)
             "  --require-curve        refuse to start without CurveZMQ\n"
             "  --wire-dtype T         fp32, bf16 or fp16 for tensors on the wire (default fp32)\n"
             "  --metrics-log FILE     JSON lines: one per step, one per evaluation\n"
-            "  --log-level LEVEL      debug, info, warn, error (default info)\n");
+            "  --advertise ENDPOINT   shards > 0: where workers reach this shard (default: the\n"
+            "                         bound endpoint; needed when --listen is 0.0.0.0)\n"
+            "  --log-level LEVEL      debug, info, warn, error (default info)\n"
+            "  --log-json             log lines as JSON objects\n"
+            "  --pid-file FILE        write this process's pid there while it runs\n"
+            "Every flag may come from the environment instead: --some-flag X as\n"
+            "ZPS_SOME_FLAG=X, a switch as ZPS_SOME_FLAG=1. The command line wins.\n"
+            "SIGTERM or SIGINT: the shard stops at once, writes a checkpoint of the last\n"
+            "finished step if --checkpoint-dir is set, and exits 0.\n");
 }
 
 static bool s_parse_u64(const char *flag, const char *text, uint64_t *out)
 {
-    char *end;
-    errno = 0;
-    unsigned long long v = strtoull(text, &end, 10);
-    if (errno || end == text || *end || text[0] == '-') {
-        fprintf(stderr, "zps-server: %s: '%s' is not a non-negative integer\n", flag, text);
-        return false;
-    }
-    *out = v;
-    return true;
+    long long v;
+    bool ok = zps_flags_int("zps-server", flag, text, 0, LLONG_MAX, &v);
+    *out = ok ? (uint64_t)v : *out;
+    return ok;
 }
 
 static bool s_parse_float(const char *flag, const char *text, float *out)
 {
-    char *end;
-    errno = 0;
-    float v = strtof(text, &end);
-    if (errno || end == text || *end) {
-        fprintf(stderr, "zps-server: %s: '%s' is not a number\n", flag, text);
-        return false;
-    }
-    *out = v;
-    return true;
+    double v;
+    bool ok = zps_flags_real("zps-server", flag, text, -FLT_MAX, FLT_MAX, &v);
+    *out = ok ? (float)v : *out;
+    return ok;
 }
 
 static bool s_parse_opts(int argc, char **argv, s_opts *o)
@@ -78,7 +80,8 @@ static bool s_parse_opts(int argc, char **argv, s_opts *o)
     enum { O_LISTEN = 256, O_WORKERS, O_MODEL, O_DATASET, O_BATCH, O_EPOCHS, O_STEPS, O_OPTIM,
            O_LR, O_MOMENTUM, O_NESTEROV, O_WD, O_SCHED, O_WARMUP, O_SEED, O_METRICS, O_LOG,
            O_ENDPOINT_FILE, O_SHARD, O_SHARDS, O_COORD, O_DTYPE, O_WTIMEOUT, O_CKPT_EVERY, O_CKPT_DIR, O_RESUME, O_CURVE_SECRET, O_AUTH_KEYS,
-           O_SERVER_KEY, O_REQUIRE_CURVE, O_STALL_WARN, O_ADAPTIVE, O_SPECULATE, O_HTTP, O_HELP };
+           O_SERVER_KEY, O_REQUIRE_CURVE, O_STALL_WARN, O_ADAPTIVE, O_SPECULATE, O_HTTP,
+           O_ADVERTISE, O_LOG_JSON, O_PID_FILE, O_HELP };
     static const struct option longopts[] = {
         {"listen", required_argument, 0, O_LISTEN},
         {"workers", required_argument, 0, O_WORKERS},
@@ -114,9 +117,18 @@ static bool s_parse_opts(int argc, char **argv, s_opts *o)
         {"adaptive-split", no_argument, 0, O_ADAPTIVE},
         {"speculate-after", required_argument, 0, O_SPECULATE},
         {"http", required_argument, 0, O_HTTP},
+        {"advertise", required_argument, 0, O_ADVERTISE},
+        {"log-json", no_argument, 0, O_LOG_JSON},
+        {"pid-file", required_argument, 0, O_PID_FILE},
         {"help", no_argument, 0, O_HELP},
         {0, 0, 0, 0},
     };
+    extern char **environ;
+    char **args;
+    if (zps_flags_from_env("zps-server", longopts, environ, argc, argv, &argc, &args) != ZPS_OK) {
+        return false;
+    }
+    argv = args;
     *o = (s_opts){
         .listen = "tcp://127.0.0.1:5555",
         .workers = 1,
@@ -181,6 +193,9 @@ static bool s_parse_opts(int argc, char **argv, s_opts *o)
         case O_REQUIRE_CURVE: o->require_curve = true; break;
         case O_ADAPTIVE: o->adaptive_split = true; break;
         case O_HTTP: o->http = optarg; break;
+        case O_ADVERTISE: o->advertise = optarg; break;
+        case O_LOG_JSON: zps_log_set_json(true); break;
+        case O_PID_FILE: o->pid_file = optarg; break;
         case O_SPECULATE: {
             float f = 0;
             ok = s_parse_float("--speculate-after", optarg, &f) && f >= 0;
@@ -210,11 +225,16 @@ static bool s_parse_opts(int argc, char **argv, s_opts *o)
         }
         if (!ok) {
             s_usage(stderr);
+            free(args);
             return false;
         }
     }
-    if (optind < argc) {
+    bool extra = optind < argc;
+    if (extra) {
         fprintf(stderr, "zps-server: unexpected argument '%s'\n", argv[optind]);
+    }
+    free(args);
+    if (extra) {
         return false;
     }
     if (o->global_batch == 0) {

@@ -656,7 +656,9 @@ static void s_rollback(zps_coord *c, void *sock, uint64_t step, uint32_t shard)
     zps_log_warn("shard %u is back at step %llu: every shard and worker rolls back to it "
                  "and replays from there", shard, (unsigned long long)step);
     if (!s_new_generation(c, step)) {
-        return;
+        // Nobody to plan for: everyone still rolls back, with the plan of
+        // before, and the step waits for workers to join, as when all leave.
+        zps_log_warn("no live worker to replay with: waiting for workers to join");
     }
     c->n_extras = 0;
     for (uint32_t i = 0; i < c->cfg.shards; i++) {
@@ -768,6 +770,11 @@ zps_err zps_coord_on_hello(zps_coord *c, void *sock, zps_wire_msg *m)
         s_refuse(c, sock, m, ZPS_EPROTO, "HELLO without a hello body");
         return ZPS_EPROTO;
     }
+    if (c->state == S_RECOVERING) {
+        // Admitted once the members of before the restart are back or gone.
+        s_refuse(c, sock, m, ZPS_EAGAIN, "recovering from a restart: say HELLO again shortly");
+        return ZPS_EAGAIN;
+    }
     bool joining = c->state == S_TRAINING;
     if ((c->state != S_WAITING && !joining) || c->n_members == ZPS_MAX_MEMBERS ||
         (!joining && c->n_members == c->cfg.workers)) {
@@ -860,16 +867,25 @@ zps_err zps_coord_on_eval(zps_coord *c, const zps_wire_msg *m)
     return ZPS_OK;
 }
 
-zps_err zps_coord_on_bye(zps_coord *c, const zps_wire_msg *m)
+zps_err zps_coord_on_bye(zps_coord *c, void *sock, const zps_wire_msg *m)
 {
     uint32_t r = m->hdr->rank;
     if (r >= c->n_members || c->members[r].member_id != m->hdr->member_id) {
         zps_log_warn("dropped a BYE from an unknown member (rank %u)", r);
         return ZPS_ENOENT;
     }
-    c->members[r].said_bye = true;
-    c->members[r].live = false; // done, not to be evicted
-    zps_log_info("rank %u (%s) finished", r, c->members[r].host);
+    s_member *mem = &c->members[r];
+    bool was_live = mem->live;
+    mem->said_bye = true;
+    mem->live = false; // done, not to be evicted
+    if (m->hdr->step < c->cfg.total_steps && was_live && c->state == S_TRAINING) {
+        // Stopped by its supervisor: like an eviction, without the wait.
+        zps_log_warn("rank %u (%s, pid %u) left at step %llu; the others take its share",
+                     r, mem->host, mem->pid, (unsigned long long)m->hdr->step);
+        s_replan(c, sock);
+        return ZPS_OK;
+    }
+    zps_log_info("rank %u (%s) finished", r, mem->host);
     return ZPS_OK;
 }
 

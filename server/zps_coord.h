@@ -58,7 +58,7 @@ zps_err zps_coord_on_register(zps_coord *c, void *sock, zps_wire_msg *m);
 zps_err zps_coord_on_heartbeat(zps_coord *c, void *sock, zps_wire_msg *m);
 zps_err zps_coord_on_ready(zps_coord *c, void *sock, zps_wire_msg *m);
 zps_err zps_coord_on_eval(zps_coord *c, const zps_wire_msg *m);
-zps_err zps_coord_on_bye(zps_coord *c, const zps_wire_msg *m);
+zps_err zps_coord_on_bye(zps_coord *c, void *sock, const zps_wire_msg *m);
 // bad_messages and step come from the shard(s), which the coordinator does not see.
 void zps_coord_on_status(zps_coord *c, void *sock, zps_wire_msg *m, uint64_t step,
                          uint64_t bad_messages);

@@ -1,4 +1,4 @@
-/* zps_http.c - the HTTP thread (libmicrohttpd) and its two documents. */
+/* zps_http.c - the HTTP thread (libmicrohttpd), its documents and probes. */
 #include "zps_http.h"
 
 #include <arpa/inet.h>
@@ -9,14 +9,32 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "common/zps_clock.h"
 #include "common/zps_log.h"
+
+// The loop publishes twice a second; this long without it, it is stuck.
+#define ZPS_HTTP_STALE_MS 10000.0
 
 struct zps_http {
     struct MHD_Daemon *daemon;  // owned
-    pthread_mutex_t lock;       // guards the two documents
-    char *metrics;              // owned: Prometheus text
-    char *status;               // owned: JSON
+    pthread_mutex_t lock;       // guards what follows
+    char *metrics;              // owned: Prometheus text, or NULL (shards > 0)
+    char *status;               // owned: JSON, or NULL (shards > 0)
+    bool ready;                 // what /readyz says
+    double published_ms;        // the loop's last publish, for /healthz
 };
+
+// /healthz and /readyz: a code and a one-line body.
+static unsigned s_probe(const zps_http *h, bool health, const char **body)
+{
+    if (health) {
+        bool alive = h->published_ms > 0 && zps_clock_ms() - h->published_ms < ZPS_HTTP_STALE_MS;
+        *body = alive ? "ok\n" : "the server loop has not run for 10 s\n";
+        return alive ? MHD_HTTP_OK : MHD_HTTP_SERVICE_UNAVAILABLE;
+    }
+    *body = h->ready ? "ready\n" : "not ready: waiting for the coordinator to assign a range\n";
+    return h->ready ? MHD_HTTP_OK : MHD_HTTP_SERVICE_UNAVAILABLE;
+}
 
 // The signature is libmicrohttpd's (MHD_AccessHandlerCallback).
 static enum MHD_Result s_answer(void *cls, struct MHD_Connection *conn, const char *url,
@@ -35,16 +53,23 @@ static enum MHD_Result s_answer(void *cls, struct MHD_Connection *conn, const ch
         code = MHD_HTTP_METHOD_NOT_ALLOWED;
     }
     pthread_mutex_lock(&h->lock);
-    if (code == MHD_HTTP_OK && strcmp(url, "/metrics") == 0) {
+    if (code == MHD_HTTP_OK && strcmp(url, "/metrics") == 0 && h->metrics) {
         type = "text/plain; version=0.0.4";
         text = h->metrics;
-    } else if (code == MHD_HTTP_OK && strcmp(url, "/status") == 0) {
+    } else if (code == MHD_HTTP_OK && strcmp(url, "/status") == 0 && h->status) {
         type = "application/json";
         text = h->status;
+    } else if (code == MHD_HTTP_OK &&
+               (strcmp(url, "/healthz") == 0 || strcmp(url, "/readyz") == 0)) {
+        type = "text/plain";
+        code = s_probe(h, url[1] == 'h', &text);
     } else if (code == MHD_HTTP_OK) {
         code = MHD_HTTP_NOT_FOUND;
     }
-    const char *body = text ? text : code == MHD_HTTP_OK ? "" : "not found: try /metrics or /status\n";
+    const char *body = text ? text
+                       : code == MHD_HTTP_OK
+                           ? ""
+                           : "not found: /healthz, /readyz; on shard 0 /metrics, /status\n";
     struct MHD_Response *r = MHD_create_response_from_buffer(strlen(body), (void *)body,
                                                              MHD_RESPMEM_MUST_COPY);
     pthread_mutex_unlock(&h->lock);
@@ -90,14 +115,14 @@ zps_http *zps_http_start(const char *hostport)
         free(h);
         return NULL;
     }
-    zps_log_info("serving /metrics and /status on http://%s", hostport);
+    zps_log_info("serving HTTP on http://%s", hostport);
     return h;
 }
 
-void zps_http_publish(zps_http *h, const char *metrics, const char *status_json)
+void zps_http_publish(zps_http *h, const char *metrics, const char *status_json, bool ready)
 {
-    char *m = strdup(metrics), *s = strdup(status_json);
-    if (!m || !s) {
+    char *m = metrics ? strdup(metrics) : NULL, *s = status_json ? strdup(status_json) : NULL;
+    if ((metrics && !m) || (status_json && !s)) {
         free(m);
         free(s);
         return;
@@ -107,6 +132,8 @@ void zps_http_publish(zps_http *h, const char *metrics, const char *status_json)
     free(h->status);
     h->metrics = m;
     h->status = s;
+    h->ready = ready;
+    h->published_ms = zps_clock_ms();
     pthread_mutex_unlock(&h->lock);
 }
 

@@ -11,6 +11,7 @@
 #include "common/zps_clock.h"
 #include "common/zps_dataset.h"
 #include "common/zps_log.h"
+#include "common/zps_pidfile.h"
 #include "common/zps_model.h"
 #include "common/zps_wire.h"
 #include "server/zps_ckpt.h"
@@ -25,6 +26,7 @@
 #define ZPS_SERVER_SEND_TIMEOUT_MS 5000
 #define ZPS_SERVER_HELD 32      // pushes of a plan not heard of yet, kept until it arrives
 #define ZPS_SERVER_PULLERS 32   // PULLs waiting for a step not reached yet
+#define ZPS_SERVER_STOP_GRACE_MS 3000.0 // after SIGTERM, for the step in progress to finish
 
 // A PULL for parameters not there yet: answered bucket by bucket as they are.
 typedef struct s_puller {
@@ -69,6 +71,7 @@ typedef struct s_server {
     double next_publish_ms;                      // next refresh of the HTTP documents
     uint64_t ckpt_every;                         // checkpoint after every this many steps
     bool speculated;                             // a late slice was handed on this step
+    double stop_deadline_ms;                     // after a signal: when to stop regardless
 } s_server;
 
 static volatile sig_atomic_t s_stop;
@@ -439,7 +442,7 @@ static void s_dispatch_coord(s_server *srv, zps_wire_msg *m)
     case ZPS__MSG_TYPE__REGISTER: err = zps_coord_on_register(srv->coord, srv->sock, m); break;
     case ZPS__MSG_TYPE__READY: err = zps_coord_on_ready(srv->coord, srv->sock, m); break;
     case ZPS__MSG_TYPE__EVAL: err = zps_coord_on_eval(srv->coord, m); break;
-    case ZPS__MSG_TYPE__BYE: err = zps_coord_on_bye(srv->coord, m); break;
+    case ZPS__MSG_TYPE__BYE: err = zps_coord_on_bye(srv->coord, srv->sock, m); break;
     case ZPS__MSG_TYPE__HEARTBEAT: (void)zps_coord_on_heartbeat(srv->coord, srv->sock, m); break;
     case ZPS__MSG_TYPE__STEP_DONE:
         zps_coord_shard_done(srv->coord, m->hdr->shard, m->hdr->step);
@@ -503,7 +506,7 @@ static void s_register(s_server *srv)
     Zps__Register reg = ZPS__REGISTER__INIT;
     reg.index = srv->o->shard;
     reg.shards = srv->o->shards;
-    reg.endpoint = srv->endpoint;
+    reg.endpoint = srv->o->advertise ? (char *)srv->o->advertise : srv->endpoint;
     reg.resume = srv->o->resume;
     reg.serving = srv->shard != NULL;
     Zps__Header h;
@@ -637,19 +640,22 @@ static zps_err s_read_up(s_server *srv)
 // ---------------------------------------------------------------------------
 // The loop.
 
-// Refreshes what --http serves, twice a second.
+// Refreshes what --http serves, twice a second. Shards > 0 serve only the
+// probes: ready once the coordinator has assigned their range.
 static void s_publish(s_server *srv, double now)
 {
-    char *metrics, *status;
-    if (!srv->http || now < srv->next_publish_ms ||
-        zps_coord_render(srv->coord, zps_shard_step(srv->shard), srv->bad_messages, &metrics,
-                         &status) != ZPS_OK) {
+    if (!srv->http || now < srv->next_publish_ms) {
         return;
     }
-    zps_http_publish(srv->http, metrics, status);
+    srv->next_publish_ms = now + 500;
+    char *metrics = NULL, *status = NULL;
+    if (srv->coord && zps_coord_render(srv->coord, zps_shard_step(srv->shard),
+                                       srv->bad_messages, &metrics, &status) != ZPS_OK) {
+        return;
+    }
+    zps_http_publish(srv->http, metrics, status, srv->shard != NULL);
     free(metrics);
     free(status);
-    srv->next_publish_ms = now + 500;
 }
 
 // Speculation: a slice late by --speculate-after median steps is also
@@ -708,12 +714,62 @@ static bool s_over(const s_server *srv)
     return srv->coord ? zps_coord_finished(srv->coord) : srv->finished;
 }
 
+// True between steps: no bucket of the step in progress is updated yet, so
+// parameters and momentum are those after the completed steps.
+static bool s_between_steps(const s_server *srv)
+{
+    for (int b = 0; srv->shard && b < zps_shard_n_buckets(srv->shard); b++) {
+        if (zps_shard_applied(srv->shard, b)) {
+            return false;
+        }
+    }
+    return true;
+}
+
+// After SIGTERM or SIGINT: whether to leave the loop now. A step half
+// applied gets ZPS_SERVER_STOP_GRACE_MS to finish, so that the checkpoint
+// written on the way out is of a whole step.
+static bool s_stop_now(s_server *srv, double now)
+{
+    if (!s_stop) {
+        return false;
+    }
+    if (srv->stop_deadline_ms == 0) {
+        srv->stop_deadline_ms = now + ZPS_SERVER_STOP_GRACE_MS;
+        zps_log_info("stopping: %s", s_between_steps(srv)
+                                         ? "between steps"
+                                         : "waiting (bounded) for the step in progress to finish");
+    }
+    return s_between_steps(srv) || now > srv->stop_deadline_ms;
+}
+
+// The checkpoint written when stopped by a signal, if --checkpoint-dir is set.
+static void s_stop_checkpoint(s_server *srv)
+{
+    uint64_t step = srv->shard ? zps_shard_step(srv->shard) : 0;
+    if (!srv->o->checkpoint_dir || !srv->shard || step == 0) {
+        zps_log_info("stopped by signal at step %llu%s", (unsigned long long)step,
+                     srv->o->checkpoint_dir ? "" : " (no --checkpoint-dir: no checkpoint)");
+        return;
+    }
+    if (!s_between_steps(srv)) {
+        zps_log_warn("stopped by signal in the middle of step %llu: no new checkpoint (the "
+                     "newest periodic one stands)", (unsigned long long)step);
+        return;
+    }
+    if (zps_shard_save(srv->shard, srv->o->checkpoint_dir, 3) == ZPS_OK &&
+        (!srv->coord || zps_coord_save(srv->coord, srv->o->checkpoint_dir, step) == ZPS_OK)) {
+        zps_log_info("stopped by signal: checkpoint of step %llu written to %s",
+                     (unsigned long long)step, srv->o->checkpoint_dir);
+    }
+}
+
 static int s_loop(s_server *srv)
 {
     zmq_pollitem_t items[2] = {{.socket = srv->sock, .events = ZMQ_POLLIN},
                                {.socket = srv->up, .events = ZMQ_POLLIN}};
     int n_items = srv->up ? 2 : 1;
-    while (!s_stop && !s_over(srv)) {
+    while (!s_over(srv) && !s_stop_now(srv, zps_clock_ms())) {
         // Speculation needs a tick soon after a slice becomes late.
         long timeout = ZPS_SERVER_POLL_MS;
         if (srv->coord && srv->o->speculate_after > 0) {
@@ -761,9 +817,8 @@ static int s_loop(s_server *srv)
         s_speculate(srv, now);
         s_publish(srv, now);
     }
-    if (s_stop) {
-        zps_log_info("stopped by signal at step %llu",
-                     (unsigned long long)(srv->shard ? zps_shard_step(srv->shard) : 0));
+    if (s_stop && !s_over(srv)) {
+        s_stop_checkpoint(srv);
     }
     return 0;
 }
@@ -924,8 +979,12 @@ static int s_setup_shard(s_server *srv)
         zps_log_error("cannot connect to the coordinator at %s", srv->o->coordinator);
         return 2;
     }
-    zps_log_info("shard %u of %u listening on %s; registering with %s", srv->o->shard,
-                 srv->o->shards, srv->endpoint, srv->o->coordinator);
+    if (srv->o->http && !(srv->http = zps_http_start(srv->o->http))) {
+        return 2;
+    }
+    zps_log_info("shard %u of %u listening on %s (workers reach it at %s); registering with %s",
+                 srv->o->shard, srv->o->shards, srv->endpoint,
+                 srv->o->advertise ? srv->o->advertise : srv->endpoint, srv->o->coordinator);
     s_register(srv);
     return 0;
 }
@@ -962,6 +1021,10 @@ int zps_server_run(const zps_server_opts *o)
         goto out;
     }
     if ((ret = s_setup_security(&srv)) != 0 || (ret = s_bind(&srv)) != 0) {
+        goto out;
+    }
+    if (o->pid_file && zps_pidfile_write(o->pid_file) != ZPS_OK) {
+        ret = 2;
         goto out;
     }
     ret = o->shard == 0 ? s_setup_coordinator(&srv, metrics) : s_setup_shard(&srv);
@@ -1003,6 +1066,9 @@ out:
     zps_shard_destroy(&srv.shard);
     if (metrics) {
         (void)fclose(metrics);
+    }
+    if (o->pid_file) {
+        zps_pidfile_remove(o->pid_file);
     }
     return ret;
 }

@@ -43,7 +43,9 @@ typedef struct zps_server_opts {
     double stall_warn_ms;       // while a step waits, name what it waits for this often
     bool adaptive_split;        // shard 0: shares follow measured throughput
     double speculate_after;     // shard 0: hand a late slice on after this many median steps (0: off)
-    const char *http;           // shard 0: HOST:PORT of /metrics and /status, or NULL
+    const char *http;           // HOST:PORT of /healthz, /readyz (shard 0: /metrics, /status)
+    const char *advertise;      // shard > 0: endpoint given to workers (default: bound one)
+    const char *pid_file;       // for supervisors, or NULL
 } zps_server_opts;
 
 // Runs a shard until the job is over or SIGINT/SIGTERM; returns the exit

@@ -15,5 +15,6 @@ Suite *zps_suite_cuda(void);
 Suite *zps_suite_shard(void);
 Suite *zps_suite_dtype(void);
 Suite *zps_suite_ckpt(void);
+Suite *zps_suite_flags(void);
 
 #endif

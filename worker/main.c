@@ -7,6 +7,7 @@
  * what it waits for. */
 #include <cblas.h>
 #include <errno.h>
+#include <signal.h>
 #include <getopt.h>
 #include <math.h>
 #include <time.h>
@@ -19,8 +20,10 @@
 #include "common/zps_curve.h"
 #include "common/zps_dataset.h"
 #include "common/zps_dtype.h"
+#include "common/zps_flags.h"
 #include "common/zps_log.h"
 #include "common/zps_model.h"
+#include "common/zps_pidfile.h"
 #include "common/zps_plan.h"
 #include "common/zps_rng.h"
 #include "common/zps_wire.h"
@@ -52,6 +55,7 @@ typedef struct s_opts {
     double slowdown;          // fault injection: compute takes this many times longer
     double stall_prob;        // fault injection: chance of a pause per step
     int stall_ms;             // fault injection: length of a pause
+    const char *pid_file;     // for supervisors, or NULL
 } s_opts;
 
 typedef struct s_shard_conn {
@@ -97,7 +101,18 @@ typedef struct s_worker {
     double last_compute_ms;                       // the last slice's own compute time
     double sum_data_ms, sum_compute_ms, sum_wait_ms; // per-step phases, summed
     uint64_t timed_steps;                         // steps in those sums
+    uint64_t stopped_at;                          // the step a signal interrupted
 } s_worker;
+
+// SIGTERM or SIGINT: every wait returns ZPS_ECLOSED within a poll interval,
+// and the worker leaves the job instead of finishing it.
+static volatile sig_atomic_t s_stop;
+
+static void s_on_signal(int sig)
+{
+    (void)sig;
+    s_stop = 1;
+}
 
 // ---------------------------------------------------------------------------
 // Replies: bounded waits that say what they wait for.
@@ -126,6 +141,9 @@ static zps_err s_await(void *sock, const char *what, const char *endpoint, int t
             return err;
         }
         zps_wire_msg_fini(m);
+        if (s_stop) {
+            return ZPS_ECLOSED;
+        }
         double now = zps_clock_ms();
         if (now - start > timeout_ms) {
             zps_log_error("gave up after %.0f s waiting for %s from %s", (now - start) / 1e3,
@@ -449,6 +467,9 @@ static zps_err s_take_params(s_worker *w, uint64_t step)
     double start = zps_clock_ms(), next_log = start + ZPS_WORKER_WAIT_LOG_MS;
     double next_beat = start + w->opts.heartbeat_ms;
     while (!s_all_received(w)) {
+        if (s_stop) {
+            return ZPS_ECLOSED;
+        }
         int rc = zmq_poll(items, w->n_shards, ZPS_WORKER_POLL_MS);
         for (int i = 0; rc > 0 && i < w->n_shards; i++) {
             if (!(items[i].revents & ZMQ_POLLIN)) {
@@ -512,15 +533,33 @@ static zps_err s_pull(s_worker *w, uint64_t step)
 
 static zps_err s_start_over(s_worker *w, uint64_t *t);
 
+// HELLO until the job is given, within --join-timeout-ms: a coordinator
+// recovering from a restart answers "again" (ZPS_EAGAIN) until it admits.
+static zps_err s_hello_until_job(s_worker *w, zps_wire_msg *m)
+{
+    double deadline = zps_clock_ms() + w->opts.join_timeout_ms;
+    for (;;) {
+        zps_err err = s_hello(w);
+        if (err != ZPS_OK) {
+            return err;
+        }
+        int left = (int)(deadline - zps_clock_ms());
+        err = s_await(w->shards[0].sock, "the job to start", w->shards[0].endpoint,
+                      left > 100 ? left : 100, m);
+        if (err != ZPS_EAGAIN || zps_clock_ms() + ZPS_WORKER_POLL_MS > deadline || s_stop) {
+            return err; // m: the caller finishes it, whatever it holds
+        }
+        zps_wire_msg_fini(m);
+        zps_log_info("saying HELLO again in %d ms", ZPS_WORKER_POLL_MS);
+        struct timespec ts = {ZPS_WORKER_POLL_MS / 1000, (ZPS_WORKER_POLL_MS % 1000) * 1000000L};
+        nanosleep(&ts, NULL);
+    }
+}
+
 static zps_err s_join(s_worker *w)
 {
-    zps_err err = s_hello(w);
-    if (err != ZPS_OK) {
-        return err;
-    }
-    zps_wire_msg m;
-    err = s_await(w->shards[0].sock, "the job to start", w->shards[0].endpoint,
-                  w->opts.join_timeout_ms, &m);
+    zps_wire_msg m = {0};
+    zps_err err = s_hello_until_job(w, &m);
     if (err == ZPS_OK && m.hdr->type != ZPS__MSG_TYPE__JOB) {
         zps_log_error("expected JOB, got %s", zps_wire_type_name(m.hdr->type));
         err = ZPS_EPROTO;
@@ -739,7 +778,12 @@ static zps_err s_train(s_worker *w)
 {
     double start = zps_clock_ms();
     for (uint64_t t = w->start_step; t < w->total_steps; t++) {
-        zps_err err = s_step(w, t);
+        zps_err err = s_stop ? ZPS_ECLOSED : s_step(w, t);
+        if (s_stop) {
+            zps_log_info("stopped by signal at step %llu: leaving the job", (unsigned long long)t);
+            w->stopped_at = t;
+            return ZPS_ECLOSED;
+        }
         if (err == ZPS_EAGAIN && (err = s_start_over(w, &t)) == ZPS_OK) {
             t--; // step t is computed again
             continue;
@@ -779,11 +823,12 @@ static zps_err s_save_params(const s_worker *w, const char *path)
     return ZPS_OK;
 }
 
-static void s_bye(s_worker *w)
+// BYE at the end of the job, or (step below the job's steps) on leaving it.
+static void s_bye(s_worker *w, uint64_t step)
 {
     Zps__Header h;
     zps_wire_header_init(&h, ZPS__MSG_TYPE__BYE);
-    h.step = w->total_steps;
+    h.step = step;
     (void)s_send(w, 0, &h, NULL, 0, NULL);
 }
 
@@ -812,41 +857,32 @@ static void s_usage(FILE *f)
             "  --stall-prob P --stall-ms M  fault injection: pause M ms with chance P a step\n"
             "  --curve-secret FILE     CurveZMQ: this worker's secret key (zps-ctl keygen)\n"
             "  --server-key FILE       CurveZMQ: the servers' public key\n"
-            "  --log-level LEVEL       debug, info, warn, error (default info)\n");
+            "  --log-level LEVEL       debug, info, warn, error (default info)\n"
+            "  --log-json              log lines as JSON objects\n"
+            "  --pid-file FILE         write this process's pid there while it runs\n"
+            "Every flag may come from the environment instead: --some-flag X as\n"
+            "ZPS_SOME_FLAG=X, a switch as ZPS_SOME_FLAG=1. The command line wins.\n"
+            "SIGTERM or SIGINT: the worker leaves the job (BYE) and exits 0.\n");
 }
 
 static bool s_parse_int(const char *flag, const char *text, long lo, long hi, long *out)
 {
-    char *end;
-    errno = 0;
-    long v = strtol(text, &end, 10);
-    if (errno || end == text || *end || v < lo || v > hi) {
-        fprintf(stderr, "zps-worker: %s: '%s' is not an integer in %ld..%ld\n", flag, text, lo,
-                hi);
-        return false;
-    }
-    *out = v;
-    return true;
+    long long v;
+    bool ok = zps_flags_int("zps-worker", flag, text, lo, hi, &v);
+    *out = ok ? (long)v : *out;
+    return ok;
 }
 
 static bool s_parse_real(const char *flag, const char *text, double lo, double hi, double *out)
 {
-    char *end;
-    errno = 0;
-    double v = strtod(text, &end);
-    if (errno || end == text || *end || !(v >= lo && v <= hi)) {
-        fprintf(stderr, "zps-worker: %s: '%s' is not a number in %g..%g\n", flag, text, lo, hi);
-        return false;
-    }
-    *out = v;
-    return true;
+    return zps_flags_real("zps-worker", flag, text, lo, hi, out);
 }
 
 static bool s_parse_opts(int argc, char **argv, s_opts *o, char *cache_buf, size_t cache_len)
 {
     enum { O_COORD = 256, O_DEVICE, O_SHARE, O_SAVE, O_THREADS, O_CACHE, O_TIMEOUT, O_JOIN,
            O_NO_OVERLAP, O_HEARTBEAT, O_CURVE_SECRET, O_SERVER_KEY, O_SLOWDOWN, O_STALL_PROB,
-           O_STALL_MS, O_LOG, O_GPU_MATH, O_CHECK_DEVICE, O_HELP };
+           O_STALL_MS, O_LOG, O_LOG_JSON, O_PID_FILE, O_GPU_MATH, O_CHECK_DEVICE, O_HELP };
     static const struct option longopts[] = {
         {"coordinator", required_argument, 0, O_COORD},
         {"device", required_argument, 0, O_DEVICE},
@@ -866,9 +902,17 @@ static bool s_parse_opts(int argc, char **argv, s_opts *o, char *cache_buf, size
         {"stall-prob", required_argument, 0, O_STALL_PROB},
         {"stall-ms", required_argument, 0, O_STALL_MS},
         {"log-level", required_argument, 0, O_LOG},
+        {"log-json", no_argument, 0, O_LOG_JSON},
+        {"pid-file", required_argument, 0, O_PID_FILE},
         {"help", no_argument, 0, O_HELP},
         {0, 0, 0, 0},
     };
+    extern char **environ;
+    char **args;
+    if (zps_flags_from_env("zps-worker", longopts, environ, argc, argv, &argc, &args) != ZPS_OK) {
+        return false;
+    }
+    argv = args;
     *o = (s_opts){.device = "cpu", .threads = 1, .timeout_ms = 60000, .join_timeout_ms = 600000,
                   .heartbeat_ms = 1000};
     long v = 0;
@@ -914,21 +958,27 @@ static bool s_parse_opts(int argc, char **argv, s_opts *o, char *cache_buf, size
             }
             break;
         }
+        case O_LOG_JSON: zps_log_set_json(true); break;
+        case O_PID_FILE: o->pid_file = optarg; break;
         case O_HELP: s_usage(stdout); exit(0);
         default: ok = false; break;
         }
         if (!ok) {
             s_usage(stderr);
+            free(args);
             return false;
         }
     }
-    if (optind < argc || (!o->coordinator && !o->check_device)) {
-        fprintf(stderr, optind < argc ? "zps-worker: unexpected argument '%s'\n"
-                                      : "zps-worker: --coordinator is required%s\n",
-                optind < argc ? argv[optind] : "");
+    bool extra = optind < argc;
+    if (extra || (!o->coordinator && !o->check_device)) {
+        fprintf(stderr, extra ? "zps-worker: unexpected argument '%s'\n"
+                              : "zps-worker: --coordinator is required%s\n",
+                extra ? argv[optind] : "");
         s_usage(stderr);
+        free(args);
         return false;
     }
+    free(args);
     if (!o->cache_dir) {
         const char *xdg = getenv("XDG_CACHE_HOME"), *home = getenv("HOME");
         if (xdg && *xdg) {
@@ -985,6 +1035,12 @@ int main(int argc, char **argv)
         zps_curve_load(&w.curve, w.opts.curve_secret, w.opts.server_key) != ZPS_OK) {
         return 2;
     }
+    if (w.opts.pid_file && zps_pidfile_write(w.opts.pid_file) != ZPS_OK) {
+        return 2;
+    }
+    struct sigaction sa = {.sa_handler = s_on_signal};
+    (void)sigaction(SIGTERM, &sa, NULL);
+    (void)sigaction(SIGINT, &sa, NULL);
     openblas_set_num_threads(w.opts.threads);
     zps_rng_seed(&w.fault_rng, (uint64_t)getpid(), 0x5ea11);
     w.ctx = zmq_ctx_new();
@@ -1005,9 +1061,19 @@ int main(int argc, char **argv)
         err = s_save_params(&w, w.opts.save_params);
     }
     if (err == ZPS_OK) {
-        s_bye(&w);
+        s_bye(&w, w.total_steps);
         zps_log_info("done: %llu steps", (unsigned long long)w.total_steps);
+    } else if (s_stop) {
+        // Left on purpose: the coordinator hands this worker's share on at once.
+        if (w.job_id) {
+            s_bye(&w, w.stopped_at);
+        }
+        zps_log_info("stopped by signal");
+        err = ZPS_OK;
     }
     s_worker_fini(&w);
+    if (w.opts.pid_file) {
+        zps_pidfile_remove(w.opts.pid_file);
+    }
     return err == ZPS_OK ? 0 : 1;
 }

@@ -1,5 +1,6 @@
 /* check_http.c - zps-server --http: /metrics passes promtool's checks,
- * /status is JSON and names the slowed worker a straggler. */
+ * /status is JSON and names the slowed worker a straggler; every shard
+ * answers the supervisor's probes /healthz and /readyz. */
 #include <arpa/inet.h>
 #include <jansson.h>
 #include <netinet/in.h>
@@ -126,12 +127,67 @@ START_TEST(test_http_metrics_pass_promtool_and_status_names_the_straggler)
 }
 END_TEST
 
+static bool s_eventually_ok(int port, const char *path, int timeout_ms)
+{
+    double deadline = zps_clock_ms() + timeout_ms;
+    while (zps_clock_ms() < deadline) {
+        char *body = s_get(port, path);
+        if (body) {
+            free(body);
+            return true;
+        }
+        struct timespec ts = {0, 50 * 1000 * 1000};
+        nanosleep(&ts, NULL);
+    }
+    return false;
+}
+
+// The probes of a supervisor on every shard: /healthz while the loop runs,
+// /readyz once the coordinator has assigned the range. The shard
+// advertises a name that is not the address it bound, and workers use it.
+START_TEST(test_http_probes_on_every_shard_and_advertised_endpoint)
+{
+    zps_procs ps;
+    zps_procs_init(&ps, "probes");
+    int port0 = zps_free_port(), port1 = zps_free_port(), zport = zps_free_port();
+    char http0[64], http1[64], listen0[64], listen1[64], adv1[64];
+    snprintf(http0, sizeof http0, "127.0.0.1:%d", port0);
+    snprintf(http1, sizeof http1, "127.0.0.1:%d", port1);
+    snprintf(listen0, sizeof listen0, "tcp://127.0.0.1:%d", zport);
+    snprintf(listen1, sizeof listen1, "tcp://0.0.0.0:%d", zps_free_port());
+    snprintf(adv1, sizeof adv1, "tcp://localhost:%s", strrchr(listen1, ':') + 1);
+    // Shard 1 first: alive, not ready, no coordinator's documents.
+    const char *args1[] = {"--shard", "1", "--shards", "2", "--coordinator", listen0,
+                           "--listen", listen1, "--advertise", adv1, "--http", http1, NULL};
+    pid_t s1 = zps_procs_start(&ps, "zps-server", "shard1.log", args1);
+    ck_assert_msg(s_eventually_ok(port1, "/healthz", 10000), "shard 1 /healthz never 200");
+    char *body = s_get(port1, "/readyz");
+    ck_assert_msg(body == NULL, "shard 1 ready before it has a range");
+    ck_assert_ptr_null(s_get(port1, "/metrics"));
+    const char *args0[] = {"--workers", "1", "--global-batch", "32", "--steps", "400",
+                           "--model", "mlp:784-512-512-10", "--shards", "2", "--listen", listen0,
+                           "--http", http0, NULL};
+    pid_t s0 = zps_procs_start(&ps, "zps-server", "server.log", args0);
+    ck_assert_msg(s_eventually_ok(port0, "/readyz", 5000), "shard 0 never ready");
+    ck_assert_msg(s_eventually_ok(port0, "/healthz", 5000), "shard 0 /healthz never 200");
+    // The ranges are assigned when the job starts, with its first worker.
+    const char *wargs[] = {"--coordinator", listen0, "--cache-dir", ZPS_TEST_CACHE, NULL};
+    pid_t w = zps_procs_start(&ps, "zps-worker", "worker.log", wargs);
+    ck_assert_msg(s_eventually_ok(port1, "/readyz", 15000), "shard 1 never ready");
+    ck_assert_int_eq(zps_procs_wait(&ps, w, 60000), 0);
+    ck_assert_int_eq(zps_procs_wait(&ps, s1, 30000), 0);
+    ck_assert_int_eq(zps_procs_wait(&ps, s0, 30000), 0);
+    zps_procs_fini(&ps, false);
+}
+END_TEST
+
 Suite *zps_suite_http(void)
 {
     Suite *s = suite_create("http");
     TCase *tc = tcase_create("monitoring");
     tcase_set_timeout(tc, 180);
     tcase_add_test(tc, test_http_metrics_pass_promtool_and_status_names_the_straggler);
+    tcase_add_test(tc, test_http_probes_on_every_shard_and_advertised_endpoint);
     suite_add_tcase(s, tc);
     return s;
 }

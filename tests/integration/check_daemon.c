@@ -1,0 +1,272 @@
+/* check_daemon.c - the daemons under a supervisor: configuration from
+ * ZPS_<FLAG> variables, --pid-file, --log-json, and SIGTERM, which stops
+ * with exit 0 and a checkpoint that a restarted job resumes from, ending
+ * where an uninterrupted run ends. Real processes on loopback; every wait
+ * bounded; every process killed by pid at the end. */
+#include <jansson.h>
+#include <math.h>
+#include <signal.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+#include <unistd.h>
+
+#include "common/zps_clock.h"
+#include "common/zps_model.h"
+#include "common/zps_wire.h"
+#include "zps_integration.h"
+#include "zps_proc.h"
+
+#define MODEL "mlp:784-512-512-10"
+#define STEPS "80" // as in check_failures.c: lr 0.02, seed 5, batch 96
+#define BATCH "96"
+
+static void s_sleep_ms(int ms)
+{
+    struct timespec ts = {ms / 1000, (ms % 1000) * 1000000L};
+    nanosleep(&ts, NULL);
+}
+
+static uint64_t s_step(const char *endpoint)
+{
+    void *ctx = zmq_ctx_new();
+    void *sock = zps_wire_socket(ctx, ZMQ_DEALER, 5000);
+    ck_assert_int_eq(zmq_connect(sock, endpoint), 0);
+    Zps__Header h;
+    zps_wire_header_init(&h, ZPS__MSG_TYPE__STATUS);
+    ck_assert_int_eq(zps_wire_send(sock, NULL, &h, NULL, 0, NULL), ZPS_OK);
+    zps_wire_msg m;
+    ck_assert_int_eq(zps_wire_recv(sock, false, &m), ZPS_OK);
+    uint64_t step = m.hdr->status->step;
+    zps_wire_msg_fini(&m);
+    int zero = 0;
+    zmq_setsockopt(sock, ZMQ_LINGER, &zero, sizeof zero);
+    zmq_close(sock);
+    zmq_ctx_term(ctx);
+    return step;
+}
+
+static bool s_log_has(zps_procs *ps, const char *log, const char *text)
+{
+    FILE *f = fopen(zps_procs_path(ps, log), "r");
+    if (!f) {
+        return false;
+    }
+    char line[2048];
+    bool found = false;
+    while (!found && fgets(line, sizeof line, f)) {
+        found = strstr(line, text) != NULL;
+    }
+    fclose(f);
+    return found;
+}
+
+// The pid in a pid file, or 0 if there is none (yet).
+static long s_read_pid(const char *path)
+{
+    FILE *f = fopen(path, "r");
+    long pid = 0;
+    if (f) {
+        if (fscanf(f, "%ld", &pid) != 1) {
+            pid = 0;
+        }
+        fclose(f);
+    }
+    return pid;
+}
+
+// Every line of the log is a JSON object with ts, level, proc and msg;
+// returns how many lines there were.
+static int s_check_json_log(zps_procs *ps, const char *log)
+{
+    FILE *f = fopen(zps_procs_path(ps, log), "r");
+    ck_assert_ptr_nonnull(f);
+    char line[4096];
+    int n = 0;
+    while (fgets(line, sizeof line, f)) {
+        json_error_t err;
+        json_t *o = json_loads(line, 0, &err);
+        ck_assert_msg(o && json_is_object(o), "%s line %d is not a JSON object: %s", log, n + 1,
+                      line);
+        const char *keys[] = {"ts", "level", "proc", "msg"};
+        for (int k = 0; k < 4; k++) {
+            ck_assert_msg(json_is_string(json_object_get(o, keys[k])), "%s line %d lacks %s",
+                          log, n + 1, keys[k]);
+        }
+        json_decref(o);
+        n++;
+    }
+    fclose(f);
+    return n;
+}
+
+// A job configured only through the environment (but for what the test
+// helper puts on the command line, which wins over ZPS_LISTEN), with pid
+// files and JSON logs.
+START_TEST(test_daemon_environment_configures_server_and_worker)
+{
+    zps_procs ps;
+    zps_procs_init(&ps, "daemon-env");
+    char spid[512], wpid[512];
+    snprintf(spid, sizeof spid, "%s", zps_procs_path(&ps, "server.pid"));
+    snprintf(wpid, sizeof wpid, "%s", zps_procs_path(&ps, "worker.pid"));
+    setenv("ZPS_LISTEN", "tcp://127.0.0.1:1", 1); // overridden by the command line
+    setenv("ZPS_WORKERS", "1", 1);
+    setenv("ZPS_MODEL", "mlp:784-32-10", 1);
+    setenv("ZPS_GLOBAL_BATCH", "32", 1);
+    setenv("ZPS_STEPS", "40", 1);
+    setenv("ZPS_LR_SCHEDULE", "constant", 1);
+    setenv("ZPS_NESTEROV", "yes", 1);
+    setenv("ZPS_LOG_JSON", "1", 1);
+    setenv("ZPS_PID_FILE", spid, 1);
+    const char *none[] = {NULL};
+    pid_t server;
+    char ep[256];
+    snprintf(ep, sizeof ep, "%s", zps_procs_start_server(&ps, "server", &server, none, 10000));
+    double deadline = zps_clock_ms() + 5000;
+    while (s_read_pid(spid) != server && zps_clock_ms() < deadline) {
+        s_sleep_ms(10);
+    }
+    ck_assert_int_eq(s_read_pid(spid), server);
+    setenv("ZPS_PID_FILE", wpid, 1);
+    setenv("ZPS_COORDINATOR", ep, 1);
+    setenv("ZPS_CACHE_DIR", ZPS_TEST_CACHE, 1);
+    setenv("ZPS_SAVE_PARAMS", zps_procs_path(&ps, "w.bin"), 1);
+    pid_t w = zps_procs_start(&ps, "zps-worker", "worker.log", none);
+    ck_assert_int_eq(zps_procs_wait(&ps, w, 120000), 0);
+    ck_assert_int_eq(zps_procs_wait(&ps, server, 30000), 0);
+    // The job is the environment's, the listen address the command line's.
+    ck_assert_msg(s_log_has(&ps, "server.log", "global batch 32, 40 steps"),
+                  "the server did not take its job from ZPS_*");
+    ck_assert_msg(strcmp(ep, "tcp://127.0.0.1:1") != 0, "ZPS_LISTEN won over --listen");
+    float *p;
+    zps_model_spec spec;
+    ck_assert_int_eq(zps_model_parse("mlp:784-32-10", &spec), ZPS_OK);
+    ck_assert_uint_eq(zps_read_floats(zps_procs_path(&ps, "w.bin"), &p), spec.n_params);
+    free(p);
+    // Pid files go with their processes; every log line is JSON.
+    ck_assert_msg(access(spid, F_OK) != 0, "the server left its pid file");
+    ck_assert_msg(access(wpid, F_OK) != 0, "the worker left its pid file");
+    ck_assert_int_gt(s_check_json_log(&ps, "server.log"), 3);
+    ck_assert_int_gt(s_check_json_log(&ps, "worker.log"), 3);
+    zps_procs_fini(&ps, false);
+}
+END_TEST
+
+// A switch set to something that is neither on nor off: exit 2, one line
+// naming the variable, nothing started.
+START_TEST(test_daemon_bad_switch_value_fails_with_one_line)
+{
+    zps_procs ps;
+    zps_procs_init(&ps, "daemon-bad");
+    setenv("ZPS_ADAPTIVE_SPLIT", "maybe", 1);
+    const char *args[] = {"--listen", "tcp://127.0.0.1:*", NULL};
+    pid_t s = zps_procs_start(&ps, "zps-server", "server.log", args);
+    ck_assert_int_eq(zps_procs_wait(&ps, s, 10000), 2);
+    ck_assert_msg(s_log_has(&ps, "server.log", "ZPS_ADAPTIVE_SPLIT: 'maybe'"),
+                  "the error does not name the variable and its value");
+    unsetenv("ZPS_ADAPTIVE_SPLIT");
+    setenv("ZPS_THREADS", "many", 1);
+    const char *wargs[] = {"--coordinator", "tcp://127.0.0.1:1", NULL};
+    pid_t w = zps_procs_start(&ps, "zps-worker", "worker.log", wargs);
+    ck_assert_int_eq(zps_procs_wait(&ps, w, 10000), 2);
+    ck_assert_msg(s_log_has(&ps, "worker.log", "--threads: 'many'"),
+                  "the error does not name the flag and its value");
+    zps_procs_fini(&ps, false);
+}
+END_TEST
+
+static pid_t s_worker(zps_procs *ps, const char *ep, const char *name)
+{
+    char out[64], log[64];
+    snprintf(out, sizeof out, "%s.bin", name);
+    snprintf(log, sizeof log, "%s.log", name);
+    const char *args[] = {"--coordinator", ep, "--save-params", zps_procs_path(ps, out),
+                          "--cache-dir", ZPS_TEST_CACHE, "--heartbeat-ms", "100", NULL};
+    return zps_procs_start(ps, "zps-worker", log, args);
+}
+
+static float *s_params(zps_procs *ps, const char *name, size_t n)
+{
+    char file[64];
+    snprintf(file, sizeof file, "%s.bin", name);
+    float *p;
+    ck_assert_uint_eq(zps_read_floats(zps_procs_path(ps, file), &p), n);
+    return p;
+}
+
+// SIGTERM to the server and then to its workers mid-run: all exit 0, the
+// server writes a checkpoint of the last whole step; a new server with
+// --resume and new workers finish the job, equal to an uninterrupted run.
+START_TEST(test_daemon_sigterm_checkpoints_and_restarted_job_ends_equal)
+{
+    zps_procs ps;
+    zps_procs_init(&ps, "daemon-term");
+    zps_model_spec spec;
+    ck_assert_int_eq(zps_model_parse(MODEL, &spec), ZPS_OK);
+    char ck[512], listen[64];
+    snprintf(ck, sizeof ck, "%s", zps_procs_path(&ps, "ck"));
+    snprintf(listen, sizeof listen, "tcp://127.0.0.1:%d", zps_free_port());
+    const char *args[] = {"--workers", "2", "--global-batch", BATCH, "--steps", STEPS,
+                          "--model", MODEL, "--seed", "5", "--lr", "0.02",
+                          "--worker-timeout-ms", "1000", "--checkpoint-dir", ck,
+                          "--checkpoint-every", "1000", "--listen", listen, NULL, NULL};
+    const char *ref_args[] = {"--workers", "1", "--global-batch", BATCH, "--steps", STEPS,
+                              "--model", MODEL, "--seed", "5", "--lr", "0.02", NULL};
+    pid_t s;
+    char ep[256];
+    snprintf(ep, sizeof ep, "%s", zps_procs_start_server(&ps, "ref", &s, ref_args, 10000));
+    pid_t r = s_worker(&ps, ep, "ref");
+    ck_assert_int_eq(zps_procs_wait(&ps, r, 120000), 0);
+    ck_assert_int_eq(zps_procs_wait(&ps, s, 30000), 0);
+
+    snprintf(ep, sizeof ep, "%s", zps_procs_start_server(&ps, "server", &s, args, 10000));
+    pid_t w0 = s_worker(&ps, ep, "w0"), w1 = s_worker(&ps, ep, "w1");
+    double deadline = zps_clock_ms() + 60000;
+    while (s_step(ep) < 30 && zps_clock_ms() < deadline) {
+        s_sleep_ms(10);
+    }
+    ck_assert_int_eq(kill(s, SIGTERM), 0);
+    ck_assert_int_eq(zps_procs_wait(&ps, s, 10000), 0);
+    ck_assert_int_eq(kill(w0, SIGTERM), 0);
+    ck_assert_int_eq(kill(w1, SIGTERM), 0);
+    ck_assert_int_eq(zps_procs_wait(&ps, w0, 10000), 0);
+    ck_assert_int_eq(zps_procs_wait(&ps, w1, 10000), 0);
+    ck_assert_msg(s_log_has(&ps, "server.log", "stopped by signal: checkpoint of step"),
+                  "the server wrote no checkpoint on SIGTERM");
+    ck_assert_msg(s_log_has(&ps, "w0.log", "stopped by signal"), "w0 did not stop cleanly");
+
+    args[sizeof args / sizeof args[0] - 2] = "--resume";
+    snprintf(ep, sizeof ep, "%s", zps_procs_start_server(&ps, "again", &s, args, 10000));
+    w0 = s_worker(&ps, ep, "a0");
+    w1 = s_worker(&ps, ep, "a1");
+    ck_assert_int_eq(zps_procs_wait(&ps, w0, 120000), 0);
+    ck_assert_int_eq(zps_procs_wait(&ps, w1, 120000), 0);
+    ck_assert_int_eq(zps_procs_wait(&ps, s, 30000), 0);
+    ck_assert_msg(s_log_has(&ps, "again.log", "resumed at step"), "the job did not resume");
+    float *ref = s_params(&ps, "ref", spec.n_params), *a = s_params(&ps, "a0", spec.n_params);
+    double d = 0;
+    for (size_t i = 0; i < spec.n_params; i++) {
+        double e = fabs((double)a[i] - ref[i]);
+        d = e > d || isnan(e) ? e : d;
+    }
+    fprintf(stderr, "SIGTERM at step 30, resumed: max |uninterrupted - resumed| = %.3g\n", d);
+    ck_assert_double_le(d, 1e-4);
+    free(ref);
+    free(a);
+    zps_procs_fini(&ps, false);
+}
+END_TEST
+
+Suite *zps_suite_daemon(void)
+{
+    Suite *s = suite_create("daemon");
+    TCase *tc = tcase_create("supervised");
+    tcase_set_timeout(tc, 300);
+    tcase_add_test(tc, test_daemon_environment_configures_server_and_worker);
+    tcase_add_test(tc, test_daemon_bad_switch_value_fails_with_one_line);
+    tcase_add_test(tc, test_daemon_sigterm_checkpoints_and_restarted_job_ends_equal);
+    suite_add_tcase(s, tc);
+    return s;
+}
