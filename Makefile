@@ -13,6 +13,14 @@
 #   make fuzz       libFuzzer over the message path for FUZZ_SECONDS (default 30)
 #
 # Dependencies come from pkg-config; deploy/install-deps.sh installs them.
+#
+# The CUDA worker backend (--device cuda[:N]) is a plugin, $(BIN)/libzps_cuda.so,
+# built from worker/zps_cuda.cu when nvcc is found:
+#   CUDA=auto       (default) build it if $(CUDA_HOME)/bin/nvcc or nvcc on PATH exists
+#   CUDA=1          build it; no nvcc is an error
+#   CUDA=0          never build it; --device cuda then says so in one line
+#   CUDA_HOME=DIR   the toolkit (default /usr/local/cuda, or nvcc's parent on PATH)
+#   CUDA_ARCH=...   nvcc -gencode flags (default: sm_80, sm_90 and PTX for newer cards)
 
 # ---------------------------------------------------------------- build flavour
 # SAN=1 builds every object, library, binary and test with AddressSanitizer
@@ -38,7 +46,53 @@ PKG_LIBS := $(shell pkg-config --libs $(PKGS) 2>/dev/null)
 
 ZPS_CFLAGS := -std=c11 -D_GNU_SOURCE $(OPT) -g -Wall -Wextra -Werror -MMD -MP $(SAN_CFLAGS) \
 	-I. -I$(B) $(PKG_CFLAGS) $(CFLAGS)
-ZPS_LDLIBS := $(PKG_LIBS) -lm -pthread $(LDLIBS)
+ZPS_LDLIBS := $(PKG_LIBS) -lm -pthread -ldl $(LDLIBS)
+
+# ---------------------------------------------------------------- CUDA
+# The plugin is loaded with dlopen only when a worker asks for a GPU, so
+# zps-worker itself never links CUDA: CPU jobs need no driver, and valgrind
+# and the sanitizers see no CUDA library in them. nvcc objects are never
+# sanitized (SAN=1 builds the same plugin into build/san/bin); host code is
+# compiled with -Wall -Wextra -Werror like the rest.
+CUDA ?= auto
+CUDA_HOME ?= /usr/local/cuda
+NVCC := $(firstword $(wildcard $(CUDA_HOME)/bin/nvcc) $(shell command -v nvcc 2>/dev/null))
+ifneq ($(NVCC),)
+ifeq ($(wildcard $(CUDA_HOME)/include/cublas_v2.h),)
+CUDA_HOME := $(patsubst %/bin/nvcc,%,$(NVCC))
+endif
+endif
+ifeq ($(CUDA),0)
+HAVE_CUDA := 0
+else ifeq ($(CUDA),1)
+ifeq ($(NVCC),)
+$(error CUDA=1: no nvcc in $(CUDA_HOME)/bin or on PATH; set CUDA_HOME to the CUDA toolkit, or build with CUDA=0)
+endif
+HAVE_CUDA := 1
+else ifeq ($(CUDA),auto)
+HAVE_CUDA := $(if $(NVCC),1,0)
+else
+$(error CUDA=$(CUDA): expected auto, 0 or 1)
+endif
+ifeq ($(MAKELEVEL),0)
+ifeq ($(HAVE_CUDA),1)
+$(info CUDA backend: on ($(NVCC)))
+else
+$(info CUDA backend: off ($(if $(filter 0,$(CUDA)),CUDA=0,no nvcc in $(CUDA_HOME)/bin or on PATH)); --device cuda will say so)
+endif
+endif
+# CUDA 13 supports sm_75 and newer; sm_80 (A100) and sm_90 (H100/H200) get
+# native code, and compute_90 PTX lets newer cards JIT it.
+CUDA_ARCH ?= -gencode arch=compute_80,code=sm_80 -gencode arch=compute_90,code=sm_90 \
+	-gencode arch=compute_90,code=compute_90
+NVCC_FLAGS := -std=c++17 -O3 -g -lineinfo $(CUDA_ARCH) -I. -MMD -MP \
+	-Xcompiler -fPIC,-fvisibility=hidden,-Wall,-Wextra,-Werror $(NVCCFLAGS)
+CUDA_PLUGIN := $(BIN)/libzps_cuda.so
+ifeq ($(HAVE_CUDA),1)
+CUDA_TARGETS := $(CUDA_PLUGIN)
+else
+CUDA_TARGETS :=
+endif
 
 PROTO_C := $(B)/proto/zps.pb-c.c
 COMMON_SRC := $(PROTO_C) $(wildcard common/*.c)
@@ -56,7 +110,30 @@ BINS := $(BIN)/zps-server $(BIN)/zps-worker $(BIN)/zps-ctl
 TESTS := $(B)/tests/check_unit $(B)/tests/check_integration
 
 .PHONY: all deps test-deps demo test test-unit test-integration test-fuzz-replay test-deploy bench clean
-all: $(BINS)
+all: $(BINS) $(CUDA_TARGETS)
+
+# zps_backend.c looks for the plugin only in a CUDA build; the stamp
+# rebuilds it when CUDA= changes between two makes.
+CUDA_STAMP := $(B)/cuda-$(HAVE_CUDA).stamp
+$(CUDA_STAMP):
+	@mkdir -p $(B)
+	@rm -f $(B)/cuda-*.stamp
+	@touch $@
+$(B)/obj/worker/zps_backend.o: $(CUDA_STAMP)
+ifeq ($(HAVE_CUDA),1)
+$(B)/obj/worker/zps_backend.o: ZPS_CFLAGS += -DZPS_HAVE_CUDA \
+	-DZPS_CUDA_PLUGIN_PATH='"$(CURDIR)/$(CUDA_PLUGIN)"'
+endif
+
+$(B)/obj/worker/zps_cuda.o: worker/zps_cuda.cu
+	@mkdir -p $(dir $@)
+	$(NVCC) $(NVCC_FLAGS) -c $< -o $@
+# cudart linked shared like cuBLAS (one runtime in the process), both found
+# through the rpath wherever the toolkit was at build time.
+$(CUDA_PLUGIN): $(B)/obj/worker/zps_cuda.o
+	@mkdir -p $(BIN)
+	$(NVCC) -shared $(CUDA_ARCH) --cudart shared -o $@ $^ -L$(CUDA_HOME)/lib64 -lcublas \
+		-Xlinker -rpath,$(CUDA_HOME)/lib64
 
 deps:
 	@bash deploy/install-deps.sh
@@ -93,7 +170,7 @@ $(BIN)/%:
 
 CHECK_LIBS := $(shell pkg-config --libs check 2>/dev/null)
 $(B)/tests/check_unit: $(call obj,$(UNIT_SRC)) $(B)/libzps_server.a $(B)/libzps_worker.a \
-		$(B)/libzps_common.a
+		$(B)/libzps_common.a | $(CUDA_TARGETS)
 	@mkdir -p $(dir $@)
 	$(CC) $(ZPS_CFLAGS) -o $@ $^ $(CHECK_LIBS) $(ZPS_LDLIBS)
 $(B)/tests/check_integration: $(call obj,$(INTEG_SRC)) $(B)/libzps_common.a
@@ -112,7 +189,7 @@ test-unit: $(B)/tests/check_unit
 	$(B)/tests/check_unit
 
 # The integration tests start the binaries of this flavour (ZPS_BIN_DIR).
-test-integration: $(B)/tests/check_integration $(BINS)
+test-integration: $(B)/tests/check_integration $(BINS) $(CUDA_TARGETS)
 	ZPS_BIN_DIR=$(CURDIR)/$(BIN) $(B)/tests/check_integration
 
 # The fuzz target run once over its generated seeds and over every input
@@ -186,6 +263,10 @@ CPPCHECK_FLAGS := --quiet --error-exitcode=1 --inline-suppr --std=c11 --library=
 	-D__ORDER_LITTLE_ENDIAN__=1234 -D__ORDER_BIG_ENDIAN__=4321 -D__BYTE_ORDER__=1234 \
 	--suppress=knownConditionTrueFalse --suppress=readdirCalled
 TIDY_TARGETS := $(addprefix lint-tidy/,$(LINT_SRC))
+# The dispatcher is linted with its plugin loader in, built or not: the
+# loader is the larger branch, and zps_cuda.h needs no CUDA header.
+lint-tidy/worker/zps_backend.c: TIDY_FLAGS += -DZPS_HAVE_CUDA -DZPS_CUDA_PLUGIN_PATH='"/lint"'
+
 .PHONY: lint lint-cppcheck lint-tidy $(TIDY_TARGETS)
 
 lint:

@@ -11,6 +11,7 @@ Suite *zps_suite_idx(void);
 Suite *zps_suite_dataset(void);
 Suite *zps_suite_sampler(void);
 Suite *zps_suite_cpu(void);
+Suite *zps_suite_cuda(void);
 Suite *zps_suite_shard(void);
 Suite *zps_suite_dtype(void);
 Suite *zps_suite_ckpt(void);

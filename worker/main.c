@@ -39,7 +39,9 @@
 
 typedef struct s_opts {
     const char *coordinator;  // endpoint of shard 0
-    const char *device;       // "cpu"
+    const char *device;       // "cpu", "cuda" or "cuda:N"
+    zps_gpu_math gpu_math;    // what cuBLAS may use on a GPU
+    bool check_device;        // only check that device can compute here
     uint32_t share;           // fixed share of the global batch, 0: split the rest
     const char *save_params;  // final flat vector, or NULL
     const char *cache_dir;    // decompressed datasets
@@ -325,7 +327,8 @@ static zps_err s_setup_compute(s_worker *w, const char *dataset)
     // Any slice of the batch may be handed to this worker.
     uint32_t rows = w->global_batch > ZPS_WORKER_EVAL_CHUNK ? w->global_batch
                                                            : ZPS_WORKER_EVAL_CHUNK;
-    w->be = zps_backend_new(w->opts.device, &w->model, rows, w->seed ^ w->rank);
+    w->be = zps_backend_new(w->opts.device, w->opts.gpu_math, &w->model, rows,
+                            w->seed ^ w->rank);
     if (!w->be) {
         return ZPS_EINVAL;
     }
@@ -837,7 +840,11 @@ static void s_usage(FILE *f)
     fprintf(f,
             "usage: zps-worker --coordinator ENDPOINT [options]\n"
             "  --coordinator ENDPOINT  shard 0, e.g. tcp://127.0.0.1:5555 (required)\n"
-            "  --device cpu            compute backend (default cpu)\n"
+            "  --device cpu|cuda[:N]   compute backend (default cpu); cuda needs a CUDA build\n"
+            "  --gpu-math fp32|tf32|bf16  what cuBLAS may use on a GPU (default fp32; tf32\n"
+            "                          and bf16 use tensor cores, fp32 accumulate, see README)\n"
+            "  --check-device          check that --device can compute here, then exit\n"
+            "                          (0: it can; 2: it cannot, and why)\n"
             "  --share N               ask for N samples of each global batch (default: split)\n"
             "  --save-params FILE      write the final flat parameters (float32 LE)\n"
             "  --threads N             OpenBLAS threads (default 1)\n"
@@ -875,10 +882,12 @@ static bool s_parse_opts(int argc, char **argv, s_opts *o, char *cache_buf, size
 {
     enum { O_COORD = 256, O_DEVICE, O_SHARE, O_SAVE, O_THREADS, O_CACHE, O_TIMEOUT, O_JOIN,
            O_NO_OVERLAP, O_HEARTBEAT, O_CURVE_SECRET, O_SERVER_KEY, O_SLOWDOWN, O_STALL_PROB,
-           O_STALL_MS, O_LOG, O_LOG_JSON, O_PID_FILE, O_HELP };
+           O_STALL_MS, O_LOG, O_LOG_JSON, O_PID_FILE, O_GPU_MATH, O_CHECK_DEVICE, O_HELP };
     static const struct option longopts[] = {
         {"coordinator", required_argument, 0, O_COORD},
         {"device", required_argument, 0, O_DEVICE},
+        {"gpu-math", required_argument, 0, O_GPU_MATH},
+        {"check-device", no_argument, 0, O_CHECK_DEVICE},
         {"share", required_argument, 0, O_SHARE},
         {"save-params", required_argument, 0, O_SAVE},
         {"threads", required_argument, 0, O_THREADS},
@@ -912,6 +921,13 @@ static bool s_parse_opts(int argc, char **argv, s_opts *o, char *cache_buf, size
         switch (c) {
         case O_COORD: o->coordinator = optarg; break;
         case O_DEVICE: o->device = optarg; break;
+        case O_GPU_MATH:
+            ok = zps_backend_parse_gpu_math(optarg, &o->gpu_math);
+            if (!ok) {
+                fprintf(stderr, "zps-worker: --gpu-math: fp32, tf32 or bf16\n");
+            }
+            break;
+        case O_CHECK_DEVICE: o->check_device = true; break;
         case O_SHARE: ok = s_parse_int("--share", optarg, 1, 1 << 24, &v); o->share = (uint32_t)v; break;
         case O_SAVE: o->save_params = optarg; break;
         case O_THREADS: ok = s_parse_int("--threads", optarg, 1, 256, &v); o->threads = (int)v; break;
@@ -953,7 +969,7 @@ static bool s_parse_opts(int argc, char **argv, s_opts *o, char *cache_buf, size
         }
     }
     bool extra = optind < argc;
-    if (extra || !o->coordinator) {
+    if (extra || (!o->coordinator && !o->check_device)) {
         fprintf(stderr, extra ? "zps-worker: unexpected argument '%s'\n"
                               : "zps-worker: --coordinator is required%s\n",
                 extra ? argv[optind] : "");
@@ -1005,6 +1021,10 @@ int main(int argc, char **argv)
     }
     if (!zps_backend_supports(w.opts.device)) {
         return 2;
+    }
+    if (w.opts.check_device) {
+        zps_log_info("--device %s can compute here", w.opts.device);
+        return 0;
     }
     if (!w.opts.curve_secret != !w.opts.server_key) {
         fprintf(stderr, "zps-worker: --curve-secret and --server-key go together\n");
