@@ -23,6 +23,7 @@ if [ "${1:-}" = --test ] || [ "${1:-}" = --ci ]; then
     prometheus                         # promtool checks /metrics (the server is never run)
     shellcheck                         # tests/deploy: the shell scripts of deploy/ and the tests
     systemd                            # tests/deploy: systemd-analyze verify/security on the units
+    iproute2                           # the emulated multi-host test: ip netns, veth, tc tbf
   )
   # tests/deploy/node: the Kubernetes schema and Dockerfile checks run on
   # Node.js with packages from npm. A node from elsewhere (with its own

@@ -14,6 +14,7 @@ int main(void)
     srunner_add_suite(sr, zps_suite_report());
     srunner_add_suite(sr, zps_suite_http());
     srunner_add_suite(sr, zps_suite_daemon());
+    srunner_add_suite(sr, zps_suite_netns());
     srunner_add_suite(sr, zps_suite_gpu());
     srunner_run_all(sr, CK_NORMAL);
     int failed = srunner_ntests_failed(sr);

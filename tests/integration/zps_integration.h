@@ -13,6 +13,7 @@ Suite *zps_suite_stragglers(void);
 Suite *zps_suite_report(void);
 Suite *zps_suite_http(void);
 Suite *zps_suite_daemon(void);
+Suite *zps_suite_netns(void);
 Suite *zps_suite_gpu(void);
 
 // Where tests keep decompressed datasets between runs.

@@ -1,0 +1,159 @@
+/* check_netns.c - the multi-host path on one machine: deploy/netns-cluster.sh
+ * puts 2 shards and 2 workers on hosts of their own (network namespaces
+ * joined by a bridge), one worker behind a link limited by tc tbf. The
+ * run reports each worker's lag, and ends equal to a single process.
+ * Needs root; skipped, visibly, without it or without network namespaces. */
+#include <jansson.h>
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+
+#include "common/zps_model.h"
+#include "zps_integration.h"
+#include "zps_proc.h"
+
+#define MODEL "mlp:784-512-512-10"
+
+// Why the test cannot run here, or NULL.
+static const char *s_cannot_run(zps_procs *ps)
+{
+    if (getuid() != 0) {
+        return "needs root (ip netns, tc)";
+    }
+    char cmd[256];
+    snprintf(cmd, sizeof cmd,
+             "ip netns add zps-probe-%d && ip netns del zps-probe-%d && command -v tc",
+             (int)getpid(), (int)getpid());
+    if (zps_procs_sh(ps, cmd, "probe.log", 10000) != 0) {
+        return "cannot make a network namespace or no tc (iproute2)";
+    }
+    return NULL;
+}
+
+// The rank a worker's log says it was given.
+static int s_rank_of(zps_procs *ps, const char *log)
+{
+    FILE *f = fopen(zps_procs_path(ps, log), "r");
+    ck_assert_ptr_nonnull(f);
+    char line[1024];
+    int rank = -1;
+    while (rank < 0 && fgets(line, sizeof line, f)) {
+        const char *p = strstr(line, ": rank ");
+        if (p && strstr(line, "job ")) {
+            rank = atoi(p + 7);
+        }
+    }
+    fclose(f);
+    ck_assert_int_ge(rank, 0);
+    return rank;
+}
+
+static int s_cmp(const void *a, const void *b)
+{
+    double x = *(const double *)a, y = *(const double *)b;
+    return (x > y) - (x < y);
+}
+
+// Median lag of each of 2 ranks over the metrics log.
+static void s_median_lags(const char *path, double med[2])
+{
+    static double lag[2][4096];
+    size_t n[2] = {0, 0};
+    FILE *f = fopen(path, "r");
+    ck_assert_ptr_nonnull(f);
+    char line[8192];
+    while (fgets(line, sizeof line, f)) {
+        json_t *o = json_loads(line, 0, NULL);
+        json_t *ws = o ? json_object_get(o, "workers") : NULL;
+        size_t i;
+        json_t *w;
+        json_array_foreach(ws, i, w)
+        {
+            json_int_t r = json_integer_value(json_object_get(w, "rank"));
+            if (r >= 0 && r < 2 && n[r] < 4096) {
+                lag[r][n[r]++] = json_number_value(json_object_get(w, "lag_ms"));
+            }
+        }
+        json_decref(o);
+    }
+    fclose(f);
+    for (int r = 0; r < 2; r++) {
+        ck_assert_uint_gt(n[r], 10);
+        qsort(lag[r], n[r], sizeof lag[r][0], s_cmp);
+        med[r] = lag[r][n[r] / 2];
+    }
+}
+
+START_TEST(test_netns_hosts_with_a_slow_link_train_equal_and_report_lag)
+{
+    zps_procs ps;
+    zps_procs_init(&ps, "netns");
+    const char *why = s_cannot_run(&ps);
+    if (why) {
+        fprintf(stderr, "SKIPPED: test_netns_hosts_with_a_slow_link_train_equal_and_report_lag: "
+                        "%s\n", why);
+        zps_procs_fini(&ps, false);
+        return;
+    }
+    // The single process: one worker, the whole batch, on loopback.
+    const char *args[] = {"--workers", "1", "--global-batch", "96", "--steps", "60",
+                          "--model", MODEL, "--seed", "5", "--lr", "0.02", NULL};
+    pid_t s;
+    char ep[256];
+    snprintf(ep, sizeof ep, "%s", zps_procs_start_server(&ps, "ref", &s, args, 10000));
+    const char *wargs[] = {"--coordinator", ep, "--save-params", zps_procs_path(&ps, "ref.bin"),
+                           "--cache-dir", ZPS_TEST_CACHE, NULL};
+    pid_t w = zps_procs_start(&ps, "zps-worker", "ref-w.log", wargs);
+    ck_assert_int_eq(zps_procs_wait(&ps, w, 120000), 0);
+    ck_assert_int_eq(zps_procs_wait(&ps, s, 30000), 0);
+
+    // The emulated cluster: 2 shard hosts, 2 worker hosts, w1 behind 300 Mbit/s.
+    char cmd[1024], cache[512];
+    ck_assert_ptr_nonnull(realpath(ZPS_TEST_CACHE, cache));
+    snprintf(cmd, sizeof cmd,
+             "deploy/netns-cluster.sh -s 2 -w 2 -l w1=300mbit -o %s/hosts -t 150 "
+             "-W '--cache-dir %s' -- --global-batch 96 --steps 60 --model %s --seed 5 "
+             "--lr 0.02",
+             ps.dir, cache, MODEL);
+    ck_assert_msg(zps_procs_sh(&ps, cmd, "netns.log", 200000) == 0,
+                  "the emulated cluster failed; see %s/netns.log and %s/hosts", ps.dir, ps.dir);
+
+    double med[2];
+    s_median_lags(zps_procs_path(&ps, "hosts/metrics.jsonl"), med);
+    int slow = s_rank_of(&ps, "hosts/w1.log");
+    fprintf(stderr, "netns: median lag behind the step's first push: rank %d (300 Mbit/s link) "
+                    "%.1f ms, rank %d %.1f ms\n", slow, med[slow], 1 - slow, med[1 - slow]);
+    ck_assert_msg(med[slow] > med[1 - slow], "the worker behind the slow link is not the late one");
+
+    zps_model_spec spec;
+    ck_assert_int_eq(zps_model_parse(MODEL, &spec), ZPS_OK);
+    float *ref, *p;
+    ck_assert_uint_eq(zps_read_floats(zps_procs_path(&ps, "ref.bin"), &ref), spec.n_params);
+    const char *outs[] = {"hosts/w0.bin", "hosts/w1.bin"};
+    for (int k = 0; k < 2; k++) {
+        ck_assert_uint_eq(zps_read_floats(zps_procs_path(&ps, outs[k]), &p), spec.n_params);
+        double d = 0;
+        for (size_t i = 0; i < spec.n_params; i++) {
+            double e = fabs((double)p[i] - ref[i]);
+            d = e > d || isnan(e) ? e : d;
+        }
+        fprintf(stderr, "netns: max |single process - %s| = %.3g\n", outs[k], d);
+        ck_assert_double_le(d, 1e-4);
+        free(p);
+    }
+    free(ref);
+    zps_procs_fini(&ps, false);
+}
+END_TEST
+
+Suite *zps_suite_netns(void)
+{
+    Suite *s = suite_create("netns");
+    TCase *tc = tcase_create("hosts");
+    tcase_set_timeout(tc, 300);
+    tcase_add_test(tc, test_netns_hosts_with_a_slow_link_train_equal_and_report_lag);
+    suite_add_tcase(s, tc);
+    return s;
+}
