@@ -113,10 +113,17 @@ void zps_model_init_range(const zps_model_spec *m, uint64_t seed, uint64_t lo, u
     }
 }
 
+// Elements in each bucket of a flat model (the last may have fewer).
+static uint64_t s_flat_bucket(const zps_model_spec *m)
+{
+    uint64_t even = (m->n_params + ZPS_MODEL_MAX_BUCKETS - 1) / ZPS_MODEL_MAX_BUCKETS;
+    return even > ZPS_MODEL_FLAT_BUCKET ? even : ZPS_MODEL_FLAT_BUCKET;
+}
+
 int zps_model_n_buckets(const zps_model_spec *m)
 {
     if (m->kind == ZPS_MODEL_FLAT) {
-        return (int)((m->n_params + ZPS_MODEL_FLAT_BUCKET - 1) / ZPS_MODEL_FLAT_BUCKET);
+        return (int)((m->n_params + s_flat_bucket(m) - 1) / s_flat_bucket(m));
     }
     return m->n_layers;
 }
@@ -124,10 +131,10 @@ int zps_model_n_buckets(const zps_model_spec *m)
 void zps_model_bucket(const zps_model_spec *m, int i, uint64_t *lo, uint64_t *hi)
 {
     if (m->kind == ZPS_MODEL_FLAT) {
+        uint64_t size = s_flat_bucket(m);
         int n = zps_model_n_buckets(m);
-        *lo = (uint64_t)(n - 1 - i) * ZPS_MODEL_FLAT_BUCKET;
-        *hi = *lo + ZPS_MODEL_FLAT_BUCKET < m->n_params ? *lo + ZPS_MODEL_FLAT_BUCKET
-                                                         : m->n_params;
+        *lo = (uint64_t)(n - 1 - i) * size;
+        *hi = *lo + size < m->n_params ? *lo + size : m->n_params;
         return;
     }
     const zps_layer_spec *ls = &m->layers[m->n_layers - 1 - i];

@@ -14,8 +14,10 @@
 
 #define ZPS_MODEL_MAX_LAYERS 16
 #define ZPS_MODEL_MAX_WIDTH (1u << 20)
-// flat:P models are cut into buckets of this many elements (4 MiB of fp32).
-#define ZPS_MODEL_FLAT_BUCKET (1u << 20)
+// flat:P models are cut into buckets of this many elements (1 MiB of fp32),
+// or into ZPS_MODEL_MAX_BUCKETS equal ones when P is larger: small buckets
+// let a shard send one back while the next ones still arrive.
+#define ZPS_MODEL_FLAT_BUCKET (1u << 18)
 #define ZPS_MODEL_MAX_FLAT (64u << 20)
 #define ZPS_MODEL_MAX_BUCKETS 64
 
@@ -64,7 +66,7 @@ void zps_model_init_range(const zps_model_spec *m, uint64_t seed, uint64_t lo, u
                           float *out);
 
 // Buckets are the units of pushing and updating: a layer's weights and
-// bias (a flat model: ZPS_MODEL_FLAT_BUCKET elements), numbered in the
+// bias (a flat model: see ZPS_MODEL_FLAT_BUCKET), numbered in the
 // order backward finishes them, last layer first. Workers push a bucket as
 // soon as its gradient is final; shards update it as soon as every member
 // pushed it.

@@ -1,0 +1,38 @@
+"""bench/gloo_allreduce.py - PyTorch's gloo all_reduce of one fp32 tensor, the
+baseline of bench/cluster.sh. Run once per host by deploy/netns-cluster.sh -x,
+which sets ZPS_NETNS_RANK, ZPS_NETNS_SIZE and ZPS_NETNS_MASTER. Rank 0 prints
+one line: the median seconds of an all_reduce over the timed repeats."""
+import os
+import statistics
+import sys
+import time
+
+import torch
+import torch.distributed as dist
+
+
+def main():
+    floats, repeats = int(sys.argv[1]), int(sys.argv[2])
+    rank = int(os.environ["ZPS_NETNS_RANK"])
+    size = int(os.environ["ZPS_NETNS_SIZE"])
+    master = os.environ["ZPS_NETNS_MASTER"]
+    os.environ.setdefault("GLOO_SOCKET_IFNAME", "eth0")
+    dist.init_process_group("gloo", init_method=f"tcp://{master}:29500", rank=rank,
+                            world_size=size)
+    t = torch.ones(floats, dtype=torch.float32)
+    times = []
+    for i in range(repeats + 1):  # the first one warms up the connections
+        dist.barrier()
+        start = time.perf_counter()
+        dist.all_reduce(t)
+        if i > 0:
+            times.append(time.perf_counter() - start)
+    if rank == 0:
+        print(f"gloo all_reduce of {floats} floats over {size} hosts: median "
+              f"{statistics.median(times):.4f} s over {repeats} repeats "
+              f"({' '.join(f'{x:.4f}' for x in times)})")
+    dist.destroy_process_group()
+
+
+if __name__ == "__main__":
+    main()
