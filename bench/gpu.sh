@@ -25,7 +25,7 @@
 # (DEVICE=cpu WIDE_MODEL=mlp:512-512-512-10 WIDE_BATCH=128 EPOCHS=1):
 # DEVICE (cuda), WIDE_MODEL, WIDE_BATCH (1024), WIDE_STEPS (15), EPOCHS (10).
 set -uo pipefail
-cd "$(dirname "$0")/.."
+cd "$(dirname "$0")/.." || exit 1
 
 BUDGET_S=${BUDGET_S:-285}
 DEVICE=${DEVICE:-cuda}
@@ -82,7 +82,7 @@ nvcc=$(command -v nvcc || echo "$CUDA_HOME/bin/nvcc")
 peak_fp32=; peak_tf32=
 case "$gpu_name" in
   *H200*NVL*|*H100*NVL*) peak_fp32=60;   peak_tf32=418 ;;
-  *H200*|*H100*SXM*|*H100*HBM3*|*GH200*) peak_fp32=67; peak_tf32=495 ;;
+  *H200*|*H100*SXM*|*H100*HBM3*) peak_fp32=67; peak_tf32=495 ;;  # GH200 too
   *H100*PCIe*)           peak_fp32=51;   peak_tf32=378 ;;
   *H100*)                peak_fp32=67;   peak_tf32=495 ;;
   *A100*)                peak_fp32=19.5; peak_tf32=156 ;;
@@ -103,7 +103,7 @@ fi
 t0=$SECONDS
 if timeout "$(allow 150)" make -j"$(nproc)" CUDA=1 all build/tests/check_unit \
     build/tests/check_integration >"$run/build.log" 2>&1; then
-  say "    built in $((SECONDS - t0)) s: $(ls bin | tr '\n' ' ')"
+  say "    built in $((SECONDS - t0)) s: $(cd bin && echo *)"
 else
   say "    BUILD FAILED after $((SECONDS - t0)) s; the end of its log:"
   tail -n 25 "$run/build.log" | sed 's/^/    /' >>"$results"
