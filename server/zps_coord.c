@@ -1312,34 +1312,34 @@ static void s_send_speculation(zps_coord *c, void *sock, const s_gen *g, s_membe
 }
 
 bool zps_coord_speculate(zps_coord *c, void *sock, uint64_t step, uint32_t offset,
-                         uint32_t count, uint32_t late_rank, const bool *finished, bool split)
+                         uint32_t count, uint32_t late_rank, const bool *helper)
 {
     const s_gen *g = s_gen_at(c, step);
     if (!g) {
         return false;
     }
-    // Split, the copy is done sooner, but the owner's own copy no longer
-    // counts once a piece did, and a helper that stalls holds the step.
-    // Whole, every helper's copy and the owner's are alike: the first counts.
+    // In pieces, one per helper: the copy is done sooner than by one
+    // helper alone. The owner's own copy then no longer counts in a bucket
+    // where a piece came first (the pieces must all come), which is the
+    // price of not waiting for it.
     s_member *helpers[ZPS_MAX_MEMBERS];
     uint32_t k = 0;
     for (uint32_t i = 0; i < c->n_members; i++) {
         s_member *mem = &c->members[i];
-        if (mem->live && mem->route_known && mem->rank != late_rank && finished[mem->rank]) {
+        if (mem->live && mem->route_known && mem->rank != late_rank && helper[mem->rank]) {
             helpers[k++] = mem;
         }
     }
     k = k < count ? k : count;
-    uint32_t parts = split ? k : 1;
     for (uint32_t i = 0; i < k; i++) {
-        uint32_t lo = offset + (uint32_t)((uint64_t)count * (i % parts) / parts);
-        uint32_t hi = offset + (uint32_t)((uint64_t)count * (i % parts + 1) / parts);
+        uint32_t lo = offset + (uint32_t)((uint64_t)count * i / k);
+        uint32_t hi = offset + (uint32_t)((uint64_t)count * (i + 1) / k);
         s_send_speculation(c, sock, g, helpers[i], step, lo, hi - lo);
     }
     if (k > 0) {
         zps_log_info("step %llu: slice [%u, %u) of rank %u is late; also handed to %u "
-                     "member(s)%s", (unsigned long long)step, offset, offset + count, late_rank,
-                     k, split && k > 1 ? ", in pieces" : "");
+                     "member(s), in pieces", (unsigned long long)step, offset, offset + count,
+                     late_rank, k);
     }
     return k > 0;
 }

@@ -81,11 +81,10 @@ zps_err zps_coord_resume(zps_coord *c, const char *dir, uint64_t step);
 // measured throughput, if that shortens the predicted step by >= 10 %.
 void zps_coord_adapt(zps_coord *c, void *sock);
 // Speculation: also hand the slice [offset, offset + count) of `step`,
-// late, to the live members marked in `finished` (by rank): whole to each,
-// or split in pieces among them. The first copy of a sample counts. False
-// if there is no such member.
+// late, in pieces to the live members marked in `helper` (by rank). The
+// first copy of a sample counts. False if there is no such member.
 bool zps_coord_speculate(zps_coord *c, void *sock, uint64_t step, uint32_t offset,
-                         uint32_t count, uint32_t late_rank, const bool *finished, bool split);
+                         uint32_t count, uint32_t late_rank, const bool *helper);
 // The median step time of the last steps (ms, 0 before any).
 double zps_coord_median_step_ms(const zps_coord *c);
 

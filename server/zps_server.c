@@ -11,8 +11,8 @@
 #include "common/zps_clock.h"
 #include "common/zps_dataset.h"
 #include "common/zps_log.h"
-#include "common/zps_pidfile.h"
 #include "common/zps_model.h"
+#include "common/zps_pidfile.h"
 #include "common/zps_wire.h"
 #include "server/zps_ckpt.h"
 #include "server/zps_coord.h"
@@ -689,7 +689,7 @@ static void s_speculate(s_server *srv, double now)
         const zps_plan_slice *sl = &srv->plan.slices[i];
         if (!finished[sl->rank] &&
             zps_coord_speculate(srv->coord, srv->sock, step, sl->offset, sl->count, sl->rank,
-                                finished, true)) {
+                                finished)) {
             srv->late_now[sl->rank] = true;
         }
     }
@@ -719,7 +719,7 @@ static void s_speculate_ahead(s_server *srv, uint64_t step)
     for (uint32_t i = 0; i < srv->plan.n; i++) {
         const zps_plan_slice *sl = &srv->plan.slices[i];
         if (late[sl->rank] && zps_coord_speculate(srv->coord, srv->sock, step, sl->offset,
-                                                  sl->count, sl->rank, helper, true)) {
+                                                  sl->count, sl->rank, helper)) {
             srv->late_now[sl->rank] = true;
             srv->speculated = true; // the threshold need not hand it again
         }

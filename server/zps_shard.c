@@ -264,8 +264,6 @@ static int s_bucket_at(const zps_shard *s, uint64_t lo, uint64_t hi)
     return -1;
 }
 
-// The slice of this step with exactly these bounds (created if new), or
-// NULL if it overlaps another one.
 // The entry of slice [offset, +count), added if new. Each bucket tiles the
 // batch on its own: entries may overlap (a late slice and the pieces of it
 // handed to others), but for bucket b only disjoint ones count. NULL with

@@ -7,9 +7,9 @@
  * what it waits for. */
 #include <cblas.h>
 #include <errno.h>
-#include <signal.h>
 #include <getopt.h>
 #include <math.h>
+#include <signal.h>
 #include <time.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -127,8 +127,10 @@ static zps_err s_await(void *sock, const char *what, const char *endpoint, int t
     for (;;) {
         zps_err err = zps_wire_recv(sock, false, m);
         if (err == ZPS_OK && m->hdr->type == ZPS__MSG_TYPE__ERROR) {
-            zps_log_error("%s refused: %s (%s)", endpoint, m->hdr->error,
-                          zps_strerror((zps_err)m->hdr->error_code));
+            // "Not yet" is part of the protocol, not a failure.
+            zps_log(m->hdr->error_code == ZPS_EAGAIN ? ZPS_LOG_INFO : ZPS_LOG_ERROR,
+                    "%s refused: %s (%s)", endpoint, m->hdr->error,
+                    zps_strerror((zps_err)m->hdr->error_code));
             err = m->hdr->error_code > 0 && m->hdr->error_code < ZPS_ECOUNT_
                       ? (zps_err)m->hdr->error_code : ZPS_EPROTO;
             return err;
