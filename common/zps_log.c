@@ -60,7 +60,6 @@ bool zps_log_parse_level(const char *text, zps_log_level *out)
 
 void zps_log(zps_log_level level, const char *fmt, ...)
 {
-    static const char *tags[] = {"DEBUG", "INFO", "WARN", "ERROR"};
     if (level < s_level) {
         return;
     }
@@ -85,6 +84,7 @@ void zps_log(zps_log_level level, const char *fmt, ...)
         fprintf(stderr, "{\"ts\":\"%s\",\"level\":\"%s\",\"proc\":\"%s\",\"pid\":%ld,\"msg\":\"%s\"}\n",
                 ts, levels[level], name, (long)getpid(), esc);
     } else {
+        static const char *tags[] = {"DEBUG", "INFO", "WARN", "ERROR"};
         fprintf(stderr, "%s %-5s %s: %s\n", ts, tags[level], s_name, msg);
     }
 }
