@@ -4,7 +4,6 @@
  * where an uninterrupted run ends. Real processes on loopback; every wait
  * bounded; every process killed by pid at the end. */
 #include <jansson.h>
-#include <math.h>
 #include <signal.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -45,21 +44,6 @@ static uint64_t s_step(const char *endpoint)
     zmq_close(sock);
     zmq_ctx_term(ctx);
     return step;
-}
-
-static bool s_log_has(zps_procs *ps, const char *log, const char *text)
-{
-    FILE *f = fopen(zps_procs_path(ps, log), "r");
-    if (!f) {
-        return false;
-    }
-    char line[2048];
-    bool found = false;
-    while (!found && fgets(line, sizeof line, f)) {
-        found = strstr(line, text) != NULL;
-    }
-    fclose(f);
-    return found;
 }
 
 // The pid in a pid file, or 0 if there is none (yet).
@@ -137,7 +121,7 @@ START_TEST(test_daemon_environment_configures_server_and_worker)
     ck_assert_int_eq(zps_procs_wait(&ps, w, 120000), 0);
     ck_assert_int_eq(zps_procs_wait(&ps, server, 30000), 0);
     // The job is the environment's, the listen address the command line's.
-    ck_assert_msg(s_log_has(&ps, "server.log", "global batch 32, 40 steps"),
+    ck_assert_msg(zps_procs_log_has(&ps, "server.log", "global batch 32, 40 steps"),
                   "the server did not take its job from ZPS_*");
     ck_assert_msg(strcmp(ep, "tcp://127.0.0.1:1") != 0, "ZPS_LISTEN won over --listen");
     float *p;
@@ -164,14 +148,14 @@ START_TEST(test_daemon_bad_switch_value_fails_with_one_line)
     const char *args[] = {"--listen", "tcp://127.0.0.1:*", NULL};
     pid_t s = zps_procs_start(&ps, "zps-server", "server.log", args);
     ck_assert_int_eq(zps_procs_wait(&ps, s, 10000), 2);
-    ck_assert_msg(s_log_has(&ps, "server.log", "ZPS_ADAPTIVE_SPLIT: 'maybe'"),
+    ck_assert_msg(zps_procs_log_has(&ps, "server.log", "ZPS_ADAPTIVE_SPLIT: 'maybe'"),
                   "the error does not name the variable and its value");
     unsetenv("ZPS_ADAPTIVE_SPLIT");
     setenv("ZPS_THREADS", "many", 1);
     const char *wargs[] = {"--coordinator", "tcp://127.0.0.1:1", NULL};
     pid_t w = zps_procs_start(&ps, "zps-worker", "worker.log", wargs);
     ck_assert_int_eq(zps_procs_wait(&ps, w, 10000), 2);
-    ck_assert_msg(s_log_has(&ps, "worker.log", "--threads: 'many'"),
+    ck_assert_msg(zps_procs_log_has(&ps, "worker.log", "--threads: 'many'"),
                   "the error does not name the flag and its value");
     zps_procs_fini(&ps, false);
 }
@@ -185,15 +169,6 @@ static pid_t s_worker(zps_procs *ps, const char *ep, const char *name)
     const char *args[] = {"--coordinator", ep, "--save-params", zps_procs_path(ps, out),
                           "--cache-dir", ZPS_TEST_CACHE, "--heartbeat-ms", "100", NULL};
     return zps_procs_start(ps, "zps-worker", log, args);
-}
-
-static float *s_params(zps_procs *ps, const char *name, size_t n)
-{
-    char file[64];
-    snprintf(file, sizeof file, "%s.bin", name);
-    float *p;
-    ck_assert_uint_eq(zps_read_floats(zps_procs_path(ps, file), &p), n);
-    return p;
 }
 
 // SIGTERM to the server and then to its workers mid-run: all exit 0, the
@@ -233,9 +208,9 @@ START_TEST(test_daemon_sigterm_checkpoints_and_restarted_job_ends_equal)
     ck_assert_int_eq(kill(w1, SIGTERM), 0);
     ck_assert_int_eq(zps_procs_wait(&ps, w0, 10000), 0);
     ck_assert_int_eq(zps_procs_wait(&ps, w1, 10000), 0);
-    ck_assert_msg(s_log_has(&ps, "server.log", "stopped by signal: checkpoint of step"),
+    ck_assert_msg(zps_procs_log_has(&ps, "server.log", "stopped by signal: checkpoint of step"),
                   "the server wrote no checkpoint on SIGTERM");
-    ck_assert_msg(s_log_has(&ps, "w0.log", "stopped by signal"), "w0 did not stop cleanly");
+    ck_assert_msg(zps_procs_log_has(&ps, "w0.log", "stopped by signal"), "w0 did not stop cleanly");
 
     // The members of before are gone: the first worker to say HELLO after
     // the recovery wait joins and trains the rest of the job alone.
@@ -244,17 +219,10 @@ START_TEST(test_daemon_sigterm_checkpoints_and_restarted_job_ends_equal)
     w0 = s_worker(&ps, ep, "a0");
     ck_assert_int_eq(zps_procs_wait(&ps, w0, 120000), 0);
     ck_assert_int_eq(zps_procs_wait(&ps, s, 30000), 0);
-    ck_assert_msg(s_log_has(&ps, "again.log", "resumed at step"), "the job did not resume");
-    float *ref = s_params(&ps, "ref", spec.n_params), *a = s_params(&ps, "a0", spec.n_params);
-    double d = 0;
-    for (size_t i = 0; i < spec.n_params; i++) {
-        double e = fabs((double)a[i] - ref[i]);
-        d = e > d || isnan(e) ? e : d;
-    }
+    ck_assert_msg(zps_procs_log_has(&ps, "again.log", "resumed at step"), "the job did not resume");
+    double d = zps_procs_params_diff(&ps, "ref.bin", "a0.bin", spec.n_params);
     fprintf(stderr, "SIGTERM at step 30, resumed: max |uninterrupted - resumed| = %.3g\n", d);
     ck_assert_double_le(d, 1e-4);
-    free(ref);
-    free(a);
     zps_procs_fini(&ps, false);
 }
 END_TEST

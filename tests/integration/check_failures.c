@@ -157,21 +157,6 @@ static size_t s_n_params(void)
     return spec.n_params;
 }
 
-static bool s_log_has(zps_procs *ps, const char *log, const char *text)
-{
-    FILE *f = fopen(zps_procs_path(ps, log), "r");
-    if (!f) {
-        return false;
-    }
-    char line[1024];
-    bool found = false;
-    while (!found && fgets(line, sizeof line, f)) {
-        found = strstr(line, text) != NULL;
-    }
-    fclose(f);
-    return found;
-}
-
 START_TEST(test_failures_worker_killed_mid_epoch_run_ends_equal)
 {
     zps_procs ps;
@@ -257,7 +242,7 @@ START_TEST(test_failures_all_workers_gone_server_waits_then_resumes)
     s_sleep_ms(2500);
     job_status still = s_status(ep);
     ck_assert_uint_eq(still.step, gone.step);
-    ck_assert_msg(s_log_has(&ps, "server.log", "cannot complete: no live worker"),
+    ck_assert_msg(zps_procs_log_has(&ps, "server.log", "cannot complete: no live worker"),
                   "the server did not report the step that cannot complete");
     pid_t a = s_start_worker(&ps, ep, "back0"), b = s_start_worker(&ps, ep, "back1");
     ck_assert_int_eq(zps_procs_wait(&ps, a, 120000), 0);
@@ -320,9 +305,9 @@ static void s_shard_restart(const char *tag, uint64_t kill_at, bool cut)
     uint64_t restored = cut ? kill_at / 10 * 10 - 10 : kill_at / 10 * 10;
     char want[96];
     snprintf(want, sizeof want, "restored step %llu", (unsigned long long)restored);
-    ck_assert_msg(s_log_has(&ps, "shard1.log", want), "shard 1 did not log '%s'", want);
-    ck_assert_msg(s_log_has(&ps, "server.log", "rolls back to it"), "no rollback logged");
-    ck_assert_msg(!cut || s_log_has(&ps, "shard1.log", "truncated"),
+    ck_assert_msg(zps_procs_log_has(&ps, "shard1.log", want), "shard 1 did not log '%s'", want);
+    ck_assert_msg(zps_procs_log_has(&ps, "server.log", "rolls back to it"), "no rollback logged");
+    ck_assert_msg(!cut || zps_procs_log_has(&ps, "shard1.log", "truncated"),
                   "the cut checkpoint was not reported");
     const char *workers[] = {"w0", "w1"};
     s_check_all_close(&ps, workers, 2, ref, n);
@@ -380,8 +365,8 @@ START_TEST(test_failures_coordinator_killed_and_resumed_run_ends_equal)
     ck_assert_int_eq(zps_procs_wait(&ps, w1, 120000), 0);
     ck_assert_int_eq(zps_procs_wait(&ps, s1, 30000), 0);
     ck_assert_int_eq(zps_procs_wait(&ps, s0, 30000), 0);
-    ck_assert_msg(s_log_has(&ps, "server-again.log", "resumed at step 20"), "not resumed at 20");
-    ck_assert_msg(s_log_has(&ps, "server-again.log", "rolls back to it"), "no rollback logged");
+    ck_assert_msg(zps_procs_log_has(&ps, "server-again.log", "resumed at step 20"), "not resumed at 20");
+    ck_assert_msg(zps_procs_log_has(&ps, "server-again.log", "rolls back to it"), "no rollback logged");
     const char *workers[] = {"w0", "w1"};
     s_check_all_close(&ps, workers, 2, ref, n);
     free(ref);

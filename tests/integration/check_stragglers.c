@@ -154,17 +154,9 @@ START_TEST(test_stragglers_slowed_worker_flagged_and_split_adapts_same_math)
     // The split changed, the computation did not.
     zps_model_spec spec;
     ck_assert_int_eq(zps_model_parse(MODEL, &spec), ZPS_OK);
-    float *a, *b;
-    ck_assert_uint_eq(zps_read_floats(zps_procs_path(&ps, "fixed-w1.bin"), &a), spec.n_params);
-    ck_assert_uint_eq(zps_read_floats(zps_procs_path(&ps, "adaptive-w1.bin"), &b), spec.n_params);
-    double d = 0;
-    for (size_t i = 0; i < spec.n_params; i++) {
-        d = fmax(d, fabs((double)a[i] - b[i]));
-    }
+    double d = zps_procs_params_diff(&ps, "fixed-w1.bin", "adaptive-w1.bin", spec.n_params);
     fprintf(stderr, "max |fixed - adaptive| = %.3g\n", d);
     ck_assert_double_le(d, 1e-4);
-    free(a);
-    free(b);
     zps_procs_fini(&ps, false);
 }
 END_TEST
@@ -222,17 +214,9 @@ START_TEST(test_stragglers_speculation_cuts_the_tail_of_random_stalls_same_math)
                   p0, p1);
     zps_model_spec spec;
     ck_assert_int_eq(zps_model_parse(MODEL, &spec), ZPS_OK);
-    float *a, *b;
-    ck_assert_uint_eq(zps_read_floats(zps_procs_path(&ps, "plain-w1.bin"), &a), spec.n_params);
-    ck_assert_uint_eq(zps_read_floats(zps_procs_path(&ps, "spec-w1.bin"), &b), spec.n_params);
-    double d = 0;
-    for (size_t i = 0; i < spec.n_params; i++) {
-        d = fmax(d, fabs((double)a[i] - b[i]));
-    }
+    double d = zps_procs_params_diff(&ps, "plain-w1.bin", "spec-w1.bin", spec.n_params);
     fprintf(stderr, "max |plain - speculated| = %.3g\n", d);
     ck_assert_double_le(d, 1e-4);
-    free(a);
-    free(b);
     zps_procs_fini(&ps, false);
 }
 END_TEST

@@ -5,6 +5,7 @@
 #include <check.h>
 #include <errno.h>
 #include <fcntl.h>
+#include <math.h>
 #include <signal.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -205,6 +206,38 @@ size_t zps_read_floats(const char *path, float **out)
     }
     fclose(f);
     return n;
+}
+
+double zps_procs_params_diff(const zps_procs *ps, const char *a, const char *b, size_t n)
+{
+    float *x, *y;
+    ck_assert_msg(zps_read_floats(zps_procs_path(ps, a), &x) == n, "%s/%s: not %zu floats",
+                  ps->dir, a, n);
+    ck_assert_msg(zps_read_floats(zps_procs_path(ps, b), &y) == n, "%s/%s: not %zu floats",
+                  ps->dir, b, n);
+    double d = 0;
+    for (size_t i = 0; i < n; i++) {
+        double e = fabs((double)x[i] - y[i]);
+        d = e > d || isnan(e) ? e : d; // a NaN makes it NaN: no bound holds
+    }
+    free(x);
+    free(y);
+    return d;
+}
+
+bool zps_procs_log_has(const zps_procs *ps, const char *log, const char *text)
+{
+    FILE *f = fopen(zps_procs_path(ps, log), "r");
+    if (!f) {
+        return false;
+    }
+    char line[4096];
+    bool found = false;
+    while (!found && fgets(line, sizeof line, f)) {
+        found = strstr(line, text) != NULL;
+    }
+    fclose(f);
+    return found;
 }
 
 void zps_procs_adopt(zps_procs *ps, pid_t pid)

@@ -51,5 +51,10 @@ const char *zps_procs_path(const zps_procs *ps, const char *name);
 
 // Reads a file of floats; returns how many, or 0 on error. Caller frees *out.
 size_t zps_read_floats(const char *path, float **out);
+// max |a[i] - b[i]| of two files of n floats under the scratch directory
+// (NaN if either holds one); fails the test if either is not n floats.
+double zps_procs_params_diff(const zps_procs *ps, const char *a, const char *b, size_t n);
+// True if the log file under the scratch directory has a line with text.
+bool zps_procs_log_has(const zps_procs *ps, const char *log, const char *text);
 
 #endif
