@@ -29,20 +29,10 @@ static void s_sleep_ms(int ms)
 
 static uint64_t s_step(const char *endpoint)
 {
-    void *ctx = zmq_ctx_new();
-    void *sock = zps_wire_socket(ctx, ZMQ_DEALER, 5000);
-    ck_assert_int_eq(zmq_connect(sock, endpoint), 0);
-    Zps__Header h;
-    zps_wire_header_init(&h, ZPS__MSG_TYPE__STATUS);
-    ck_assert_int_eq(zps_wire_send(sock, NULL, &h, NULL, 0, NULL), ZPS_OK);
     zps_wire_msg m;
-    ck_assert_int_eq(zps_wire_recv(sock, false, &m), ZPS_OK);
+    zps_procs_status(endpoint, &m);
     uint64_t step = m.hdr->status->step;
     zps_wire_msg_fini(&m);
-    int zero = 0;
-    zmq_setsockopt(sock, ZMQ_LINGER, &zero, sizeof zero);
-    zmq_close(sock);
-    zmq_ctx_term(ctx);
     return step;
 }
 

@@ -2,7 +2,6 @@
  * SIGKILL, restarted, joining, or all gone for a while; the run still ends
  * with the parameters of an uninterrupted run. Real processes on loopback;
  * every wait bounded; every process killed by pid at the end. */
-#include <math.h>
 #include <signal.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -31,24 +30,13 @@ typedef struct job_status {
 
 static job_status s_status(const char *endpoint)
 {
-    void *ctx = zmq_ctx_new();
-    void *sock = zps_wire_socket(ctx, ZMQ_DEALER, 5000);
-    ck_assert_int_eq(zmq_connect(sock, endpoint), 0);
-    Zps__Header h;
-    zps_wire_header_init(&h, ZPS__MSG_TYPE__STATUS);
-    ck_assert_int_eq(zps_wire_send(sock, NULL, &h, NULL, 0, NULL), ZPS_OK);
     zps_wire_msg m;
-    ck_assert_int_eq(zps_wire_recv(sock, false, &m), ZPS_OK);
-    ck_assert_ptr_nonnull(m.hdr->status);
+    zps_procs_status(endpoint, &m);
     job_status st = {.step = m.hdr->status->step, .evictions = m.hdr->status->evictions};
     for (size_t i = 0; i < m.hdr->status->n_members; i++) {
         st.live += m.hdr->status->members[i]->live;
     }
     zps_wire_msg_fini(&m);
-    int zero = 0;
-    zmq_setsockopt(sock, ZMQ_LINGER, &zero, sizeof zero);
-    zmq_close(sock);
-    zmq_ctx_term(ctx);
     return st;
 }
 
@@ -123,13 +111,8 @@ static float *s_check_close(zps_procs *ps, const char *name, const float *ref, s
 {
     char file[64];
     snprintf(file, sizeof file, "%s.bin", name);
-    float *p;
-    ck_assert_uint_eq(zps_read_floats(zps_procs_path(ps, file), &p), n);
-    double d = 0;
-    for (size_t i = 0; i < n; i++) {
-        double e = fabs((double)p[i] - ref[i]);
-        d = e > d || isnan(e) ? e : d;
-    }
+    float *p = zps_procs_load_params(ps, file, n);
+    double d = zps_max_abs_diff(p, ref, n);
     fprintf(stderr, "%s: max |uninterrupted - %s| = %.3g\n", ps->dir, name, d);
     ck_assert_msg(d <= 1e-4, "%s ends %.3g from the uninterrupted run", name, d);
     return p;

@@ -6,7 +6,6 @@
  *
  * ZPS_TEST_GPU_DEVICE=cpu stands the CPU in for the GPU in the mixed run:
  * it checks the test itself on a machine without a GPU. */
-#include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -134,24 +133,6 @@ static void s_train(zps_procs *ps, const char *tag, const char *const *devices, 
     ck_assert_msg(zps_procs_wait(ps, server, 30000) == 0, "%s server failed", tag);
 }
 
-static float *s_load(zps_procs *ps, const char *name, size_t want)
-{
-    float *p;
-    size_t n = zps_read_floats(zps_procs_path(ps, name), &p);
-    ck_assert_msg(n == want, "%s holds %zu floats, the model has %zu", name, n, want);
-    return p;
-}
-
-static double s_max_abs_diff(const float *a, const float *b, size_t n)
-{
-    double m = 0;
-    for (size_t i = 0; i < n; i++) {
-        double d = fabs((double)a[i] - b[i]);
-        m = d > m || isnan(d) ? d : m;
-    }
-    return m;
-}
-
 START_TEST(test_gpu_mixed_cpu_gpu_job_equals_single_process)
 {
     zps_procs ps;
@@ -170,16 +151,16 @@ START_TEST(test_gpu_mixed_cpu_gpu_job_equals_single_process)
     s_train(&ps, "single", single, 1);
     s_train(&ps, "mixed", mixed, 2);
     s_train(&ps, "gpu", gpus, 1);
-    float *ref = s_load(&ps, "single-w0.bin", spec.n_params);
-    float *w0 = s_load(&ps, "mixed-w0.bin", spec.n_params);
-    float *w1 = s_load(&ps, "mixed-w1.bin", spec.n_params);
-    float *g = s_load(&ps, "gpu-w0.bin", spec.n_params);
+    float *ref = zps_procs_load_params(&ps, "single-w0.bin", spec.n_params);
+    float *w0 = zps_procs_load_params(&ps, "mixed-w0.bin", spec.n_params);
+    float *w1 = zps_procs_load_params(&ps, "mixed-w1.bin", spec.n_params);
+    float *g = zps_procs_load_params(&ps, "gpu-w0.bin", spec.n_params);
     float *init = malloc(spec.n_params * sizeof(float));
     ck_assert_ptr_nonnull(init);
     zps_model_init_params(&spec, 3, init);
-    ck_assert_double_gt(s_max_abs_diff(ref, init, spec.n_params), 1e-2); // it trained
-    double dm = s_max_abs_diff(ref, w0, spec.n_params);
-    double dg = s_max_abs_diff(ref, g, spec.n_params);
+    ck_assert_double_gt(zps_max_abs_diff(ref, init, spec.n_params), 1e-2); // it trained
+    double dm = zps_max_abs_diff(ref, w0, spec.n_params);
+    double dg = zps_max_abs_diff(ref, g, spec.n_params);
     fprintf(stderr, "gpu: after %s steps, max |single cpu - cpu+gpu| = %.3g, "
                     "max |single cpu - single gpu| = %.3g\n", STEPS, dm, dg);
     ck_assert_msg(dm <= 1e-4, "cpu+gpu: max abs difference %.3g > 1e-4", dm);

@@ -1,7 +1,6 @@
 /* check_stragglers.c - a slowed worker is seen, and the run adapts to it
  * without changing what is computed. Real processes on loopback. */
 #include <jansson.h>
-#include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -28,14 +27,8 @@ typedef struct view {
 // STATUS, looking at the member whose pid is `pid`.
 static view s_view(const char *endpoint, pid_t pid)
 {
-    void *ctx = zmq_ctx_new();
-    void *sock = zps_wire_socket(ctx, ZMQ_DEALER, 5000);
-    ck_assert_int_eq(zmq_connect(sock, endpoint), 0);
-    Zps__Header h;
-    zps_wire_header_init(&h, ZPS__MSG_TYPE__STATUS);
-    ck_assert_int_eq(zps_wire_send(sock, NULL, &h, NULL, 0, NULL), ZPS_OK);
     zps_wire_msg m;
-    ck_assert_int_eq(zps_wire_recv(sock, false, &m), ZPS_OK);
+    zps_procs_status(endpoint, &m);
     view v = {.step = m.hdr->status->step};
     for (size_t i = 0; i < m.hdr->status->n_members; i++) {
         const Zps__Member *mem = m.hdr->status->members[i];
@@ -45,10 +38,6 @@ static view s_view(const char *endpoint, pid_t pid)
         }
     }
     zps_wire_msg_fini(&m);
-    int zero = 0;
-    zmq_setsockopt(sock, ZMQ_LINGER, &zero, sizeof zero);
-    zmq_close(sock);
-    zmq_ctx_term(ctx);
     return v;
 }
 

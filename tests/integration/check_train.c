@@ -1,7 +1,6 @@
 /* check_train.c - the promise: W workers with any split of the global batch
  * end with the parameters of one process training on the whole batch, and
  * every worker holds the same bits. Real server and worker processes. */
-#include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -69,24 +68,6 @@ static int s_train(zps_procs *ps, const run *r)
     return ok;
 }
 
-static float *s_load(zps_procs *ps, const char *name, size_t want)
-{
-    float *p;
-    size_t n = zps_read_floats(zps_procs_path(ps, name), &p);
-    ck_assert_msg(n == want, "%s holds %zu floats, the model has %zu", name, n, want);
-    return p;
-}
-
-static double s_max_abs_diff(const float *a, const float *b, size_t n)
-{
-    double m = 0;
-    for (size_t i = 0; i < n; i++) {
-        double d = fabs((double)a[i] - b[i]);
-        m = d > m || isnan(d) ? d : m;
-    }
-    return m;
-}
-
 // One process, batch 64, against two workers splitting it as given.
 static void s_check_split(const char *a, const char *b)
 {
@@ -99,14 +80,14 @@ static void s_check_split(const char *a, const char *b)
     ck_assert_int_eq(s_train(&ps, &single), 1);
     ck_assert_int_eq(s_train(&ps, &split), 2);
 
-    float *ref = s_load(&ps, "single-w0.bin", spec.n_params);
-    float *w0 = s_load(&ps, "split-w0.bin", spec.n_params);
-    float *w1 = s_load(&ps, "split-w1.bin", spec.n_params);
+    float *ref = zps_procs_load_params(&ps, "single-w0.bin", spec.n_params);
+    float *w0 = zps_procs_load_params(&ps, "split-w0.bin", spec.n_params);
+    float *w1 = zps_procs_load_params(&ps, "split-w1.bin", spec.n_params);
     float *init = malloc(spec.n_params * sizeof(float));
     zps_model_init_params(&spec, 3, init);
     // The run trained: otherwise equality would prove nothing.
-    ck_assert_double_gt(s_max_abs_diff(ref, init, spec.n_params), 1e-2);
-    double d = s_max_abs_diff(ref, w0, spec.n_params);
+    ck_assert_double_gt(zps_max_abs_diff(ref, init, spec.n_params), 1e-2);
+    double d = zps_max_abs_diff(ref, w0, spec.n_params);
     fprintf(stderr, "split %s+%s: max |single - split| = %.3g\n", a, b, d);
     ck_assert_msg(d <= 1e-5, "max abs difference %.3g > 1e-5", d);
     ck_assert_msg(memcmp(w0, w1, spec.n_params * sizeof(float)) == 0,
@@ -138,11 +119,11 @@ START_TEST(test_train_three_workers_hold_bitwise_identical_parameters)
     ck_assert_int_eq(zps_model_parse(MODEL, &spec), ZPS_OK);
     run three = {.tag = "three", .batch = "64", .workers = 3}; // 64 = 22 + 21 + 21
     ck_assert_int_eq(s_train(&ps, &three), 3);
-    float *w0 = s_load(&ps, "three-w0.bin", spec.n_params);
+    float *w0 = zps_procs_load_params(&ps, "three-w0.bin", spec.n_params);
     for (int i = 1; i < 3; i++) {
         char name[32];
         snprintf(name, sizeof name, "three-w%d.bin", i);
-        float *wi = s_load(&ps, name, spec.n_params);
+        float *wi = zps_procs_load_params(&ps, name, spec.n_params);
         ck_assert_msg(memcmp(w0, wi, spec.n_params * sizeof(float)) == 0,
                       "worker %d differs from worker 0", i);
         free(wi);
@@ -185,7 +166,7 @@ START_TEST(test_train_one_two_three_shards_give_identical_bits)
         ck_assert_int_eq(s_train(&ps, &r), 2);
         char name[32];
         snprintf(name, sizeof name, "%s-w1.bin", tags[s]);
-        p[s] = s_load(&ps, name, spec.n_params);
+        p[s] = zps_procs_load_params(&ps, name, spec.n_params);
     }
     ck_assert_msg(memcmp(p[0], p[1], spec.n_params * sizeof(float)) == 0, "1 and 2 shards differ");
     ck_assert_msg(memcmp(p[0], p[2], spec.n_params * sizeof(float)) == 0, "1 and 3 shards differ");
@@ -209,12 +190,12 @@ START_TEST(test_train_bf16_wire_stays_close_to_fp32)
     ck_assert_int_eq(s_train(&ps, &f32), 2);
     ck_assert_int_eq(s_train(&ps, &b16), 2);
     ck_assert_int_eq(s_train(&ps, &f16), 2);
-    float *a = s_load(&ps, "f32-w0.bin", spec.n_params);
-    float *b = s_load(&ps, "b16-w0.bin", spec.n_params);
-    float *c = s_load(&ps, "b16-w1.bin", spec.n_params);
-    float *h = s_load(&ps, "f16-w0.bin", spec.n_params);
+    float *a = zps_procs_load_params(&ps, "f32-w0.bin", spec.n_params);
+    float *b = zps_procs_load_params(&ps, "b16-w0.bin", spec.n_params);
+    float *c = zps_procs_load_params(&ps, "b16-w1.bin", spec.n_params);
+    float *h = zps_procs_load_params(&ps, "f16-w0.bin", spec.n_params);
     ck_assert_msg(memcmp(b, c, spec.n_params * sizeof(float)) == 0, "bf16 workers differ");
-    double db = s_max_abs_diff(a, b, spec.n_params), dh = s_max_abs_diff(a, h, spec.n_params);
+    double db = zps_max_abs_diff(a, b, spec.n_params), dh = zps_max_abs_diff(a, h, spec.n_params);
     fprintf(stderr, "after 50 steps: max |fp32 - bf16| = %.3g, max |fp32 - fp16| = %.3g\n", db,
             dh);
     ck_assert_double_gt(db, 0);  // the wire really carried 16 bits

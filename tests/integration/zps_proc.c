@@ -208,21 +208,47 @@ size_t zps_read_floats(const char *path, float **out)
     return n;
 }
 
-double zps_procs_params_diff(const zps_procs *ps, const char *a, const char *b, size_t n)
+float *zps_procs_load_params(const zps_procs *ps, const char *name, size_t n)
 {
-    float *x, *y;
-    ck_assert_msg(zps_read_floats(zps_procs_path(ps, a), &x) == n, "%s/%s: not %zu floats",
-                  ps->dir, a, n);
-    ck_assert_msg(zps_read_floats(zps_procs_path(ps, b), &y) == n, "%s/%s: not %zu floats",
-                  ps->dir, b, n);
+    float *p;
+    size_t got = zps_read_floats(zps_procs_path(ps, name), &p);
+    ck_assert_msg(got == n, "%s/%s holds %zu floats, the model has %zu", ps->dir, name, got, n);
+    return p;
+}
+
+double zps_max_abs_diff(const float *a, const float *b, size_t n)
+{
     double d = 0;
     for (size_t i = 0; i < n; i++) {
-        double e = fabs((double)x[i] - y[i]);
-        d = e > d || isnan(e) ? e : d; // a NaN makes it NaN: no bound holds
+        double e = fabs((double)a[i] - b[i]);
+        d = e > d || isnan(e) ? e : d;
     }
+    return d;
+}
+
+double zps_procs_params_diff(const zps_procs *ps, const char *a, const char *b, size_t n)
+{
+    float *x = zps_procs_load_params(ps, a, n), *y = zps_procs_load_params(ps, b, n);
+    double d = zps_max_abs_diff(x, y, n);
     free(x);
     free(y);
     return d;
+}
+
+void zps_procs_status(const char *endpoint, zps_wire_msg *m)
+{
+    void *ctx = zmq_ctx_new();
+    void *sock = zps_wire_socket(ctx, ZMQ_DEALER, 5000);
+    ck_assert_int_eq(zmq_connect(sock, endpoint), 0);
+    Zps__Header h;
+    zps_wire_header_init(&h, ZPS__MSG_TYPE__STATUS);
+    ck_assert_int_eq(zps_wire_send(sock, NULL, &h, NULL, 0, NULL), ZPS_OK);
+    ck_assert_int_eq(zps_wire_recv(sock, false, m), ZPS_OK);
+    ck_assert_ptr_nonnull(m->hdr->status);
+    int zero = 0;
+    zmq_setsockopt(sock, ZMQ_LINGER, &zero, sizeof zero);
+    zmq_close(sock);
+    zmq_ctx_term(ctx);
 }
 
 bool zps_procs_log_has(const zps_procs *ps, const char *log, const char *text)

@@ -7,6 +7,8 @@
 #include <stddef.h>
 #include <sys/types.h>
 
+#include "common/zps_wire.h"
+
 #define ZPS_PROC_MAX 16
 
 // The processes one test started; zps_procs_kill_all reaps them all.
@@ -42,6 +44,10 @@ bool zps_proc_alive(pid_t pid);
 // Runs a shell command line with a bound; returns its exit status or -1.
 int zps_procs_sh(zps_procs *ps, const char *cmdline, const char *log, int timeout_ms);
 
+// Asks the server at endpoint for STATUS (bounded, 5 s) into m; fails the
+// test without an answer. The caller reads m->hdr->status, then finishes m.
+void zps_procs_status(const char *endpoint, zps_wire_msg *m);
+
 // A TCP port on 127.0.0.1 that was free a moment ago (for a server that
 // must come back on the same address after a restart).
 int zps_free_port(void);
@@ -51,8 +57,12 @@ const char *zps_procs_path(const zps_procs *ps, const char *name);
 
 // Reads a file of floats; returns how many, or 0 on error. Caller frees *out.
 size_t zps_read_floats(const char *path, float **out);
-// max |a[i] - b[i]| of two files of n floats under the scratch directory
-// (NaN if either holds one); fails the test if either is not n floats.
+// The file of n floats (saved parameters) under the scratch directory;
+// fails the test if it holds another count. Caller frees.
+float *zps_procs_load_params(const zps_procs *ps, const char *name, size_t n);
+// max |a[i] - b[i]| (NaN if either holds a NaN: no bound holds then).
+double zps_max_abs_diff(const float *a, const float *b, size_t n);
+// zps_max_abs_diff of two such files.
 double zps_procs_params_diff(const zps_procs *ps, const char *a, const char *b, size_t n);
 // True if the log file under the scratch directory has a line with text.
 bool zps_procs_log_has(const zps_procs *ps, const char *log, const char *text);
