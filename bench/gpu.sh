@@ -21,6 +21,10 @@
 # A failed stage is reported and the script goes on; it exits non-zero if
 # any stage failed.
 #
+# PREBUILT=1: no install and no build here; use bin/ and build/tests/ from
+# bench/gpu-bundle.sh (a machine that cannot install Debian's packages),
+# with its libraries (.gpu/lib) and data set (.gpu/fashion-mnist).
+#
 # Knobs, for a dry run of the script itself on a machine without a GPU
 # (DEVICE=cpu WIDE_MODEL=mlp:512-512-512-10 WIDE_BATCH=128 EPOCHS=1):
 # DEVICE (cuda), WIDE_MODEL, WIDE_BATCH (1024), WIDE_STEPS (15), EPOCHS (10).
@@ -93,22 +97,37 @@ esac
 say "    GPU: $gpu_name; assumed peak: fp32 ${peak_fp32:-?} TFLOP/s, tf32 ${peak_tf32:-?} TFLOP/s (dense, data sheet)"
 
 say ""
-say "== build (make CUDA=1)"
-# Missing Debian packages (and the Fashion-MNIST package) if the machine
-# can reach a mirror; a machine that cannot goes on with what it has.
-if ! timeout "$(allow 45)" bash deploy/install-deps.sh >"$run/deps.log" 2>&1; then
-  say "    install-deps failed or timed out (offline?); going on with what is installed:"
-  tail -n 3 "$run/deps.log" | sed 's/^/    /' >>"$results"
-fi
-t0=$SECONDS
-if timeout "$(allow 150)" make -j"$(nproc)" CUDA=1 all build/tests/check_unit \
-    build/tests/check_integration >"$run/build.log" 2>&1; then
-  say "    built in $((SECONDS - t0)) s: $(cd bin && echo *)"
+if [ "${PREBUILT:-0}" = 1 ]; then
+  say "== build: PREBUILT=1, carried from bench/gpu-bundle.sh (commit $(cut -c1-12 .gpu/commit 2>/dev/null))"
+  for f in bin/zps-server bin/zps-worker bin/libzps_cuda.so build/tests/check_unit \
+      build/tests/check_integration; do
+    [ -f "$f" ] || { say "    missing $f: unpack the bundle first"; say "== gpu.sh: FAILED: build"; exit 1; }
+  done
+  export LD_LIBRARY_PATH=$PWD/.gpu/lib:$CUDA_HOME/lib64${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}
+  export ZPS_CUDA_PLUGIN=$PWD/bin/libzps_cuda.so
+  if [ ! -d /usr/share/datasets/fashion-mnist ] && [ -d .gpu/fashion-mnist ]; then
+    if ! { mkdir -p /usr/share/datasets && cp -r .gpu/fashion-mnist /usr/share/datasets/; } 2>/dev/null; then
+      say "    could not place .gpu/fashion-mnist in /usr/share/datasets"
+    fi
+  fi
 else
-  say "    BUILD FAILED after $((SECONDS - t0)) s; the end of its log:"
-  tail -n 25 "$run/build.log" | sed 's/^/    /' >>"$results"
-  say "== gpu.sh: FAILED: build"
-  exit 1
+  say "== build (make CUDA=1)"
+  # Missing Debian packages (and the Fashion-MNIST package) if the machine
+  # can reach a mirror; a machine that cannot goes on with what it has.
+  if ! timeout "$(allow 45)" bash deploy/install-deps.sh >"$run/deps.log" 2>&1; then
+    say "    install-deps failed or timed out (offline?); going on with what is installed:"
+    tail -n 3 "$run/deps.log" | sed 's/^/    /' >>"$results"
+  fi
+  t0=$SECONDS
+  if timeout "$(allow 150)" make -j"$(nproc)" CUDA=1 all build/tests/check_unit \
+      build/tests/check_integration >"$run/build.log" 2>&1; then
+    say "    built in $((SECONDS - t0)) s: $(cd bin && echo *)"
+  else
+    say "    BUILD FAILED after $((SECONDS - t0)) s; the end of its log:"
+    tail -n 25 "$run/build.log" | sed 's/^/    /' >>"$results"
+    say "== gpu.sh: FAILED: build"
+    exit 1
+  fi
 fi
 if ! bin/zps-worker --check-device --device "$DEVICE" >"$run/check.log" 2>&1; then
   say "    zps-worker --check-device --device $DEVICE: no usable GPU:"

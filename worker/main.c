@@ -8,6 +8,8 @@
 #include <cblas.h>
 #include <errno.h>
 #include <getopt.h>
+#include <inttypes.h>
+#include <limits.h>
 #include <math.h>
 #include <signal.h>
 #include <time.h>
@@ -55,6 +57,8 @@ typedef struct s_opts {
     double slowdown;          // fault injection: compute takes this many times longer
     double stall_prob;        // fault injection: chance of a pause per step
     int stall_ms;             // fault injection: length of a pause
+    uint64_t stall_seed;      // fault injection: draws which steps pause
+    bool stall_seed_set;      // --stall-seed given (else the pid draws)
     const char *pid_file;     // for supervisors, or NULL
 } s_opts;
 
@@ -97,7 +101,8 @@ typedef struct s_worker {
     double data_ms;                               // its data time
     zps_err push_err;                             // first failed push of the step
     uint64_t rollback_to;                         // step to start over from after a ROLLBACK
-    zps_rng fault_rng;                            // draws the injected pauses
+    uint64_t fault_seed;                          // draws the injected pauses, with the step
+    uint64_t fault_step;                          // the step they were last drawn for
     double last_compute_ms;                       // the last slice's own compute time
     double sum_data_ms, sum_compute_ms, sum_wait_ms; // per-step phases, summed
     uint64_t timed_steps;                         // steps in those sums
@@ -681,15 +686,24 @@ static void s_sleep_ms(double ms)
 }
 
 // Fault injection for tests and demos (--slowdown, --stall-prob): the
-// pause comes before the compute, so a slowed worker pushes late.
-static void s_inject_faults(s_worker *w)
+// pause comes before the compute, so a slowed worker pushes late. Whether
+// a step pauses is drawn from the seed and the step alone, once a step, so
+// two runs with one --stall-seed pause at the same steps however many
+// pieces speculation hands out; the log names each pause's step.
+static void s_inject_faults(s_worker *w, uint64_t step)
 {
     if (w->opts.slowdown > 1.0) {
         // Slowed by the factor: wait (factor - 1) times the last compute.
         s_sleep_ms((w->opts.slowdown - 1.0) * w->last_compute_ms);
     }
-    if (w->opts.stall_prob > 0 && zps_rng_uniform(&w->fault_rng) < w->opts.stall_prob) {
-        zps_log_debug("injected stall of %d ms", w->opts.stall_ms);
+    if (w->opts.stall_prob <= 0 || step == w->fault_step) {
+        return;
+    }
+    w->fault_step = step;
+    zps_rng rng;
+    zps_rng_seed(&rng, w->fault_seed, step);
+    if (zps_rng_uniform(&rng) < w->opts.stall_prob) {
+        zps_log_info("step %" PRIu64 ": injected stall of %d ms", step, w->opts.stall_ms);
         s_sleep_ms(w->opts.stall_ms);
     }
 }
@@ -720,7 +734,7 @@ static zps_err s_compute(s_worker *w, uint64_t step, zps_work work)
     double t1 = zps_clock_ms();
     w->data_ms = t1 - w->step_t0;
     float loss;
-    s_inject_faults(w);
+    s_inject_faults(w, step);
     double tc = zps_clock_ms();
     err = zps_backend_train_step(w->be, w->x, w->labels, work.count, &loss);
     w->last_compute_ms = zps_clock_ms() - tc;
@@ -857,6 +871,7 @@ static void s_usage(FILE *f)
             "  --heartbeat-ms MS       heartbeat interval to the coordinator (default 1000)\n"
             "  --slowdown F            fault injection: compute takes F times longer\n"
             "  --stall-prob P --stall-ms M  fault injection: pause M ms with chance P a step\n"
+            "  --stall-seed N          fault injection: which steps pause (default: from the pid)\n"
             "  --curve-secret FILE     CurveZMQ: this worker's secret key (zps-ctl keygen)\n"
             "  --server-key FILE       CurveZMQ: the servers' public key\n"
             "  --log-level LEVEL       debug, info, warn, error (default info)\n"
@@ -883,7 +898,7 @@ static bool s_parse_real(const char *flag, const char *text, double lo, double h
 static bool s_parse_opts(int argc, char **argv, s_opts *o, char *cache_buf, size_t cache_len)
 {
     enum { O_COORD = 256, O_DEVICE, O_SHARE, O_SAVE, O_THREADS, O_CACHE, O_TIMEOUT, O_JOIN,
-           O_NO_OVERLAP, O_HEARTBEAT, O_CURVE_SECRET, O_SERVER_KEY, O_SLOWDOWN, O_STALL_PROB,
+           O_NO_OVERLAP, O_HEARTBEAT, O_CURVE_SECRET, O_SERVER_KEY, O_SLOWDOWN, O_STALL_PROB, O_STALL_SEED,
            O_STALL_MS, O_LOG, O_LOG_JSON, O_PID_FILE, O_GPU_MATH, O_CHECK_DEVICE, O_HELP };
     static const struct option longopts[] = {
         {"coordinator", required_argument, 0, O_COORD},
@@ -903,6 +918,7 @@ static bool s_parse_opts(int argc, char **argv, s_opts *o, char *cache_buf, size
         {"slowdown", required_argument, 0, O_SLOWDOWN},
         {"stall-prob", required_argument, 0, O_STALL_PROB},
         {"stall-ms", required_argument, 0, O_STALL_MS},
+        {"stall-seed", required_argument, 0, O_STALL_SEED},
         {"log-level", required_argument, 0, O_LOG},
         {"log-json", no_argument, 0, O_LOG_JSON},
         {"pid-file", required_argument, 0, O_PID_FILE},
@@ -944,6 +960,11 @@ static bool s_parse_opts(int argc, char **argv, s_opts *o, char *cache_buf, size
         case O_STALL_MS:
             ok = s_parse_int("--stall-ms", optarg, 0, 3600000, &v);
             o->stall_ms = (int)v;
+            break;
+        case O_STALL_SEED:
+            ok = s_parse_int("--stall-seed", optarg, 0, LONG_MAX, &v);
+            o->stall_seed = (uint64_t)v;
+            o->stall_seed_set = true;
             break;
         case O_HEARTBEAT:
             ok = s_parse_int("--heartbeat-ms", optarg, 10, 3600000, &v);
@@ -1043,7 +1064,8 @@ int main(int argc, char **argv)
     (void)sigaction(SIGTERM, &sa, NULL);
     (void)sigaction(SIGINT, &sa, NULL);
     openblas_set_num_threads(w.opts.threads);
-    zps_rng_seed(&w.fault_rng, (uint64_t)getpid(), 0x5ea11);
+    w.fault_seed = w.opts.stall_seed_set ? w.opts.stall_seed : (uint64_t)getpid();
+    w.fault_step = UINT64_MAX;
     w.ctx = zmq_ctx_new();
     s_shard_conn *coord = &w.shards[0];
     snprintf(coord->endpoint, sizeof coord->endpoint, "%s", w.opts.coordinator);

@@ -216,13 +216,15 @@ START_TEST(test_stragglers_slowed_worker_flagged_and_split_adapts_same_math)
 }
 END_TEST
 
-// 3 workers, one pausing 50 ms (5 median steps) with chance 0.1 a step;
+// 3 workers on batch 96 for STEPS steps; rank 0 pauses stall_ms at the
+// steps that --stall-seed 11 draws with chance 0.1 (none if stall_ms is 0),
 // with --speculate-after X, or without speculation if X is NULL.
-static void s_stall_run(zps_procs *ps, const char *tag, const char *speculate)
+static void s_stall_run(zps_procs *ps, const char *tag, int stall_ms, const char *speculate)
 {
-    char metrics[64], server[64], names[3][32];
+    char metrics[64], server[64], names[3][32], ms[16];
     snprintf(metrics, sizeof metrics, "%s.jsonl", tag);
     snprintf(server, sizeof server, "%s-server", tag);
+    snprintf(ms, sizeof ms, "%d", stall_ms);
     const char *args[] = {"--workers", "3", "--global-batch", "96", "--steps", STEPS,
                           "--model", MODEL, "--seed", "5", "--lr", "0.02", "--metrics-log",
                           zps_procs_path(ps, metrics), speculate ? "--speculate-after" : NULL,
@@ -235,9 +237,10 @@ static void s_stall_run(zps_procs *ps, const char *tag, const char *speculate)
         snprintf(names[i], sizeof names[i], "%s-w%d", tag, i);
         snprintf(out, sizeof out, "%s.bin", names[i]);
         snprintf(log, sizeof log, "%s.log", names[i]);
+        bool stalls = i == 0 && stall_ms > 0;
         const char *wargs[] = {"--coordinator", ep, "--save-params", zps_procs_path(ps, out),
-                               "--cache-dir", ZPS_TEST_CACHE, i == 0 ? "--stall-prob" : NULL,
-                               "0.1", "--stall-ms", "50", NULL};
+                               "--cache-dir", ZPS_TEST_CACHE, stalls ? "--stall-prob" : NULL,
+                               "0.1", "--stall-ms", ms, "--stall-seed", "11", NULL};
         w[i] = zps_procs_start(ps, "zps-worker", log, wargs);
     }
     for (int i = 0; i < 3; i++) {
@@ -246,27 +249,103 @@ static void s_stall_run(zps_procs *ps, const char *tag, const char *speculate)
     ck_assert_int_eq(zps_procs_wait(ps, s, 30000), 0);
 }
 
-// Random pauses of one worker: speculation hands its late slices to the
-// others, which cuts the slow tail of the step times, and the parameters
-// are those of the run without speculation. The target of the issue, p95
-// within 1.5 x the median, is printed, not asserted: on 2 shared cores a
-// run without any pause already has a p95 of 1.2-1.45 x its median
-// (bench/speculate.sh measures it).
+// The steps >= from that a worker's log says it paused at, in order.
+static size_t s_stalled_steps(zps_procs *ps, const char *log, uint64_t from, uint64_t *out,
+                              size_t max)
+{
+    FILE *f = fopen(zps_procs_path(ps, log), "r");
+    ck_assert_ptr_nonnull(f);
+    char line[1024];
+    size_t n = 0;
+    while (fgets(line, sizeof line, f) && n < max) {
+        const char *p = strstr(line, ": step ");
+        unsigned long long step;
+        if (p && strstr(p, "injected stall") && sscanf(p, ": step %llu:", &step) == 1 &&
+            step >= from) {
+            out[n++] = step;
+        }
+    }
+    fclose(f);
+    return n;
+}
+
+// The median step time of the given steps in a metrics log.
+static double s_median_of_steps(zps_procs *ps, const char *log, const uint64_t *steps, size_t n)
+{
+    double ms[64];
+    size_t found = 0;
+    FILE *f = fopen(zps_procs_path(ps, log), "r");
+    ck_assert_ptr_nonnull(f);
+    char line[4096];
+    unsigned long long step;
+    double v;
+    while (fgets(line, sizeof line, f) && found < 64) {
+        const char *p = strstr(line, "\"step_ms\":");
+        if (sscanf(line, "{\"step\":%llu", &step) != 1 || !p || sscanf(p, "\"step_ms\":%lf", &v) != 1) {
+            continue;
+        }
+        for (size_t i = 0; i < n; i++) {
+            if (steps[i] == step) {
+                ms[found++] = v;
+                break;
+            }
+        }
+    }
+    fclose(f);
+    ck_assert_uint_eq(found, n);
+    qsort(ms, found, sizeof ms[0], s_cmp_double);
+    return ms[found / 2];
+}
+
+// Random pauses of one worker (P = 0.1, M = 5 x the median step, as the
+// issue has it): without speculation a paused step lasts about M, since it
+// cannot end before the paused worker pushes; with it, the others compute
+// the late slice and the step ends long before M. The assertion is on the
+// paused steps themselves (each worker log names them), so it does not
+// hang on how noisy the other steps are; the parameters are
+// those of the run without speculation. The issue's target, p95 within
+// 1.5 x the median, is printed, not asserted: on 2 shared cores a run with
+// no pause at all has a p95 of 1.2-1.45 x its median.
 START_TEST(test_stragglers_speculation_cuts_the_tail_of_random_stalls_same_math)
 {
     zps_procs ps;
     zps_procs_init(&ps, "speculate");
-    s_stall_run(&ps, "plain", NULL);
-    s_stall_run(&ps, "spec", "0.25");
+    // M from this machine's median step now: a sanitized or loaded build's
+    // steps are 2-3 x longer, and a fixed M would be less than 5 of them.
+    s_stall_run(&ps, "calm", 0, NULL);
+    double m = s_median_step(&ps, "calm.jsonl", 10);
+    int stall_ms = (int)(5.0 * m + 0.5);
+    stall_ms = stall_ms < 30 ? 30 : stall_ms > 1000 ? 1000 : stall_ms;
+    s_stall_run(&ps, "plain", stall_ms, NULL);
+    s_stall_run(&ps, "spec", stall_ms, "0.25");
+
+    uint64_t st0[64], st1[64];
+    size_t n0 = s_stalled_steps(&ps, "plain-w0.log", 10, st0, 64);
+    size_t n1 = s_stalled_steps(&ps, "spec-w0.log", 10, st1, 64);
+    // Without speculation rank 0 computes every step, so the seed fixes
+    // its pauses (9 of steps 10-79); with it, rank 0 skips the steps the
+    // others covered while it paused, and pauses at fewer.
+    ck_assert_uint_ge(n0, 4);
+    ck_assert_uint_ge(n1, 2);
+    double s0 = s_median_of_steps(&ps, "plain.jsonl", st0, n0);
+    double s1 = s_median_of_steps(&ps, "spec.jsonl", st1, n1);
     double m0 = s_step_quantile(&ps, "plain.jsonl", 10, 0.5);
     double p0 = s_step_quantile(&ps, "plain.jsonl", 10, 0.95);
     double m1 = s_step_quantile(&ps, "spec.jsonl", 10, 0.5);
     double p1 = s_step_quantile(&ps, "spec.jsonl", 10, 0.95);
+    fprintf(stderr, "random stalls of %d ms (5 x the median step %.2f ms): at %zu steps, "
+                    "those steps took %.2f ms without speculation; at %zu steps, %.2f ms with it "
+                    "(medians)\n",
+            stall_ms, m, n0, s0, n1, s1);
     fprintf(stderr, "random stalls: median %.2f ms, p95 %.2f ms (%.2fx) without speculation; "
                     "median %.2f ms, p95 %.2f ms (%.2fx) with it\n",
             m0, p0, p0 / m0, m1, p1, p1 / m1);
-    ck_assert_msg(p1 <= 0.7 * p0, "speculation did not cut the p95 step time: %.2f -> %.2f ms",
-                  p0, p1);
+    fprintf(stderr, "SKIPPED: p95 within 1.5 x the median with speculation: printed above, not "
+                    "asserted (a run with no pause already has 1.2-1.45 x here)\n");
+    ck_assert_msg(s0 >= 0.6 * stall_ms, "paused steps took %.2f ms without speculation, less "
+                  "than the %d ms pause: the pauses did not hold the steps back", s0, stall_ms);
+    ck_assert_msg(s1 <= 0.5 * s0, "speculation did not cut the paused steps: %.2f -> %.2f ms",
+                  s0, s1);
     zps_model_spec spec;
     ck_assert_int_eq(zps_model_parse(MODEL, &spec), ZPS_OK);
     double d = zps_procs_params_diff(&ps, "plain-w1.bin", "spec-w1.bin", spec.n_params);

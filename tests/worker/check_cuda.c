@@ -118,6 +118,20 @@ static double s_rel_diff(const float *a, const float *b, size_t lo, size_t hi)
     return d / (scale > 0.0 ? scale : 1.0);
 }
 
+// ||a - b|| / ||b|| over [lo, hi): the measure for tensor-core math, where
+// a ReLU that flips on a pre-activation within rounding of zero moves a
+// whole column of dW, so the largest single difference says little.
+static double s_rel_norm_diff(const float *a, const float *b, size_t lo, size_t hi)
+{
+    double d = 0.0, r = 0.0;
+    for (size_t i = lo; i < hi; i++) {
+        double e = (double)a[i] - b[i];
+        d += e * e;
+        r += (double)b[i] * b[i];
+    }
+    return isnan(d) ? d : sqrt(d) / (r > 0.0 ? sqrt(r) : 1.0);
+}
+
 // ---------------------------------------------------------------- everywhere
 
 START_TEST(test_cuda_device_strings_parse)
@@ -262,8 +276,10 @@ static void s_on_bucket(void *arg, int bucket)
 
 // The GPU and the CPU on the same batch and parameters: loss, every
 // layer's gradient and the evaluation agree; hooks come in bucket order
-// with the loss already known.
-static void s_check_against_cpu(uint32_t n, zps_gpu_math math, double tol)
+// with the loss already known. fp32 compares each layer's largest
+// difference against its largest gradient; tensor-core math the norms
+// (s_rel_norm_diff). grad_tol bounds the gradients, loss_tol the losses.
+static void s_check_against_cpu(uint32_t n, zps_gpu_math math, double grad_tol, double loss_tol)
 {
     zps_model_spec spec;
     zps_backend *cpu = s_new("cpu", ZPS_GPU_MATH_FP32, WIDE_MODEL, 128, &spec);
@@ -287,18 +303,22 @@ static void s_check_against_cpu(uint32_t n, zps_gpu_math math, double tol)
     }
     ck_assert_float_eq(hooks.first_loss, lg);
     double dl = fabs((double)lc - lg) / fabs((double)lc);
-    fprintf(stderr, "gpu vs cpu, n=%u, math %d: loss %.7g vs %.7g (rel %.2g)\n", n, (int)math, lg,
-            lc, dl);
-    ck_assert_msg(dl <= tol, "loss rel diff %g > %g", dl, tol);
+    static const char *const names[] = {"fp32", "tf32", "bf16"};
+    fprintf(stderr, "gpu vs cpu, n=%u, math %s: loss %.7g vs %.7g (rel %.2g)\n", n, names[math],
+            lg, lc, dl);
+    ck_assert_msg(dl <= loss_tol, "loss rel diff %g > %g", dl, loss_tol);
+    const float *gg = zps_backend_grads(gpu), *gc = zps_backend_grads(cpu);
+    bool by_norm = math != ZPS_GPU_MATH_FP32;
     for (int l = 0; l < spec.n_layers; l++) {
         const zps_layer_spec *ls = &spec.layers[l];
-        double dw = s_rel_diff(zps_backend_grads(gpu), zps_backend_grads(cpu), ls->w_off,
-                               ls->b_off);
-        double db = s_rel_diff(zps_backend_grads(gpu), zps_backend_grads(cpu), ls->b_off,
-                               ls->b_off + ls->out);
-        fprintf(stderr, "  layer %d: rel diff dW %.2g, db %.2g\n", l, dw, db);
-        ck_assert_msg(dw <= tol && db <= tol, "layer %d: rel diff dW %g db %g > %g", l, dw, db,
-                      tol);
+        size_t w0 = ls->w_off, b0 = ls->b_off, b1 = ls->b_off + ls->out;
+        double dw = s_rel_diff(gg, gc, w0, b0), db = s_rel_diff(gg, gc, b0, b1);
+        double nw = s_rel_norm_diff(gg, gc, w0, b0), nb = s_rel_norm_diff(gg, gc, b0, b1);
+        fprintf(stderr, "  layer %d: dW max %.2g norm %.2g, db max %.2g norm %.2g\n", l, dw, nw,
+                db, nb);
+        double ew = by_norm ? nw : dw, eb = by_norm ? nb : db;
+        ck_assert_msg(ew <= grad_tol && eb <= grad_tol, "layer %d: %s diff dW %g db %g > %g", l,
+                      by_norm ? "norm" : "max", ew, eb, grad_tol);
     }
 
     // Evaluation in chunks of the max batch (300 = 128 + 128 + 44).
@@ -306,7 +326,7 @@ static void s_check_against_cpu(uint32_t n, zps_gpu_math math, double tol)
     double sc = 0.0, sg = 0.0;
     ck_assert_int_eq(zps_backend_evaluate(cpu, x, labels, 300, &cc, &sc), ZPS_OK);
     ck_assert_int_eq(zps_backend_evaluate(gpu, x, labels, 300, &cg, &sg), ZPS_OK);
-    ck_assert_msg(fabs(sc - sg) <= tol * sc, "eval loss %g vs %g", sg, sc);
+    ck_assert_msg(fabs(sc - sg) <= loss_tol * sc, "eval loss %g vs %g", sg, sc);
     // A near tie may flip one argmax between the two summation orders.
     ck_assert_msg(abs((int)cc - (int)cg) <= (math == ZPS_GPU_MATH_FP32 ? 1 : 6),
                   "correct %u vs %u", cg, cc);
@@ -321,21 +341,24 @@ START_TEST(test_cuda_matches_cpu_on_same_batch)
     if (!s_have_gpu("test_cuda_matches_cpu_on_same_batch")) {
         return;
     }
-    s_check_against_cpu(64, ZPS_GPU_MATH_FP32, 1e-4);
-    s_check_against_cpu(37, ZPS_GPU_MATH_FP32, 1e-4); // not a multiple of anything
-    s_check_against_cpu(128, ZPS_GPU_MATH_FP32, 1e-4);
+    s_check_against_cpu(64, ZPS_GPU_MATH_FP32, 1e-4, 1e-4);
+    s_check_against_cpu(37, ZPS_GPU_MATH_FP32, 1e-4, 1e-4); // not a multiple of anything
+    s_check_against_cpu(128, ZPS_GPU_MATH_FP32, 1e-4, 1e-4);
 }
 END_TEST
 
 // Tensor-core math rounds the GEMM inputs (tf32: 10-bit, bf16: 7-bit
-// mantissa) and accumulates in fp32: the tolerances of the README.
+// mantissa) and accumulates in fp32. bench/tc_emulate.c does the same in C
+// over 12 random models and batches like these: the worst layer's norm
+// difference was 0.035 (tf32) and 0.067 (bf16), a wrong transpose or scale
+// gives about 1; the bounds are about three times the worst.
 START_TEST(test_cuda_tensor_core_math_stays_close)
 {
     if (!s_have_gpu("test_cuda_tensor_core_math_stays_close")) {
         return;
     }
-    s_check_against_cpu(64, ZPS_GPU_MATH_TF32, 1e-2);
-    s_check_against_cpu(64, ZPS_GPU_MATH_BF16, 5e-2);
+    s_check_against_cpu(64, ZPS_GPU_MATH_TF32, 0.1, 1e-3);
+    s_check_against_cpu(64, ZPS_GPU_MATH_BF16, 0.2, 1e-2);
 }
 END_TEST
 
