@@ -9,7 +9,7 @@
 #   3. the default job (MLP 784-512-512-10, Fashion-MNIST, batch 128,
 #      10 epochs) on 2 cuda workers: accuracy, ms/step, network share;
 #   4. a wide MLP, 8192-8192-8192-10 at batch 1024 on synthetic data, one
-#      cuda worker, fp32 then tf32 GEMMs: ms/step, the GEMMs' TFLOP/s
+#      cuda worker, fp32, tf32, then bf16 GEMMs: ms/step, the GEMMs' TFLOP/s
 #      against the card's peak, and the share of a step spent waiting on the
 #      network (pushing gradients and waiting for parameters).
 #
@@ -83,18 +83,18 @@ nvcc=$(command -v nvcc || echo "$CUDA_HOME/bin/nvcc")
 
 # Peak dense TFLOP/s (fp32 | tf32 | bf16 tensor cores) from NVIDIA's data
 # sheets, without sparsity; SXM parts unless named. Assumed, not measured.
-peak_fp32=; peak_tf32=
+peak_fp32=; peak_tf32=; peak_bf16=
 case "$gpu_name" in
-  *H200*NVL*|*H100*NVL*) peak_fp32=60;   peak_tf32=418 ;;
-  *H200*|*H100*SXM*|*H100*HBM3*) peak_fp32=67; peak_tf32=495 ;;  # GH200 too
-  *H100*PCIe*)           peak_fp32=51;   peak_tf32=378 ;;
-  *H100*)                peak_fp32=67;   peak_tf32=495 ;;
-  *A100*)                peak_fp32=19.5; peak_tf32=156 ;;
-  *L40S*)                peak_fp32=91.6; peak_tf32=183 ;;
-  *L4*)                  peak_fp32=30.3; peak_tf32=60 ;;
-  *A10*)                 peak_fp32=31.2; peak_tf32=62.5 ;;
+  *H200*NVL*|*H100*NVL*) peak_fp32=60;   peak_tf32=418;  peak_bf16=835 ;;
+  *H200*|*H100*SXM*|*H100*HBM3*) peak_fp32=67; peak_tf32=495; peak_bf16=989 ;;  # GH200 too
+  *H100*PCIe*)           peak_fp32=51;   peak_tf32=378;  peak_bf16=756 ;;
+  *H100*)                peak_fp32=67;   peak_tf32=495;  peak_bf16=989 ;;
+  *A100*)                peak_fp32=19.5; peak_tf32=156;  peak_bf16=312 ;;
+  *L40S*)                peak_fp32=91.6; peak_tf32=183;  peak_bf16=362 ;;
+  *L4*)                  peak_fp32=30.3; peak_tf32=60;   peak_bf16=121 ;;
+  *A10*)                 peak_fp32=31.2; peak_tf32=62.5; peak_bf16=125 ;;
 esac
-say "    GPU: $gpu_name; assumed peak: fp32 ${peak_fp32:-?} TFLOP/s, tf32 ${peak_tf32:-?} TFLOP/s (dense, data sheet)"
+say "    GPU: $gpu_name; assumed peak: fp32 ${peak_fp32:-?}, tf32 ${peak_tf32:-?}, bf16 ${peak_bf16:-?} TFLOP/s (dense, data sheet)"
 
 say ""
 if [ "${PREBUILT:-0}" = 1 ]; then
@@ -259,6 +259,7 @@ wide() {
 }
 wide wide-fp32 fp32 "$peak_fp32" "$WIDE_STEPS"
 wide wide-tf32 tf32 "$peak_tf32" "$WIDE_STEPS"
+wide wide-bf16 bf16 "$peak_bf16" "$WIDE_STEPS"
 
 say ""
 if [ ${#failed[@]} -ne 0 ]; then
