@@ -37,6 +37,18 @@ void *zps_wire_socket(void *ctx, int type, int timeout_ms)
     return s;
 }
 
+zps_err zps_wire_set_sndbuf(void *sock, int bytes)
+{
+    if (bytes <= 0) {
+        return ZPS_OK;
+    }
+    if (zmq_setsockopt(sock, ZMQ_SNDBUF, &bytes, sizeof bytes) != 0) {
+        zps_log_error("zmq_setsockopt ZMQ_SNDBUF %d: %s", bytes, zmq_strerror(errno));
+        return ZPS_EIO;
+    }
+    return ZPS_OK;
+}
+
 void zps_wire_header_init(Zps__Header *h, Zps__MsgType type)
 {
     zps__header__init(h);

@@ -46,6 +46,14 @@ typedef struct zps_wire_ref {
 // timeout_ms. NULL on failure (logged).
 void *zps_wire_socket(void *ctx, int type, int timeout_ms);
 
+// The kernel's send buffer of a socket's TCP connections, in bytes; 0
+// leaves the OS's autotuning (the default). A small one (--sndbuf) keeps
+// the flows that share one host's link fair, which a parameter server
+// needs: a shard's bucket is done only when every worker's flow brought
+// it, so the slowest flow sets the pace. Connections made before the
+// call keep their buffer. ZPS_EIO if ZeroMQ refuses (logged).
+zps_err zps_wire_set_sndbuf(void *sock, int bytes);
+
 void zps_wire_header_init(Zps__Header *h, Zps__MsgType type);
 
 // Receives one whole multipart message (with its routing id first when

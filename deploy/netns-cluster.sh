@@ -12,6 +12,8 @@
 #     -o DIR         logs, metrics.jsonl and each worker's params wK.bin (default run/netns)
 #     -t SECONDS     bound on the whole run (default 300)
 #     -W FLAGS       extra flags for every worker (one string)
+#     -S FLAGS       extra flags for every shard (one string; SERVER-FLAGS go to
+#                    shard 0 only, which passes the job on)
 #     -x CMD         instead of zps, run CMD on every host (benchmarks); it sees
 #                    ZPS_NETNS_RANK, ZPS_NETNS_SIZE, ZPS_NETNS_MASTER (host 0's address)
 #
@@ -23,9 +25,9 @@ set -euo pipefail
 here=$(cd "$(dirname "$0")/.." && pwd)
 bin=${ZPS_BIN_DIR:-$here/bin}
 
-usage() { sed -n '2,21p' "$0" | sed 's/^# \{0,1\}//'; exit 2; }
+usage() { sed -n '2,23p' "$0" | sed 's/^# \{0,1\}//'; exit 2; }
 
-shards=1 workers=2 rate='' out=run/netns bound=300 wflags='' exec_cmd=''
+shards=1 workers=2 rate='' out=run/netns bound=300 wflags='' sflags='' exec_cmd=''
 limits=()
 while [ $# -gt 0 ]; do
   case "$1" in
@@ -36,6 +38,7 @@ while [ $# -gt 0 ]; do
     -o) out=$2; shift 2 ;;
     -t) bound=$2; shift 2 ;;
     -W) wflags=$2; shift 2 ;;
+    -S) sflags=$2; shift 2 ;;
     -x) exec_cmd=$2; shift 2 ;;
     --) shift; break ;;
     *) usage ;;
@@ -108,11 +111,13 @@ on() {
 run_zps() {
   local coord
   coord="tcp://$(addr s0):5555"
+  # shellcheck disable=SC2086 # sflags is a list of flags
   on s0 "$bin/zps-server" --shard 0 --shards "$shards" --workers "$workers" \
-    --listen "$coord" --metrics-log "$out/metrics.jsonl" "$@"
+    --listen "$coord" --metrics-log "$out/metrics.jsonl" $sflags "$@"
   for i in $(seq 1 $((shards - 1))); do
+    # shellcheck disable=SC2086
     on "s$i" "$bin/zps-server" --shard "$i" --shards "$shards" --coordinator "$coord" \
-      --listen "tcp://$(addr "s$i"):5555"
+      --listen "tcp://$(addr "s$i"):5555" $sflags
   done
   for k in $(seq 0 $((workers - 1))); do
     # shellcheck disable=SC2086 # wflags is a list of flags

@@ -36,6 +36,8 @@ static void s_usage(FILE *f)
             "  --seed N               init and data order (default 0)\n"
             "  --worker-timeout-ms MS evict a worker silent this long (default 10000)\n"
             "  --stall-warn-ms MS     while a step waits, say for whom this often (default 5000)\n"
+            "  --sndbuf BYTES         TCP send buffer per connection (default: the OS's); see\n"
+            "                         README, Running on a cluster\n"
             "  --adaptive-split       shares follow each worker's measured throughput\n"
             "  --speculate-after X    hand a slice late by X median steps to a finished worker too\n"
             "  --http HOST:PORT       /healthz and /readyz (any shard); shard 0 also /metrics\n"
@@ -81,7 +83,7 @@ static bool s_parse_opts(int argc, char **argv, s_opts *o)
     enum { O_LISTEN = 256, O_WORKERS, O_MODEL, O_DATASET, O_BATCH, O_EPOCHS, O_STEPS, O_OPTIM,
            O_LR, O_MOMENTUM, O_NESTEROV, O_WD, O_SCHED, O_WARMUP, O_SEED, O_METRICS, O_LOG,
            O_ENDPOINT_FILE, O_SHARD, O_SHARDS, O_COORD, O_DTYPE, O_WTIMEOUT, O_CKPT_EVERY, O_CKPT_DIR, O_RESUME, O_CURVE_SECRET, O_AUTH_KEYS,
-           O_SERVER_KEY, O_REQUIRE_CURVE, O_STALL_WARN, O_ADAPTIVE, O_SPECULATE, O_HTTP,
+           O_SERVER_KEY, O_REQUIRE_CURVE, O_STALL_WARN, O_SNDBUF, O_ADAPTIVE, O_SPECULATE, O_HTTP,
            O_ADVERTISE, O_LOG_JSON, O_PID_FILE, O_HELP };
     static const struct option longopts[] = {
         {"listen", required_argument, 0, O_LISTEN},
@@ -115,6 +117,7 @@ static bool s_parse_opts(int argc, char **argv, s_opts *o)
         {"server-key", required_argument, 0, O_SERVER_KEY},
         {"require-curve", no_argument, 0, O_REQUIRE_CURVE},
         {"stall-warn-ms", required_argument, 0, O_STALL_WARN},
+        {"sndbuf", required_argument, 0, O_SNDBUF},
         {"adaptive-split", no_argument, 0, O_ADAPTIVE},
         {"speculate-after", required_argument, 0, O_SPECULATE},
         {"http", required_argument, 0, O_HTTP},
@@ -205,6 +208,15 @@ static bool s_parse_opts(int argc, char **argv, s_opts *o)
         case O_STALL_WARN:
             ok = s_parse_u64("--stall-warn-ms", optarg, &v) && v >= 10;
             o->stall_warn_ms = (double)v;
+            break;
+        case O_SNDBUF:
+            ok = s_parse_u64("--sndbuf", optarg, &v);
+            if (ok && v != 0 && (v < 4096 || v > 1u << 30)) {
+                fprintf(stderr, "zps-server: --sndbuf: '%s' is not 0 or 4096..%u bytes\n", optarg,
+                        1u << 30);
+                ok = false;
+            }
+            o->sndbuf = (int)v;
             break;
         case O_WTIMEOUT:
             ok = s_parse_u64("--worker-timeout-ms", optarg, &v) && v >= 100;

@@ -1061,7 +1061,7 @@ int zps_server_run(const zps_server_opts *o)
     }
     srv.ctx = zmq_ctx_new();
     srv.sock = srv.ctx ? zps_wire_socket(srv.ctx, ZMQ_ROUTER, ZPS_SERVER_SEND_TIMEOUT_MS) : NULL;
-    if (!srv.sock) {
+    if (!srv.sock || zps_wire_set_sndbuf(srv.sock, o->sndbuf) != ZPS_OK) {
         goto out;
     }
     // A resumed run goes on with the log it had (replayed steps appear twice).

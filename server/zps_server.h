@@ -46,6 +46,7 @@ typedef struct zps_server_opts {
     const char *http;           // HOST:PORT of /healthz, /readyz (shard 0: /metrics, /status)
     const char *advertise;      // shard > 0: endpoint given to workers (default: bound one)
     const char *pid_file;       // for supervisors, or NULL
+    int sndbuf;                 // TCP send buffer of the data socket (0: the OS's)
 } zps_server_opts;
 
 // Runs a shard until the job is over or SIGINT/SIGTERM; returns the exit

@@ -60,6 +60,7 @@ typedef struct s_opts {
     uint64_t stall_seed;      // fault injection: draws which steps pause
     bool stall_seed_set;      // --stall-seed given (else the pid draws)
     const char *pid_file;     // for supervisors, or NULL
+    int sndbuf;               // TCP send buffer of the shard sockets (0: the OS's)
 } s_opts;
 
 typedef struct s_shard_conn {
@@ -219,7 +220,8 @@ static zps_err s_take_shards(s_worker *w, const Zps__Job *job)
         }
         snprintf(sc->endpoint, sizeof sc->endpoint, "%s", si->endpoint);
         sc->sock = zps_wire_socket(w->ctx, ZMQ_DEALER, ZPS_WORKER_POLL_MS);
-        if (!sc->sock || zps_curve_client(&w->curve, sc->sock) != ZPS_OK ||
+        if (!sc->sock || zps_wire_set_sndbuf(sc->sock, w->opts.sndbuf) != ZPS_OK ||
+            zps_curve_client(&w->curve, sc->sock) != ZPS_OK ||
             zmq_connect(sc->sock, sc->endpoint) != 0) {
             zps_log_error("cannot connect to shard %zu at %s", i, sc->endpoint);
             return ZPS_EIO;
@@ -869,6 +871,7 @@ static void s_usage(FILE *f)
             "  --join-timeout-ms MS    bound on waiting for the job to start (default 600000)\n"
             "  --no-overlap            push after backward instead of during it (benchmarks)\n"
             "  --heartbeat-ms MS       heartbeat interval to the coordinator (default 1000)\n"
+            "  --sndbuf BYTES          TCP send buffer per shard connection (default: the OS's)\n"
             "  --slowdown F            fault injection: compute takes F times longer\n"
             "  --stall-prob P --stall-ms M  fault injection: pause M ms with chance P a step\n"
             "  --stall-seed N          fault injection: which steps pause (default: from the pid)\n"
@@ -898,7 +901,7 @@ static bool s_parse_real(const char *flag, const char *text, double lo, double h
 static bool s_parse_opts(int argc, char **argv, s_opts *o, char *cache_buf, size_t cache_len)
 {
     enum { O_COORD = 256, O_DEVICE, O_SHARE, O_SAVE, O_THREADS, O_CACHE, O_TIMEOUT, O_JOIN,
-           O_NO_OVERLAP, O_HEARTBEAT, O_CURVE_SECRET, O_SERVER_KEY, O_SLOWDOWN, O_STALL_PROB, O_STALL_SEED,
+           O_NO_OVERLAP, O_HEARTBEAT, O_CURVE_SECRET, O_SERVER_KEY, O_SLOWDOWN, O_STALL_PROB, O_STALL_SEED, O_SNDBUF,
            O_STALL_MS, O_LOG, O_LOG_JSON, O_PID_FILE, O_GPU_MATH, O_CHECK_DEVICE, O_HELP };
     static const struct option longopts[] = {
         {"coordinator", required_argument, 0, O_COORD},
@@ -919,6 +922,7 @@ static bool s_parse_opts(int argc, char **argv, s_opts *o, char *cache_buf, size
         {"stall-prob", required_argument, 0, O_STALL_PROB},
         {"stall-ms", required_argument, 0, O_STALL_MS},
         {"stall-seed", required_argument, 0, O_STALL_SEED},
+        {"sndbuf", required_argument, 0, O_SNDBUF},
         {"log-level", required_argument, 0, O_LOG},
         {"log-json", no_argument, 0, O_LOG_JSON},
         {"pid-file", required_argument, 0, O_PID_FILE},
@@ -969,6 +973,15 @@ static bool s_parse_opts(int argc, char **argv, s_opts *o, char *cache_buf, size
         case O_HEARTBEAT:
             ok = s_parse_int("--heartbeat-ms", optarg, 10, 3600000, &v);
             o->heartbeat_ms = (int)v;
+            break;
+        case O_SNDBUF:
+            ok = s_parse_int("--sndbuf", optarg, 0, 1L << 30, &v);
+            if (ok && v != 0 && v < 4096) {
+                fprintf(stderr, "zps-worker: --sndbuf: '%s' is not 0 or 4096..%ld bytes\n", optarg,
+                        1L << 30);
+                ok = false;
+            }
+            o->sndbuf = (int)v;
             break;
         case O_LOG: {
             zps_log_level lvl;
@@ -1070,7 +1083,8 @@ int main(int argc, char **argv)
     s_shard_conn *coord = &w.shards[0];
     snprintf(coord->endpoint, sizeof coord->endpoint, "%s", w.opts.coordinator);
     coord->sock = w.ctx ? zps_wire_socket(w.ctx, ZMQ_DEALER, ZPS_WORKER_POLL_MS) : NULL;
-    if (!coord->sock || zps_curve_client(&w.curve, coord->sock) != ZPS_OK ||
+    if (!coord->sock || zps_wire_set_sndbuf(coord->sock, w.opts.sndbuf) != ZPS_OK ||
+        zps_curve_client(&w.curve, coord->sock) != ZPS_OK ||
         zmq_connect(coord->sock, coord->endpoint) != 0) {
         zps_log_error("cannot connect to %s: %s", coord->endpoint, zmq_strerror(errno));
         s_worker_fini(&w);

@@ -254,6 +254,25 @@ START_TEST(test_wire_recv_times_out)
 }
 END_TEST
 
+// --sndbuf: 0 leaves the OS's buffer (ZeroMQ's -1), a size is set as given.
+START_TEST(test_wire_sndbuf_zero_keeps_the_os_default_and_a_size_is_set)
+{
+    void *ctx = zmq_ctx_new();
+    void *s = zps_wire_socket(ctx, ZMQ_DEALER, 100);
+    ck_assert_ptr_nonnull(s);
+    int v = 0;
+    size_t len = sizeof v;
+    ck_assert_int_eq(zps_wire_set_sndbuf(s, 0), ZPS_OK);
+    ck_assert_int_eq(zmq_getsockopt(s, ZMQ_SNDBUF, &v, &len), 0);
+    ck_assert_int_eq(v, -1);
+    ck_assert_int_eq(zps_wire_set_sndbuf(s, 32768), ZPS_OK);
+    ck_assert_int_eq(zmq_getsockopt(s, ZMQ_SNDBUF, &v, &len), 0);
+    ck_assert_int_eq(v, 32768);
+    zmq_close(s);
+    zmq_ctx_term(ctx);
+}
+END_TEST
+
 // ---------------------------------------------------------------------------
 
 START_TEST(test_plan_split_fixed_and_even_shares)
@@ -321,6 +340,7 @@ Suite *zps_suite_wire(void)
     tcase_add_test(tc, test_wire_refuses_too_many_frames_and_stays_in_sync);
     tcase_add_test(tc, test_wire_check_tensor_bounds_dtype_and_length);
     tcase_add_test(tc, test_wire_recv_times_out);
+    tcase_add_test(tc, test_wire_sndbuf_zero_keeps_the_os_default_and_a_size_is_set);
     suite_add_tcase(s, tc);
     TCase *tp = tcase_create("plan");
     tcase_add_test(tp, test_plan_split_fixed_and_even_shares);

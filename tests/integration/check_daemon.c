@@ -128,8 +128,8 @@ START_TEST(test_daemon_environment_configures_server_and_worker)
 }
 END_TEST
 
-// A switch set to something that is neither on nor off: exit 2, one line
-// naming the variable, nothing started.
+// A switch set to something that is neither on nor off, or a number out of
+// range: exit 2, one line naming the variable or flag, nothing started.
 START_TEST(test_daemon_bad_switch_value_fails_with_one_line)
 {
     zps_procs ps;
@@ -147,6 +147,13 @@ START_TEST(test_daemon_bad_switch_value_fails_with_one_line)
     ck_assert_int_eq(zps_procs_wait(&ps, w, 10000), 2);
     ck_assert_msg(zps_procs_log_has(&ps, "worker.log", "--threads: 'many'"),
                   "the error does not name the flag and its value");
+    unsetenv("ZPS_THREADS");
+    // A number in no allowed range: a send buffer below a page.
+    const char *bargs[] = {"--listen", "tcp://127.0.0.1:*", "--sndbuf", "100", NULL};
+    s = zps_procs_start(&ps, "zps-server", "server-sndbuf.log", bargs);
+    ck_assert_int_eq(zps_procs_wait(&ps, s, 10000), 2);
+    ck_assert_msg(zps_procs_log_has(&ps, "server-sndbuf.log", "--sndbuf: '100' is not 0 or 4096"),
+                  "the error does not name the flag and its range");
     zps_procs_fini(&ps, false);
 }
 END_TEST
