@@ -32,7 +32,7 @@
 typedef struct s_puller {
     zmq_msg_t route;        // who asked
     uint64_t step;          // for which step
-    uint64_t sent;          // bitmask of buckets already sent
+    zps_bucket_set sent;    // buckets already sent
     bool used;              // slot taken
 } s_puller;
 
@@ -175,18 +175,18 @@ static void s_send_values(s_server *srv, zmq_msg_t *route, int b, uint64_t step,
 }
 
 // Answers what a waiting PULL can have of `step` now; true when complete.
-static bool s_serve_pull(s_server *srv, zmq_msg_t *route, uint64_t step, uint64_t *sent)
+static bool s_serve_pull(s_server *srv, zmq_msg_t *route, uint64_t step, zps_bucket_set *sent)
 {
     int n = zps_shard_n_buckets(srv->shard);
     for (int b = 0; b < n; b++) {
         const float *values;
-        if (!((*sent >> b) & 1u) &&
+        if (!zps_bucket_set_has(sent, b) &&
             zps_shard_bucket_at(srv->shard, b, step, &values) == ZPS_OK) {
             s_send_values(srv, route, b, step, values);
-            *sent |= 1ull << b;
+            zps_bucket_set_add(sent, b);
         }
     }
-    return *sent == (n == 64 ? ~0ull : (1ull << n) - 1);
+    return zps_bucket_set_full(sent, n);
 }
 
 static void s_queue_pull(s_server *srv, zmq_msg_t *route, uint64_t step, bool catch_up);
@@ -215,7 +215,7 @@ static void s_queue_pull(s_server *srv, zmq_msg_t *route, uint64_t step, bool ca
         // the step in progress when it sees a later step's parameters.
         step = zps_shard_step(srv->shard);
     }
-    uint64_t sent = 0;
+    zps_bucket_set sent = {0};
     if (s_serve_pull(srv, route, step, &sent)) {
         return;
     }
@@ -596,7 +596,7 @@ static zps_err s_rollback(s_server *srv, uint64_t step)
     memset(srv->served, 0, sizeof srv->served);
     // PULLs that arrived before the rollback (for its step) can be served now.
     for (int i = 0; i < ZPS_SERVER_PULLERS; i++) {
-        srv->pullers[i].sent = 0;
+        srv->pullers[i].sent = (zps_bucket_set){0};
     }
     s_serve_pullers(srv);
     for (int i = 0; i < srv->n_held; i++) {

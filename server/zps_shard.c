@@ -23,7 +23,7 @@ typedef struct s_snapshot {
 // A slice of the global batch seen this step, and the buckets pushed for it.
 typedef struct s_slice {
     uint32_t offset, count;  // [offset, offset + count) of the global batch
-    uint64_t buckets;        // bitmask of buckets pushed
+    zps_bucket_set buckets;  // buckets pushed
 } s_slice;
 
 // A plan generation as the shard needs it: from when, and whose pushes.
@@ -278,7 +278,7 @@ static s_slice *s_slice_for(zps_shard *s, uint32_t offset, uint32_t count, int b
         if (sl->offset == offset && sl->count == count) {
             same = sl;
         } else if (offset < sl->offset + sl->count && sl->offset < offset + count &&
-                   ((sl->buckets >> b) & 1u)) {
+                   zps_bucket_set_has(&sl->buckets, b)) {
             *partly = true;
             return NULL;
         }
@@ -388,7 +388,7 @@ zps_err zps_shard_push(zps_shard *s, const zps_wire_msg *m, int *ready, char *wh
                  h->batch_offset, h->samples, (unsigned long long)s->step);
         return ZPS_EPROTO;
     }
-    if ((sl->buckets >> b) & 1u) {
+    if (zps_bucket_set_has(&sl->buckets, b)) {
         snprintf(why, why_len, "slice [%u, +%u) of step %llu already counted for bucket %d",
                  h->batch_offset, h->samples, (unsigned long long)s->step, b);
         return ZPS_EDUP;
@@ -399,7 +399,7 @@ zps_err zps_shard_push(zps_shard *s, const zps_wire_msg *m, int *ready, char *wh
         // loss once, whatever pieces the batch came in.
         s->loss_sum += (double)h->samples * h->loss;
     }
-    sl->buckets |= 1ull << b;
+    zps_bucket_set_add(&sl->buckets, b);
     s->covered[b] += h->samples;
     if (s->covered[b] == s->global_batch) {
         *ready = b;
@@ -418,7 +418,7 @@ bool zps_shard_slice_done(const zps_shard *s, uint32_t offset, uint32_t count)
             uint32_t lo = sl->offset > offset ? sl->offset : offset;
             uint32_t hi = sl->offset + sl->count < offset + count ? sl->offset + sl->count
                                                                   : offset + count;
-            if (((sl->buckets >> b) & 1u) && lo < hi) {
+            if (zps_bucket_set_has(&sl->buckets, b) && lo < hi) {
                 covered += hi - lo;
             }
         }

@@ -69,7 +69,7 @@ typedef struct s_shard_conn {
     uint64_t lo, hi;                            // its range
     int n_buckets;                              // buckets of the range
     zps_bucket buckets[ZPS_MODEL_MAX_BUCKETS];  // as the shard sees them
-    uint64_t received;                          // bitmask: buckets of parameters in this step
+    zps_bucket_set received;                    // buckets of parameters in this step
 } s_shard_conn;
 
 typedef struct s_worker {
@@ -104,7 +104,7 @@ typedef struct s_worker {
     uint64_t rollback_to;                         // step to start over from after a ROLLBACK
     uint64_t fault_seed;                          // draws the injected pauses, with the step
     uint64_t fault_step;                          // the step they were last drawn for
-    double last_compute_ms;                       // the last slice's own compute time
+    double ms_per_sample;                         // running mean of own compute, per sample
     double sum_data_ms, sum_compute_ms, sum_wait_ms; // per-step phases, summed
     uint64_t timed_steps;                         // steps in those sums
     uint64_t stopped_at;                          // the step a signal interrupted
@@ -385,7 +385,7 @@ static zps_err s_take_bucket(s_worker *w, int i, uint64_t step, const zps_wire_m
                 b = k;
             }
         }
-        if (b >= 0 && ((sc->received >> b) & 1u)) {
+        if (b >= 0 && zps_bucket_set_has(&sc->received, b)) {
             // A second answer (to a pull and a push both): the same values.
             return ZPS_OK;
         }
@@ -408,13 +408,13 @@ static zps_err s_take_bucket(s_worker *w, int i, uint64_t step, const zps_wire_m
         zps_dtype_to_f32(w->dtype, zmq_msg_data(frame), dst, len);
         dst += len;
     }
-    sc->received |= 1ull << b;
+    zps_bucket_set_add(&sc->received, b);
     return ZPS_OK;
 }
 
 static bool s_shard_received(const s_shard_conn *sc)
 {
-    return sc->received == (sc->n_buckets == 64 ? ~0ull : (1ull << sc->n_buckets) - 1);
+    return zps_bucket_set_full(&sc->received, sc->n_buckets);
 }
 
 static bool s_all_received(const s_worker *w)
@@ -470,7 +470,7 @@ static zps_err s_take_params(s_worker *w, uint64_t step)
 {
     zmq_pollitem_t items[ZPS_WORKER_MAX_SHARDS];
     for (int i = 0; i < w->n_shards; i++) {
-        w->shards[i].received = 0;
+        w->shards[i].received = (zps_bucket_set){0};
         items[i] = (zmq_pollitem_t){.socket = w->shards[i].sock, .events = ZMQ_POLLIN};
     }
     double start = zps_clock_ms(), next_log = start + ZPS_WORKER_WAIT_LOG_MS;
@@ -688,15 +688,17 @@ static void s_sleep_ms(double ms)
 }
 
 // Fault injection for tests and demos (--slowdown, --stall-prob): the
-// pause comes before the compute, so a slowed worker pushes late. Whether
+// pause comes before the compute, so a slowed worker pushes late. A slowed
+// worker waits (F - 1) x the running mean of its compute time per sample:
+// a slower machine's speed is steady, where F x the last compute would
+// multiply this host's noise by F. Whether
 // a step pauses is drawn from the seed and the step alone, once a step, so
 // two runs with one --stall-seed pause at the same steps however many
 // pieces speculation hands out; the log names each pause's step.
-static void s_inject_faults(s_worker *w, uint64_t step)
+static void s_inject_faults(s_worker *w, uint64_t step, uint32_t samples)
 {
     if (w->opts.slowdown > 1.0) {
-        // Slowed by the factor: wait (factor - 1) times the last compute.
-        s_sleep_ms((w->opts.slowdown - 1.0) * w->last_compute_ms);
+        s_sleep_ms((w->opts.slowdown - 1.0) * w->ms_per_sample * samples);
     }
     if (w->opts.stall_prob <= 0 || step == w->fault_step) {
         return;
@@ -736,10 +738,11 @@ static zps_err s_compute(s_worker *w, uint64_t step, zps_work work)
     double t1 = zps_clock_ms();
     w->data_ms = t1 - w->step_t0;
     float loss;
-    s_inject_faults(w, step);
+    s_inject_faults(w, step, work.count);
     double tc = zps_clock_ms();
     err = zps_backend_train_step(w->be, w->x, w->labels, work.count, &loss);
-    w->last_compute_ms = zps_clock_ms() - tc;
+    double per_sample = (zps_clock_ms() - tc) / (work.count ? work.count : 1);
+    w->ms_per_sample = w->ms_per_sample > 0 ? 0.9 * w->ms_per_sample + 0.1 * per_sample : per_sample;
     for (int b = 0; err == ZPS_OK && w->opts.no_overlap && b < zps_model_n_buckets(&w->model);
          b++) {
         s_push_bucket(w, b);

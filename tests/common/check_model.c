@@ -70,19 +70,19 @@ START_TEST(test_model_flat_and_its_buckets)
     ck_assert_int_eq(zps_model_parse("flat:2500000", &m), ZPS_OK);
     ck_assert_int_eq(m.kind, ZPS_MODEL_FLAT);
     ck_assert_uint_eq(m.n_params, 2500000);
-    ck_assert_int_eq(zps_model_n_buckets(&m), 10); // 1 MiB buckets, the last short
+    ck_assert_int_eq(zps_model_n_buckets(&m), 39); // 256 KiB buckets, the last short
     uint64_t lo, hi;
     zps_model_bucket(&m, 0, &lo, &hi); // backward order: the end first
-    ck_assert_uint_eq(lo, 9u << 18);
+    ck_assert_uint_eq(lo, 38u << 16);
     ck_assert_uint_eq(hi, 2500000);
-    zps_model_bucket(&m, 9, &lo, &hi);
+    zps_model_bucket(&m, 38, &lo, &hi);
     ck_assert_uint_eq(lo, 0);
-    ck_assert_uint_eq(hi, 1u << 18);
-    // Past 64 of them, 64 equal buckets.
+    ck_assert_uint_eq(hi, 1u << 16);
+    // Past 256 of them, 256 equal buckets.
     ck_assert_int_eq(zps_model_parse("flat:67108864", &m), ZPS_OK);
-    ck_assert_int_eq(zps_model_n_buckets(&m), 64);
+    ck_assert_int_eq(zps_model_n_buckets(&m), ZPS_MODEL_MAX_BUCKETS);
     zps_model_bucket(&m, 0, &lo, &hi);
-    ck_assert_uint_eq(hi - lo, 1u << 20);
+    ck_assert_uint_eq(hi - lo, 1u << 18);
     ck_assert_int_eq(zps_model_parse("flat:0", &m), ZPS_EINVAL);
     ck_assert_int_eq(zps_model_parse("flat:67108865", &m), ZPS_EINVAL);
     ck_assert_int_eq(zps_model_parse("flat:12x", &m), ZPS_EINVAL);

@@ -101,6 +101,45 @@ static void s_params(zps_shard *s, float *out)
     }
 }
 
+// A flat model of 200 buckets (more than one 64-bit word of bucket bits):
+// every bucket completes once both slices pushed it, a second copy of a
+// bucket past the first word is a duplicate, and the step ends.
+START_TEST(test_shard_tracks_buckets_past_the_first_64)
+{
+    zps_model_spec model;
+    ck_assert_int_eq(zps_model_parse("flat:13107200", &model), ZPS_OK); // 200 x 65536
+    ck_assert_int_eq(zps_model_n_buckets(&model), 200);
+    zps_shard_cfg cfg = {.index = 0, .lo = 0, .hi = model.n_params, .model = &model, .seed = 4,
+                         .global_batch = 40, .dtype = ZPS_DTYPE_F32,
+                         .optim = {.lr = 0.5f, .schedule = ZPS_LR_CONSTANT}};
+    zps_shard *s = zps_shard_new(&cfg);
+    ck_assert_ptr_nonnull(s);
+    ck_assert_int_eq(zps_shard_n_buckets(s), 200);
+    zps_plan plan = {.global_batch = 40, .n = 2};
+    plan.slices[0] = (zps_plan_slice){.rank = 0, .member_id = 11, .offset = 0, .count = 10};
+    plan.slices[1] = (zps_plan_slice){.rank = 1, .member_id = 22, .offset = 10, .count = 30};
+    zps_shard_add_plan(s, 1, 0, &plan);
+    static float g[65536];
+    int ready;
+    for (int b = 199; b >= 0; b--) { // the end first, as backward pushes
+        uint64_t off = (uint64_t)b * 65536;
+        ck_assert_int_eq(s_feed(s, 0, 11, 0, 10, off, g, 65536, &ready), ZPS_OK);
+        ck_assert_int_eq(ready, -1);
+        if (b == 130) {
+            ck_assert_int_eq(s_feed(s, 0, 11, 0, 10, off, g, 65536, &ready), ZPS_EDUP);
+        }
+        ck_assert_int_eq(s_feed(s, 1, 22, 0, 30, off, g, 65536, &ready), ZPS_OK);
+        ck_assert_int_eq(ready, 199 - b);
+        zps_shard_apply(s, ready);
+        ck_assert(zps_shard_step_done(s) == (b == 0));
+    }
+    ck_assert(zps_shard_slice_done(s, 10, 30));
+    zps_shard_end_step(s);
+    ck_assert_uint_eq(zps_shard_step(s), 1);
+    zps_shard_destroy(&s);
+}
+END_TEST
+
 START_TEST(test_shard_updates_each_bucket_by_weighted_average)
 {
     zps_model_spec model = s_model();
@@ -275,6 +314,7 @@ Suite *zps_suite_shard(void)
     Suite *s = suite_create("shard");
     TCase *tc = tcase_create("buckets");
     tcase_add_test(tc, test_shard_updates_each_bucket_by_weighted_average);
+    tcase_add_test(tc, test_shard_tracks_buckets_past_the_first_64);
     tcase_add_test(tc, test_shard_refusals_leave_parameters_untouched);
     tcase_add_test(tc, test_shard_counts_handed_slices_once_and_follows_generations);
     tcase_add_test(tc, test_shard_serves_parameters_of_the_step_in_progress);
