@@ -691,10 +691,10 @@ static void s_sleep_ms(double ms)
 // pause comes before the compute, so a slowed worker pushes late. A slowed
 // worker waits (F - 1) x the running mean of its compute time per sample:
 // a slower machine's speed is steady, where F x the last compute would
-// multiply this host's noise by F. Whether
-// a step pauses is drawn from the seed and the step alone, once a step, so
-// two runs with one --stall-seed pause at the same steps however many
-// pieces speculation hands out; the log names each pause's step.
+// multiply this host's noise by F. Whether a step pauses is drawn from the
+// seed and the step alone, once a step, so one --stall-seed pauses at the
+// same steps in every run that computes them (a worker whose late slices
+// were handed on skips steps); the log names each pause's step.
 static void s_inject_faults(s_worker *w, uint64_t step, uint32_t samples)
 {
     if (w->opts.slowdown > 1.0) {
