@@ -22,6 +22,7 @@
  * the transpose of the row-major product (a row-major (r, c) matrix is a
  * column-major (c, r) one with the same leading dimension). */
 #include <cublas_v2.h>
+#include <cuda_bf16.h>
 #include <cuda_runtime.h>
 
 #include <math.h>
@@ -42,7 +43,8 @@ struct zps_cuda {
     zps_model_spec spec;                     // layout of params and grads
     uint32_t max_batch;                      // largest n a call runs at once
     int gpu;                                 // device index
-    cublasComputeType_t compute;             // fp32, fast tf32 or fast bf16
+    cublasComputeType_t compute;             // fp32, or fast tf32
+    bool bf16;                               // GEMM operands rounded to bf16 first
     cublasHandle_t blas;                     // owned, on `compute` stream
     cudaStream_t cs;                         // owned: compute stream
     cudaStream_t xs;                         // owned: copy stream (params up, grads down)
@@ -58,6 +60,7 @@ struct zps_cuda {
     double *h_loss;                          // owned, pinned: summed loss of the last head
     uint32_t *h_hits;                        // owned, pinned: correct predictions of it
     float *d_params;                         // owned, device: n_params
+    __nv_bfloat16 *d_bf[2];                  // owned, device, bf16 only: a GEMM's A and B
     float *d_grads;                          // owned, device: n_params
     float *d_act[ZPS_MODEL_MAX_LAYERS];      // owned, device: layer l's output (n, out)
     float *d_delta[2];                       // owned, device: (n, widest) dZ / dX in turn
@@ -161,6 +164,16 @@ __global__ void bias_act_kernel(float *z, const float *b, size_t len, uint32_t o
          i += (size_t)gridDim.x * blockDim.x) {
         float v = z[i] + b[i % out];
         z[i] = relu && v < 0.0f ? 0.0f : v;
+    }
+}
+
+// y = x rounded to bf16 (to nearest even): a GEMM operand for --gpu-math
+// bf16, whose GEMM then multiplies in bf16 and accumulates in fp32.
+__global__ void to_bf16_kernel(const float *x, __nv_bfloat16 *y, size_t len)
+{
+    for (size_t i = blockIdx.x * (size_t)blockDim.x + threadIdx.x; i < len;
+         i += (size_t)gridDim.x * blockDim.x) {
+        y[i] = __float2bfloat16_rn(x[i]);
     }
 }
 
@@ -378,8 +391,9 @@ static void s_destroy(zps_cuda **mp)
             (void)s_ok(cudaFreeHost(host[k]), "cudaFreeHost");
         }
     }
-    void *dev[] = {m->d_params, m->d_grads,    m->d_delta[0], m->d_delta[1], m->d_x,
-                   m->d_labels, m->d_row_loss, m->d_row_hit,  m->d_loss,     m->d_hits};
+    void *dev[] = {m->d_params,   m->d_grads, m->d_delta[0], m->d_delta[1], m->d_x,
+                   m->d_labels,   m->d_row_loss, m->d_row_hit, m->d_loss,   m->d_hits,
+                   m->d_bf[0],    m->d_bf[1]};
     for (size_t k = 0; k < sizeof dev / sizeof dev[0]; k++) {
         if (dev[k]) {
             (void)s_ok(cudaFree(dev[k]), "cudaFree");
@@ -461,6 +475,19 @@ static bool s_create_memory(zps_cuda *m)
         !s_dev_alloc((void **)&m->d_hits, sizeof(uint32_t), "hits")) {
         return false;
     }
+    if (m->bf16) {
+        // The largest operand: a layer's W, or a batch of activations,
+        // inputs or deltas.
+        size_t most = nb * (widest > inputs ? widest : inputs);
+        for (int l = 0; l < m->spec.n_layers; l++) {
+            size_t w = (size_t)m->spec.layers[l].in * m->spec.layers[l].out;
+            most = w > most ? w : most;
+        }
+        if (!s_dev_alloc((void **)&m->d_bf[0], most * sizeof(__nv_bfloat16), "bf16 operands") ||
+            !s_dev_alloc((void **)&m->d_bf[1], most * sizeof(__nv_bfloat16), "bf16 operands")) {
+            return false;
+        }
+    }
     // Zeroed so params and grads read as 0, never as garbage, before the
     // first pull or step (as on the CPU).
     memset(m->h_params, 0, np);
@@ -497,9 +524,12 @@ static zps_cuda *s_create(const zps_model_spec *spec, uint32_t max_batch, int gp
     m->max_batch = max_batch;
     m->gpu = gpu;
     m->n_gemms = -1; // timing only inside train steps
-    m->compute = math == ZPS_GPU_MATH_TF32   ? CUBLAS_COMPUTE_32F_FAST_TF32
-                 : math == ZPS_GPU_MATH_BF16 ? CUBLAS_COMPUTE_32F_FAST_16BF
-                                             : CUBLAS_COMPUTE_32F;
+    // bf16: the operands are rounded to bf16 by a kernel of ours, then
+    // multiplied in bf16 with fp32 accumulation. Asked for with fp32
+    // operands (CUBLAS_COMPUTE_32F_FAST_16BF), cuBLAS 13 on an H200 ran its
+    // tf32 kernels instead: bitwise the tf32 results, at tf32 speed.
+    m->compute = math == ZPS_GPU_MATH_TF32 ? CUBLAS_COMPUTE_32F_FAST_TF32 : CUBLAS_COMPUTE_32F;
+    m->bf16 = math == ZPS_GPU_MATH_BF16;
     cudaDeviceProp prop;
     if (!s_ok(cudaSetDevice(gpu), "cudaSetDevice") ||
         !s_ok(cudaGetDeviceProperties(&prop, gpu), "cudaGetDeviceProperties") ||
@@ -536,21 +566,36 @@ static float s_loss(const zps_cuda *m)
 // ---------------------------------------------------------------- layers
 
 // C (M, N) = op(A) op(B), column-major, fp32 in and out, with the compute
-// type chosen at creation (fp32 accumulation in every mode).
-// In a train step (n_gemms >= 0) each GEMM is bracketed by timing events;
-// evaluation (n_gemms < 0) is not timed.
+// type chosen at creation (fp32 accumulation in every mode); for bf16, A
+// and B are first rounded into the bf16 scratch buffers (every operand
+// here is dense: lda x its columns elements). In a train step
+// (n_gemms >= 0) each GEMM is bracketed by timing events, which leave the
+// rounding out; evaluation (n_gemms < 0) is not timed.
 static bool s_gemm(zps_cuda *m, cublasOperation_t ta, cublasOperation_t tb, int M, int N, int K,
                    const float *A, int lda, const float *B, int ldb, float *C, int ldc)
 {
     const float one = 1.0f, zero = 0.0f;
+    const void *a = A, *b = B;
+    cudaDataType_t type = CUDA_R_32F;
+    if (m->bf16) {
+        size_t na = (size_t)lda * (ta == CUBLAS_OP_N ? K : M);
+        size_t nb = (size_t)ldb * (tb == CUBLAS_OP_N ? N : K);
+        to_bf16_kernel<<<s_blocks(na), ZPS_CUDA_THREADS, 0, m->cs>>>(A, m->d_bf[0], na);
+        to_bf16_kernel<<<s_blocks(nb), ZPS_CUDA_THREADS, 0, m->cs>>>(B, m->d_bf[1], nb);
+        if (!s_launched("to_bf16_kernel")) {
+            return false;
+        }
+        a = m->d_bf[0];
+        b = m->d_bf[1];
+        type = CUDA_R_16BF;
+    }
     int k = m->n_gemms;
     bool timed = k >= 0 && k < 3 * m->spec.n_layers;
     if (timed && !s_ok(cudaEventRecord(m->gemm_t[k][0], m->cs), "cudaEventRecord")) {
         return false;
     }
-    if (!s_blas_ok(cublasGemmEx(m->blas, ta, tb, M, N, K, &one, A, CUDA_R_32F, lda, B,
-                                CUDA_R_32F, ldb, &zero, C, CUDA_R_32F, ldc, m->compute,
-                                CUBLAS_GEMM_DEFAULT),
+    if (!s_blas_ok(cublasGemmEx(m->blas, ta, tb, M, N, K, &one, a, type, lda, b, type, ldb,
+                                &zero, C, CUDA_R_32F, ldc, m->compute, CUBLAS_GEMM_DEFAULT),
                    "cublasGemmEx")) {
         return false;
     }
