@@ -391,9 +391,9 @@ static void s_destroy(zps_cuda **mp)
             (void)s_ok(cudaFreeHost(host[k]), "cudaFreeHost");
         }
     }
-    void *dev[] = {m->d_params,   m->d_grads, m->d_delta[0], m->d_delta[1], m->d_x,
-                   m->d_labels,   m->d_row_loss, m->d_row_hit, m->d_loss,   m->d_hits,
-                   m->d_bf[0],    m->d_bf[1]};
+    void *dev[] = {m->d_params, m->d_grads,  m->d_delta[0], m->d_delta[1],
+                   m->d_x,      m->d_labels, m->d_row_loss, m->d_row_hit,
+                   m->d_loss,   m->d_hits,   m->d_bf[0],    m->d_bf[1]};
     for (size_t k = 0; k < sizeof dev / sizeof dev[0]; k++) {
         if (dev[k]) {
             (void)s_ok(cudaFree(dev[k]), "cudaFree");
