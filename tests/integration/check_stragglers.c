@@ -41,6 +41,25 @@ static view s_view(const char *endpoint, pid_t pid)
     return v;
 }
 
+// A metrics log line's step and step_ms; false for a line without them.
+static bool s_step_line(const char *line, uint64_t *step, double *ms)
+{
+    unsigned long long st;
+    const char *p = strstr(line, "\"step_ms\":");
+    if (sscanf(line, "{\"step\":%llu", &st) != 1 || !p ||
+        sscanf(p, "\"step_ms\":%lf", ms) != 1) {
+        return false;
+    }
+    *step = st;
+    return true;
+}
+
+static int s_cmp_double(const void *a, const void *b)
+{
+    double x = *(const double *)a, y = *(const double *)b;
+    return (x > y) - (x < y);
+}
+
 // The q-quantile of step_ms over the metrics log's steps >= from.
 static double s_step_quantile(zps_procs *ps, const char *log, uint64_t from, double q)
 {
@@ -49,25 +68,16 @@ static double s_step_quantile(zps_procs *ps, const char *log, uint64_t from, dou
     static double v[4096];
     size_t n = 0;
     char line[4096];
-    unsigned long long step;
+    uint64_t step;
     double ms;
     while (fgets(line, sizeof line, f) && n < 4096) {
-        const char *p = strstr(line, "\"step_ms\":");
-        if (sscanf(line, "{\"step\":%llu", &step) == 1 && p && step >= from &&
-            sscanf(p, "\"step_ms\":%lf", &ms) == 1) {
+        if (s_step_line(line, &step, &ms) && step >= from) {
             v[n++] = ms;
         }
     }
     fclose(f);
     ck_assert_uint_gt(n, 10);
-    for (size_t i = 1; i < n; i++) { // insertion sort: a few hundred values
-        double x = v[i];
-        size_t j = i;
-        for (; j > 0 && v[j - 1] > x; j--) {
-            v[j] = v[j - 1];
-        }
-        v[j] = x;
-    }
+    qsort(v, n, sizeof v[0], s_cmp_double);
     return v[(size_t)(q * (double)n)];
 }
 
@@ -133,12 +143,6 @@ static void s_run(zps_procs *ps, const char *tag, bool adaptive, bool *flagged_b
         ck_assert_int_eq(zps_procs_wait(ps, w[i], 120000), 0);
     }
     ck_assert_int_eq(zps_procs_wait(ps, s, 30000), 0);
-}
-
-static int s_cmp_double(const void *a, const void *b)
-{
-    double x = *(const double *)a, y = *(const double *)b;
-    return (x > y) - (x < y);
 }
 
 // The ideal step of the issue, B divided by the sum of the workers'
@@ -279,12 +283,10 @@ static double s_median_of_steps(zps_procs *ps, const char *log, const uint64_t *
     FILE *f = fopen(zps_procs_path(ps, log), "r");
     ck_assert_ptr_nonnull(f);
     char line[4096];
-    unsigned long long step;
+    uint64_t step;
     double v;
     while (fgets(line, sizeof line, f) && found < 64) {
-        const char *p = strstr(line, "\"step_ms\":");
-        if (sscanf(line, "{\"step\":%llu", &step) != 1 || !p ||
-            sscanf(p, "\"step_ms\":%lf", &v) != 1) {
+        if (!s_step_line(line, &step, &v)) {
             continue;
         }
         for (size_t i = 0; i < n; i++) {

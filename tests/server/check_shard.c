@@ -73,19 +73,27 @@ static zps_model_spec s_model(void)
     return m;
 }
 
-static zps_shard *s_shard(const zps_model_spec *model, zps_dtype dtype, float momentum)
+// Shard `index` of [lo, hi) on batch 40 with the plan of s_slice_offset.
+static zps_shard *s_shard_of(const zps_model_spec *model, uint32_t index, uint64_t lo,
+                             uint64_t hi, zps_dtype dtype, float momentum)
 {
-    zps_shard_cfg cfg = {.index = 1, .lo = LO, .hi = HI, .model = model, .seed = 4,
+    zps_shard_cfg cfg = {.index = index, .lo = lo, .hi = hi, .model = model, .seed = 4,
                          .global_batch = 40, .dtype = dtype,
                          .optim = {.lr = 0.5f, .momentum = momentum,
                                    .schedule = ZPS_LR_CONSTANT}};
     zps_shard *s = zps_shard_new(&cfg);
     ck_assert_ptr_nonnull(s);
-    ck_assert_int_eq(zps_shard_n_buckets(s), 2);
     zps_plan plan = {.global_batch = 40, .n = 2};
     plan.slices[0] = (zps_plan_slice){.rank = 0, .member_id = 11, .offset = 0, .count = 10};
     plan.slices[1] = (zps_plan_slice){.rank = 1, .member_id = 22, .offset = 10, .count = 30};
     zps_shard_add_plan(s, 1, 0, &plan);
+    return s;
+}
+
+static zps_shard *s_shard(const zps_model_spec *model, zps_dtype dtype, float momentum)
+{
+    zps_shard *s = s_shard_of(model, 1, LO, HI, dtype, momentum);
+    ck_assert_int_eq(zps_shard_n_buckets(s), 2);
     return s;
 }
 
@@ -109,16 +117,8 @@ START_TEST(test_shard_tracks_buckets_past_the_first_64)
     zps_model_spec model;
     ck_assert_int_eq(zps_model_parse("flat:13107200", &model), ZPS_OK); // 200 x 65536
     ck_assert_int_eq(zps_model_n_buckets(&model), 200);
-    zps_shard_cfg cfg = {.index = 0, .lo = 0, .hi = model.n_params, .model = &model, .seed = 4,
-                         .global_batch = 40, .dtype = ZPS_DTYPE_F32,
-                         .optim = {.lr = 0.5f, .schedule = ZPS_LR_CONSTANT}};
-    zps_shard *s = zps_shard_new(&cfg);
-    ck_assert_ptr_nonnull(s);
+    zps_shard *s = s_shard_of(&model, 0, 0, model.n_params, ZPS_DTYPE_F32, 0);
     ck_assert_int_eq(zps_shard_n_buckets(s), 200);
-    zps_plan plan = {.global_batch = 40, .n = 2};
-    plan.slices[0] = (zps_plan_slice){.rank = 0, .member_id = 11, .offset = 0, .count = 10};
-    plan.slices[1] = (zps_plan_slice){.rank = 1, .member_id = 22, .offset = 10, .count = 30};
-    zps_shard_add_plan(s, 1, 0, &plan);
     static float g[65536];
     int ready;
     for (int b = 199; b >= 0; b--) { // the end first, as backward pushes
