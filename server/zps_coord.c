@@ -71,11 +71,18 @@ typedef struct s_shard_peer {
     uint64_t lo, hi;     // its range
 } s_shard_peer;
 
+// An epoch's evaluation, gathered from the workers' EVALs. Each worker
+// evaluates the test records that match the samples it computed at the
+// epoch's last step, pieces of late slices included, so a record can come
+// twice (from a late slice's owner and from its helpers): the first copy
+// counts, as with gradients.
 typedef struct s_eval {
     uint64_t epoch;      // epoch being gathered, UINT64_MAX if none
     uint64_t correct;    // sum over members so far
     double loss_sum;
     uint64_t count;
+    uint8_t *seen;       // owned: a bit per test record counted
+    uint64_t last_done;  // the newest complete epoch, UINT64_MAX if none
 } s_eval;
 
 struct zps_coord {
@@ -137,7 +144,12 @@ zps_coord *zps_coord_new(const zps_coord_cfg *cfg)
     c->shards[0].registered = c->shards[0].ready = true;
     c->n_registered = c->n_ready = 1;
     c->test_accuracy = -1;
-    c->eval.epoch = UINT64_MAX;
+    c->eval.epoch = c->eval.last_done = UINT64_MAX;
+    if (!(c->eval.seen = calloc(cfg->n_test / 8 + 1, 1))) {
+        zps_monitor_destroy(&c->mon);
+        free(c);
+        return NULL;
+    }
     return c;
 }
 
@@ -156,6 +168,7 @@ void zps_coord_destroy(zps_coord **cp)
         }
     }
     zps_monitor_destroy(&c->mon);
+    free(c->eval.seen);
     free(c);
     *cp = NULL;
 }
@@ -839,24 +852,53 @@ static void s_eval_complete(zps_coord *c)
                 (unsigned long long)e->epoch, acc, loss);
         fflush(c->cfg.metrics);
     }
+    e->last_done = e->epoch;
     e->epoch = UINT64_MAX;
+}
+
+// Whether a test record of [lo, hi) was counted already; if not, marks
+// them all.
+static bool s_eval_seen(s_eval *e, uint32_t lo, uint32_t hi)
+{
+    for (uint32_t i = lo; i < hi; i++) {
+        if (e->seen[i / 8] & (1u << (i % 8))) {
+            return true;
+        }
+    }
+    for (uint32_t i = lo; i < hi; i++) {
+        e->seen[i / 8] |= (uint8_t)(1u << (i % 8));
+    }
+    return false;
 }
 
 zps_err zps_coord_on_eval(zps_coord *c, const zps_wire_msg *m)
 {
     const Zps__Eval *ev = m->hdr->eval;
-    if (!ev || ev->count > c->cfg.n_test || ev->correct > ev->count || !isfinite(ev->loss_sum)) {
+    if (!ev || ev->count > c->cfg.n_test || ev->offset > c->cfg.n_test - ev->count ||
+        ev->correct > ev->count || !isfinite(ev->loss_sum)) {
         zps_log_warn("dropped an EVAL without a valid body");
         return ZPS_EPROTO;
     }
     s_eval *e = &c->eval;
+    if (e->last_done != UINT64_MAX && ev->epoch <= e->last_done) {
+        return ZPS_OK; // a second copy of records of an epoch already complete
+    }
     if (e->epoch != ev->epoch) {
         if (e->epoch != UINT64_MAX) {
             zps_log_warn("epoch %llu: evaluation incomplete (%llu of %u records)",
                          (unsigned long long)e->epoch, (unsigned long long)e->count,
                          c->cfg.n_test);
         }
-        *e = (s_eval){.epoch = ev->epoch};
+        e->epoch = ev->epoch;
+        e->correct = e->count = 0;
+        e->loss_sum = 0;
+        memset(e->seen, 0, c->cfg.n_test / 8 + 1);
+    }
+    if (s_eval_seen(e, (uint32_t)ev->offset, (uint32_t)(ev->offset + ev->count))) {
+        zps_log_debug("epoch %llu: test records [%llu, %llu) came twice; the first copy counts",
+                      (unsigned long long)ev->epoch, (unsigned long long)ev->offset,
+                      (unsigned long long)(ev->offset + ev->count));
+        return ZPS_OK;
     }
     e->correct += ev->correct;
     e->loss_sum += ev->loss_sum;

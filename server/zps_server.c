@@ -70,9 +70,9 @@ typedef struct s_server {
     zps_http *http;                              // owned: /metrics and /status, if asked
     double next_publish_ms;                      // next refresh of the HTTP documents
     uint64_t ckpt_every;                         // checkpoint after every this many steps
-    bool speculated;                             // a late slice was handed on this step
     bool late_now[ZPS_MAX_MEMBERS];              // ranks whose slice was handed on this step
-    double first_push_ms;                        // the step's first push counted, or 0
+    bool heard[ZPS_MAX_MEMBERS];                 // rank pushed or pulled this step, any step
+    double quorum_ms;                            // when as many slices were in as not, or 0
     double stop_deadline_ms;                     // after a signal: when to stop regardless
 } s_server;
 
@@ -200,6 +200,7 @@ static void s_on_pull(s_server *srv, zps_wire_msg *m)
         s_refuse(srv, m, ZPS_ENOENT, "PULL from a member id this shard does not know");
         return;
     }
+    srv->heard[m->hdr->rank % ZPS_MAX_MEMBERS] = true;
     // A step this shard has passed may come back: a rollback to it can be
     // on its way here while the worker asking already heard of it.
     s_queue_pull(srv, &m->route, m->hdr->step, false);
@@ -252,7 +253,6 @@ static void s_end_step(s_server *srv)
     uint64_t step = zps_shard_step(srv->shard);
     float loss = zps_shard_end_step(srv->shard);
     double now = zps_clock_ms();
-    srv->speculated = false;
     if (srv->coord) {
         zps_coord_step_done(srv->coord, step, loss, now - srv->step_start_ms);
         zps_coord_adapt(srv->coord, srv->sock);
@@ -267,12 +267,13 @@ static void s_end_step(s_server *srv)
         (void)zps_wire_send(srv->up, NULL, &h, NULL, 0, NULL);
     }
     memset(srv->pushed, 0, sizeof srv->pushed);
+    memset(srv->heard, 0, sizeof srv->heard);
     if (srv->ckpt_every && srv->o->checkpoint_dir && (step + 1) % srv->ckpt_every == 0 &&
         zps_shard_save(srv->shard, srv->o->checkpoint_dir, 3) == ZPS_OK && srv->coord) {
         (void)zps_coord_save(srv->coord, srv->o->checkpoint_dir, step + 1);
     }
     srv->step_start_ms = now;
-    srv->first_push_ms = 0;
+    srv->quorum_ms = 0;
     srv->next_stall_ms = now + srv->o->stall_warn_ms;
     if (step + 1 == srv->total_steps && !srv->coord) {
         zps_log_info("shard %u: last step done", srv->o->shard);
@@ -326,11 +327,28 @@ static void s_add_recipient(s_server *srv, zps_wire_msg *m)
     }
 }
 
+// Whether at least as many members' slices of the step are in as are
+// not, yet not all; finished[rank], if given, says whose are in.
+static bool s_quorum_in(const s_server *srv, bool *finished)
+{
+    uint32_t done = 0;
+    for (uint32_t i = 0; i < srv->plan.n; i++) {
+        const zps_plan_slice *sl = &srv->plan.slices[i];
+        bool in = zps_shard_slice_done(srv->shard, sl->offset, sl->count);
+        done += in;
+        if (finished) {
+            finished[sl->rank] = in;
+        }
+    }
+    return done < srv->plan.n && done >= srv->plan.n - done;
+}
+
 static void s_on_push(s_server *srv, zps_wire_msg *m)
 {
     if (!s_check_member_msg(srv, m)) {
         return;
     }
+    srv->heard[m->hdr->rank % ZPS_MAX_MEMBERS] = true;
     char why[256];
     int ready;
     zps_err err = zps_shard_push(srv->shard, m, &ready, why, sizeof why);
@@ -347,8 +365,9 @@ static void s_on_push(s_server *srv, zps_wire_msg *m)
         zps_log_debug("dropped: %s", why);
     }
     s_add_recipient(srv, m);
-    if (err == ZPS_OK && srv->first_push_ms == 0) {
-        srv->first_push_ms = zps_clock_ms();
+    if (err == ZPS_OK && srv->quorum_ms == 0 && srv->coord && srv->o->speculate_after > 0 &&
+        s_quorum_in(srv, NULL)) {
+        srv->quorum_ms = zps_clock_ms();
     }
     if (srv->coord && err == ZPS_OK) {
         zps_coord_note_push(srv->coord, m->hdr->step, m->hdr->rank % ZPS_MAX_MEMBERS,
@@ -593,6 +612,7 @@ static zps_err s_rollback(s_server *srv, uint64_t step)
         return err;
     }
     memset(srv->pushed, 0, sizeof srv->pushed);
+    memset(srv->heard, 0, sizeof srv->heard);
     memset(srv->served, 0, sizeof srv->served);
     // PULLs that arrived before the rollback (for its step) can be served now.
     for (int i = 0; i < ZPS_SERVER_PULLERS; i++) {
@@ -605,7 +625,7 @@ static zps_err s_rollback(s_server *srv, uint64_t step)
     srv->n_held = 0;
     srv->finished = false;
     srv->step_start_ms = zps_clock_ms();
-    srv->first_push_ms = 0;
+    srv->quorum_ms = 0;
     return ZPS_OK;
 }
 
@@ -667,44 +687,50 @@ static void s_publish(s_server *srv, double now)
     free(status);
 }
 
-// Speculation: a slice late by --speculate-after median steps behind the
-// step's first arrival (the lag the monitor measures) is also handed, in
-// pieces, to the members whose own slices are in; the first copy of a
-// sample counts.
+// Speculation: once at least as many members' slices are in as are not
+// (as Spark waits for a quantile of its tasks), a slice still missing is
+// also handed, in pieces, to the members that are done; the first copy of
+// a sample counts. A slice of which nothing came yet is handed at once:
+// its owner has not even pushed the buckets backward finishes first, so it
+// has stopped, or is so slow that a step would not save it. One under way
+// gets --speculate-after median steps more. Measured from the first
+// arrival instead, that wait would end at every step: on shared cores the
+// last slice lands a third of a step after the first, but within a sixth
+// of a step of the one before it. With fewer helpers than late slices,
+// one helper could get two.
 static void s_speculate(s_server *srv, double now)
 {
     double median = srv->coord ? zps_coord_median_step_ms(srv->coord) : 0;
-    if (!srv->coord || srv->o->speculate_after <= 0 || srv->speculated || !srv->plan_set ||
-        median <= 0 || srv->first_push_ms == 0 ||
-        now - srv->first_push_ms < srv->o->speculate_after * median) {
+    bool finished[ZPS_MAX_MEMBERS] = {false};
+    if (!srv->coord || srv->o->speculate_after <= 0 || !srv->plan_set || median <= 0 ||
+        srv->quorum_ms == 0 || !s_quorum_in(srv, finished)) {
         return;
     }
-    bool finished[ZPS_MAX_MEMBERS] = {false};
-    for (uint32_t i = 0; i < srv->plan.n; i++) {
-        const zps_plan_slice *sl = &srv->plan.slices[i];
-        finished[sl->rank] = zps_shard_slice_done(srv->shard, sl->offset, sl->count);
-    }
+    bool waited = now - srv->quorum_ms >= srv->o->speculate_after * median;
     uint64_t step = zps_shard_step(srv->shard);
     for (uint32_t i = 0; i < srv->plan.n; i++) {
         const zps_plan_slice *sl = &srv->plan.slices[i];
-        if (!finished[sl->rank] &&
-            zps_coord_speculate(srv->coord, srv->sock, step, sl->offset, sl->count, sl->rank,
+        uint32_t r = sl->rank;
+        if (!finished[r] && !srv->late_now[r] && (waited || !srv->pushed[r]) &&
+            zps_coord_speculate(srv->coord, srv->sock, step, sl->offset, sl->count, r,
                                 finished)) {
-            srv->late_now[sl->rank] = true;
+            srv->late_now[r] = true;
         }
     }
-    srv->speculated = true;
 }
 
 // At the start of a step: a rank that was late on the step before and sent
-// nothing of its own is presumed still late (a pause usually outlasts a
-// step), so its slice is handed to the others at once, to compute beside
-// their own; its own copy still counts if it comes first.
+// nothing at all during it is presumed still late (a pause usually
+// outlasts a step), so its slice is handed to the others at once, to
+// compute beside their own; its own copy still counts if it comes first.
+// Any push or pull, even for a step already over, says the rank is back:
+// it then gets its slice alone again, or the others would go on covering
+// it for as long as their copies beat its own.
 static void s_speculate_ahead(s_server *srv, uint64_t step)
 {
     bool late[ZPS_MAX_MEMBERS] = {false}, any = false;
     for (int r = 0; r < ZPS_MAX_MEMBERS; r++) {
-        late[r] = srv->late_now[r] && !srv->pushed[r];
+        late[r] = srv->late_now[r] && !srv->heard[r];
         any = any || late[r];
     }
     memset(srv->late_now, 0, sizeof srv->late_now);
@@ -713,15 +739,19 @@ static void s_speculate_ahead(s_server *srv, uint64_t step)
         return;
     }
     bool helper[ZPS_MAX_MEMBERS] = {false};
+    uint32_t helpers = 0;
     for (uint32_t i = 0; i < srv->plan.n; i++) {
         helper[srv->plan.slices[i].rank] = !late[srv->plan.slices[i].rank];
+        helpers += helper[srv->plan.slices[i].rank];
+    }
+    if (helpers < srv->plan.n - helpers) {
+        return; // as in s_speculate: too few to cover the rest
     }
     for (uint32_t i = 0; i < srv->plan.n; i++) {
         const zps_plan_slice *sl = &srv->plan.slices[i];
         if (late[sl->rank] && zps_coord_speculate(srv->coord, srv->sock, step, sl->offset,
                                                   sl->count, sl->rank, helper)) {
-            srv->late_now[sl->rank] = true;
-            srv->speculated = true; // the threshold need not hand it again
+            srv->late_now[sl->rank] = true; // s_speculate need not hand it again
         }
     }
 }
@@ -816,7 +846,7 @@ static int s_loop(s_server *srv)
         long timeout = ZPS_SERVER_POLL_MS;
         if (srv->coord && srv->o->speculate_after > 0) {
             double late = srv->o->speculate_after * zps_coord_median_step_ms(srv->coord);
-            timeout = late > 0 && late / 2 < (double)timeout ? (long)(late / 2) + 1 : timeout;
+            timeout = late > 0 && late / 4 < (double)timeout ? (long)(late / 4) + 1 : timeout;
         }
         int rc = zmq_poll(items, n_items, timeout);
         if (rc < 0 && errno != EINTR) {

@@ -38,6 +38,9 @@
 #define ZPS_WORKER_POLL_MS 1000
 #define ZPS_WORKER_WAIT_LOG_MS 5000.0
 #define ZPS_WORKER_EVAL_CHUNK 1024u
+#define ZPS_WORKER_LATE_STEPS 2.0  // a slice not begun this many usual steps in: ask first
+#define ZPS_WORKER_ASK_MS 500      // bound on the coordinator's answer to that
+#define ZPS_WORKER_CALIBRATE 10    // --slowdown: computes that fix the time per sample
 
 typedef struct s_opts {
     const char *coordinator;  // endpoint of shard 0
@@ -104,7 +107,15 @@ typedef struct s_worker {
     uint64_t rollback_to;                         // step to start over from after a ROLLBACK
     uint64_t fault_seed;                          // draws the injected pauses, with the step
     uint64_t fault_step;                          // the step they were last drawn for
-    double ms_per_sample;                         // running mean of own compute, per sample
+    double ms_per_sample;                         // --slowdown: own compute per sample
+    double calib[ZPS_WORKER_CALIBRATE];           // its first measures; their median is it
+    int n_calib;
+    double params_ms;                             // when the current parameters were taken
+    uint64_t done_step;                           // the step of the slices below
+    zps_work done[1 + ZPS_SCHEDULE_EXTRAS];       // the slices computed of it, pieces too
+    int n_done;
+    double usual_step_ms;                         // running mean of the time between those
+    void *ask;                                    // owned: DEALER to the coordinator, STATUS only
     double sum_data_ms, sum_compute_ms, sum_wait_ms; // per-step phases, summed
     uint64_t timed_steps;                         // steps in those sums
     uint64_t stopped_at;                          // the step a signal interrupted
@@ -522,6 +533,12 @@ static zps_err s_take_params(s_worker *w, uint64_t step)
     }
     memcpy(zps_backend_params(w->be), w->next, w->model.n_params * sizeof(float));
     zps_schedule_forget_before(&w->schedule, step);
+    double now = zps_clock_ms();
+    if (w->params_ms > 0) {
+        double d = now - w->params_ms;
+        w->usual_step_ms = w->usual_step_ms > 0 ? 0.9 * w->usual_step_ms + 0.1 * d : d;
+    }
+    w->params_ms = now;
     return ZPS_OK;
 }
 
@@ -565,6 +582,23 @@ static zps_err s_hello_until_job(s_worker *w, zps_wire_msg *m)
     }
 }
 
+// The socket s_step_over asks on, connected at the start so that the
+// question need not wait for a handshake; NULL (no asking) on failure.
+static void *s_ask_socket(s_worker *w)
+{
+    void *sock = zps_wire_socket(w->ctx, ZMQ_DEALER, 10);
+    if (!sock || zps_curve_client(&w->curve, sock) != ZPS_OK ||
+        zmq_connect(sock, w->shards[0].endpoint) != 0) {
+        zps_log_warn("no second socket to %s: a long pause will be followed by computing a "
+                     "step that may be over", w->shards[0].endpoint);
+        if (sock) {
+            zmq_close(sock);
+        }
+        return NULL;
+    }
+    return sock;
+}
+
 static zps_err s_join(s_worker *w)
 {
     zps_wire_msg m = {0};
@@ -580,6 +614,7 @@ static zps_err s_join(s_worker *w)
     if (err == ZPS_OK) {
         w->heartbeat = zps_heartbeat_start(w->ctx, w->shards[0].endpoint, &w->curve, w->job_id,
                                            w->rank, w->member_id, w->opts.heartbeat_ms);
+        w->ask = s_ask_socket(w);
     }
     if (err == ZPS_OK && (err = s_pull(w, w->start_step)) == ZPS_EAGAIN) {
         err = s_start_over(w, &w->start_step);
@@ -590,16 +625,9 @@ static zps_err s_join(s_worker *w)
 // ---------------------------------------------------------------------------
 // Training and evaluation.
 
-// Evaluates my share of the test set and reports it to the coordinator.
-static zps_err s_evaluate(s_worker *w, uint64_t epoch, uint64_t epoch_step)
+// Evaluates test records [lo, hi) and reports them to the coordinator.
+static zps_err s_evaluate_range(s_worker *w, uint64_t epoch, uint32_t lo, uint32_t hi)
 {
-    uint32_t n_test = zps_dataset_size(w->data, ZPS_SPLIT_TEST);
-    uint32_t pos, members;
-    if (!zps_schedule_position(&w->schedule, epoch_step, &pos, &members)) {
-        return ZPS_OK; // not a member at that step: others evaluate
-    }
-    uint64_t W = members, p = pos;
-    uint32_t lo = (uint32_t)(n_test * p / W), hi = (uint32_t)(n_test * (p + 1) / W);
     uint32_t correct = 0;
     double loss_sum = 0;
     for (uint32_t start = lo; start < hi; start += ZPS_WORKER_EVAL_CHUNK) {
@@ -627,6 +655,26 @@ static zps_err s_evaluate(s_worker *w, uint64_t epoch, uint64_t epoch_step)
     zps_log_debug("epoch %llu: %u of %u test records right", (unsigned long long)epoch, correct,
                   hi - lo);
     return s_send(w, 0, &h, NULL, 0, NULL);
+}
+
+// The test set is split as the epoch's last step was: whoever computed
+// samples [a, b) of the global batch B evaluates records [n a / B, n b / B).
+// The slices tile the batch, so the ranges tile the test set, a worker's
+// share of it follows its share of the batch, and the pieces of a late
+// slice carry the evaluation of its owner, who may have been away then.
+static zps_err s_evaluate(s_worker *w, uint64_t epoch, uint64_t epoch_step)
+{
+    if (w->done_step != epoch_step) {
+        return ZPS_OK; // nothing computed at that step: others evaluate
+    }
+    uint64_t n_test = zps_dataset_size(w->data, ZPS_SPLIT_TEST), B = w->global_batch;
+    zps_err err = ZPS_OK;
+    for (int i = 0; err == ZPS_OK && i < w->n_done; i++) {
+        const zps_work *wk = &w->done[i];
+        err = s_evaluate_range(w, epoch, (uint32_t)(n_test * wk->offset / B),
+                               (uint32_t)(n_test * (wk->offset + wk->count) / B));
+    }
+    return err;
 }
 
 // Pushes [lo, hi) of the gradient to shard i, zero-copy (from the wire
@@ -687,11 +735,28 @@ static void s_sleep_ms(double ms)
     }
 }
 
+// --slowdown: the time per sample is the median of the first
+// ZPS_WORKER_CALIBRATE computes, then fixed. A slower machine's speed is
+// steady; a running mean would follow this host's contention (3 workers
+// on 2 cores compute slower together than alone) and multiply it by F - 1,
+// and a split made by throughput would then be wrong as soon as it is used.
+static void s_calibrate(s_worker *w, double per_sample)
+{
+    if (w->n_calib == ZPS_WORKER_CALIBRATE) {
+        return;
+    }
+    int i = w->n_calib++;
+    for (; i > 0 && w->calib[i - 1] > per_sample; i--) {
+        w->calib[i] = w->calib[i - 1];
+    }
+    w->calib[i] = per_sample;
+    w->ms_per_sample = w->calib[w->n_calib / 2];
+}
+
 // Fault injection for tests and demos (--slowdown, --stall-prob): the
 // pause comes before the compute, so a slowed worker pushes late. A slowed
-// worker waits (F - 1) x the running mean of its compute time per sample:
-// a slower machine's speed is steady, where F x the last compute would
-// multiply this host's noise by F. Whether a step pauses is drawn from the
+// worker waits (F - 1) x its time per sample (s_calibrate) x the samples.
+// Whether a step pauses is drawn from the
 // seed and the step alone, once a step, so one --stall-seed pauses at the
 // same steps in every run that computes them (a worker whose late slices
 // were handed on skips steps); the log names each pause's step.
@@ -710,6 +775,49 @@ static void s_inject_faults(s_worker *w, uint64_t step, uint32_t samples)
         zps_log_info("step %" PRIu64 ": injected stall of %d ms", step, w->opts.stall_ms);
         s_sleep_ms(w->opts.stall_ms);
     }
+}
+
+// Whether `step` is over without this worker: true after a pause (a stall,
+// a swap storm) so long that the coordinator handed this worker's slice on
+// and moved past the step. Then the slice is not computed (the others'
+// copy counted), and the worker rejoins at the step after the one in
+// progress, which it can compute in full: joining the step in progress,
+// it would compute its slice beside the others already covering it. Only
+// a slice begun ZPS_WORKER_LATE_STEPS usual steps after its parameters
+// came asks; the answer comes on a socket of its own, so nothing meant for
+// the step is read out of turn.
+static bool s_step_over(s_worker *w, uint64_t step)
+{
+    double waited = zps_clock_ms() - w->params_ms;
+    if (!w->ask || w->usual_step_ms <= 0 || waited < ZPS_WORKER_LATE_STEPS * w->usual_step_ms) {
+        return false;
+    }
+    zps_wire_msg m;
+    zmq_pollitem_t item = {.socket = w->ask, .events = ZMQ_POLLIN};
+    while (zmq_poll(&item, 1, 0) > 0) {
+        zps_err late = zps_wire_recv(w->ask, false, &m); // an answer past its bound
+        zps_wire_msg_fini(&m);
+        if (late != ZPS_OK) {
+            break;
+        }
+    }
+    Zps__Header h;
+    zps_wire_header_init(&h, ZPS__MSG_TYPE__STATUS);
+    if (zps_wire_send(w->ask, NULL, &h, NULL, 0, NULL) != ZPS_OK) {
+        return false;
+    }
+    zps_err err = s_await(w->ask, "the coordinator's step", w->shards[0].endpoint,
+                          ZPS_WORKER_ASK_MS, &m);
+    uint64_t at = err == ZPS_OK && m.hdr->type == ZPS__MSG_TYPE__STATUS_REPLY ? m.hdr->step : 0;
+    zps_wire_msg_fini(&m);
+    if (at <= step) {
+        return false; // still open (or no answer in time): compute it
+    }
+    w->rollback_to = at + 1 < w->total_steps ? at + 1 : w->total_steps;
+    zps_log_warn("step %llu was done without this worker (%.0f ms late; the coordinator is at "
+                 "step %llu): rejoining at step %llu", (unsigned long long)step, waited,
+                 (unsigned long long)at, (unsigned long long)w->rollback_to);
+    return true;
 }
 
 // Computes one slice of a step on the current parameters and pushes its
@@ -739,10 +847,20 @@ static zps_err s_compute(s_worker *w, uint64_t step, zps_work work)
     w->data_ms = t1 - w->step_t0;
     float loss;
     s_inject_faults(w, step, work.count);
+    if (s_step_over(w, step)) {
+        return ZPS_EAGAIN;
+    }
     double tc = zps_clock_ms();
     err = zps_backend_train_step(w->be, w->x, w->labels, work.count, &loss);
     double per_sample = (zps_clock_ms() - tc) / (work.count ? work.count : 1);
-    w->ms_per_sample = w->ms_per_sample > 0 ? 0.9 * w->ms_per_sample + 0.1 * per_sample : per_sample;
+    s_calibrate(w, per_sample);
+    if (w->done_step != step) {
+        w->done_step = step;
+        w->n_done = 0;
+    }
+    if (err == ZPS_OK && w->n_done < 1 + ZPS_SCHEDULE_EXTRAS) {
+        w->done[w->n_done++] = work;
+    }
     for (int b = 0; err == ZPS_OK && w->opts.no_overlap && b < zps_model_n_buckets(&w->model);
          b++) {
         s_push_bucket(w, b);
@@ -1032,6 +1150,9 @@ static bool s_parse_opts(int argc, char **argv, s_opts *o, char *cache_buf, size
 static void s_worker_fini(s_worker *w)
 {
     zps_heartbeat_stop(&w->heartbeat);
+    if (w->ask) {
+        zmq_close(w->ask);
+    }
     for (int i = 0; i < ZPS_WORKER_MAX_SHARDS; i++) {
         if (w->shards[i].sock) {
             zmq_close(w->shards[i].sock);
@@ -1082,6 +1203,7 @@ int main(int argc, char **argv)
     openblas_set_num_threads(w.opts.threads);
     w.fault_seed = w.opts.stall_seed_set ? w.opts.stall_seed : (uint64_t)getpid();
     w.fault_step = UINT64_MAX;
+    w.done_step = UINT64_MAX;
     w.ctx = zmq_ctx_new();
     s_shard_conn *coord = &w.shards[0];
     snprintf(coord->endpoint, sizeof coord->endpoint, "%s", w.opts.coordinator);

@@ -92,14 +92,3 @@ void zps_schedule_forget_before(zps_schedule *s, uint64_t step)
         }
     }
 }
-
-bool zps_schedule_position(const zps_schedule *s, uint64_t step, uint32_t *pos, uint32_t *n)
-{
-    const zps_schedule_plan *p = s_plan_at(s, step);
-    if (!p || p->position < 0) {
-        return false;
-    }
-    *pos = (uint32_t)p->position;
-    *n = p->n;
-    return true;
-}

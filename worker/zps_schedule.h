@@ -54,8 +54,5 @@ int zps_schedule_take(zps_schedule *s, uint64_t step, zps_work *out, int max);
 int zps_schedule_take_extras(zps_schedule *s, uint64_t step, zps_work *out, int max);
 // Drops extras of steps before `step` (they were completed by others).
 void zps_schedule_forget_before(zps_schedule *s, uint64_t step);
-// This worker's position among the members in force at `step` and their
-// number; false if it is not a member then.
-bool zps_schedule_position(const zps_schedule *s, uint64_t step, uint32_t *pos, uint32_t *n);
 
 #endif

@@ -13,10 +13,13 @@
 #include "zps_proc.h"
 
 #define MODEL "mlp:784-512-512-10"
-// As in check_failures.c: training is chaotic, and at lr 0.02 over 80 steps
-// of seed 5 a last-bit difference of summation order stays below 1e-6; over
-// 120 steps a run with pieces once ended 1.2e-4 from one without.
-#define STEPS "80"
+
+// Built with AddressSanitizer (make test SAN=1, which adds UBSan too).
+#if defined(__SANITIZE_ADDRESS__)
+#define ZPS_TEST_SANITIZED 1
+#else
+#define ZPS_TEST_SANITIZED 0
+#endif
 
 typedef struct view {
     uint64_t step;
@@ -41,16 +44,18 @@ static view s_view(const char *endpoint, pid_t pid)
     return v;
 }
 
-// A metrics log line's step and step_ms; false for a line without them.
-static bool s_step_line(const char *line, uint64_t *step, double *ms)
+// A metrics log line's step, epoch and step_ms; false for a line without
+// them (an evaluation's record).
+static bool s_step_line(const char *line, uint64_t *step, uint64_t *epoch, double *ms)
 {
-    unsigned long long st;
+    unsigned long long st, ep;
     const char *p = strstr(line, "\"step_ms\":");
-    if (sscanf(line, "{\"step\":%llu", &st) != 1 || !p ||
+    if (sscanf(line, "{\"step\":%llu,\"epoch\":%llu", &st, &ep) != 2 || !p ||
         sscanf(p, "\"step_ms\":%lf", ms) != 1) {
         return false;
     }
     *step = st;
+    *epoch = ep;
     return true;
 }
 
@@ -60,7 +65,9 @@ static int s_cmp_double(const void *a, const void *b)
     return (x > y) - (x < y);
 }
 
-// The q-quantile of step_ms over the metrics log's steps >= from.
+// The q-quantile of step_ms over the metrics log's training steps >= from.
+// The first step of an epoch is left out: the workers evaluate the test set
+// before it, which no split or speculation changes.
 static double s_step_quantile(zps_procs *ps, const char *log, uint64_t from, double q)
 {
     FILE *f = fopen(zps_procs_path(ps, log), "r");
@@ -68,12 +75,16 @@ static double s_step_quantile(zps_procs *ps, const char *log, uint64_t from, dou
     static double v[4096];
     size_t n = 0;
     char line[4096];
-    uint64_t step;
+    uint64_t step, epoch, last_epoch = UINT64_MAX;
     double ms;
     while (fgets(line, sizeof line, f) && n < 4096) {
-        if (s_step_line(line, &step, &ms) && step >= from) {
+        if (!s_step_line(line, &step, &epoch, &ms)) {
+            continue;
+        }
+        if (step >= from && epoch == last_epoch) {
             v[n++] = ms;
         }
+        last_epoch = epoch;
     }
     fclose(f);
     ck_assert_uint_gt(n, 10);
@@ -202,16 +213,20 @@ START_TEST(test_stragglers_slowed_worker_flagged_and_split_adapts_same_math)
     ck_assert_msg(flagged_fixed && flagged_adaptive, "the slowed worker was not flagged by step 20");
     ck_assert_uint_eq(share_fixed, ADAPT_BATCH / 3);
     ck_assert_uint_lt(share_adaptive, ADAPT_BATCH / 4);
-    // The issue's 1.25 x the ideal is printed, not asserted: measured
-    // 1.10-1.20 x on this machine, and 1.23-1.39 x under SAN=1, too near the
-    // bound for a test that must not flake. What cannot drift near its
-    // bound is asserted: adapting makes the median step at least a quarter
-    // shorter than the even split's (measured 40-50 % shorter).
-    fprintf(stderr, "SKIPPED: adapted step within 1.25 x the ideal: printed above (%.2fx), not "
-                    "asserted (measured 1.10-1.20x here, the bound is too near for a "
-                    "noisy 2-core machine)\n", m_adaptive / ideal);
     ck_assert_msg(m_adaptive <= 0.75 * m_fixed, "adaptive median step %.1f ms is not a quarter "
                   "shorter than the even split's %.1f ms", m_adaptive, m_fixed);
+    // The issue's bound: within 1.25 x the ideal (measured 1.05-1.09 x).
+    // The ideal counts compute only; under sanitizers the rest of a step
+    // (sums, updates, messages: our own code, instrumented) grows several
+    // times, to 1.25-1.3 x, so there the bound is printed, not asserted.
+    if (ZPS_TEST_SANITIZED) {
+        fprintf(stderr, "SKIPPED: adapted step within 1.25 x the ideal: %.2fx, not asserted "
+                        "under sanitizers (they slow the non-compute part of a step)\n",
+                m_adaptive / ideal);
+    } else {
+        ck_assert_msg(m_adaptive <= 1.25 * ideal, "adaptive median step %.1f ms is %.2fx the "
+                      "ideal %.1f ms, over 1.25x", m_adaptive, m_adaptive / ideal, ideal);
+    }
     // The split changed, the computation did not.
     zps_model_spec spec;
     ck_assert_int_eq(zps_model_parse(MODEL, &spec), ZPS_OK);
@@ -222,17 +237,28 @@ START_TEST(test_stragglers_slowed_worker_flagged_and_split_adapts_same_math)
 }
 END_TEST
 
-// 3 workers on batch 96 for STEPS steps; rank 0 pauses stall_ms at the
-// steps that --stall-seed 11 draws with chance 0.1 (none if stall_ms is 0),
-// with --speculate-after X, or without speculation if X is NULL.
+// The speculation test's job: as the adaptive test's, a batch that makes
+// compute most of a step, so that the noise of 2 shared cores (a p95 of
+// 1.1-1.25 x the median with no pause at all) leaves room under the bound.
+// Training is chaotic (as in check_failures.c): a last-bit difference of
+// summation order, which pieces make, grows with the steps. At lr 0.02 it
+// reached 5.9e-5 after 100 steps, too near the 1e-4 bound; at lr 0.01 it
+// measured 3-7e-6.
+#define SPEC_BATCH "3840"
+#define SPEC_STEPS "100"
+
+// 3 workers on SPEC_BATCH for SPEC_STEPS steps; the first started pauses
+// stall_ms at the steps that --stall-seed 11 draws with chance 0.1 (none if
+// stall_ms is 0), with --speculate-after X, or without speculation if X is
+// NULL.
 static void s_stall_run(zps_procs *ps, const char *tag, int stall_ms, const char *speculate)
 {
     char metrics[64], server[64], names[3][32], ms[16];
     snprintf(metrics, sizeof metrics, "%s.jsonl", tag);
     snprintf(server, sizeof server, "%s-server", tag);
     snprintf(ms, sizeof ms, "%d", stall_ms);
-    const char *args[] = {"--workers", "3", "--global-batch", "96", "--steps", STEPS,
-                          "--model", MODEL, "--seed", "5", "--lr", "0.02", "--metrics-log",
+    const char *args[] = {"--workers", "3", "--global-batch", SPEC_BATCH, "--steps", SPEC_STEPS,
+                          "--model", MODEL, "--seed", "5", "--lr", "0.01", "--metrics-log",
                           zps_procs_path(ps, metrics), speculate ? "--speculate-after" : NULL,
                           speculate, NULL};
     pid_t s, w[3];
@@ -250,7 +276,7 @@ static void s_stall_run(zps_procs *ps, const char *tag, int stall_ms, const char
         w[i] = zps_procs_start(ps, "zps-worker", log, wargs);
     }
     for (int i = 0; i < 3; i++) {
-        ck_assert_int_eq(zps_procs_wait(ps, w[i], 120000), 0);
+        ck_assert_int_eq(zps_procs_wait(ps, w[i], 180000), 0);
     }
     ck_assert_int_eq(zps_procs_wait(ps, s, 30000), 0);
 }
@@ -283,10 +309,10 @@ static double s_median_of_steps(zps_procs *ps, const char *log, const uint64_t *
     FILE *f = fopen(zps_procs_path(ps, log), "r");
     ck_assert_ptr_nonnull(f);
     char line[4096];
-    uint64_t step;
+    uint64_t step, epoch;
     double v;
     while (fgets(line, sizeof line, f) && found < 64) {
-        if (!s_step_line(line, &step, &v)) {
+        if (!s_step_line(line, &step, &epoch, &v)) {
             continue;
         }
         for (size_t i = 0; i < n; i++) {
@@ -302,17 +328,30 @@ static double s_median_of_steps(zps_procs *ps, const char *log, const uint64_t *
     return ms[found / 2];
 }
 
+// Lines of a log that contain `text`.
+static int s_count_lines(zps_procs *ps, const char *log, const char *text)
+{
+    FILE *f = fopen(zps_procs_path(ps, log), "r");
+    ck_assert_ptr_nonnull(f);
+    char line[1024];
+    int n = 0;
+    while (fgets(line, sizeof line, f)) {
+        n += strstr(line, text) != NULL;
+    }
+    fclose(f);
+    return n;
+}
+
 // Random pauses of one worker (P = 0.1, M = 5 x the median step, as the
-// issue has it): without speculation a paused step lasts about M, since it
-// cannot end before the paused worker pushes; with it, the others compute
-// the late slice and the step ends long before M. The assertion is on the
-// paused steps themselves (each worker log names them), so it does not
-// hang on how noisy the other steps are: cut by a quarter at least
-// (measured 48-84 %). The parameters are those of the run without
-// speculation. The issue's target, p95 within 1.5 x the median, is
-// printed, not asserted: on 2 shared cores a run with no pause at all has
-// a p95 of 1.2-1.45 x its median.
-START_TEST(test_stragglers_speculation_cuts_the_tail_of_random_stalls_same_math)
+// issue has it). Without speculation a paused step lasts about M, and the
+// p95 is one of them; with it, the others take the paused worker's slice
+// once theirs are in, keep taking it while it stays away, and the worker,
+// back, skips the steps done without it. The issue's target is asserted:
+// p95 within 1.5 x the median (measured 1.15-1.22 x). So is what makes it
+// mean something: without speculation the pauses hold their steps back,
+// and the p95 is at least twice the median (measured 5.4 x). The
+// parameters are those of the run without speculation.
+START_TEST(test_stragglers_speculation_keeps_p95_of_random_stalls_near_median_same_math)
 {
     zps_procs ps;
     zps_procs_init(&ps, "speculate");
@@ -321,16 +360,16 @@ START_TEST(test_stragglers_speculation_cuts_the_tail_of_random_stalls_same_math)
     s_stall_run(&ps, "calm", 0, NULL);
     double m = s_median_step(&ps, "calm.jsonl", 10);
     int stall_ms = (int)(5.0 * m + 0.5);
-    stall_ms = stall_ms < 30 ? 30 : stall_ms > 1000 ? 1000 : stall_ms;
+    stall_ms = stall_ms < 30 ? 30 : stall_ms > 2000 ? 2000 : stall_ms;
     s_stall_run(&ps, "plain", stall_ms, NULL);
     s_stall_run(&ps, "spec", stall_ms, "0.25");
 
     uint64_t st0[64], st1[64];
     size_t n0 = s_stalled_steps(&ps, "plain-w0.log", 10, st0, 64);
     size_t n1 = s_stalled_steps(&ps, "spec-w0.log", 10, st1, 64);
-    // Without speculation rank 0 computes every step, so the seed fixes
-    // its pauses (9 of steps 10-79); with it, rank 0 skips the steps the
-    // others covered while it paused, and pauses at fewer.
+    // Without speculation the paused worker computes every step, so the
+    // seed fixes its pauses; with it, the worker skips the steps the others
+    // covered while it paused, and pauses at fewer.
     ck_assert_uint_ge(n0, 4);
     ck_assert_uint_ge(n1, 2);
     double s0 = s_median_of_steps(&ps, "plain.jsonl", st0, n0);
@@ -339,19 +378,28 @@ START_TEST(test_stragglers_speculation_cuts_the_tail_of_random_stalls_same_math)
     double p0 = s_step_quantile(&ps, "plain.jsonl", 10, 0.95);
     double m1 = s_step_quantile(&ps, "spec.jsonl", 10, 0.5);
     double p1 = s_step_quantile(&ps, "spec.jsonl", 10, 0.95);
+    int rejoined = s_count_lines(&ps, "spec-w0.log", "rejoining at step");
     fprintf(stderr, "random stalls of %d ms (5 x the median step %.2f ms): at %zu steps, "
                     "those steps took %.2f ms without speculation; at %zu steps, %.2f ms with it "
-                    "(medians)\n",
-            stall_ms, m, n0, s0, n1, s1);
+                    "(medians); the paused worker skipped steps done without it %d times\n",
+            stall_ms, m, n0, s0, n1, s1, rejoined);
     fprintf(stderr, "random stalls: median %.2f ms, p95 %.2f ms (%.2fx) without speculation; "
                     "median %.2f ms, p95 %.2f ms (%.2fx) with it\n",
             m0, p0, p0 / m0, m1, p1, p1 / m1);
-    fprintf(stderr, "SKIPPED: p95 within 1.5 x the median with speculation: printed above, not "
-                    "asserted (a run with no pause already has 1.2-1.45 x here)\n");
     ck_assert_msg(s0 >= 0.6 * stall_ms, "paused steps took %.2f ms without speculation, less "
                   "than the %d ms pause: the pauses did not hold the steps back", s0, stall_ms);
-    ck_assert_msg(s1 <= 0.75 * s0, "speculation did not cut the paused steps by a quarter: "
-                  "%.2f -> %.2f ms", s0, s1);
+    ck_assert_msg(p0 >= 2 * m0, "without speculation the p95 step is %.2fx the median: the "
+                  "pauses made no tail to cut", p0 / m0);
+    ck_assert_msg(rejoined >= 1, "the paused worker never skipped a step done without it");
+    ck_assert_msg(p1 <= 1.5 * m1, "with speculation the p95 step %.2f ms is %.2fx the median "
+                  "%.2f ms, over 1.5x", p1, p1 / m1, m1);
+    // The test set is evaluated whole at every epoch's end, even when the
+    // paused worker was away then: the pieces of its slice carry its part.
+    int evals0 = s_count_lines(&ps, "plain.jsonl", "\"test_accuracy\""), evals1 =
+        s_count_lines(&ps, "spec.jsonl", "\"test_accuracy\"");
+    ck_assert_int_gt(evals0, 3);
+    ck_assert_int_eq(evals1, evals0);
+    ck_assert_int_eq(s_count_lines(&ps, "spec-server.log", "evaluation incomplete"), 0);
     zps_model_spec spec;
     ck_assert_int_eq(zps_model_parse(MODEL, &spec), ZPS_OK);
     double d = zps_procs_params_diff(&ps, "plain-w1.bin", "spec-w1.bin", spec.n_params);
@@ -367,7 +415,7 @@ Suite *zps_suite_stragglers(void)
     TCase *tc = tcase_create("adapt");
     tcase_set_timeout(tc, 300);
     tcase_add_test(tc, test_stragglers_slowed_worker_flagged_and_split_adapts_same_math);
-    tcase_add_test(tc, test_stragglers_speculation_cuts_the_tail_of_random_stalls_same_math);
+    tcase_add_test(tc, test_stragglers_speculation_keeps_p95_of_random_stalls_near_median_same_math);
     suite_add_tcase(s, tc);
     return s;
 }
