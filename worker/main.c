@@ -40,7 +40,7 @@
 #define ZPS_WORKER_EVAL_CHUNK 1024u
 #define ZPS_WORKER_LATE_STEPS 2.0  // a slice not begun this many usual steps in: ask first
 #define ZPS_WORKER_ASK_MS 500      // bound on the coordinator's answer to that
-#define ZPS_WORKER_CALIBRATE 10    // --slowdown: computes that fix the time per sample
+#define ZPS_WORKER_CALIBRATE 20    // --slowdown: computes that fix the time per sample
 
 typedef struct s_opts {
     const char *coordinator;  // endpoint of shard 0
@@ -108,8 +108,7 @@ typedef struct s_worker {
     uint64_t fault_seed;                          // draws the injected pauses, with the step
     uint64_t fault_step;                          // the step they were last drawn for
     double ms_per_sample;                         // --slowdown: own compute per sample
-    double calib[ZPS_WORKER_CALIBRATE];           // its first measures; their median is it
-    int n_calib;
+    int n_calib;                                  // computes it was measured on
     double params_ms;                             // when the current parameters were taken
     uint64_t done_step;                           // the step of the slices below
     zps_work done[1 + ZPS_SCHEDULE_EXTRAS];       // the slices computed of it, pieces too
@@ -735,22 +734,23 @@ static void s_sleep_ms(double ms)
     }
 }
 
-// --slowdown: the time per sample is the median of the first
-// ZPS_WORKER_CALIBRATE computes, then fixed. A slower machine's speed is
-// steady; a running mean would follow this host's contention (3 workers
-// on 2 cores compute slower together than alone) and multiply it by F - 1,
-// and a split made by throughput would then be wrong as soon as it is used.
+// --slowdown: the time per sample is the least of the first
+// ZPS_WORKER_CALIBRATE computes, then fixed: this host at its best, warm
+// and uncontended. A slower machine's speed is steady; a running mean
+// would follow this host's contention (3 workers on 2 cores compute slower
+// together than alone) and multiply it by F - 1, and a split made by
+// throughput would be wrong as soon as it is used. The least, not the
+// median: at 43 samples a slice one compute here takes 1-6 x the least,
+// and their median is twice it.
 static void s_calibrate(s_worker *w, double per_sample)
 {
     if (w->n_calib == ZPS_WORKER_CALIBRATE) {
         return;
     }
-    int i = w->n_calib++;
-    for (; i > 0 && w->calib[i - 1] > per_sample; i--) {
-        w->calib[i] = w->calib[i - 1];
+    if (w->n_calib == 0 || per_sample < w->ms_per_sample) {
+        w->ms_per_sample = per_sample;
     }
-    w->calib[i] = per_sample;
-    w->ms_per_sample = w->calib[w->n_calib / 2];
+    w->n_calib++;
 }
 
 // Fault injection for tests and demos (--slowdown, --stall-prob): the
