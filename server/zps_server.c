@@ -72,6 +72,8 @@ typedef struct s_server {
     uint64_t ckpt_every;                         // checkpoint after every this many steps
     bool late_now[ZPS_MAX_MEMBERS];              // ranks whose slice was handed on this step
     bool heard[ZPS_MAX_MEMBERS];                 // rank pushed or pulled this step, any step
+    uint32_t own_in[ZPS_MAX_MEMBERS];            // buckets of its own slice counted this step
+    uint32_t n_in;                               // ranks with all of them counted
     double quorum_ms;                            // when as many slices were in as not, or 0
     double stop_deadline_ms;                     // after a signal: when to stop regardless
 } s_server;
@@ -268,6 +270,8 @@ static void s_end_step(s_server *srv)
     }
     memset(srv->pushed, 0, sizeof srv->pushed);
     memset(srv->heard, 0, sizeof srv->heard);
+    memset(srv->own_in, 0, sizeof srv->own_in);
+    srv->n_in = 0;
     if (srv->ckpt_every && srv->o->checkpoint_dir && (step + 1) % srv->ckpt_every == 0 &&
         zps_shard_save(srv->shard, srv->o->checkpoint_dir, 3) == ZPS_OK && srv->coord) {
         (void)zps_coord_save(srv->coord, srv->o->checkpoint_dir, step + 1);
@@ -327,20 +331,32 @@ static void s_add_recipient(s_server *srv, zps_wire_msg *m)
     }
 }
 
-// Whether at least as many members' slices of the step are in as are
-// not, yet not all; finished[rank], if given, says whose are in.
-static bool s_quorum_in(const s_server *srv, bool *finished)
+// Whether rank r's own slice is in: every bucket of it counted from r
+// itself. A bucket that a helper's piece brought first does not count, so
+// a late owner whose slice the others covered stays "not in"; what it is
+// for (the quorum, and who may help) needs no more.
+static bool s_own_in(const s_server *srv, uint32_t r)
 {
-    uint32_t done = 0;
-    for (uint32_t i = 0; i < srv->plan.n; i++) {
-        const zps_plan_slice *sl = &srv->plan.slices[i];
-        bool in = zps_shard_slice_done(srv->shard, sl->offset, sl->count);
-        done += in;
-        if (finished) {
-            finished[sl->rank] = in;
-        }
+    return srv->own_in[r] == (uint32_t)zps_shard_n_buckets(srv->shard);
+}
+
+// Counts a counted push of rank r toward its own slice, and notes when at
+// least as many slices are in as are not (not all: the step is then over).
+static void s_note_own_push(s_server *srv, const Zps__Header *h)
+{
+    uint32_t r = h->rank % ZPS_MAX_MEMBERS;
+    const zps_plan_slice *own = zps_plan_find(&srv->plan, r);
+    if (!own || h->batch_offset != own->offset || h->samples != own->count || s_own_in(srv, r)) {
+        return; // a piece of someone else's slice
     }
-    return done < srv->plan.n && done >= srv->plan.n - done;
+    srv->own_in[r]++;
+    if (!s_own_in(srv, r)) {
+        return;
+    }
+    srv->n_in++;
+    if (srv->quorum_ms == 0 && srv->n_in < srv->plan.n && 2 * srv->n_in >= srv->plan.n) {
+        srv->quorum_ms = zps_clock_ms();
+    }
 }
 
 static void s_on_push(s_server *srv, zps_wire_msg *m)
@@ -365,9 +381,8 @@ static void s_on_push(s_server *srv, zps_wire_msg *m)
         zps_log_debug("dropped: %s", why);
     }
     s_add_recipient(srv, m);
-    if (err == ZPS_OK && srv->quorum_ms == 0 && srv->coord && srv->o->speculate_after > 0 &&
-        s_quorum_in(srv, NULL)) {
-        srv->quorum_ms = zps_clock_ms();
+    if (err == ZPS_OK) {
+        s_note_own_push(srv, m->hdr);
     }
     if (srv->coord && err == ZPS_OK) {
         zps_coord_note_push(srv->coord, m->hdr->step, m->hdr->rank % ZPS_MAX_MEMBERS,
@@ -613,6 +628,8 @@ static zps_err s_rollback(s_server *srv, uint64_t step)
     }
     memset(srv->pushed, 0, sizeof srv->pushed);
     memset(srv->heard, 0, sizeof srv->heard);
+    memset(srv->own_in, 0, sizeof srv->own_in);
+    srv->n_in = 0;
     memset(srv->served, 0, sizeof srv->served);
     // PULLs that arrived before the rollback (for its step) can be served now.
     for (int i = 0; i < ZPS_SERVER_PULLERS; i++) {
@@ -701,10 +718,13 @@ static void s_publish(s_server *srv, double now)
 static void s_speculate(s_server *srv, double now)
 {
     double median = srv->coord ? zps_coord_median_step_ms(srv->coord) : 0;
-    bool finished[ZPS_MAX_MEMBERS] = {false};
     if (!srv->coord || srv->o->speculate_after <= 0 || !srv->plan_set || median <= 0 ||
-        srv->quorum_ms == 0 || !s_quorum_in(srv, finished)) {
+        srv->quorum_ms == 0 || srv->n_in == srv->plan.n) {
         return;
+    }
+    bool finished[ZPS_MAX_MEMBERS] = {false};
+    for (uint32_t i = 0; i < srv->plan.n; i++) {
+        finished[srv->plan.slices[i].rank] = s_own_in(srv, srv->plan.slices[i].rank);
     }
     bool waited = now - srv->quorum_ms >= srv->o->speculate_after * median;
     uint64_t step = zps_shard_step(srv->shard);

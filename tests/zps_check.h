@@ -16,5 +16,6 @@ Suite *zps_suite_shard(void);
 Suite *zps_suite_dtype(void);
 Suite *zps_suite_ckpt(void);
 Suite *zps_suite_flags(void);
+Suite *zps_suite_coord(void);
 
 #endif

@@ -110,11 +110,11 @@ typedef struct s_worker {
     double ms_per_sample;                         // --slowdown: own compute per sample
     int n_calib;                                  // computes it was measured on
     double params_ms;                             // when the current parameters were taken
+    double usual_step_ms;                         // running mean of the time between those
+    void *ask;                                    // owned: DEALER to the coordinator, STATUS only
     uint64_t done_step;                           // the step of the slices below
     zps_work done[1 + ZPS_SCHEDULE_EXTRAS];       // the slices computed of it, pieces too
     int n_done;
-    double usual_step_ms;                         // running mean of the time between those
-    void *ask;                                    // owned: DEALER to the coordinator, STATUS only
     double sum_data_ms, sum_compute_ms, sum_wait_ms; // per-step phases, summed
     uint64_t timed_steps;                         // steps in those sums
     uint64_t stopped_at;                          // the step a signal interrupted
@@ -756,10 +756,10 @@ static void s_calibrate(s_worker *w, double per_sample)
 // Fault injection for tests and demos (--slowdown, --stall-prob): the
 // pause comes before the compute, so a slowed worker pushes late. A slowed
 // worker waits (F - 1) x its time per sample (s_calibrate) x the samples.
-// Whether a step pauses is drawn from the
-// seed and the step alone, once a step, so one --stall-seed pauses at the
-// same steps in every run that computes them (a worker whose late slices
-// were handed on skips steps); the log names each pause's step.
+// Whether a step pauses is drawn from the seed and the step alone, once a
+// step, so one --stall-seed pauses at the same steps in every run that
+// computes them (a worker whose late slices were handed on skips steps);
+// the log names each pause's step.
 static void s_inject_faults(s_worker *w, uint64_t step, uint32_t samples)
 {
     if (w->opts.slowdown > 1.0) {

@@ -16,8 +16,6 @@
 #include "server/zps_ckpt.h"
 #include "tests/zps_check.h"
 
-Suite *zps_suite_ckpt(void); // not in tests/zps_check.h yet
-
 #define SEED 42u
 #define HASH 0x0123456789ABCDEFull
 
