@@ -331,6 +331,13 @@ static void s_add_recipient(s_server *srv, zps_wire_msg *m)
     }
 }
 
+// Whether `in` of n members are at least as many as the rest: enough to
+// hand the rest's slices to, one helper or more each.
+static bool s_half_or_more(uint32_t in, uint32_t n)
+{
+    return in >= n - in;
+}
+
 // Whether rank r's own slice is in: every bucket of it counted from r
 // itself. A bucket that a helper's piece brought first does not count, so
 // a late owner whose slice the others covered stays "not in"; what it is
@@ -354,7 +361,8 @@ static void s_note_own_push(s_server *srv, const Zps__Header *h)
         return;
     }
     srv->n_in++;
-    if (srv->quorum_ms == 0 && srv->n_in < srv->plan.n && 2 * srv->n_in >= srv->plan.n) {
+    if (srv->quorum_ms == 0 && srv->n_in < srv->plan.n &&
+        s_half_or_more(srv->n_in, srv->plan.n)) {
         srv->quorum_ms = zps_clock_ms();
     }
 }
@@ -764,8 +772,8 @@ static void s_speculate_ahead(s_server *srv, uint64_t step)
         helper[srv->plan.slices[i].rank] = !late[srv->plan.slices[i].rank];
         helpers += helper[srv->plan.slices[i].rank];
     }
-    if (helpers < srv->plan.n - helpers) {
-        return; // as in s_speculate: too few to cover the rest
+    if (!s_half_or_more(helpers, srv->plan.n)) {
+        return; // too few to cover the rest
     }
     for (uint32_t i = 0; i < srv->plan.n; i++) {
         const zps_plan_slice *sl = &srv->plan.slices[i];

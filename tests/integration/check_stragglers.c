@@ -328,20 +328,6 @@ static double s_median_of_steps(zps_procs *ps, const char *log, const uint64_t *
     return ms[found / 2];
 }
 
-// Lines of a log that contain `text`.
-static int s_count_lines(zps_procs *ps, const char *log, const char *text)
-{
-    FILE *f = fopen(zps_procs_path(ps, log), "r");
-    ck_assert_ptr_nonnull(f);
-    char line[1024];
-    int n = 0;
-    while (fgets(line, sizeof line, f)) {
-        n += strstr(line, text) != NULL;
-    }
-    fclose(f);
-    return n;
-}
-
 // Random pauses of one worker (P = 0.1, M = 5 x the median step, as the
 // issue has it). Without speculation a paused step lasts about M, and the
 // p95 is one of them; with it, the others take the paused worker's slice
@@ -378,7 +364,7 @@ START_TEST(test_stragglers_speculation_keeps_p95_of_random_stalls_near_median_sa
     double p0 = s_step_quantile(&ps, "plain.jsonl", 10, 0.95);
     double m1 = s_step_quantile(&ps, "spec.jsonl", 10, 0.5);
     double p1 = s_step_quantile(&ps, "spec.jsonl", 10, 0.95);
-    int rejoined = s_count_lines(&ps, "spec-w0.log", "rejoining at step");
+    int rejoined = zps_procs_log_count(&ps, "spec-w0.log", "rejoining at step");
     fprintf(stderr, "random stalls of %d ms (5 x the median step %.2f ms): at %zu steps, "
                     "those steps took %.2f ms without speculation; at %zu steps, %.2f ms with it "
                     "(medians); the paused worker skipped steps done without it %d times\n",
@@ -395,11 +381,11 @@ START_TEST(test_stragglers_speculation_keeps_p95_of_random_stalls_near_median_sa
                   "%.2f ms, over 1.5x", p1, p1 / m1, m1);
     // The test set is evaluated whole at every epoch's end, even when the
     // paused worker was away then: the pieces of its slice carry its part.
-    int evals0 = s_count_lines(&ps, "plain.jsonl", "\"test_accuracy\""), evals1 =
-        s_count_lines(&ps, "spec.jsonl", "\"test_accuracy\"");
+    int evals0 = zps_procs_log_count(&ps, "plain.jsonl", "\"test_accuracy\""), evals1 =
+        zps_procs_log_count(&ps, "spec.jsonl", "\"test_accuracy\"");
     ck_assert_int_gt(evals0, 3);
     ck_assert_int_eq(evals1, evals0);
-    ck_assert_int_eq(s_count_lines(&ps, "spec-server.log", "evaluation incomplete"), 0);
+    ck_assert_int_eq(zps_procs_log_count(&ps, "spec-server.log", "evaluation incomplete"), 0);
     zps_model_spec spec;
     ck_assert_int_eq(zps_model_parse(MODEL, &spec), ZPS_OK);
     double d = zps_procs_params_diff(&ps, "plain-w1.bin", "spec-w1.bin", spec.n_params);

@@ -251,19 +251,24 @@ void zps_procs_status(const char *endpoint, zps_wire_msg *m)
     zmq_ctx_term(ctx);
 }
 
-bool zps_procs_log_has(const zps_procs *ps, const char *log, const char *text)
+int zps_procs_log_count(const zps_procs *ps, const char *log, const char *text)
 {
     FILE *f = fopen(zps_procs_path(ps, log), "r");
     if (!f) {
-        return false;
+        return -1;
     }
     char line[4096];
-    bool found = false;
-    while (!found && fgets(line, sizeof line, f)) {
-        found = strstr(line, text) != NULL;
+    int n = 0;
+    while (fgets(line, sizeof line, f)) {
+        n += strstr(line, text) != NULL;
     }
     fclose(f);
-    return found;
+    return n;
+}
+
+bool zps_procs_log_has(const zps_procs *ps, const char *log, const char *text)
+{
+    return zps_procs_log_count(ps, log, text) > 0;
 }
 
 void zps_procs_adopt(zps_procs *ps, pid_t pid)

@@ -64,6 +64,9 @@ float *zps_procs_load_params(const zps_procs *ps, const char *name, size_t n);
 double zps_max_abs_diff(const float *a, const float *b, size_t n);
 // zps_max_abs_diff of two such files.
 double zps_procs_params_diff(const zps_procs *ps, const char *a, const char *b, size_t n);
+// The lines of the log file under the scratch directory that contain
+// text; -1 if there is no such file.
+int zps_procs_log_count(const zps_procs *ps, const char *log, const char *text);
 // True if the log file under the scratch directory has a line with text.
 bool zps_procs_log_has(const zps_procs *ps, const char *log, const char *text);
 
