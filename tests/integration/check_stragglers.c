@@ -215,10 +215,10 @@ START_TEST(test_stragglers_slowed_worker_flagged_and_split_adapts_same_math)
     ck_assert_uint_lt(share_adaptive, ADAPT_BATCH / 4);
     ck_assert_msg(m_adaptive <= 0.75 * m_fixed, "adaptive median step %.1f ms is not a quarter "
                   "shorter than the even split's %.1f ms", m_adaptive, m_fixed);
-    // The bound: within 1.25 x the ideal (measured 1.04-1.13 x).
+    // The bound: within 1.25 x the ideal (measured 1.04-1.14 x).
     // The ideal counts compute only; under sanitizers the rest of a step
     // (sums, updates, messages: our own code, instrumented) grows several
-    // times, to 1.23-1.30 x, so there the bound is printed, not asserted.
+    // times, to 1.23-1.32 x, so there the bound is printed, not asserted.
     if (ZPS_TEST_SANITIZED) {
         fprintf(stderr, "SKIPPED: adapted step within 1.25 x the ideal: %.2fx, not asserted "
                         "under sanitizers (they slow the non-compute part of a step)\n",
