@@ -4,6 +4,7 @@
 #   make demo       install missing Debian packages, build, train Fashion-MNIST on loopback
 #   make test       install missing Debian packages, build, run unit, integration and deploy tests
 #   make bench      ms/step of the default job with 1 and 2 workers (bench/train.sh)
+#   make soak       the chaos test for 10 minutes (SOAK_SECONDS=, SEED=)
 #
 # Checks (CI runs them after make test; their extra packages come from
 # deploy/install-deps.sh --ci):
@@ -219,6 +220,16 @@ test-deploy: $(BINS)
 
 bench: all
 	@bash bench/train.sh
+
+# The chaos test for SOAK_SECONDS (default 600) of events, before a release:
+# workers killed and replaced, paused, shard 1 and the coordinator killed
+# and resumed, on the schedule of SEED (default 1). make soak SEED=7.
+SOAK_SECONDS ?= 600
+SEED ?= 1
+.PHONY: soak
+soak: all $(B)/tests/check_integration
+	ZPS_BIN_DIR=$(CURDIR)/$(BIN) ZPS_SOAK_SECONDS=$(SOAK_SECONDS) ZPS_CHAOS_SEED=$(SEED) \
+		CK_RUN_SUITE=chaos CK_RUN_CASE=soak $(B)/tests/check_integration
 
 # ================================================================ checks
 # What CI runs after make test (.ci/run). Their extra packages (clang,

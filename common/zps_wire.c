@@ -243,6 +243,25 @@ void zps_wire_send_error(void *sock, zmq_msg_t *route, uint64_t job_id, uint64_t
     (void)zps_wire_send(sock, route, &h, NULL, 0, NULL);
 }
 
+void zps_wire_send_refusal(void *sock, zmq_msg_t *route, uint64_t job_id,
+                           const Zps__Header *refused, zps_err code, const char *why)
+{
+    Zps__Header h;
+    zps_wire_header_init(&h, ZPS__MSG_TYPE__ERROR);
+    h.job_id = job_id;
+    h.refused = refused->type;
+    h.step = refused->step;
+    h.shard = refused->shard;
+    h.offset = refused->offset;
+    h.count = refused->count;
+    h.batch_offset = refused->batch_offset;
+    h.samples = refused->samples;
+    h.generation = refused->generation;
+    h.error_code = (int32_t)code;
+    h.error = (char *)why;
+    (void)zps_wire_send(sock, route, &h, NULL, 0, NULL);
+}
+
 zps_err zps_wire_check_tensor(const zps_wire_msg *m, int dtype, uint64_t lo, uint64_t hi,
                               char *why, size_t why_len)
 {

@@ -76,6 +76,11 @@ zps_err zps_wire_send(void *sock, zmq_msg_t *route, const Zps__Header *h, const 
 // Answers a refused message with ERROR (code and one line), echoing its step.
 void zps_wire_send_error(void *sock, zmq_msg_t *route, uint64_t job_id, uint64_t step,
                          zps_err code, const char *why);
+// The ERROR answering a refused message, which it names (its type, step,
+// shard, tensor range and slice echoed), so that its sender can tell which
+// of its messages to send again.
+void zps_wire_send_refusal(void *sock, zmq_msg_t *route, uint64_t job_id,
+                           const Zps__Header *refused, zps_err code, const char *why);
 
 // Checks that m carries a tensor of hdr->count elements of dtype (a
 // zps_dtype) inside [lo, hi), whose frames hold whole elements and add up

@@ -12,8 +12,10 @@
 #include "common/zps_clock.h"
 #include "common/zps_log.h"
 #include "common/zps_model.h"
+#include "common/zps_plans.h"
 #include "common/zps_rng.h"
 #include "server/zps_ckpt.h"
+#include "server/zps_member.h"
 #include "server/zps_monitor.h"
 
 #define ZPS_COORD_PROGRESS_MS 2000.0
@@ -28,29 +30,21 @@
 typedef enum s_state { S_WAITING, S_ASSIGNING, S_TRAINING, S_DONE, S_RECOVERING } s_state;
 
 typedef struct s_member {
-    uint32_t rank;       // position in the plan
-    uint64_t member_id;  // secret-ish id its pushes carry
-    char host[64];       // reported by the worker
-    char device[32];     // reported by the worker
-    uint32_t share;      // fixed share asked for, 0 for "split the rest"
-    uint32_t pid;        // worker process id on its host
-    zmq_msg_t route;     // routing id on shard 0's socket (for JOB)
-    bool said_bye;       // finished cleanly
-    uint64_t pushes;     // pushes seen on shard 0
-    float compute_ms;    // last push's compute time
-    bool live;           // admitted, not evicted
-    bool has_job;        // was sent its JOB: plans go to it from now on
-    bool route_known;    // route is valid (false after a coordinator restart until it calls)
-    uint32_t adapted;    // share from the adaptive split (0: none)
-    double last_seen_ms; // last message from it (heartbeats included)
+    uint32_t rank;        // position in the plan
+    uint64_t member_id;   // secret-ish id its pushes carry
+    char host[64];        // reported by the worker
+    char device[32];      // reported by the worker
+    uint32_t share;       // fixed share asked for, 0 for "split the rest"
+    uint32_t pid;         // worker process id on its host
+    zmq_msg_t route;      // routing id on shard 0's socket (for JOB)
+    zps_member_life life; // joining, active from a step, leaving, gone (zps_member.h)
+    uint64_t pushes;      // pushes seen on shard 0
+    float compute_ms;     // last push's compute time
+    bool has_job;         // was sent its JOB: plans go to it from now on
+    bool route_known;     // route is valid (false after a coordinator restart until it calls)
+    uint32_t adapted;     // share from the adaptive split (0: none)
+    double last_seen_ms;  // last message from it (heartbeats included)
 } s_member;
-
-// A plan generation, kept while a step in progress may still use it.
-typedef struct s_gen {
-    uint32_t gen;        // 0: empty slot
-    uint64_t effective;  // first step it holds for
-    zps_plan plan;       // members and slices
-} s_gen;
 
 // A slice of a step in progress handed to a live member.
 typedef struct s_extra {
@@ -60,7 +54,6 @@ typedef struct s_extra {
     uint32_t rank;       // who computes it now
 } s_extra;
 
-#define ZPS_COORD_GENS 4
 #define ZPS_COORD_EXTRAS 64
 
 typedef struct s_shard_peer {
@@ -95,9 +88,13 @@ struct zps_coord {
     s_shard_peer shards[ZPS_MAX_SHARDS]; // [0] is this process
     uint32_t n_registered;              // shards here, this one included
     uint32_t n_ready;                   // shards serving, this one included
-    zps_plan plan;                      // the newest plan, valid once training
-    uint32_t gen;                       // its generation (1: the first plan)
-    s_gen gens[ZPS_COORD_GENS];         // newest generations, the current one included
+    zps_plans plans;                    // generations still in use, the newest included
+    uint32_t gen;                       // the newest generation made (1: the first plan)
+    bool pending;                       // members came or went: re-plan at the next boundary
+    uint64_t membership_changes;        // joins, departures and adapted splits, counted
+    uint64_t replans;                   // plan generations made after the first
+    uint64_t replans_step;              // the step boundary of the newest re-plan
+    uint64_t released;                  // the newest step whose parameters shard 0 began to send
     uint64_t shard_done[ZPS_MAX_SHARDS]; // steps each shard completed
     s_extra extras[ZPS_COORD_EXTRAS];   // handed-over slices of steps in progress
     int n_extras;
@@ -180,7 +177,8 @@ uint64_t zps_coord_job_id(const zps_coord *c)
 
 const zps_plan *zps_coord_plan(const zps_coord *c)
 {
-    return c->state == S_WAITING ? NULL : &c->plan;
+    const zps_plan_gen *g = zps_plans_newest(&c->plans);
+    return c->state == S_WAITING || !g ? NULL : &g->plan;
 }
 
 bool zps_coord_finished(const zps_coord *c)
@@ -189,7 +187,7 @@ bool zps_coord_finished(const zps_coord *c)
         return false;
     }
     for (uint32_t i = 0; i < c->n_members; i++) {
-        if (c->members[i].live && !c->members[i].said_bye) {
+        if (c->members[i].life.state == ZPS_MEMBER_ACTIVE) {
             return false;
         }
     }
@@ -208,33 +206,20 @@ static void s_refuse(zps_coord *c, void *sock, zps_wire_msg *m, zps_err err, con
 }
 
 // ---------------------------------------------------------------------------
-// Plans: generations, handed-over slices.
+// Plans: generations (zps_plans), handed-over slices, step boundaries.
+//
+// Membership changes (joins, departures, an adapted split) during a step
+// are gathered (c->pending) and take effect together in one new plan at
+// the next step boundary: the moment shard 0 starts sending the next
+// step's parameters (zps_coord_release). That PLAN goes out on shard 0's
+// socket before any of those parameters, so every worker has it before it
+// can begin the step, and no step in progress is re-split. The pieces of
+// the steps in progress that lost their owner are handed over at once, to
+// members that may compute those steps (zps_member_may_compute).
 
-// Slot of generation gen in c->gens (the oldest slot if it is not there).
-static int s_gen_slot(const zps_coord *c, uint32_t gen)
+static const zps_plan_gen *s_newest(const zps_coord *c)
 {
-    int oldest = 0;
-    for (int i = 0; i < ZPS_COORD_GENS; i++) {
-        if (c->gens[i].gen == gen) {
-            return i;
-        }
-        if (c->gens[i].gen < c->gens[oldest].gen) {
-            oldest = i;
-        }
-    }
-    return oldest;
-}
-
-static const s_gen *s_gen_at(const zps_coord *c, uint64_t step)
-{
-    const s_gen *best = NULL;
-    for (int i = 0; i < ZPS_COORD_GENS; i++) {
-        const s_gen *g = &c->gens[i];
-        if (g->gen != 0 && g->effective <= step && (!best || g->gen > best->gen)) {
-            best = g;
-        }
-    }
-    return best;
+    return zps_plans_newest(&c->plans);
 }
 
 static void s_extra_to_wire(const s_extra *e, Zps__Extra *w)
@@ -262,14 +247,16 @@ static void s_plan_to_wire(const zps_plan *plan, const s_member *only, Zps__Slic
     }
 }
 
-// JOB to a worker (its rank and id) or ASSIGN to a shard (every id, and
-// the optimizer): the same Job message, told apart by `to_shard`.
+// JOB to a worker (its rank and id, and the step it starts at) or ASSIGN
+// to a shard (every id, and the optimizer): the same Job message, told
+// apart by `to_shard`.
 static void s_send_job(zps_coord *c, void *sock, zmq_msg_t *route, Zps__MsgType type,
                        s_member *mem)
 {
+    const zps_plan_gen *g = s_newest(c);
     Zps__Slice slices[ZPS_MAX_MEMBERS];
     Zps__Slice *slice_ptrs[ZPS_MAX_MEMBERS];
-    s_plan_to_wire(&c->plan, mem, slices, slice_ptrs);
+    s_plan_to_wire(&g->plan, mem, slices, slice_ptrs);
     Zps__ShardInfo shards[ZPS_MAX_SHARDS];
     Zps__ShardInfo *shard_ptrs[ZPS_MAX_SHARDS];
     for (uint32_t i = 0; i < c->cfg.shards; i++) {
@@ -297,28 +284,27 @@ static void s_send_job(zps_coord *c, void *sock, zmq_msg_t *route, Zps__MsgType 
     job.steps_per_epoch = c->cfg.steps_per_epoch;
     job.rank = mem ? mem->rank : 0;
     job.member_id = mem ? mem->member_id : 0;
-    job.n_plan = c->plan.n;
+    job.n_plan = g->plan.n;
     job.plan = slice_ptrs;
     job.n_shards = c->cfg.shards;
     job.shards = shard_ptrs;
     job.wire_dtype = (Zps__DType)c->cfg.wire_dtype;
     Zps__Extra extras[ZPS_COORD_EXTRAS];
     Zps__Extra *extra_ptrs[ZPS_COORD_EXTRAS];
-    uint64_t start = c->gens[s_gen_slot(c, c->gen)].effective;
     size_t n_extras = 0;
     for (int i = 0; mem && i < c->n_extras; i++) {
         if (c->extras[i].rank == mem->rank) {
             s_extra_to_wire(&c->extras[i], &extras[n_extras]);
             extra_ptrs[n_extras] = &extras[n_extras];
             n_extras++;
-            start = c->extras[i].step < start ? c->extras[i].step : start;
         }
     }
     job.n_extras = n_extras;
     job.extras = extra_ptrs;
-    job.generation = c->gen;
-    job.plan_effective = c->gens[s_gen_slot(c, c->gen)].effective;
-    job.start_step = start;
+    job.generation = g->gen;
+    job.plan_effective = g->effective;
+    // The first step it computes: the one it is active from.
+    job.start_step = mem ? mem->life.from : g->effective;
     job.optim = mem ? NULL : &optim;
     job.checkpoint_every = c->cfg.checkpoint_every;
 
@@ -328,6 +314,7 @@ static void s_send_job(zps_coord *c, void *sock, zmq_msg_t *route, Zps__MsgType 
     h.job = &job;
     if (mem) {
         mem->has_job = true;
+        mem->last_seen_ms = zps_clock_ms(); // its heartbeats start once it has the job
     }
     if (zps_wire_send(sock, route, &h, NULL, 0, NULL) != ZPS_OK) {
         zps_log_error("could not send the job to %s", mem ? mem->host : "a shard");
@@ -350,14 +337,14 @@ static void s_start_workers(zps_coord *c, void *sock)
                  zps_dtype_name(c->cfg.wire_dtype));
 }
 
-// A plan over the live members in rank order: fixed shares where they
-// still fit, the rest split evenly.
+// A plan over the members of the next plan (joining and active) in rank
+// order: fixed shares where they still fit, the rest split evenly.
 static zps_err s_make_plan(zps_coord *c, zps_plan *out)
 {
     uint32_t shares[ZPS_MAX_MEMBERS] = {0}, live[ZPS_MAX_MEMBERS] = {0}, n = 0;
     uint64_t adapted = 0;
     for (uint32_t i = 0; i < c->n_members; i++) {
-        if (c->members[i].live) {
+        if (zps_member_planned(&c->members[i].life)) {
             live[n] = i;
             adapted += c->members[i].adapted;
             shares[n++] = c->members[i].share;
@@ -379,7 +366,9 @@ static zps_err s_make_plan(zps_coord *c, zps_plan *out)
         err = zps_plan_split(c->cfg.global_batch, shares, n, out, why, sizeof why);
     }
     if (err != ZPS_OK) {
-        zps_log_error("cannot plan the job: %s", why);
+        if (n > 0) {
+            zps_log_error("cannot plan the job: %s", why);
+        }
         return err;
     }
     for (uint32_t i = 0; i < n; i++) {
@@ -393,7 +382,7 @@ static uint32_t s_live_flexible(const zps_coord *c)
 {
     uint32_t n = 0;
     for (uint32_t i = 0; i < c->n_members; i++) {
-        n += c->members[i].live && c->members[i].share == 0;
+        n += zps_member_planned(&c->members[i].life) && c->members[i].share == 0;
     }
     return n;
 }
@@ -402,7 +391,7 @@ static uint32_t s_live_members(const zps_coord *c)
 {
     uint32_t n = 0;
     for (uint32_t i = 0; i < c->n_members; i++) {
-        n += c->members[i].live;
+        n += zps_member_planned(&c->members[i].life);
     }
     return n;
 }
@@ -416,19 +405,28 @@ static uint64_t s_global_done(const zps_coord *c)
     return done;
 }
 
-// The live member with the least work in the newest plan and in extras.
-static int s_least_loaded(const zps_coord *c)
+// Whether a member can be handed work of `step` now: active by then, and
+// reachable.
+static bool s_can_take(const s_member *mem, uint64_t step)
+{
+    return zps_member_may_compute(&mem->life, step) && mem->route_known;
+}
+
+// Of the members that can take work of `step`, the one with the least
+// work at that step (its slice of the plan in force, and its extras).
+static int s_least_loaded(const zps_coord *c, uint64_t step, const zps_plan *plan)
 {
     int best = -1;
     uint64_t best_load = UINT64_MAX;
     for (uint32_t i = 0; i < c->n_members; i++) {
-        if (!c->members[i].live) {
+        if (!s_can_take(&c->members[i], step)) {
             continue;
         }
-        const zps_plan_slice *sl = zps_plan_find(&c->plan, c->members[i].rank);
+        const zps_plan_slice *sl = zps_plan_find(plan, c->members[i].rank);
         uint64_t load = sl ? sl->count : 0;
         for (int k = 0; k < c->n_extras; k++) {
-            load += c->extras[k].rank == c->members[i].rank ? c->extras[k].count : 0;
+            load += c->extras[k].step == step && c->extras[k].rank == c->members[i].rank
+                        ? c->extras[k].count : 0;
         }
         if (load < best_load) {
             best = (int)i;
@@ -438,13 +436,36 @@ static int s_least_loaded(const zps_coord *c)
     return best;
 }
 
-// Hands every slice of the steps in progress whose owner is gone to a
-// live member. A slice that did arrive after all is dropped by the shards
-// as a second copy, so handing out too much costs time, never correctness.
-static void s_assign_extras(zps_coord *c)
+// Nobody here can compute the stuck `step`: a joining member becomes
+// active from it (it pulls that step's parameters first), or -1.
+static int s_activate_joiner(zps_coord *c, uint64_t step)
 {
-    uint64_t lo = s_global_done(c), hi = c->shard_done[0];
+    for (uint32_t i = 0; i < c->n_members; i++) {
+        s_member *mem = &c->members[i];
+        if (mem->life.state == ZPS_MEMBER_JOINING && mem->route_known &&
+            zps_member_activate(&mem->life, step) == ZPS_OK) {
+            zps_log_info("rank %u (%s) is active from step %llu: no one else can compute it",
+                         mem->rank, mem->host, (unsigned long long)step);
+            return (int)i;
+        }
+    }
+    return -1;
+}
+
+// Hands every slice of the steps in progress (and of the next, when its
+// parameters are on their way) whose owner can no longer compute it to a
+// member that can, once each: a slice that did arrive
+// after all is dropped by the shards as a second copy, so handing out too
+// much costs time, never correctness. Returns whether anything was handed.
+static bool s_hand_orphans(zps_coord *c, bool *woke_joiner)
+{
+    // From the oldest step a shard still works on to the newest whose
+    // plan is fixed: a step whose parameters shard 0 began to send keeps
+    // the plan it had, whoever leaves during it.
+    uint64_t lo = s_global_done(c);
+    uint64_t hi = c->released > c->shard_done[0] ? c->released : c->shard_done[0];
     int kept = 0;
+    bool handed = false;
     for (int k = 0; k < c->n_extras; k++) {
         if (c->extras[k].step >= lo) {
             c->extras[kept++] = c->extras[k];
@@ -452,7 +473,7 @@ static void s_assign_extras(zps_coord *c)
     }
     c->n_extras = kept;
     for (uint64_t t = lo; t <= hi && t < c->cfg.total_steps; t++) {
-        const s_gen *g = s_gen_at(c, t);
+        const zps_plan_gen *g = zps_plans_at(&c->plans, t);
         for (uint32_t i = 0; g && i < g->plan.n; i++) {
             const zps_plan_slice *sl = &g->plan.slices[i];
             int k = 0;
@@ -460,45 +481,37 @@ static void s_assign_extras(zps_coord *c)
                 k++;
             }
             uint32_t owner = k < c->n_extras ? c->extras[k].rank : sl->rank;
-            if (c->members[owner].live || c->n_extras == ZPS_COORD_EXTRAS) {
+            if (zps_member_may_compute(&c->members[owner].life, t) ||
+                c->n_extras == ZPS_COORD_EXTRAS) {
                 continue;
             }
-            int to = s_least_loaded(c);
+            int to = s_least_loaded(c, t, &g->plan);
+            if (to < 0 && (to = s_activate_joiner(c, t)) >= 0) {
+                *woke_joiner = true;
+            }
             if (to < 0) {
-                return;
+                return handed; // nobody: the step waits for a worker to join
             }
             if (k == c->n_extras) {
                 c->n_extras++;
             }
             c->extras[k] = (s_extra){.step = t, .offset = sl->offset, .count = sl->count,
                                      .gen = g->gen, .rank = c->members[to].rank};
+            handed = true;
             zps_log_info("step %llu: slice [%u, %u) of rank %u handed to rank %u (%s)",
                          (unsigned long long)t, sl->offset, sl->offset + sl->count, owner,
                          c->members[to].rank, c->members[to].host);
         }
     }
-}
-
-// A new plan generation over the live members, from `effective` on;
-// false (nothing changed) if no member is live.
-static bool s_new_generation(zps_coord *c, uint64_t effective)
-{
-    zps_plan plan;
-    if (s_make_plan(c, &plan) != ZPS_OK) {
-        return false;
-    }
-    c->plan = plan;
-    c->gen++;
-    c->gens[s_gen_slot(c, 0)] = (s_gen){.gen = c->gen, .effective = effective, .plan = plan};
-    return true;
+    return handed;
 }
 
 // The newest generation, with the handed-over slices, to every other shard
-// and every live worker (its own id only): as a PLAN, or as a ROLLBACK to
-// `step`.
+// and every worker that has its job (its own id only): as a PLAN, or as a
+// ROLLBACK to `step`.
 static void s_broadcast(zps_coord *c, void *sock, Zps__MsgType type, uint64_t step)
 {
-    const s_gen *g = &c->gens[s_gen_slot(c, c->gen)];
+    const zps_plan_gen *g = s_newest(c);
     Zps__Slice slices[ZPS_MAX_MEMBERS];
     Zps__Slice *slice_ptrs[ZPS_MAX_MEMBERS];
     Zps__Extra extras[ZPS_COORD_EXTRAS];
@@ -525,38 +538,138 @@ static void s_broadcast(zps_coord *c, void *sock, Zps__MsgType type, uint64_t st
         (void)zps_wire_send(sock, &c->shards[i].route, &h, NULL, 0, NULL);
     }
     for (uint32_t i = 0; i < c->n_members; i++) {
-        if (c->members[i].live && c->members[i].has_job && c->members[i].route_known) {
-            s_plan_to_wire(&g->plan, &c->members[i], slices, slice_ptrs);
-            (void)zps_wire_send(sock, &c->members[i].route, &h, NULL, 0, NULL);
+        s_member *mem = &c->members[i];
+        if (zps_member_live(&mem->life) && mem->has_job && mem->route_known) {
+            s_plan_to_wire(&g->plan, mem, slices, slice_ptrs);
+            (void)zps_wire_send(sock, &mem->route, &h, NULL, 0, NULL);
         }
     }
 }
 
-// Membership changed: a new generation from the next step shard 0 has not
-// started, and the gone members' slices of the steps in progress handed on.
-static void s_replan(zps_coord *c, void *sock)
+// JOB to the active members that do not have theirs yet (joiners).
+static void s_send_new_jobs(zps_coord *c, void *sock)
 {
-    if (!s_new_generation(c, c->shard_done[0] + 1)) {
-        zps_log_warn("step %llu cannot complete: no live worker; waiting for workers to join",
-                     (unsigned long long)s_global_done(c));
+    for (uint32_t i = 0; i < c->n_members; i++) {
+        s_member *mem = &c->members[i];
+        if (mem->life.state == ZPS_MEMBER_ACTIVE && !mem->has_job && mem->route_known) {
+            s_send_job(c, sock, &mem->route, ZPS__MSG_TYPE__JOB, mem);
+        }
+    }
+}
+
+static bool s_commit(zps_coord *c, uint64_t effective);
+
+// Hands the orphans of the steps in progress and tells whom: the others
+// get the newest plan with the pieces. A joiner woken for a stuck step
+// must be known to the shards before its pieces reach them, so the plan
+// that names it is made now, from the first step whose parameters shard 0
+// has not begun to send (no one can have computed it, and its PLAN
+// reaches every worker before those parameters do); the joiner gets its
+// JOB, its pieces in it.
+static void s_reassign(zps_coord *c, void *sock)
+{
+    bool woke = false;
+    bool handed = s_hand_orphans(c, &woke);
+    if (woke && c->released + 1 < c->cfg.total_steps) {
+        handed = s_commit(c, c->released + 1) || handed;
+    }
+    if (handed) {
+        s_broadcast(c, sock, ZPS__MSG_TYPE__PLAN, 0);
+    }
+    if (woke) {
+        s_send_new_jobs(c, sock);
+    }
+}
+
+// A member that no plan of a step in progress names is gone for good.
+static void s_retire_leavers(zps_coord *c)
+{
+    uint64_t lo = s_global_done(c);
+    for (uint32_t i = 0; i < c->n_members; i++) {
+        s_member *mem = &c->members[i];
+        bool named = false;
+        for (int k = 0; mem->life.state == ZPS_MEMBER_LEAVING && k < c->plans.n; k++) {
+            const zps_plan_gen *g = &c->plans.gens[k];
+            bool in_use = k + 1 == c->plans.n || c->plans.gens[k + 1].effective > lo;
+            named = named || (in_use && zps_plan_find(&g->plan, mem->rank));
+        }
+        if (mem->life.state == ZPS_MEMBER_LEAVING && !named) {
+            zps_member_retire(&mem->life);
+        }
+    }
+}
+
+// Membership changed (or an adapted split is ready): the next step
+// boundary makes one new plan for all the changes since the last one.
+static void s_note_change(zps_coord *c)
+{
+    c->pending = true;
+    c->membership_changes++;
+}
+
+// The new generation over the members of the next plan, from `effective`
+// on: joiners become active from there and get their JOB, everyone else
+// the PLAN. False (nothing changed) if no member is left to plan for.
+static bool s_commit(zps_coord *c, uint64_t effective)
+{
+    zps_plan plan;
+    if (s_make_plan(c, &plan) != ZPS_OK) {
+        return false;
+    }
+    zps_plans_forget_before(&c->plans, s_global_done(c));
+    if (zps_plans_add(&c->plans, ++c->gen, effective, &plan) != ZPS_OK) {
+        return false; // cannot happen: generations only grow
+    }
+    c->pending = false;
+    c->replans++;
+    c->replans_step = effective;
+    for (uint32_t i = 0; i < c->n_members; i++) {
+        if (c->members[i].life.state == ZPS_MEMBER_JOINING) {
+            (void)zps_member_activate(&c->members[i].life, effective);
+        }
+    }
+    s_retire_leavers(c);
+    zps_log_info("plan %u from step %llu: %u workers", c->gen, (unsigned long long)effective,
+                 plan.n);
+    return true;
+}
+
+void zps_coord_release(zps_coord *c, void *sock, uint64_t step)
+{
+    c->released = step > c->released ? step : c->released;
+    if (c->state != S_TRAINING || !c->pending || step >= c->cfg.total_steps) {
         return;
     }
-    s_assign_extras(c);
-    zps_log_info("plan %u from step %llu: %u workers", c->gen,
-                 (unsigned long long)c->shard_done[0] + 1, c->plan.n);
-    s_broadcast(c, sock, ZPS__MSG_TYPE__PLAN, 0);
+    if (s_commit(c, step)) {
+        s_broadcast(c, sock, ZPS__MSG_TYPE__PLAN, 0);
+        s_send_new_jobs(c, sock);
+    }
+}
+
+// A member left or fell silent: its pieces of the steps in progress go to
+// others at once, and the plan without it comes at the next boundary.
+static void s_depart(zps_coord *c, void *sock, s_member *mem, zps_member_exit why)
+{
+    if (zps_member_depart(&mem->life, why) != ZPS_OK) {
+        return;
+    }
+    if (c->state == S_TRAINING && why != ZPS_EXIT_FINISHED) {
+        s_note_change(c);
+        s_reassign(c, sock);
+        if (s_live_members(c) == 0) {
+            zps_log_warn("step %llu cannot complete: no live worker; waiting for workers to join",
+                         (unsigned long long)s_global_done(c));
+        }
+    }
 }
 
 static void s_evict(zps_coord *c, void *sock, s_member *mem, double now_ms)
 {
-    mem->live = false;
     c->evictions++;
     zps_log_warn("evicted rank %u (%s, pid %u, %s): silent for %.1f s [%llu evictions]",
                  mem->rank, mem->host, mem->pid, mem->device, (now_ms - mem->last_seen_ms) / 1e3,
                  (unsigned long long)c->evictions);
-    if (c->state == S_TRAINING) {
-        s_replan(c, sock);
-    }
+    s_depart(c, sock, mem, ZPS_EXIT_EVICTED);
 }
 
 static s_member *s_member_by_id(zps_coord *c, uint64_t member_id)
@@ -577,7 +690,7 @@ static void s_rollback(zps_coord *c, void *sock, uint64_t step, uint32_t shard);
 zps_err zps_coord_on_heartbeat(zps_coord *c, void *sock, zps_wire_msg *m)
 {
     s_member *mem = s_member_by_id(c, m->hdr->member_id);
-    if (!mem || !mem->live) {
+    if (!mem || !zps_member_live(&mem->life)) {
         return ZPS_ENOENT;
     }
     mem->last_seen_ms = zps_clock_ms();
@@ -606,11 +719,12 @@ static void s_try_recover(zps_coord *c, void *sock, bool deadline_passed)
     }
     for (uint32_t i = 0; i < c->n_members; i++) {
         s_member *mem = &c->members[i];
-        if (mem->live && !mem->route_known) {
+        if (zps_member_live(&mem->life) && !mem->route_known) {
             if (!deadline_passed) {
                 return;
             }
-            mem->live = false;
+            (void)zps_member_depart(&mem->life, ZPS_EXIT_EVICTED);
+            zps_member_retire(&mem->life);
             c->evictions++;
             zps_log_warn("rank %u (%s) did not come back after the restart: evicted", mem->rank,
                          mem->host);
@@ -628,8 +742,9 @@ void zps_coord_shard_done(zps_coord *c, uint32_t shard, uint64_t steps_done)
 
 uint32_t zps_coord_generation(const zps_coord *c, uint64_t *effective)
 {
-    *effective = c->gens[s_gen_slot(c, c->gen)].effective;
-    return c->gen;
+    const zps_plan_gen *g = s_newest(c);
+    *effective = g ? g->effective : 0;
+    return g ? g->gen : 0;
 }
 
 // Every member and shard is here: fix the plan, give the other shards
@@ -639,14 +754,17 @@ static zps_err s_start(zps_coord *c, void *sock)
     if (c->n_members < c->cfg.workers || c->n_registered < c->cfg.shards) {
         return ZPS_OK;
     }
-    zps_err err = s_make_plan(c, &c->plan);
+    zps_plan plan;
+    zps_err err = s_make_plan(c, &plan);
     if (err != ZPS_OK) {
         return err;
     }
     c->gen = 1;
-    c->gens[0] = (s_gen){.gen = 1, .effective = 0, .plan = c->plan};
-    for (uint32_t i = 0; i < c->plan.n; i++) {
-        const zps_plan_slice *sl = &c->plan.slices[i];
+    zps_plans_init(&c->plans);
+    (void)zps_plans_add(&c->plans, 1, 0, &plan);
+    for (uint32_t i = 0; i < plan.n; i++) {
+        const zps_plan_slice *sl = &plan.slices[i];
+        (void)zps_member_activate(&c->members[i].life, 0);
         zps_log_info("rank %u: %s %s, samples [%u, %u) of %u", sl->rank, c->members[i].host,
                      c->members[i].device, sl->offset, sl->offset + sl->count,
                      c->cfg.global_batch);
@@ -663,25 +781,33 @@ static zps_err s_start(zps_coord *c, void *sock)
 
 // Everyone goes back to `step`, which a restarted shard restored from its
 // checkpoint (the others have a checkpoint of the same step): a new plan
-// generation from there, and the steps after it replayed.
+// generation from there over every member still here (joiners included,
+// active from `step`), and the steps after it replayed.
 static void s_rollback(zps_coord *c, void *sock, uint64_t step, uint32_t shard)
 {
     zps_log_warn("shard %u is back at step %llu: every shard and worker rolls back to it "
                  "and replays from there", shard, (unsigned long long)step);
-    if (!s_new_generation(c, step)) {
-        // Nobody to plan for: everyone still rolls back, with the plan of
-        // before, and the step waits for workers to join, as when all leave.
-        zps_log_warn("no live worker to replay with: waiting for workers to join");
-    }
     c->n_extras = 0;
     for (uint32_t i = 0; i < c->cfg.shards; i++) {
         c->shard_done[i] = step;
     }
     c->steps_done = step;
+    c->released = step;
     c->state = S_TRAINING;
+    if (!s_commit(c, step)) {
+        // Nobody to plan for: everyone still rolls back, with the plan of
+        // before, and the step waits for workers to join, as when all leave.
+        zps_log_warn("no live worker to replay with: waiting for workers to join");
+    }
+    for (uint32_t i = 0; i < c->n_members; i++) {
+        if (c->members[i].life.state == ZPS_MEMBER_ACTIVE) {
+            (void)zps_member_activate(&c->members[i].life, step);
+        }
+    }
     c->rollback_pending = true;
     c->rollback_step = step;
     s_broadcast(c, sock, ZPS__MSG_TYPE__ROLLBACK, step);
+    s_send_new_jobs(c, sock);
 }
 
 bool zps_coord_take_rollback(zps_coord *c, uint64_t *step)
@@ -797,8 +923,9 @@ zps_err zps_coord_on_hello(zps_coord *c, void *sock, zps_wire_msg *m)
     uint64_t fixed = hello->share;
     uint32_t n_flex = hello->share == 0;
     for (uint32_t i = 0; i < c->n_members; i++) {
-        fixed += c->members[i].live ? c->members[i].share : 0;
-        n_flex += c->members[i].live && c->members[i].share == 0;
+        bool planned = zps_member_planned(&c->members[i].life);
+        fixed += planned ? c->members[i].share : 0;
+        n_flex += planned && c->members[i].share == 0;
     }
     bool last = !joining && c->n_members + 1 == c->cfg.workers;
     if (fixed > c->cfg.global_batch || (last && n_flex == 0 && fixed != c->cfg.global_batch) ||
@@ -818,7 +945,7 @@ zps_err zps_coord_on_hello(zps_coord *c, void *sock, zps_wire_msg *m)
     snprintf(mem->device, sizeof mem->device, "%s", hello->device ? hello->device : "?");
     mem->share = hello->share;
     mem->pid = hello->pid;
-    mem->live = true;
+    zps_member_admit(&mem->life);
     mem->route_known = true;
     mem->last_seen_ms = zps_clock_ms();
     zmq_msg_init(&mem->route);
@@ -829,12 +956,13 @@ zps_err zps_coord_on_hello(zps_coord *c, void *sock, zps_wire_msg *m)
                      mem->device, mem->rank, c->n_members, c->cfg.workers);
         return s_start(c, sock);
     }
-    // A member joins at the next step boundary with a new plan; any slice
-    // of a step in progress left without a live owner may go to it.
-    zps_log_info("worker %s pid %u (%s) joins as rank %u", mem->host, mem->pid, mem->device,
-                 mem->rank);
-    s_replan(c, sock);
-    s_send_job(c, sock, &mem->route, ZPS__MSG_TYPE__JOB, mem);
+    // A member joins at the next step boundary, in the plan made there;
+    // it gets its JOB then. Only if nobody else can compute the step in
+    // progress does it become active from that step at once.
+    zps_log_info("worker %s pid %u (%s) joins as rank %u from the next step boundary",
+                 mem->host, mem->pid, mem->device, mem->rank);
+    s_note_change(c);
+    s_reassign(c, sock);
     return ZPS_OK;
 }
 
@@ -917,17 +1045,18 @@ zps_err zps_coord_on_bye(zps_coord *c, void *sock, const zps_wire_msg *m)
         return ZPS_ENOENT;
     }
     s_member *mem = &c->members[r];
-    bool was_live = mem->live;
-    mem->said_bye = true;
-    mem->live = false; // done, not to be evicted
-    if (m->hdr->step < c->cfg.total_steps && was_live && c->state == S_TRAINING) {
+    if (!zps_member_live(&mem->life)) {
+        return ZPS_OK; // gone already (evicted, or a second BYE)
+    }
+    if (m->hdr->step < c->cfg.total_steps && c->state == S_TRAINING) {
         // Stopped by its supervisor: like an eviction, without the wait.
         zps_log_warn("rank %u (%s, pid %u) left at step %llu; the others take its share",
                      r, mem->host, mem->pid, (unsigned long long)m->hdr->step);
-        s_replan(c, sock);
+        s_depart(c, sock, mem, ZPS_EXIT_LEFT);
         return ZPS_OK;
     }
     zps_log_info("rank %u (%s) finished", r, mem->host);
+    s_depart(c, sock, mem, ZPS_EXIT_FINISHED);
     return ZPS_OK;
 }
 
@@ -946,7 +1075,7 @@ static void s_member_to_wire(const s_member *s, Zps__Member *out)
     out->device = (char *)s->device;
     out->share = s->share;
     out->pid = s->pid;
-    out->live = s->live;
+    out->live = zps_member_live(&s->life);
 }
 
 void zps_coord_on_status(zps_coord *c, void *sock, zps_wire_msg *m, uint64_t step,
@@ -957,8 +1086,11 @@ void zps_coord_on_status(zps_coord *c, void *sock, zps_wire_msg *m, uint64_t ste
     for (uint32_t i = 0; i < c->n_members; i++) {
         const s_member *s = &c->members[i];
         s_member_to_wire(s, &members[i]);
-        const zps_plan_slice *sl = zps_plan_find(&c->plan, s->rank);
-        members[i].share = c->state == S_WAITING ? s->share : sl && s->live ? sl->count : 0;
+        const zps_plan *plan = zps_coord_plan(c);
+        const zps_plan_slice *sl = plan ? zps_plan_find(plan, s->rank) : NULL;
+        members[i].share = c->state == S_WAITING          ? s->share
+                           : sl && zps_member_live(&s->life) ? sl->count
+                                                            : 0;
         members[i].pushes = s->pushes;
         members[i].compute_ms = s->compute_ms;
         zps_monitor_view v;
@@ -1001,6 +1133,18 @@ void zps_coord_on_status(zps_coord *c, void *sock, zps_wire_msg *m, uint64_t ste
     st.step_ms_p95 = zps_monitor_step_quantile(c->mon, 0.95);
     st.generation = c->gen;
     st.shards = shard_ptrs;
+    st.replans = c->replans;
+    st.steps_done_all = c->state == S_TRAINING || c->state == S_DONE ? s_global_done(c) : step;
+    const s_member *asker = m->hdr->member_id ? s_member_by_id(c, m->hdr->member_id) : NULL;
+    if (asker) {
+        static const Zps__MemberState states[] = {
+            [ZPS_MEMBER_JOINING] = ZPS__MEMBER_STATE__MEMBER_JOINING,
+            [ZPS_MEMBER_ACTIVE] = ZPS__MEMBER_STATE__MEMBER_ACTIVE,
+            [ZPS_MEMBER_LEAVING] = ZPS__MEMBER_STATE__MEMBER_GONE,
+            [ZPS_MEMBER_GONE] = ZPS__MEMBER_STATE__MEMBER_GONE};
+        st.asker = states[asker->life.state];
+        st.asker_from = asker->life.from;
+    }
 
     Zps__Header h;
     zps_wire_header_init(&h, ZPS__MSG_TYPE__STATUS_REPLY);
@@ -1010,7 +1154,8 @@ void zps_coord_on_status(zps_coord *c, void *sock, zps_wire_msg *m, uint64_t ste
     (void)zps_wire_send(sock, &m->route, &h, NULL, 0, NULL);
 }
 
-void zps_coord_step_done(zps_coord *c, uint64_t step, float loss, double step_ms)
+void zps_coord_step_done(zps_coord *c, uint64_t step, float loss, double step_ms,
+                         const uint32_t *counted)
 {
     c->steps_done = step + 1;
     zps_coord_shard_done(c, 0, step + 1);
@@ -1020,11 +1165,27 @@ void zps_coord_step_done(zps_coord *c, uint64_t step, float loss, double step_ms
     c->n_step_ms++;
     FILE *f = c->cfg.metrics;
     if (f) {
+        // The samples shard 0 counted, by who sent them (bucket 0, whose
+        // counted slices tile the batch): each sample of the step once.
+        uint64_t samples = 0;
+        for (uint32_t r = 0; r < c->n_members; r++) {
+            samples += counted[r];
+        }
+        const zps_plan_gen *g = zps_plans_at(&c->plans, step);
         fprintf(f,
-                "{\"step\":%llu,\"epoch\":%llu,\"loss\":%.6f,\"samples\":%u,\"step_ms\":%.3f,"
-                "\"workers\":[",
+                "{\"step\":%llu,\"epoch\":%llu,\"loss\":%.6f,\"samples\":%llu,\"step_ms\":%.3f,"
+                "\"plan\":%u,\"replans\":%llu,\"counted\":[",
                 (unsigned long long)step, (unsigned long long)(step / c->cfg.steps_per_epoch),
-                loss, c->cfg.global_batch, step_ms);
+                loss, (unsigned long long)samples, step_ms, g ? g->gen : 0,
+                (unsigned long long)c->replans);
+        bool first = true;
+        for (uint32_t r = 0; r < c->n_members; r++) {
+            if (counted[r]) {
+                fprintf(f, "%s[%u,%u]", first ? "" : ",", r, counted[r]);
+                first = false;
+            }
+        }
+        fprintf(f, "],\"workers\":[");
     }
     zps_monitor_step_done(c->mon, step, step_ms, f);
     if (f) {
@@ -1074,10 +1235,22 @@ static void s_log_progress(zps_coord *c)
 
 void zps_coord_tick(zps_coord *c, void *sock, double now_ms)
 {
+    // A joiner waits for its JOB, which comes at a step boundary, without
+    // heartbeats: only a member with its job can fall silent.
     for (uint32_t i = 0; c->state >= S_ASSIGNING && i < c->n_members; i++) {
         s_member *mem = &c->members[i];
-        if (mem->live && now_ms - mem->last_seen_ms > c->cfg.worker_timeout_ms) {
+        if (mem->life.state == ZPS_MEMBER_ACTIVE && mem->has_job &&
+            now_ms - mem->last_seen_ms > c->cfg.worker_timeout_ms) {
             s_evict(c, sock, mem, now_ms);
+        }
+    }
+    for (uint32_t i = 0; c->state == S_DONE && i < c->n_members; i++) {
+        s_member *mem = &c->members[i];
+        if (mem->life.state == ZPS_MEMBER_JOINING) {
+            // Admitted too late: the job ended before a boundary took it in.
+            zps_wire_send_error(sock, &mem->route, c->job_id, c->steps_done, ZPS_ECLOSED,
+                                "the job is over");
+            (void)zps_member_depart(&mem->life, ZPS_EXIT_LEFT);
         }
     }
     if (now_ms < c->next_log_ms) {
@@ -1121,14 +1294,15 @@ void zps_coord_tick(zps_coord *c, void *sock, double now_ms)
         break;
     case S_DONE:
         for (uint32_t i = 0; i < c->n_members; i++) {
-            if (!c->members[i].live) {
+            if (c->members[i].life.state != ZPS_MEMBER_ACTIVE) {
                 continue;
             }
             if (now_ms - c->done_ms > ZPS_COORD_END_GRACE_MS) {
                 zps_log_warn("rank %u (%s) did not finish within %.0f s of the last step; "
                              "giving up on it", i, c->members[i].host,
                              ZPS_COORD_END_GRACE_MS / 1e3);
-                c->members[i].live = false;
+                (void)zps_member_depart(&c->members[i].life, ZPS_EXIT_EVICTED);
+                zps_member_retire(&c->members[i].life);
             } else {
                 zps_log_info("run complete; waiting for rank %u (%s) to report and finish", i,
                              c->members[i].host);
@@ -1221,19 +1395,28 @@ zps_err zps_coord_resume(zps_coord *c, const char *dir, uint64_t step)
         snprintf(mem->device, sizeof mem->device, "%s", m->device);
         mem->share = m->share;
         mem->pid = m->pid;
-        mem->live = m->live;
+        if (m->live) {
+            zps_member_admit_active(&mem->life, step);
+        } else {
+            mem->life = (zps_member_life){.state = ZPS_MEMBER_GONE, .exit = ZPS_EXIT_EVICTED};
+        }
         mem->has_job = true;
         mem->last_seen_ms = zps_clock_ms();
         zmq_msg_init(&mem->route); // unknown until its heartbeat
     }
     zps__job_state__free_unpacked(st, NULL);
-    zps_err perr = s_make_plan(c, &c->plan);
-    c->gens[0] = (s_gen){.gen = c->gen, .effective = step, .plan = c->plan};
+    zps_plan plan;
+    zps_err perr = s_make_plan(c, &plan);
+    zps_plans_init(&c->plans);
+    if (perr == ZPS_OK) {
+        (void)zps_plans_add(&c->plans, c->gen, step, &plan);
+    }
     for (uint32_t i = 0; i < c->cfg.shards; i++) {
         c->shard_done[i] = step;
         c->shards[i].registered = c->shards[i].ready = i == 0;
     }
     c->steps_done = step;
+    c->released = step;
     c->state = S_RECOVERING;
     c->recover_deadline_ms = zps_clock_ms() + c->cfg.worker_timeout_ms;
     zps_log_info("job %016llx resumed at step %llu: %u members, plan %u; waiting for them",
@@ -1279,7 +1462,7 @@ static void s_proportional(uint32_t B, const double *w, uint32_t n, uint32_t *ou
     }
 }
 
-void zps_coord_adapt(zps_coord *c, void *sock)
+void zps_coord_adapt(zps_coord *c)
 {
     if (!c->cfg.adaptive_split || c->state != S_TRAINING || c->steps_done == 0 ||
         c->steps_done % ZPS_COORD_ADAPT_EVERY != 0) {
@@ -1289,10 +1472,11 @@ void zps_coord_adapt(zps_coord *c, void *sock)
     uint32_t idx[ZPS_MAX_MEMBERS], n = 0, now_share[ZPS_MAX_MEMBERS], next[ZPS_MAX_MEMBERS];
     for (uint32_t i = 0; i < c->n_members; i++) {
         zps_monitor_view v;
-        const zps_plan_slice *sl = zps_plan_find(&c->plan, c->members[i].rank);
-        if (!c->members[i].live || !sl || c->members[i].share ||
+        const zps_plan_slice *sl = zps_plan_find(&s_newest(c)->plan, c->members[i].rank);
+        bool planned = zps_member_planned(&c->members[i].life);
+        if (!planned || !sl || c->members[i].share ||
             !zps_monitor_view_of(c->mon, c->members[i].rank, &v) || v.samples_per_s <= 0) {
-            if (c->members[i].live && c->members[i].share == 0) {
+            if (planned && c->members[i].share == 0) {
                 return; // a member without a measure yet: wait
             }
             continue;
@@ -1322,12 +1506,12 @@ void zps_coord_adapt(zps_coord *c, void *sock)
     for (uint32_t i = 0; i < n; i++) {
         c->members[idx[i]].adapted = next[i];
     }
-    s_replan(c, sock);
+    s_note_change(c); // the plan with the new shares comes at the next boundary
 }
 
 // Hands [offset, offset + count) of `step` to member `mem` as an extra of
 // the plan it already has.
-static void s_send_speculation(zps_coord *c, void *sock, const s_gen *g, s_member *mem,
+static void s_send_speculation(zps_coord *c, void *sock, const zps_plan_gen *g, s_member *mem,
                                uint64_t step, uint32_t offset, uint32_t count)
 {
     s_extra e = {.step = step, .offset = offset, .count = count, .gen = g->gen,
@@ -1356,7 +1540,7 @@ static void s_send_speculation(zps_coord *c, void *sock, const s_gen *g, s_membe
 bool zps_coord_speculate(zps_coord *c, void *sock, uint64_t step, uint32_t offset,
                          uint32_t count, uint32_t late_rank, const bool *helper)
 {
-    const s_gen *g = s_gen_at(c, step);
+    const zps_plan_gen *g = zps_plans_at(&c->plans, step);
     if (!g) {
         return false;
     }
@@ -1368,7 +1552,7 @@ bool zps_coord_speculate(zps_coord *c, void *sock, uint64_t step, uint32_t offse
     uint32_t k = 0;
     for (uint32_t i = 0; i < c->n_members; i++) {
         s_member *mem = &c->members[i];
-        if (mem->live && mem->route_known && mem->rank != late_rank && helper[mem->rank]) {
+        if (s_can_take(mem, step) && mem->rank != late_rank && helper[mem->rank]) {
             helpers[k++] = mem;
         }
     }
@@ -1426,6 +1610,12 @@ static void s_render_metrics(const zps_coord *c, uint64_t step, uint64_t bad, FI
     fprintf(f, "zps_refused_messages_total %llu\n", (unsigned long long)bad);
     s_metric_head(f, "zps_evictions_total", "counter", "Workers evicted for silence.");
     fprintf(f, "zps_evictions_total %llu\n", (unsigned long long)c->evictions);
+    s_metric_head(f, "zps_replans_total", "counter",
+                  "Plan generations made after the first (one per step boundary at most).");
+    fprintf(f, "zps_replans_total %llu\n", (unsigned long long)c->replans);
+    s_metric_head(f, "zps_membership_changes_total", "counter",
+                  "Joins, departures and adapted splits, gathered into those re-plans.");
+    fprintf(f, "zps_membership_changes_total %llu\n", (unsigned long long)c->membership_changes);
     s_metric_head(f, "zps_test_accuracy", "gauge", "Last complete test-set evaluation.");
     fprintf(f, "zps_test_accuracy %.6f\n", c->test_accuracy);
     static const char *names[5] = {"zps_worker_lag_seconds", "zps_worker_compute_seconds",
@@ -1440,11 +1630,12 @@ static void s_render_metrics(const zps_coord *c, uint64_t step, uint64_t bad, FI
         for (uint32_t i = 0; i < c->n_members; i++) {
             const s_member *m = &c->members[i];
             zps_monitor_view v = {0};
-            if (!m->live) {
+            if (!zps_member_live(&m->life)) {
                 continue;
             }
             (void)zps_monitor_view_of(c->mon, m->rank, &v);
-            const zps_plan_slice *sl = zps_plan_find(&c->plan, m->rank);
+            const zps_plan *plan = zps_coord_plan(c);
+            const zps_plan_slice *sl = plan ? zps_plan_find(plan, m->rank) : NULL;
             double value[5] = {v.lag_ms / 1e3, v.compute_ms / 1e3, v.samples_per_s,
                                sl ? sl->count : 0, v.straggler};
             fprintf(f, "%s{rank=\"%u\",host=\"", names[k], m->rank);
@@ -1463,13 +1654,15 @@ static json_t *s_render_status(const zps_coord *c, uint64_t step, uint64_t bad)
         const s_member *m = &c->members[i];
         zps_monitor_view v = {0};
         (void)zps_monitor_view_of(c->mon, m->rank, &v);
-        const zps_plan_slice *sl = zps_plan_find(&c->plan, m->rank);
+        const zps_plan *plan = zps_coord_plan(c);
+        const zps_plan_slice *sl = plan ? zps_plan_find(plan, m->rank) : NULL;
+        bool live = zps_member_live(&m->life);
         json_array_append_new(
             members,
             json_pack("{s:i, s:s, s:s, s:i, s:b, s:b, s:i, s:f, s:f, s:f, s:I}", "rank",
                       (int)m->rank, "host", m->host, "device", m->device, "pid", (int)m->pid,
-                      "live", m->live, "straggler", v.straggler, "share",
-                      sl && m->live ? (int)sl->count : 0, "lag_ms", (double)v.lag_ms,
+                      "live", live, "straggler", v.straggler, "share",
+                      sl && live ? (int)sl->count : 0, "lag_ms", (double)v.lag_ms,
                       "compute_ms", (double)v.compute_ms, "samples_per_s", v.samples_per_s,
                       "pushes", (json_int_t)m->pushes));
     }

@@ -63,8 +63,14 @@ zps_err zps_coord_on_bye(zps_coord *c, void *sock, const zps_wire_msg *m);
 void zps_coord_on_status(zps_coord *c, void *sock, zps_wire_msg *m, uint64_t step,
                          uint64_t bad_messages);
 
-// A step completed on shard 0 with this mean loss after step_ms.
-void zps_coord_step_done(zps_coord *c, uint64_t step, float loss, double step_ms);
+// A step completed on shard 0 with this mean loss after step_ms; counted[r]
+// is the samples shard 0 counted from rank r (ZPS_MAX_MEMBERS entries).
+void zps_coord_step_done(zps_coord *c, uint64_t step, float loss, double step_ms,
+                         const uint32_t *counted);
+// Shard 0 is about to send the first parameters of `step`: the step
+// boundary. Membership changes since the last one take effect there, in
+// one new plan from `step` on, sent (on sock) before those parameters.
+void zps_coord_release(zps_coord *c, void *sock, uint64_t step);
 // Shard `shard` has completed steps_done steps (from its STEP_DONE).
 void zps_coord_shard_done(zps_coord *c, uint32_t shard, uint64_t steps_done);
 // The newest plan generation and the step it holds from.
@@ -78,8 +84,9 @@ zps_err zps_coord_save(const zps_coord *c, const char *dir, uint64_t step);
 zps_err zps_coord_resume(zps_coord *c, const char *dir, uint64_t step);
 
 // Adaptive split: every few steps, shares in proportion to each member's
-// measured throughput, if that shortens the predicted step by >= 10 %.
-void zps_coord_adapt(zps_coord *c, void *sock);
+// measured throughput, if that shortens the predicted step by >= 10 %;
+// the new shares take effect at the next step boundary.
+void zps_coord_adapt(zps_coord *c);
 // Speculation: also hand the slice [offset, offset + count) of `step`,
 // late, in pieces to the live members marked in `helper` (by rank). The
 // first copy of a sample counts. False if there is no such member.

@@ -46,7 +46,7 @@ typedef struct s_server {
     zps_coord *coord;                            // owned: shard 0 only
     zps_shard *shard;                            // owned: shard 0 from the start, others once assigned
     uint64_t job_id;                             // shard > 0: from ASSIGN
-    zps_plan plan;                               // the plan the shard works to
+    uint32_t global_batch;                       // B, from the job
     bool plan_set;                               // plan is valid
     uint64_t total_steps;                        // steps of the run
     zps_dtype dtype;                             // element type of tensors on the wire
@@ -95,16 +95,33 @@ static uint64_t s_job_id(const s_server *srv)
     return srv->coord ? zps_coord_job_id(srv->coord) : srv->job_id;
 }
 
+// The plan in force at the step in progress: the newest may only hold
+// from the next step, and a member that joins for that step owns nothing
+// of this one. An empty plan before the first.
+static const zps_plan *s_plan(const s_server *srv)
+{
+    static const zps_plan none;
+    const zps_plan *p = srv->shard ? zps_shard_plan(srv->shard) : NULL;
+    return p ? p : &none;
+}
+
 // ---------------------------------------------------------------------------
 // Refusals: one line, one counter, an ERROR reply; parameters untouched.
 
 static void s_refuse(s_server *srv, zps_wire_msg *m, zps_err err, const char *why)
 {
-    srv->bad_messages++;
     const char *type = m->hdr ? zps_wire_type_name((int)m->hdr->type) : "undecodable message";
-    zps_log_warn("refused %s: %s (%s) [%llu refused so far]", type, why, zps_strerror(err),
-                 (unsigned long long)srv->bad_messages);
-    if (m->has_route) {
+    if (err == ZPS_EAGAIN) {
+        // "Not yet" is part of the protocol: its sender sends again.
+        zps_log_info("not yet: %s: %s", type, why);
+    } else {
+        srv->bad_messages++;
+        zps_log_warn("refused %s: %s (%s) [%llu refused so far]", type, why, zps_strerror(err),
+                     (unsigned long long)srv->bad_messages);
+    }
+    if (m->has_route && m->hdr) {
+        zps_wire_send_refusal(srv->sock, &m->route, s_job_id(srv), m->hdr, err, why);
+    } else if (m->has_route) {
         zps_wire_send_error(srv->sock, &m->route, s_job_id(srv),
                             srv->shard ? zps_shard_step(srv->shard) : 0, err, why);
     }
@@ -199,6 +216,9 @@ static void s_on_pull(s_server *srv, zps_wire_msg *m)
         return;
     }
     if (!zps_shard_is_member(srv->shard, m->hdr->member_id)) {
+        // A joiner's JOB and this shard's copy of the plan that names it
+        // travel apart: the PULL may come first. Its sender asks the
+        // coordinator, and again.
         s_refuse(srv, m, ZPS_ENOENT, "PULL from a member id this shard does not know");
         return;
     }
@@ -249,15 +269,20 @@ static void s_serve_pullers(s_server *srv)
 
 static void s_sync_coord_plan(s_server *srv);
 static void s_speculate_ahead(s_server *srv, uint64_t step);
+static bool s_between_steps(const s_server *srv);
 
 static void s_end_step(s_server *srv)
 {
     uint64_t step = zps_shard_step(srv->shard);
+    uint32_t counted[ZPS_MAX_MEMBERS];
+    for (uint32_t r = 0; r < ZPS_MAX_MEMBERS; r++) {
+        counted[r] = zps_shard_counted(srv->shard, r);
+    }
     float loss = zps_shard_end_step(srv->shard);
     double now = zps_clock_ms();
     if (srv->coord) {
-        zps_coord_step_done(srv->coord, step, loss, now - srv->step_start_ms);
-        zps_coord_adapt(srv->coord, srv->sock);
+        zps_coord_step_done(srv->coord, step, loss, now - srv->step_start_ms, counted);
+        zps_coord_adapt(srv->coord);
         s_sync_coord_plan(srv);
         s_speculate_ahead(srv, step + 1);
     } else {
@@ -351,8 +376,9 @@ static bool s_own_in(const s_server *srv, uint32_t r)
 // least as many slices are in as are not (not all: the step is then over).
 static void s_note_own_push(s_server *srv, const Zps__Header *h)
 {
+    const zps_plan *plan = s_plan(srv);
     uint32_t r = h->rank % ZPS_MAX_MEMBERS;
-    const zps_plan_slice *own = zps_plan_find(&srv->plan, r);
+    const zps_plan_slice *own = zps_plan_find(plan, r);
     if (!own || h->batch_offset != own->offset || h->samples != own->count || s_own_in(srv, r)) {
         return; // a piece of someone else's slice
     }
@@ -361,8 +387,8 @@ static void s_note_own_push(s_server *srv, const Zps__Header *h)
         return;
     }
     srv->n_in++;
-    if (srv->quorum_ms == 0 && srv->n_in < srv->plan.n &&
-        s_half_or_more(srv->n_in, srv->plan.n)) {
+    if (srv->quorum_ms == 0 && srv->n_in < plan->n &&
+        s_half_or_more(srv->n_in, plan->n)) {
         srv->quorum_ms = zps_clock_ms();
     }
 }
@@ -398,6 +424,12 @@ static void s_on_push(s_server *srv, zps_wire_msg *m)
     }
     if (ready < 0) {
         return;
+    }
+    if (srv->coord && s_between_steps(srv)) {
+        // The step boundary: the next step's plan goes out before its
+        // first parameters (on the same socket, so it arrives first).
+        zps_coord_release(srv->coord, srv->sock, zps_shard_step(srv->shard) + 1);
+        s_sync_coord_plan(srv);
     }
     zps_shard_apply(srv->shard, ready);
     uint64_t next = zps_shard_step(srv->shard) + 1;
@@ -435,7 +467,6 @@ static void s_replay_held(s_server *srv)
 static void s_add_plan(s_server *srv, uint32_t gen, uint64_t effective, const zps_plan *plan)
 {
     zps_shard_add_plan(srv->shard, gen, effective, plan);
-    srv->plan = *plan;
     srv->plan_gen = gen;
     srv->replay_held = srv->n_held > 0; // from the loop, not from inside a push's handling
 }
@@ -443,6 +474,7 @@ static void s_add_plan(s_server *srv, uint32_t gen, uint64_t effective, const zp
 static void s_take_plan(s_server *srv, uint32_t gen, uint64_t effective, const zps_plan *plan)
 {
     srv->plan_set = true;
+    srv->global_batch = plan->global_batch;
     s_add_plan(srv, gen, effective, plan);
     srv->step_start_ms = zps_clock_ms();
     srv->next_stall_ms = srv->step_start_ms + srv->o->stall_warn_ms;
@@ -658,7 +690,7 @@ static zps_err s_rollback(s_server *srv, uint64_t step)
 static void s_take_wire_plan(s_server *srv, const Zps__Plan *p)
 {
     zps_plan plan;
-    if (zps_plan_from_wire(p->slices, p->n_slices, srv->plan.global_batch, &plan) == ZPS_OK) {
+    if (zps_plan_from_wire(p->slices, p->n_slices, srv->global_batch, &plan) == ZPS_OK) {
         s_add_plan(srv, p->generation, p->effective_step, &plan);
     } else {
         zps_log_warn("ignored an inconsistent plan from the coordinator");
@@ -725,19 +757,20 @@ static void s_publish(s_server *srv, double now)
 // one helper could get two.
 static void s_speculate(s_server *srv, double now)
 {
+    const zps_plan *plan = s_plan(srv);
     double median = srv->coord ? zps_coord_median_step_ms(srv->coord) : 0;
     if (!srv->coord || srv->o->speculate_after <= 0 || !srv->plan_set || median <= 0 ||
-        srv->quorum_ms == 0 || srv->n_in == srv->plan.n) {
+        srv->quorum_ms == 0 || srv->n_in == plan->n) {
         return;
     }
     bool finished[ZPS_MAX_MEMBERS] = {false};
-    for (uint32_t i = 0; i < srv->plan.n; i++) {
-        finished[srv->plan.slices[i].rank] = s_own_in(srv, srv->plan.slices[i].rank);
+    for (uint32_t i = 0; i < plan->n; i++) {
+        finished[plan->slices[i].rank] = s_own_in(srv, plan->slices[i].rank);
     }
     bool waited = now - srv->quorum_ms >= srv->o->speculate_after * median;
     uint64_t step = zps_shard_step(srv->shard);
-    for (uint32_t i = 0; i < srv->plan.n; i++) {
-        const zps_plan_slice *sl = &srv->plan.slices[i];
+    for (uint32_t i = 0; i < plan->n; i++) {
+        const zps_plan_slice *sl = &plan->slices[i];
         uint32_t r = sl->rank;
         if (!finished[r] && !srv->late_now[r] && (waited || !srv->pushed[r]) &&
             zps_coord_speculate(srv->coord, srv->sock, step, sl->offset, sl->count, r,
@@ -756,6 +789,7 @@ static void s_speculate(s_server *srv, double now)
 // it for as long as their copies beat its own.
 static void s_speculate_ahead(s_server *srv, uint64_t step)
 {
+    const zps_plan *plan = s_plan(srv);
     bool late[ZPS_MAX_MEMBERS] = {false}, any = false;
     for (int r = 0; r < ZPS_MAX_MEMBERS; r++) {
         late[r] = srv->late_now[r] && !srv->heard[r];
@@ -768,15 +802,15 @@ static void s_speculate_ahead(s_server *srv, uint64_t step)
     }
     bool helper[ZPS_MAX_MEMBERS] = {false};
     uint32_t helpers = 0;
-    for (uint32_t i = 0; i < srv->plan.n; i++) {
-        helper[srv->plan.slices[i].rank] = !late[srv->plan.slices[i].rank];
-        helpers += helper[srv->plan.slices[i].rank];
+    for (uint32_t i = 0; i < plan->n; i++) {
+        helper[plan->slices[i].rank] = !late[plan->slices[i].rank];
+        helpers += helper[plan->slices[i].rank];
     }
-    if (!s_half_or_more(helpers, srv->plan.n)) {
+    if (!s_half_or_more(helpers, plan->n)) {
         return; // too few to cover the rest
     }
-    for (uint32_t i = 0; i < srv->plan.n; i++) {
-        const zps_plan_slice *sl = &srv->plan.slices[i];
+    for (uint32_t i = 0; i < plan->n; i++) {
+        const zps_plan_slice *sl = &plan->slices[i];
         if (late[sl->rank] && zps_coord_speculate(srv->coord, srv->sock, step, sl->offset,
                                                   sl->count, sl->rank, helper)) {
             srv->late_now[sl->rank] = true; // s_speculate need not hand it again
@@ -786,24 +820,25 @@ static void s_speculate_ahead(s_server *srv, uint64_t step)
 
 static void s_warn_stall(s_server *srv, double now)
 {
+    const zps_plan *plan = s_plan(srv);
     if (!srv->plan_set || srv->finished || now < srv->next_stall_ms ||
         zps_shard_step(srv->shard) >= srv->total_steps) {
         return;
     }
     uint32_t missing = 0;
-    for (uint32_t i = 0; i < srv->plan.n; i++) {
-        const zps_plan_slice *sl = &srv->plan.slices[i];
+    for (uint32_t i = 0; i < plan->n; i++) {
+        const zps_plan_slice *sl = &plan->slices[i];
         missing += !zps_shard_slice_done(srv->shard, sl->offset, sl->count);
     }
-    for (uint32_t i = 0; i < srv->plan.n; i++) {
-        const zps_plan_slice *sl = &srv->plan.slices[i];
+    for (uint32_t i = 0; i < plan->n; i++) {
+        const zps_plan_slice *sl = &plan->slices[i];
         if (!zps_shard_slice_done(srv->shard, sl->offset, sl->count)) {
             zps_log_warn("step %llu: waiting %.1f s for rank %u (%s, %s): %u of %u slices missing",
                          (unsigned long long)zps_shard_step(srv->shard),
                          (now - srv->step_start_ms) / 1e3, sl->rank,
                          srv->coord ? zps_coord_member_host(srv->coord, sl->rank) : "?",
                          srv->coord ? zps_coord_member_device(srv->coord, sl->rank) : "?",
-                         missing, srv->plan.n);
+                         missing, plan->n);
         }
     }
     srv->next_stall_ms = now + srv->o->stall_warn_ms;

@@ -8,6 +8,7 @@
 #include <string.h>
 
 #include "common/zps_log.h"
+#include "common/zps_plans.h"
 #include "server/zps_ckpt.h"
 
 #define ZPS_SHARD_BLOCK 2048 // elements per pass of the update: the arrays stay in L1/L2
@@ -25,17 +26,6 @@ typedef struct s_slice {
     uint32_t offset, count;  // [offset, offset + count) of the global batch
     zps_bucket_set buckets;  // buckets pushed
 } s_slice;
-
-// A plan generation as the shard needs it: from when, and whose pushes.
-typedef struct s_gen {
-    uint32_t gen;            // generation number (0: empty slot)
-    uint64_t effective;      // first step it holds for
-    uint32_t n;              // members
-    uint64_t member_id[ZPS_MAX_MEMBERS];
-    uint32_t rank[ZPS_MAX_MEMBERS];   // each member's rank: replies are routed by it
-} s_gen;
-
-#define ZPS_SHARD_GENS 4 // generations kept: a step in progress may still use an older one
 
 struct zps_shard {
     uint32_t index;                                 // shard number
@@ -63,7 +53,8 @@ struct zps_shard {
     s_slice slices[ZPS_MAX_MEMBERS];                // slices seen this step
     int n_slices;
     double loss_sum;                                // sum of count * loss over slices this step
-    s_gen gens[ZPS_SHARD_GENS];                     // newest plan generations
+    uint32_t counted[ZPS_MAX_MEMBERS];              // samples of bucket 0 counted from each rank this step
+    zps_plans plans;                                // plan generations still in use
 };
 
 // FNV-1a: a checkpoint names the model it belongs to.
@@ -183,75 +174,34 @@ int zps_shard_n_buckets(const zps_shard *s)
 void zps_shard_add_plan(zps_shard *s, uint32_t gen, uint64_t effective_step,
                         const zps_plan *plan)
 {
-    int slot = 0;
-    for (int i = 0; i < ZPS_SHARD_GENS; i++) {
-        if (s->gens[i].gen >= gen && s->gens[i].gen != 0) {
-            return; // already known, or older than what is known
-        }
-        if (s->gens[i].gen < s->gens[slot].gen) {
-            slot = i;
-        }
-    }
-    s_gen *g = &s->gens[slot];
-    g->gen = gen;
-    g->effective = effective_step;
-    g->n = plan->n;
-    for (uint32_t i = 0; i < plan->n; i++) {
-        g->member_id[i] = plan->slices[i].member_id;
-        g->rank[i] = plan->slices[i].rank;
-    }
+    (void)zps_plans_add(&s->plans, gen, effective_step, plan); // an older one is ignored
 }
 
 uint32_t zps_shard_generation(const zps_shard *s)
 {
-    uint32_t newest = 0;
-    for (int i = 0; i < ZPS_SHARD_GENS; i++) {
-        newest = s->gens[i].gen > newest ? s->gens[i].gen : newest;
-    }
-    return newest;
+    return zps_plans_newest_gen(&s->plans);
+}
+
+const zps_plan *zps_shard_plan(const zps_shard *s)
+{
+    const zps_plan_gen *g = zps_plans_at(&s->plans, s->step);
+    return g ? &g->plan : NULL;
 }
 
 // The member id must go with the rank it claims: replies are routed by
 // rank, and a member must not take another's.
 static bool s_member_has_rank(const zps_shard *s, uint64_t member_id, uint32_t rank)
 {
-    for (int k = 0; k < ZPS_SHARD_GENS; k++) {
-        const s_gen *g = &s->gens[k];
-        for (uint32_t i = 0; g->gen != 0 && i < g->n; i++) {
-            if (g->member_id[i] == member_id) {
-                return g->rank[i] == rank;
-            }
-        }
-    }
-    return false;
-}
-
-// The generation in force at a step: the newest one in effect by then.
-static const s_gen *s_gen_at(const zps_shard *s, uint64_t step)
-{
-    const s_gen *best = NULL;
-    for (int i = 0; i < ZPS_SHARD_GENS; i++) {
-        const s_gen *g = &s->gens[i];
-        if (g->gen != 0 && g->effective <= step && (!best || g->gen > best->gen)) {
-            best = g;
-        }
-    }
-    return best;
+    uint32_t r;
+    return zps_plans_find_member(&s->plans, member_id, &r) && r == rank;
 }
 
 // A member of any generation the shard knows may push: a slice of a step
 // in progress can be handed to a member that joined after it began.
 bool zps_shard_is_member(const zps_shard *s, uint64_t member_id)
 {
-    for (int k = 0; k < ZPS_SHARD_GENS; k++) {
-        const s_gen *g = &s->gens[k];
-        for (uint32_t i = 0; g->gen != 0 && i < g->n; i++) {
-            if (g->member_id[i] == member_id) {
-                return true;
-            }
-        }
-    }
-    return false;
+    uint32_t r;
+    return zps_plans_find_member(&s->plans, member_id, &r);
 }
 
 static int s_bucket_at(const zps_shard *s, uint64_t lo, uint64_t hi)
@@ -318,7 +268,7 @@ static zps_err s_check_sender(const zps_shard *s, const Zps__Header *h, char *wh
         snprintf(why, len, "push for step %llu, which is complete", (unsigned long long)h->step);
         return ZPS_EDUP;
     }
-    const s_gen *g = s_gen_at(s, h->step);
+    const zps_plan_gen *g = zps_plans_at(&s->plans, h->step);
     if (g && h->generation < g->gen && zps_shard_is_member(s, h->member_id)) {
         // Computed under a plan that a newer one replaced (after a rollback):
         // its step will be computed again under the new plan.
@@ -398,6 +348,7 @@ zps_err zps_shard_push(zps_shard *s, const zps_wire_msg *m, int *ready, char *wh
         // The counted slices of one bucket tile the batch: each sample's
         // loss once, whatever pieces the batch came in.
         s->loss_sum += (double)h->samples * h->loss;
+        s->counted[h->rank] += h->samples; // the rank was checked against the plan
     }
     zps_bucket_set_add(&sl->buckets, b);
     s->covered[b] += h->samples;
@@ -513,8 +464,15 @@ float zps_shard_end_step(zps_shard *s)
     s->n_applied = 0;
     s->n_slices = 0;
     s->loss_sum = 0;
+    memset(s->counted, 0, sizeof s->counted);
     s->step++;
+    zps_plans_forget_before(&s->plans, s->step);
     return loss;
+}
+
+uint32_t zps_shard_counted(const zps_shard *s, uint32_t rank)
+{
+    return rank < ZPS_MAX_MEMBERS ? s->counted[rank] : 0;
 }
 
 void zps_shard_bucket_params(zps_shard *s, int b, const void **data, uint64_t *offset,
@@ -580,6 +538,7 @@ zps_err zps_shard_restore(zps_shard *s, const char *dir, uint64_t step, uint64_t
     s_prepare_snapshot(s);
     zps_dtype_from_f32(s->dtype, s->params, s->snap->data, s->n);
     memset(s->covered, 0, sizeof s->covered);
+    memset(s->counted, 0, sizeof s->counted);
     memset(s->applied, 0, sizeof s->applied);
     s->n_applied = 0;
     s->n_slices = 0;

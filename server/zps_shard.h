@@ -51,6 +51,9 @@ int zps_shard_n_buckets(const zps_shard *s);
 // members. Plans arrive in generation order; an older one is ignored.
 void zps_shard_add_plan(zps_shard *s, uint32_t gen, uint64_t effective_step,
                         const zps_plan *plan);
+// The plan in force at the step in progress (not the newest, which may
+// only hold from the next step), or NULL before the first.
+const zps_plan *zps_shard_plan(const zps_shard *s);
 // True if member_id is a member of a plan the shard knows.
 bool zps_shard_is_member(const zps_shard *s, uint64_t member_id);
 // The newest generation known (0 before the first plan).
@@ -80,6 +83,10 @@ bool zps_shard_applied(const zps_shard *s, int bucket);
 bool zps_shard_step_done(const zps_shard *s);
 // Closes a done step: advances the step, returns its sample-weighted mean loss.
 float zps_shard_end_step(zps_shard *s);
+
+// Samples of the step in progress counted from `rank` (bucket 0, whose
+// counted slices tile the batch once the step is done: they add up to B).
+uint32_t zps_shard_counted(const zps_shard *s, uint32_t rank);
 
 // True when the slice [offset, offset + count) was pushed for every bucket
 // this step.

@@ -41,6 +41,9 @@
 #define ZPS_WORKER_LATE_STEPS 2.0  // a slice not begun this many usual steps in: ask first
 #define ZPS_WORKER_ASK_MS 500      // bound on the coordinator's answer to that
 #define ZPS_WORKER_CALIBRATE 20    // --slowdown: computes that fix the time per sample
+#define ZPS_WORKER_ASK_EVERY_MS 1000.0 // waiting for parameters: ask where the job is this often
+#define ZPS_WORKER_RETRY_MS 20     // first wait before sending a "not yet" message again
+#define ZPS_WORKER_RETRY_MAX_MS 1000 // longest such wait (doubling)
 
 typedef struct s_opts {
     const char *coordinator;  // endpoint of shard 0
@@ -118,6 +121,13 @@ typedef struct s_worker {
     double sum_data_ms, sum_compute_ms, sum_wait_ms; // per-step phases, summed
     uint64_t timed_steps;                         // steps in those sums
     uint64_t stopped_at;                          // the step a signal interrupted
+    double pull_again_ms[ZPS_WORKER_MAX_SHARDS];  // when to send a refused PULL again (0: no)
+    int retry_ms;                                 // the next "not yet" backoff
+    double redo_ms;                               // when to compute refused pushes again (0: no)
+    double next_ask_ms;                           // next "where is the job" while waiting
+    double answered_ms;                           // the coordinator's last answer to that
+    bool rejoin;                                  // handed on by the coordinator: HELLO again
+    bool job_over;                                // the coordinator said the job is over
 } s_worker;
 
 // SIGTERM or SIGINT: every wait returns ZPS_ECLOSED within a poll interval,
@@ -133,9 +143,44 @@ static void s_on_signal(int sig)
 // ---------------------------------------------------------------------------
 // Replies: bounded waits that say what they wait for.
 
+// How the worker takes a refusal: every ERROR reply is judged here, once.
+typedef enum s_verdict {
+    S_RETRY, // "not yet": send the same again after a bounded backoff
+    S_LOST,  // this worker may have been handed on: ask the coordinator
+    S_OVER,  // the job is over
+    S_FINAL, // refused for good: the worker ends (exit status 1)
+} s_verdict;
+
+static s_verdict s_judge(const Zps__Header *h, const char *from)
+{
+    zps_err code = h->error_code > 0 && h->error_code < ZPS_ECOUNT_ ? (zps_err)h->error_code
+                                                                    : ZPS_EPROTO;
+    const char *what = zps_wire_type_name((int)h->refused);
+    const char *why = h->error ? h->error : "";
+    switch (code) {
+    case ZPS_EAGAIN:
+        zps_log_info("%s: not yet (%s of step %llu): %s; sending again", from, what,
+                     (unsigned long long)h->step, why);
+        return S_RETRY;
+    case ZPS_ECLOSED:
+        zps_log_info("%s: the job is over: %s", from, why);
+        return S_OVER;
+    case ZPS_ENOENT:
+    case ZPS_ESTALE:
+        zps_log_warn("%s refused %s of step %llu: %s (%s); asking the coordinator where the job "
+                     "is", from, what, (unsigned long long)h->step, why, zps_strerror(code));
+        return S_LOST;
+    default:
+        zps_log_error("%s refused this worker for good: %s (%s)", from, why,
+                      zps_strerror(code));
+        return S_FINAL;
+    }
+}
+
 // Receives the next message on sock into m, waiting at most timeout_ms and
-// logging every few seconds. An ERROR from the server is logged and
-// returned as its code.
+// logging every few seconds. An ERROR is judged (s_judge): "not yet"
+// returns ZPS_EAGAIN, the end of the job ZPS_ECLOSED, anything else its
+// code.
 static zps_err s_await(void *sock, const char *what, const char *endpoint, int timeout_ms,
                        zps_wire_msg *m)
 {
@@ -143,13 +188,13 @@ static zps_err s_await(void *sock, const char *what, const char *endpoint, int t
     for (;;) {
         zps_err err = zps_wire_recv(sock, false, m);
         if (err == ZPS_OK && m->hdr->type == ZPS__MSG_TYPE__ERROR) {
-            // "Not yet" is part of the protocol, not a failure.
-            zps_log(m->hdr->error_code == ZPS_EAGAIN ? ZPS_LOG_INFO : ZPS_LOG_ERROR,
-                    "%s refused: %s (%s)", endpoint, m->hdr->error,
-                    zps_strerror((zps_err)m->hdr->error_code));
-            err = m->hdr->error_code > 0 && m->hdr->error_code < ZPS_ECOUNT_
-                      ? (zps_err)m->hdr->error_code : ZPS_EPROTO;
-            return err;
+            switch (s_judge(m->hdr, endpoint)) {
+            case S_RETRY: return ZPS_EAGAIN;
+            case S_OVER: return ZPS_ECLOSED;
+            default:
+                return m->hdr->error_code > 0 && m->hdr->error_code < ZPS_ECOUNT_
+                           ? (zps_err)m->hdr->error_code : ZPS_EPROTO;
+            }
         }
         if (err != ZPS_ETIMEDOUT) {
             if (err != ZPS_OK) {
@@ -228,6 +273,12 @@ static zps_err s_take_shards(s_worker *w, const Zps__Job *job)
         if (i == 0) {
             continue; // the coordinator's socket, already connected
         }
+        if (sc->sock && strcmp(sc->endpoint, si->endpoint) == 0) {
+            continue; // joining again: the connection of before serves
+        }
+        if (sc->sock) {
+            zmq_close(sc->sock);
+        }
         snprintf(sc->endpoint, sizeof sc->endpoint, "%s", si->endpoint);
         sc->sock = zps_wire_socket(w->ctx, ZMQ_DEALER, ZPS_WORKER_POLL_MS);
         if (!sc->sock || zps_wire_set_sndbuf(sc->sock, w->opts.sndbuf) != ZPS_OK ||
@@ -281,6 +332,13 @@ static zps_err s_take_job(s_worker *w, const Zps__Header *h)
         !zps_dtype_valid((int)job->wire_dtype) || job->steps_per_epoch == 0 ||
         job->global_batch == 0) {
         zps_log_error("the coordinator sent a job without a usable model or wire dtype");
+        return ZPS_EPROTO;
+    }
+    if (w->be && (h->job_id != w->job_id || (zps_dtype)job->wire_dtype != w->dtype ||
+                  job->seed != w->seed || job->global_batch != w->global_batch)) {
+        // Joining again: the model, data and buffers of before must fit.
+        zps_log_error("joining again, the coordinator gave another job (%016llx)",
+                      (unsigned long long)h->job_id);
         return ZPS_EPROTO;
     }
     w->dtype = (zps_dtype)job->wire_dtype;
@@ -361,6 +419,49 @@ static zps_err s_setup_compute(s_worker *w, const char *dataset)
     return zps_backend_uses_data(w->be) ? s_setup_data(w, dataset, rows) : ZPS_OK;
 }
 
+// A refusal from shard i while waiting for `step`'s parameters. "Not yet"
+// sends the same again after a bounded backoff: a PULL as it was, a PUSH
+// by computing its piece again (the gradient buffer has moved on; the
+// compute is deterministic, so the piece gives the same gradient). "Lost"
+// asks the coordinator at once where the job is.
+static zps_err s_on_refusal(s_worker *w, int i, uint64_t step, const Zps__Header *h)
+{
+    switch (s_judge(h, w->shards[i].endpoint)) {
+    case S_RETRY: {
+        double at = zps_clock_ms() + w->retry_ms;
+        w->retry_ms = w->retry_ms * 2 < ZPS_WORKER_RETRY_MAX_MS ? w->retry_ms * 2
+                                                                : ZPS_WORKER_RETRY_MAX_MS;
+        if (h->refused == ZPS__MSG_TYPE__PULL) {
+            w->pull_again_ms[i] = at;
+        } else if (h->refused == ZPS__MSG_TYPE__PUSH && step > 0 && h->step == step - 1 &&
+                   h->samples > 0 && h->samples <= w->global_batch &&
+                   h->batch_offset <= w->global_batch - h->samples) {
+            zps_schedule_add_extra(&w->schedule, h->step,
+                                   (zps_work){.offset = h->batch_offset, .count = h->samples,
+                                              .gen = h->generation});
+            w->redo_ms = at;
+        }
+        return ZPS_OK;
+    }
+    case S_LOST:
+        // A PULL refused as from an unknown member may be a joiner's that
+        // overtook the plan naming it: asked again, after asking the
+        // coordinator, which says whether this worker was handed on.
+        w->next_ask_ms = 0;
+        if (h->refused == ZPS__MSG_TYPE__PULL) {
+            w->pull_again_ms[i] = zps_clock_ms() + w->retry_ms;
+            w->retry_ms = w->retry_ms * 2 < ZPS_WORKER_RETRY_MAX_MS ? w->retry_ms * 2
+                                                                    : ZPS_WORKER_RETRY_MAX_MS;
+        }
+        return ZPS_OK;
+    case S_OVER:
+        w->job_over = true;
+        return ZPS_ECLOSED;
+    default:
+        return ZPS_ECLOSED;
+    }
+}
+
 // Checks a PARAMS message from shard i against what step `step` expects
 // and drops its bucket into the model.
 static zps_err s_take_bucket(s_worker *w, int i, uint64_t step, const zps_wire_msg *m)
@@ -370,9 +471,7 @@ static zps_err s_take_bucket(s_worker *w, int i, uint64_t step, const zps_wire_m
     char why[160] = "";
     int b = -1;
     if (h->type == ZPS__MSG_TYPE__ERROR) {
-        zps_log_error("%s refused: %s (%s)", sc->endpoint, h->error,
-                      zps_strerror((zps_err)h->error_code));
-        return ZPS_ECLOSED;
+        return s_on_refusal(w, i, step, h);
     }
     if (h->type == ZPS__MSG_TYPE__PARAMS && h->step < step) {
         return ZPS_OK; // a late answer for a step already over: nothing to take
@@ -419,6 +518,7 @@ static zps_err s_take_bucket(s_worker *w, int i, uint64_t step, const zps_wire_m
         dst += len;
     }
     zps_bucket_set_add(&sc->received, b);
+    w->retry_ms = ZPS_WORKER_RETRY_MS;
     return ZPS_OK;
 }
 
@@ -438,6 +538,21 @@ static bool s_all_received(const s_worker *w)
 }
 
 static zps_err s_compute(s_worker *w, uint64_t step, zps_work work);
+
+// While waiting for `step`'s parameters, the pieces of step - 1 handed to
+// this worker (or refused "not yet") are computed at once, on the
+// parameters of step - 1, which stay in place until the wait is over.
+static zps_err s_compute_extras(s_worker *w, uint64_t step)
+{
+    zps_work work[ZPS_SCHEDULE_EXTRAS];
+    int n = step > 0 ? zps_schedule_take_extras(&w->schedule, step - 1, work, ZPS_SCHEDULE_EXTRAS)
+                     : 0;
+    zps_err err = ZPS_OK;
+    for (int k = 0; err == ZPS_OK && k < n; k++) {
+        err = s_compute(w, step - 1, work[k]);
+    }
+    return err;
+}
 
 // A message from shard i while waiting for parameters: a bucket of them,
 // or (from the coordinator) a new plan, maybe with slices of the step in
@@ -464,18 +579,52 @@ static zps_err s_take_message(s_worker *w, int i, uint64_t step, const zps_wire_
                  (unsigned long long)p->effective_step, p->n_slices);
     zps_err err = s_take_plan(w, p->slices, p->n_slices, p->generation, p->effective_step,
                               p->extras, p->n_extras);
-    zps_work work[ZPS_SCHEDULE_EXTRAS];
-    int n = err == ZPS_OK && step > 0
-                ? zps_schedule_take_extras(&w->schedule, step - 1, work, ZPS_SCHEDULE_EXTRAS)
-                : 0;
-    for (int k = 0; err == ZPS_OK && k < n; k++) {
-        err = s_compute(w, step - 1, work[k]);
-    }
-    return err;
+    return err == ZPS_OK ? s_compute_extras(w, step) : err;
 }
 
 // Receives every bucket of every shard for `step`, bounded by the timeout,
 // then makes them the model's parameters.
+static zps_err s_where_is_job(s_worker *w, uint64_t step);
+static zps_err s_pull_from(s_worker *w, int i, uint64_t step);
+
+// The poll timeout: the next "not yet" to send again, or the poll interval.
+static long s_poll_ms(const s_worker *w, double now)
+{
+    double next = now + ZPS_WORKER_POLL_MS;
+    for (int i = 0; i < w->n_shards; i++) {
+        next = w->pull_again_ms[i] > 0 && w->pull_again_ms[i] < next ? w->pull_again_ms[i] : next;
+    }
+    next = w->redo_ms > 0 && w->redo_ms < next ? w->redo_ms : next;
+    next = w->next_ask_ms < next ? w->next_ask_ms : next;
+    return next > now ? (long)(next - now) + 1 : 0;
+}
+
+// What is due while waiting: refused PULLs and pushes sent again, and,
+// after a long wait, the question where the job is.
+static zps_err s_due(s_worker *w, uint64_t step, double now)
+{
+    zps_err err = ZPS_OK;
+    for (int i = 0; err == ZPS_OK && i < w->n_shards; i++) {
+        if (w->pull_again_ms[i] > 0 && now >= w->pull_again_ms[i]) {
+            w->pull_again_ms[i] = 0;
+            err = s_pull_from(w, i, step);
+        }
+    }
+    if (err == ZPS_OK && w->redo_ms > 0 && now >= w->redo_ms) {
+        w->redo_ms = 0;
+        err = s_compute_extras(w, step);
+    }
+    if (err == ZPS_OK && now >= w->next_ask_ms) {
+        err = s_where_is_job(w, step);
+    }
+    return err;
+}
+
+// Receives every bucket of every shard for `step`, then makes them the
+// model's parameters. The wait has no fixed end while the job lives: after
+// a while the coordinator is asked where the job is, and the worker goes
+// on waiting, catches up, joins again, or ends (the job is over, or the
+// coordinator stayed silent for --timeout-ms).
 static zps_err s_take_params(s_worker *w, uint64_t step)
 {
     zmq_pollitem_t items[ZPS_WORKER_MAX_SHARDS];
@@ -485,11 +634,15 @@ static zps_err s_take_params(s_worker *w, uint64_t step)
     }
     double start = zps_clock_ms(), next_log = start + ZPS_WORKER_WAIT_LOG_MS;
     double next_beat = start + w->opts.heartbeat_ms;
+    double ask_after = 4 * w->usual_step_ms > ZPS_WORKER_ASK_EVERY_MS ? 4 * w->usual_step_ms
+                                                                        : ZPS_WORKER_ASK_EVERY_MS;
+    w->next_ask_ms = start + ask_after;
+    w->answered_ms = start;
     while (!s_all_received(w)) {
         if (s_stop) {
             return ZPS_ECLOSED;
         }
-        int rc = zmq_poll(items, w->n_shards, ZPS_WORKER_POLL_MS);
+        int rc = zmq_poll(items, w->n_shards, s_poll_ms(w, zps_clock_ms()));
         for (int i = 0; rc > 0 && i < w->n_shards; i++) {
             if (!(items[i].revents & ZMQ_POLLIN)) {
                 continue;
@@ -505,6 +658,10 @@ static zps_err s_take_params(s_worker *w, uint64_t step)
             }
         }
         double now = zps_clock_ms();
+        zps_err err = s_due(w, step, now);
+        if (err != ZPS_OK) {
+            return err;
+        }
         if (now > next_beat) {
             // From the main socket too: a restarted coordinator learns from
             // it where this worker's replies go.
@@ -513,11 +670,6 @@ static zps_err s_take_params(s_worker *w, uint64_t step)
             h.flags = 1;
             (void)s_send(w, 0, &h, NULL, 0, NULL);
             next_beat = now + w->opts.heartbeat_ms;
-        }
-        if (now - start > w->opts.timeout_ms) {
-            zps_log_error("gave up after %.0f s waiting for step %llu parameters",
-                          (now - start) / 1e3, (unsigned long long)step);
-            return ZPS_ETIMEDOUT;
         }
         if (now > next_log) {
             for (int i = 0; i < w->n_shards; i++) {
@@ -530,6 +682,10 @@ static zps_err s_take_params(s_worker *w, uint64_t step)
             next_log = now + ZPS_WORKER_WAIT_LOG_MS;
         }
     }
+    for (int i = 0; i < w->n_shards; i++) {
+        w->pull_again_ms[i] = 0;
+    }
+    w->redo_ms = 0;
     memcpy(zps_backend_params(w->be), w->next, w->model.n_params * sizeof(float));
     zps_schedule_forget_before(&w->schedule, step);
     double now = zps_clock_ms();
@@ -543,15 +699,20 @@ static zps_err s_take_params(s_worker *w, uint64_t step)
 
 // Asks every shard for the parameters of `step`; they answer bucket by
 // bucket, at once or as soon as the step's buckets are updated.
+static zps_err s_pull_from(s_worker *w, int i, uint64_t step)
+{
+    Zps__Header h;
+    zps_wire_header_init(&h, ZPS__MSG_TYPE__PULL);
+    h.shard = (uint32_t)i;
+    h.step = step;
+    return s_send(w, i, &h, NULL, 0, NULL);
+}
+
 static zps_err s_pull(s_worker *w, uint64_t step)
 {
     zps_err err = ZPS_OK;
     for (int i = 0; err == ZPS_OK && i < w->n_shards; i++) {
-        Zps__Header h;
-        zps_wire_header_init(&h, ZPS__MSG_TYPE__PULL);
-        h.shard = (uint32_t)i;
-        h.step = step;
-        err = s_send(w, i, &h, NULL, 0, NULL);
+        err = s_pull_from(w, i, step);
     }
     return err == ZPS_OK ? s_take_params(w, step) : err;
 }
@@ -571,6 +732,17 @@ static zps_err s_hello_until_job(s_worker *w, zps_wire_msg *m)
         int left = (int)(deadline - zps_clock_ms());
         err = s_await(w->shards[0].sock, "the job to start", w->shards[0].endpoint,
                       left > 100 ? left : 100, m);
+        while (err == ZPS_OK && m->hdr->type != ZPS__MSG_TYPE__JOB && zps_clock_ms() < deadline) {
+            // Joining again: what the coordinator sent the member of before
+            // (plans, rollbacks) may still be queued. The JOB is what counts.
+            zps_wire_msg_fini(m);
+            left = (int)(deadline - zps_clock_ms());
+            err = s_await(w->shards[0].sock, "the job to start", w->shards[0].endpoint,
+                          left > 100 ? left : 100, m);
+        }
+        if (err == ZPS_ECLOSED && !s_stop) {
+            w->job_over = true;
+        }
         if (err != ZPS_EAGAIN || zps_clock_ms() + ZPS_WORKER_POLL_MS > deadline || s_stop) {
             return err; // m: the caller finishes it, whatever it holds
         }
@@ -619,6 +791,30 @@ static zps_err s_join(s_worker *w)
         err = s_start_over(w, &w->start_step);
     }
     return err;
+}
+
+// Handed on by the coordinator (evicted while paused, or its slices given
+// away while it could not answer): HELLO again, as a new member, with the
+// model, data and buffers already here; the loop goes on at the step the
+// JOB names.
+static zps_err s_rejoin(s_worker *w)
+{
+    w->rejoin = false;
+    zps_heartbeat_stop(&w->heartbeat);
+    zps_wire_msg m = {0};
+    zps_err err = s_hello_until_job(w, &m);
+    if (err == ZPS_OK) {
+        err = s_take_job(w, m.hdr);
+    }
+    zps_wire_msg_fini(&m);
+    if (err != ZPS_OK) {
+        return err;
+    }
+    w->heartbeat = zps_heartbeat_start(w->ctx, w->shards[0].endpoint, &w->curve, w->job_id,
+                                       w->rank, w->member_id, w->opts.heartbeat_ms);
+    w->rollback_to = w->start_step;
+    w->done_step = UINT64_MAX;
+    return ZPS_OK;
 }
 
 // ---------------------------------------------------------------------------
@@ -777,15 +973,92 @@ static void s_inject_faults(s_worker *w, uint64_t step, uint32_t samples)
     }
 }
 
+// Asks the coordinator for STATUS, as this member (its id: the answer
+// says where this member stands), on the socket of its own, so that nothing
+// meant for the step is read out of turn. Bounded by ZPS_WORKER_ASK_MS.
+static zps_err s_ask(s_worker *w, zps_wire_msg *m)
+{
+    zmq_pollitem_t item = {.socket = w->ask, .events = ZMQ_POLLIN};
+    while (w->ask && zmq_poll(&item, 1, 0) > 0) {
+        zps_err late = zps_wire_recv(w->ask, false, m); // an answer past its bound
+        zps_wire_msg_fini(m);
+        if (late != ZPS_OK) {
+            break;
+        }
+    }
+    Zps__Header h;
+    zps_wire_header_init(&h, ZPS__MSG_TYPE__STATUS);
+    h.job_id = w->job_id;
+    h.rank = w->rank;
+    h.member_id = w->member_id;
+    zps_err err = !w->ask ? ZPS_ECLOSED : zps_wire_send(w->ask, NULL, &h, NULL, 0, NULL);
+    if (err == ZPS_OK) {
+        err = s_await(w->ask, "the coordinator's step", w->shards[0].endpoint,
+                      ZPS_WORKER_ASK_MS, m);
+    }
+    if (err == ZPS_OK && (m->hdr->type != ZPS__MSG_TYPE__STATUS_REPLY || !m->hdr->status)) {
+        zps_wire_msg_fini(m);
+        err = ZPS_EPROTO;
+    }
+    return err;
+}
+
+// Waited long for `step`'s parameters: where is the job? The worker goes
+// on waiting while the job lives and it is a member; catches up when the
+// job went past the step without it; joins again when it was handed on
+// (evicted while paused, or its slice given away); ends when the job is
+// over or the coordinator stays silent for --timeout-ms. The log says which.
+static zps_err s_where_is_job(s_worker *w, uint64_t step)
+{
+    double now = zps_clock_ms();
+    w->next_ask_ms = now + ZPS_WORKER_ASK_EVERY_MS;
+    zps_wire_msg m;
+    if (s_ask(w, &m) != ZPS_OK) {
+        if (now - w->answered_ms > w->opts.timeout_ms) {
+            zps_log_error("the coordinator at %s has not answered for %.0f s: leaving the job",
+                          w->shards[0].endpoint, (now - w->answered_ms) / 1e3);
+            return ZPS_ETIMEDOUT;
+        }
+        return ZPS_OK;
+    }
+    w->answered_ms = now;
+    const Zps__Status *st = m.hdr->status;
+    uint64_t at = st->steps_done_all; // a step is over once every shard completed it
+    zps_err err = ZPS_OK;
+    if (st->state && strcmp(st->state, "done") == 0) {
+        zps_log_warn("the job is over (step %llu of %llu) without this worker's last step: "
+                     "leaving it", (unsigned long long)at, (unsigned long long)st->total_steps);
+        w->job_over = true;
+        err = ZPS_ECLOSED;
+    } else if (st->asker == ZPS__MEMBER_STATE__MEMBER_GONE ||
+               st->asker == ZPS__MEMBER_STATE__MEMBER_UNKNOWN) {
+        zps_log_warn("rank %u was handed on by the coordinator (it is at step %llu): joining "
+                     "the job again", w->rank, (unsigned long long)at);
+        w->rejoin = true;
+        err = ZPS_EAGAIN;
+    } else if (st->asker == ZPS__MEMBER_STATE__MEMBER_ACTIVE && at > step) {
+        zps_log_warn("step %llu is over without this worker (the coordinator is at step %llu): "
+                     "catching up there", (unsigned long long)step, (unsigned long long)at);
+        w->rollback_to = at;
+        err = ZPS_EAGAIN;
+    } else {
+        zps_log_info("waiting for step %llu parameters: the coordinator is at step %llu (%s), "
+                     "this worker %s", (unsigned long long)step, (unsigned long long)at,
+                     st->state ? st->state : "?",
+                     st->asker == ZPS__MEMBER_STATE__MEMBER_JOINING ? "joining" : "active");
+    }
+    zps_wire_msg_fini(&m);
+    return err;
+}
+
 // Whether `step` is over without this worker: true after a pause (a stall,
 // a swap storm) so long that the coordinator handed this worker's slice on
 // and moved past the step. Then the slice is not computed (the others'
-// copy counted), and the worker rejoins at the step after the one in
-// progress, which it can compute in full: joining the step in progress,
-// it would compute its slice beside the others already covering it. Only
-// a slice begun ZPS_WORKER_LATE_STEPS usual steps after its parameters
-// came asks; the answer comes on a socket of its own, so nothing meant for
-// the step is read out of turn.
+// copy counted), and the worker goes on at the step in progress. Not the
+// one after it: unless speculation covers this worker's slice of the step
+// in progress, nobody else computes it, and that step would wait for it
+// for good. Only a slice begun ZPS_WORKER_LATE_STEPS usual steps after its
+// parameters came asks.
 static bool s_step_over(s_worker *w, uint64_t step)
 {
     double waited = zps_clock_ms() - w->params_ms;
@@ -793,27 +1066,22 @@ static bool s_step_over(s_worker *w, uint64_t step)
         return false;
     }
     zps_wire_msg m;
-    zmq_pollitem_t item = {.socket = w->ask, .events = ZMQ_POLLIN};
-    while (zmq_poll(&item, 1, 0) > 0) {
-        zps_err late = zps_wire_recv(w->ask, false, &m); // an answer past its bound
-        zps_wire_msg_fini(&m);
-        if (late != ZPS_OK) {
-            break;
-        }
+    if (s_ask(w, &m) != ZPS_OK) {
+        return false; // no answer in time: compute it
     }
-    Zps__Header h;
-    zps_wire_header_init(&h, ZPS__MSG_TYPE__STATUS);
-    if (zps_wire_send(w->ask, NULL, &h, NULL, 0, NULL) != ZPS_OK) {
-        return false;
-    }
-    zps_err err = s_await(w->ask, "the coordinator's step", w->shards[0].endpoint,
-                          ZPS_WORKER_ASK_MS, &m);
-    uint64_t at = err == ZPS_OK && m.hdr->type == ZPS__MSG_TYPE__STATUS_REPLY ? m.hdr->step : 0;
+    uint64_t at = m.hdr->status->steps_done_all; // over once every shard completed it
+    bool gone = m.hdr->status->asker == ZPS__MEMBER_STATE__MEMBER_GONE;
     zps_wire_msg_fini(&m);
-    if (at <= step) {
-        return false; // still open (or no answer in time): compute it
+    if (gone) {
+        zps_log_warn("rank %u was handed on by the coordinator during a pause of %.0f ms: "
+                     "joining the job again", w->rank, waited);
+        w->rejoin = true;
+        return true;
     }
-    w->rollback_to = at + 1 < w->total_steps ? at + 1 : w->total_steps;
+    if (at <= step) {
+        return false; // still open: compute it
+    }
+    w->rollback_to = at < w->total_steps ? at : w->total_steps;
     zps_log_warn("step %llu was done without this worker (%.0f ms late; the coordinator is at "
                  "step %llu): rejoining at step %llu", (unsigned long long)step, waited,
                  (unsigned long long)at, (unsigned long long)w->rollback_to);
@@ -903,10 +1171,15 @@ static void s_log_timing(const s_worker *w, double wall_ms)
 
 // After a ROLLBACK: the parameters of its step, then the loop goes on from
 // there (another ROLLBACK on the way starts over again).
+static zps_err s_rejoin(s_worker *w);
+
 static zps_err s_start_over(s_worker *w, uint64_t *t)
 {
     zps_err err;
     do {
+        if (w->rejoin && (err = s_rejoin(w)) != ZPS_OK) {
+            return err;
+        }
         *t = w->rollback_to;
         err = s_pull(w, *t);
     } while (err == ZPS_EAGAIN);
@@ -928,7 +1201,9 @@ static zps_err s_train(s_worker *w)
             continue;
         }
         if (err != ZPS_OK) {
-            zps_log_error("step %llu failed: %s", (unsigned long long)t, zps_strerror(err));
+            if (!w->job_over) {
+                zps_log_error("step %llu failed: %s", (unsigned long long)t, zps_strerror(err));
+            }
             return err;
         }
         bool epoch_end = (t + 1) % w->steps_per_epoch == 0;
@@ -988,7 +1263,8 @@ static void s_usage(FILE *f)
             "  --save-params FILE      write the final flat parameters (float32 LE)\n"
             "  --threads N             OpenBLAS threads (default 1)\n"
             "  --cache-dir DIR         decompressed datasets (default ~/.cache/zps)\n"
-            "  --timeout-ms MS         bound on any reply once training (default 60000)\n"
+            "  --timeout-ms MS         leave the job when the coordinator stays silent this\n"
+            "                          long (default 60000); while it answers, wait\n"
             "  --join-timeout-ms MS    bound on waiting for the job to start (default 600000)\n"
             "  --no-overlap            push after backward instead of during it (benchmarks)\n"
             "  --heartbeat-ms MS       heartbeat interval to the coordinator (default 1000)\n"
@@ -1204,6 +1480,7 @@ int main(int argc, char **argv)
     w.fault_seed = w.opts.stall_seed_set ? w.opts.stall_seed : (uint64_t)getpid();
     w.fault_step = UINT64_MAX;
     w.done_step = UINT64_MAX;
+    w.retry_ms = ZPS_WORKER_RETRY_MS;
     w.ctx = zmq_ctx_new();
     s_shard_conn *coord = &w.shards[0];
     snprintf(coord->endpoint, sizeof coord->endpoint, "%s", w.opts.coordinator);
@@ -1231,6 +1508,10 @@ int main(int argc, char **argv)
             s_bye(&w, w.stopped_at);
         }
         zps_log_info("stopped by signal");
+        err = ZPS_OK;
+    } else if (w.job_over) {
+        // Not a failure of this worker: a supervisor need not restart it.
+        zps_log_info("the job ended without this worker: exiting without final parameters");
         err = ZPS_OK;
     }
     s_worker_fini(&w);

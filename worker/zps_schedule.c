@@ -12,24 +12,7 @@ void zps_schedule_init(zps_schedule *s, uint32_t rank)
 void zps_schedule_add_plan(zps_schedule *s, uint32_t gen, uint64_t effective_step,
                            const zps_plan *plan)
 {
-    int slot = 0;
-    for (int i = 0; i < ZPS_SCHEDULE_PLANS; i++) {
-        if (s->plans[i].gen >= gen && s->plans[i].gen != 0) {
-            return;
-        }
-        if (s->plans[i].gen < s->plans[slot].gen) {
-            slot = i;
-        }
-    }
-    zps_schedule_plan *p = &s->plans[slot];
-    *p = (zps_schedule_plan){.gen = gen, .effective = effective_step, .n = plan->n,
-                             .position = -1};
-    for (uint32_t i = 0; i < plan->n; i++) {
-        if (plan->slices[i].rank == s->rank) {
-            p->position = (int)i;
-            p->mine = plan->slices[i];
-        }
-    }
+    (void)zps_plans_add(&s->plans, gen, effective_step, plan); // an older one is ignored
 }
 
 void zps_schedule_add_extra(zps_schedule *s, uint64_t step, zps_work work)
@@ -46,24 +29,13 @@ void zps_schedule_add_extra(zps_schedule *s, uint64_t step, zps_work work)
     }
 }
 
-static const zps_schedule_plan *s_plan_at(const zps_schedule *s, uint64_t step)
-{
-    const zps_schedule_plan *best = NULL;
-    for (int i = 0; i < ZPS_SCHEDULE_PLANS; i++) {
-        const zps_schedule_plan *p = &s->plans[i];
-        if (p->gen != 0 && p->effective <= step && (!best || p->gen > best->gen)) {
-            best = p;
-        }
-    }
-    return best;
-}
-
 int zps_schedule_take(zps_schedule *s, uint64_t step, zps_work *out, int max)
 {
     int n = 0;
-    const zps_schedule_plan *p = s_plan_at(s, step);
-    if (p && p->position >= 0 && n < max) {
-        out[n++] = (zps_work){.offset = p->mine.offset, .count = p->mine.count, .gen = p->gen};
+    const zps_plan_gen *g = zps_plans_at(&s->plans, step);
+    const zps_plan_slice *mine = g ? zps_plan_find(&g->plan, s->rank) : NULL;
+    if (mine && n < max) {
+        out[n++] = (zps_work){.offset = mine->offset, .count = mine->count, .gen = g->gen};
     }
     return n + zps_schedule_take_extras(s, step, out + n, max - n);
 }
@@ -84,6 +56,9 @@ int zps_schedule_take_extras(zps_schedule *s, uint64_t step, zps_work *out, int 
 
 void zps_schedule_forget_before(zps_schedule *s, uint64_t step)
 {
+    if (step != UINT64_MAX) {
+        zps_plans_forget_before(&s->plans, step);
+    }
     for (int i = 0; i < s->n_extras;) {
         if (s->extras[i].step < step) {
             s->extras[i] = s->extras[--s->n_extras];

@@ -11,8 +11,8 @@
 #include <stdint.h>
 
 #include "common/zps_plan.h"
+#include "common/zps_plans.h"
 
-#define ZPS_SCHEDULE_PLANS 4
 #define ZPS_SCHEDULE_EXTRAS 64
 
 // One slice to compute, and the generation its pushes carry.
@@ -21,17 +21,9 @@ typedef struct zps_work {
     uint32_t gen;           // plan generation in force at its step
 } zps_work;
 
-typedef struct zps_schedule_plan {
-    uint32_t gen;             // generation (0: empty slot)
-    uint64_t effective;       // first step it holds for
-    uint32_t n;               // members
-    int position;             // this worker's index among them, -1 if not one
-    zps_plan_slice mine;      // this worker's slice, if a member
-} zps_schedule_plan;
-
 typedef struct zps_schedule {
     uint32_t rank;                                   // this worker's rank
-    zps_schedule_plan plans[ZPS_SCHEDULE_PLANS];     // newest generations
+    zps_plans plans;                                 // generations still in use
     struct {
         uint64_t step;                               // step the slice belongs to
         zps_work work;                               // the slice
@@ -52,7 +44,8 @@ int zps_schedule_take(zps_schedule *s, uint64_t step, zps_work *out, int max);
 // Only the extras of `step` (a plan arriving mid-step adds work to the
 // step, never repeats the own slice already pushed).
 int zps_schedule_take_extras(zps_schedule *s, uint64_t step, zps_work *out, int max);
-// Drops extras of steps before `step` (they were completed by others).
+// Drops extras of steps before `step` (they were completed by others), and
+// the plans no step from `step` on uses.
 void zps_schedule_forget_before(zps_schedule *s, uint64_t step);
 
 #endif

@@ -15,6 +15,7 @@ Suite *zps_suite_http(void);
 Suite *zps_suite_daemon(void);
 Suite *zps_suite_netns(void);
 Suite *zps_suite_gpu(void);
+Suite *zps_suite_chaos(void);
 
 // Where tests keep decompressed datasets between runs.
 #define ZPS_TEST_CACHE "build/test-cache"

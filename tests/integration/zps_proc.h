@@ -9,7 +9,7 @@
 
 #include "common/zps_wire.h"
 
-#define ZPS_PROC_MAX 16
+#define ZPS_PROC_MAX 32
 
 // The processes one test started; zps_procs_kill_all reaps them all.
 typedef struct zps_procs {

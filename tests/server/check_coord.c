@@ -1,10 +1,20 @@
-/* check_coord.c - the coordinator's gathering of an epoch's evaluation:
- * each test record counts once, whoever sends it first (a late slice's
- * owner or the helpers that computed its pieces), and bad bodies are
- * refused without changing anything. The metrics log shows the result. */
+/* check_coord.c - the coordinator as an object, without processes:
+ * - the gathering of an epoch's evaluation: each test record counts once,
+ *   whoever sends it first (a late slice's owner or the helpers that
+ *   computed its pieces), and bad bodies are refused without changing
+ *   anything; the metrics log shows the result;
+ * - members coming and going within a step: joins take effect together at
+ *   the next step boundary, a joiner never owns work of the step in
+ *   progress unless nobody else can compute it, an evicted member's pieces
+ *   go to members active at that step. Workers are DEALER sockets on an
+ *   inproc ROUTER that stands for shard 0's. */
 #include <stdio.h>
 #include <string.h>
+#include <time.h>
 
+#include <zmq.h>
+
+#include "common/zps_clock.h"
 #include "server/zps_coord.h"
 #include "tests/zps_check.h"
 
@@ -114,6 +124,246 @@ START_TEST(test_coord_eval_refuses_records_past_the_test_set_and_changes_nothing
 }
 END_TEST
 
+// ---------------------------------------------------------------------------
+// Members coming and going.
+
+#define B 8u
+#define MAX_W 6
+#define TIMEOUT_MS 150.0
+
+typedef struct job {
+    void *ctx;
+    void *router;                // stands for shard 0's socket
+    void *w[MAX_W];              // the workers' DEALERs
+    uint64_t id[MAX_W];          // member ids from their JOBs
+    uint32_t rank[MAX_W];
+    zps_coord *c;
+    uint32_t counted[ZPS_MAX_MEMBERS];
+} job;
+
+static void s_job_setup(job *j, uint32_t workers)
+{
+    static int n;
+    char ep[64];
+    snprintf(ep, sizeof ep, "inproc://coord-%d", n++);
+    memset(j, 0, sizeof *j);
+    j->ctx = zmq_ctx_new();
+    j->router = zps_wire_socket(j->ctx, ZMQ_ROUTER, 200);
+    ck_assert_int_eq(zmq_bind(j->router, ep), 0);
+    for (int i = 0; i < MAX_W; i++) {
+        j->w[i] = zps_wire_socket(j->ctx, ZMQ_DEALER, 50);
+        ck_assert_int_eq(zmq_connect(j->w[i], ep), 0);
+    }
+    zps_coord_cfg cfg = {.model = "mlp:4-3-2", .dataset = "synthetic:400", .seed = 1,
+                         .global_batch = B, .total_steps = 40, .steps_per_epoch = 50,
+                         .n_test = 10, .workers = workers, .worker_timeout_ms = TIMEOUT_MS,
+                         .n_params = 23, .shards = 1, .endpoint = "inproc://x"};
+    j->c = zps_coord_new(&cfg);
+    ck_assert_ptr_nonnull(j->c);
+}
+
+static void s_job_teardown(job *j)
+{
+    zps_coord_destroy(&j->c);
+    for (int i = 0; i < MAX_W; i++) {
+        zmq_close(j->w[i]);
+    }
+    zmq_close(j->router);
+    zmq_ctx_term(j->ctx);
+}
+
+// The next message to worker i of `type` (others before it are skipped),
+// or false within the socket's timeout. m: the caller finishes it.
+static bool s_next(job *j, int i, Zps__MsgType type, zps_wire_msg *m)
+{
+    while (zps_wire_recv(j->w[i], false, m) == ZPS_OK) {
+        if (m->hdr->type == type) {
+            return true;
+        }
+        zps_wire_msg_fini(m);
+    }
+    return false;
+}
+
+// Worker i says HELLO; the coordinator handles it.
+static void s_hello(job *j, int i)
+{
+    Zps__Hello hello = ZPS__HELLO__INIT;
+    hello.host = "test";
+    hello.device = "cpu";
+    Zps__Header h;
+    zps_wire_header_init(&h, ZPS__MSG_TYPE__HELLO);
+    h.hello = &hello;
+    ck_assert_int_eq(zps_wire_send(j->w[i], NULL, &h, NULL, 0, NULL), ZPS_OK);
+    zps_wire_msg m;
+    ck_assert_int_eq(zps_wire_recv(j->router, true, &m), ZPS_OK);
+    ck_assert_int_eq(zps_coord_on_hello(j->c, j->router, &m), ZPS_OK);
+    zps_wire_msg_fini(&m);
+}
+
+// Worker i's JOB: its id and rank; returns the step it starts at.
+static uint64_t s_take_job(job *j, int i)
+{
+    zps_wire_msg m;
+    ck_assert_msg(s_next(j, i, ZPS__MSG_TYPE__JOB, &m), "worker %d got no JOB", i);
+    j->id[i] = m.hdr->job->member_id;
+    j->rank[i] = m.hdr->job->rank;
+    uint64_t start = m.hdr->job->start_step;
+    zps_wire_msg_fini(&m);
+    return start;
+}
+
+static bool s_has_job(job *j, int i)
+{
+    zps_wire_msg m;
+    bool got = s_next(j, i, ZPS__MSG_TYPE__JOB, &m);
+    if (got) {
+        zps_wire_msg_fini(&m);
+    }
+    return got;
+}
+
+// A heartbeat of worker i, on the coordinator's side.
+static void s_beat(job *j, int i)
+{
+    Zps__Header h;
+    zps_wire_header_init(&h, ZPS__MSG_TYPE__HEARTBEAT);
+    h.member_id = j->id[i];
+    h.rank = j->rank[i];
+    zps_wire_msg m = {.hdr = &h};
+    ck_assert_int_eq(zps_coord_on_heartbeat(j->c, j->router, &m), ZPS_OK);
+}
+
+// Time passes for the members that beat (mask of workers): the others fall
+// silent past the timeout and are evicted by the tick.
+static void s_silence(job *j, unsigned beating)
+{
+    double until = zps_clock_ms() + 2 * TIMEOUT_MS;
+    while (zps_clock_ms() < until) {
+        for (int i = 0; i < MAX_W; i++) {
+            if (beating & (1u << i)) {
+                s_beat(j, i);
+            }
+        }
+        struct timespec ts = {0, 10 * 1000000L};
+        nanosleep(&ts, NULL);
+        zps_coord_tick(j->c, j->router, zps_clock_ms());
+    }
+}
+
+// Shard 0 completes `step` (and was the only shard).
+static void s_step_done(job *j, uint64_t step)
+{
+    zps_coord_step_done(j->c, step, 0.5f, 1.0, j->counted);
+}
+
+// The extras of `step` in the PLANs worker i got: samples handed to it.
+static uint32_t s_extras_for(job *j, int i, uint64_t step, uint32_t *gen)
+{
+    uint32_t samples = 0;
+    zps_wire_msg m;
+    while (s_next(j, i, ZPS__MSG_TYPE__PLAN, &m)) {
+        for (size_t k = 0; k < m.hdr->plan->n_extras; k++) {
+            const Zps__Extra *e = m.hdr->plan->extras[k];
+            samples += e->step == step && e->rank == j->rank[i] ? e->count : 0;
+        }
+        *gen = m.hdr->plan->generation;
+        zps_wire_msg_fini(&m);
+    }
+    return samples;
+}
+
+// Two workers train from step 0; steps 0..4 are done, 5 is in progress.
+static void s_start_two(job *j)
+{
+    s_job_setup(j, 2);
+    s_hello(j, 0);
+    s_hello(j, 1);
+    ck_assert_uint_eq(s_take_job(j, 0), 0);
+    ck_assert_uint_eq(s_take_job(j, 1), 0);
+    for (uint64_t t = 0; t < 5; t++) {
+        zps_coord_release(j->c, j->router, t + 1);
+        s_step_done(j, t);
+    }
+}
+
+START_TEST(test_coord_two_joins_within_a_step_make_one_plan_at_the_boundary)
+{
+    job j;
+    s_start_two(&j);
+    s_hello(&j, 2);
+    s_hello(&j, 3);
+    // Nothing changes during step 5: no JOB for the joiners, no plan.
+    ck_assert(!s_has_job(&j, 2));
+    ck_assert(!s_has_job(&j, 3));
+    uint32_t gen = 0;
+    ck_assert_uint_eq(s_extras_for(&j, 0, 5, &gen), 0);
+    ck_assert_uint_eq(gen, 0);
+    // The boundary: one plan for both joins, from step 6.
+    zps_coord_release(j.c, j.router, 6);
+    ck_assert_uint_eq(s_take_job(&j, 2), 6);
+    ck_assert_uint_eq(s_take_job(&j, 3), 6);
+    (void)s_extras_for(&j, 0, 5, &gen);
+    ck_assert_uint_eq(gen, 2);
+    uint64_t effective;
+    ck_assert_uint_eq(zps_coord_generation(j.c, &effective), 2);
+    ck_assert_uint_eq(effective, 6);
+    ck_assert_uint_eq(zps_coord_plan(j.c)->n, 4);
+    // Another boundary without changes makes no plan.
+    s_step_done(&j, 5);
+    zps_coord_release(j.c, j.router, 7);
+    ck_assert_uint_eq(zps_coord_generation(j.c, &effective), 2);
+    s_job_teardown(&j);
+}
+END_TEST
+
+START_TEST(test_coord_eviction_during_a_join_hands_the_piece_to_an_active_member)
+{
+    job j;
+    s_start_two(&j);
+    s_hello(&j, 2);       // joins during step 5, for step 6
+    s_silence(&j, 1u);    // worker 1 falls silent: evicted during step 5
+    uint32_t gen = 0;
+    ck_assert_uint_eq(s_extras_for(&j, 0, 5, &gen), B / 2); // its slice of 5 went to rank 0
+    ck_assert(!s_has_job(&j, 2));                          // not to the joiner
+    zps_coord_release(j.c, j.router, 6);
+    ck_assert_uint_eq(s_take_job(&j, 2), 6);
+    const zps_plan *p = zps_coord_plan(j.c);
+    ck_assert_uint_eq(p->n, 2);
+    ck_assert_uint_eq(p->slices[0].rank, 0);
+    ck_assert_uint_eq(p->slices[1].rank, 2);
+    s_job_teardown(&j);
+}
+END_TEST
+
+START_TEST(test_coord_join_during_eviction_wakes_the_joiner_only_when_nobody_else_can)
+{
+    job j;
+    s_start_two(&j);
+    s_silence(&j, 1u);    // worker 1 gone: its piece of step 5 to rank 0
+    uint32_t gen = 0;
+    ck_assert_uint_eq(s_extras_for(&j, 0, 5, &gen), B / 2);
+    s_hello(&j, 2);       // a joiner while the eviction's pieces are out
+    ck_assert(!s_has_job(&j, 2));
+    s_silence(&j, 0u);    // worker 0 gone too: nobody active can compute step 5
+    // The joiner is active from step 5 at once, with the whole step in its JOB.
+    zps_wire_msg m;
+    ck_assert(s_next(&j, 2, ZPS__MSG_TYPE__JOB, &m));
+    ck_assert_uint_eq(m.hdr->job->start_step, 5);
+    uint32_t samples = 0;
+    for (size_t k = 0; k < m.hdr->job->n_extras; k++) {
+        ck_assert_uint_eq(m.hdr->job->extras[k]->step, 5);
+        samples += m.hdr->job->extras[k]->count;
+    }
+    ck_assert_uint_eq(samples, B);
+    // And a plan that names it exists already, for the shards to know it.
+    ck_assert_uint_eq(zps_coord_plan(j.c)->n, 1);
+    ck_assert_uint_eq(zps_coord_plan(j.c)->slices[0].member_id, m.hdr->job->member_id);
+    zps_wire_msg_fini(&m);
+    s_job_teardown(&j);
+}
+END_TEST
+
 Suite *zps_suite_coord(void)
 {
     Suite *s = suite_create("coord");
@@ -121,5 +371,10 @@ Suite *zps_suite_coord(void)
     tcase_add_test(tc, test_coord_eval_counts_each_test_record_once_whoever_sends_it_first);
     tcase_add_test(tc, test_coord_eval_refuses_records_past_the_test_set_and_changes_nothing);
     suite_add_tcase(s, tc);
+    TCase *mc = tcase_create("members");
+    tcase_add_test(mc, test_coord_two_joins_within_a_step_make_one_plan_at_the_boundary);
+    tcase_add_test(mc, test_coord_eviction_during_a_join_hands_the_piece_to_an_active_member);
+    tcase_add_test(mc, test_coord_join_during_eviction_wakes_the_joiner_only_when_nobody_else_can);
+    suite_add_tcase(s, mc);
     return s;
 }

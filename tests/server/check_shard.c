@@ -242,9 +242,11 @@ START_TEST(test_shard_counts_handed_slices_once_and_follows_generations)
     ck_assert_int_eq(ready, 1);
     zps_shard_apply(s, 1);
     zps_shard_end_step(s);
-    // Step 1 is generation 2's: a member's generation-1 push is dropped,
-    // a stranger's refused.
-    ck_assert_int_eq(s_feed(s, 0, 11, 1, 10, 4, g + 2, 3, &ready), ZPS_EDUP);
+    // Step 1 is generation 2's: a member's generation-1 push is dropped;
+    // one from rank 0, which only the forgotten generation 1 named (no step
+    // from 1 on uses it), is refused as a stranger's is: it was handed on.
+    ck_assert_int_eq(s_feed(s, 1, 22, 1, 40, 4, g + 2, 3, &ready), ZPS_EDUP);
+    ck_assert_int_eq(s_feed(s, 0, 11, 1, 10, 4, g + 2, 3, &ready), ZPS_ESTALE);
     ck_assert_int_eq(s_feed(s, 0, 99, 1, 10, 4, g + 2, 3, &ready), ZPS_ESTALE);
     zps_shard_destroy(&s);
 }

@@ -1,0 +1,61 @@
+/* zps_plans.h - the plan history: which plan generation is in force at a step.
+ *
+ * The coordinator makes plans in generations, each in force from a step
+ * on; the coordinator, every shard and every worker keep the same history
+ * (this one module) and ask it the same question: which plan holds at step
+ * S, the step in progress, not the newest one, which may only hold from the
+ * next step. A generation is kept while a step that may still be computed
+ * uses it, and dropped once a newer generation is in force at the oldest
+ * such step; a generation is never pushed out by newer ones piling up for
+ * a later step (the fixed-slot history that did so lost the plan of the
+ * step in progress, and that step then waited forever). */
+#ifndef ZPS_PLANS_H
+#define ZPS_PLANS_H
+
+#include <stdbool.h>
+#include <stdint.h>
+
+#include "zps_err.h"
+#include "zps_plan.h"
+
+// Generations kept at most. A step boundary makes at most one (re-plans
+// are coalesced), and steps in progress span two or three steps, so this
+// is room to spare; past it the oldest goes.
+#define ZPS_PLANS_MAX 8
+
+typedef struct zps_plan_gen {
+    uint32_t gen;       // generation number, 1 for the job's first plan
+    uint64_t effective; // first step it holds for
+    zps_plan plan;      // members and slices
+} zps_plan_gen;
+
+typedef struct zps_plans {
+    zps_plan_gen gens[ZPS_PLANS_MAX]; // by effective step, oldest first
+    int n;                            // generations kept
+} zps_plans;
+
+void zps_plans_init(zps_plans *p);
+
+// Records generation gen, in force from `effective` on. Generations are
+// numbered in the order the coordinator makes them: one not newer than the
+// newest known is ignored (ZPS_EDUP). The new one supersedes every kept
+// generation that takes effect at or after `effective` (a rollback to an
+// earlier step, or a re-plan of the same step): those are dropped.
+zps_err zps_plans_add(zps_plans *p, uint32_t gen, uint64_t effective, const zps_plan *plan);
+
+// The generation in force at `step` (the newest one in effect by then), or
+// NULL if none is known; borrowed until the next add or forget.
+const zps_plan_gen *zps_plans_at(const zps_plans *p, uint64_t step);
+// The newest generation, or NULL.
+const zps_plan_gen *zps_plans_newest(const zps_plans *p);
+// The newest generation's number, 0 before the first.
+uint32_t zps_plans_newest_gen(const zps_plans *p);
+
+// Forgets what no step from `step` on can use: every generation older
+// than the one in force at `step`.
+void zps_plans_forget_before(zps_plans *p, uint64_t step);
+
+// Whether a kept generation names member_id; if so *rank is its rank there.
+bool zps_plans_find_member(const zps_plans *p, uint64_t member_id, uint32_t *rank);
+
+#endif
