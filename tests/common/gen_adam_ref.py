@@ -29,7 +29,8 @@ STEPS = 20
 SEED = 15  # the issue's number
 
 # (name, zps kind, torch class, lr, betas, eps, weight decay). The third
-# case has beta1 < 0.5, where torch's lerp takes the other formula.
+# case has beta1 < 0.5, where zps (as torch 2's lerp_) takes the other
+# formula of the first moment.
 CASES = [
     ("adam", "ZPS_OPTIM_ADAM", torch.optim.Adam, 1e-2, (0.8, 0.99), 1e-6, 0.1),
     ("adamw", "ZPS_OPTIM_ADAMW", torch.optim.AdamW, 1e-2, (0.9, 0.999), 1e-8, 0.01),
