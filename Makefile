@@ -154,6 +154,11 @@ $(B)/obj/proto/%.o: $(B)/proto/%.c
 	@mkdir -p $(dir $@)
 	$(CC) $(ZPS_CFLAGS) -c $< -o $@
 
+# Adam takes a square root per element; its argument is never negative, so
+# there is no errno to set, and without that call the loop vectorizes (the
+# same bits: sqrtps rounds as sqrtss does), twice as fast.
+$(B)/obj/common/zps_optim.o: ZPS_CFLAGS += -fno-math-errno
+
 $(B)/libzps_common.a: $(COMMON_OBJ)
 $(B)/libzps_server.a: $(SERVER_OBJ)
 $(B)/libzps_worker.a: $(WORKER_OBJ)

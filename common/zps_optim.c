@@ -1,4 +1,5 @@
-/* zps_optim.c - SGD (torch semantics) and the learning-rate schedules. */
+/* zps_optim.c - SGD, Adam and AdamW (torch semantics) and the
+ * learning-rate schedules. */
 #include "zps_optim.h"
 
 #include <math.h>
@@ -6,21 +7,84 @@
 
 #include "zps_log.h"
 
-zps_err zps_optim_check(const char *name, const zps_optim_cfg *cfg)
+static const char *const s_names[] = {
+    [ZPS_OPTIM_SGD] = "sgd",
+    [ZPS_OPTIM_ADAM] = "adam",
+    [ZPS_OPTIM_ADAMW] = "adamw",
+};
+#define S_N_KINDS ((int)(sizeof s_names / sizeof s_names[0]))
+
+zps_err zps_optim_parse_kind(const char *name, zps_optim_kind *out)
 {
-    if (strcmp(name, "sgd") != 0) {
-        zps_log_error("optimizer '%s': only sgd is supported", name);
+    for (int k = 0; k < S_N_KINDS; k++) {
+        if (strcmp(name, s_names[k]) == 0) {
+            *out = (zps_optim_kind)k;
+            return ZPS_OK;
+        }
+    }
+    zps_log_error("--optimizer '%s': expected sgd, adam or adamw", name);
+    return ZPS_EINVAL;
+}
+
+const char *zps_optim_name(zps_optim_kind kind)
+{
+    return (int)kind >= 0 && (int)kind < S_N_KINDS ? s_names[kind] : "?";
+}
+
+int zps_optim_state_floats(zps_optim_kind kind)
+{
+    return kind == ZPS_OPTIM_SGD ? 1 : 2;
+}
+
+zps_err zps_optim_validate(const zps_optim_cfg *cfg)
+{
+    if ((int)cfg->kind < 0 || (int)cfg->kind >= S_N_KINDS) {
+        zps_log_error("optimizer %d: expected sgd (0), adam (1) or adamw (2)", (int)cfg->kind);
         return ZPS_EINVAL;
     }
-    if (!(cfg->lr >= 0) || !(cfg->momentum >= 0) || !(cfg->weight_decay >= 0)) {
-        zps_log_error("optimizer: lr, momentum and weight decay must be >= 0");
+    const char *name = s_names[cfg->kind];
+    // The negated comparisons refuse NaN too.
+    if (!(cfg->lr >= 0) || !(cfg->weight_decay >= 0)) {
+        zps_log_error("optimizer %s: --lr and --weight-decay must be >= 0", name);
         return ZPS_EINVAL;
     }
-    if (cfg->nesterov && cfg->momentum <= 0) {
-        zps_log_error("optimizer: nesterov needs momentum > 0");
+    if (cfg->kind == ZPS_OPTIM_SGD) {
+        if (!(cfg->momentum >= 0)) {
+            zps_log_error("optimizer sgd: --momentum must be >= 0");
+            return ZPS_EINVAL;
+        }
+        if (cfg->nesterov && cfg->momentum <= 0) {
+            zps_log_error("optimizer sgd: --nesterov needs --momentum > 0");
+            return ZPS_EINVAL;
+        }
+        return ZPS_OK;
+    }
+    if (!(cfg->beta1 >= 0 && cfg->beta1 < 1) || !(cfg->beta2 >= 0 && cfg->beta2 < 1)) {
+        zps_log_error("optimizer %s: --betas %g,%g: each must be in [0, 1)", name, cfg->beta1,
+                      cfg->beta2);
+        return ZPS_EINVAL;
+    }
+    // torch accepts eps = 0, but then a parameter whose gradients were all
+    // zero divides 0 by 0 and turns NaN.
+    if (!(cfg->eps > 0) || isinf(cfg->eps)) {
+        zps_log_error("optimizer %s: --eps %g must be > 0 and finite", name, cfg->eps);
         return ZPS_EINVAL;
     }
     return ZPS_OK;
+}
+
+zps_err zps_optim_check(const char *name, const zps_optim_cfg *cfg)
+{
+    zps_optim_kind kind;
+    if (zps_optim_parse_kind(name, &kind) != ZPS_OK) {
+        return ZPS_EINVAL;
+    }
+    if (kind != cfg->kind) {
+        zps_log_error("--optimizer %s does not match its settings (%s)", name,
+                      zps_optim_name(cfg->kind));
+        return ZPS_EINVAL;
+    }
+    return zps_optim_validate(cfg);
 }
 
 zps_err zps_optim_parse_schedule(const char *text, zps_lr_schedule *out)
@@ -74,5 +138,49 @@ void zps_optim_sgd(const zps_optim_cfg *cfg, float lr, float *restrict params,
         float b = mu * momentum_buf[i] + (grad[i] + wd * params[i]);
         momentum_buf[i] = b;
         params[i] -= lr * b;
+    }
+}
+
+// torch.optim.Adam / AdamW, _single_tensor_adam(w) with amsgrad off. torch
+// computes the step's scalars as Python floats (double) and rounds each to
+// float32 where it meets a tensor; so does this, and each tensor op is one
+// float32 operation in torch's order, so that the bits follow torch's
+// formula (torch's own CPU kernels fuse some multiply-adds on AVX2; -std=c11
+// keeps the compiler from fusing any here, the same on every machine).
+void zps_optim_adam(const zps_optim_cfg *cfg, float lr, uint64_t t, float *restrict params,
+                    float *restrict exp_avg, float *restrict exp_avg_sq,
+                    const float *restrict grad, size_t n)
+{
+    ZPS_ASSERT(t >= 1 && cfg->kind != ZPS_OPTIM_SGD);
+    const double bias_correction1 = 1.0 - pow(cfg->beta1, (double)t);
+    const double bias_correction2 = 1.0 - pow(cfg->beta2, (double)t);
+    const float neg_step_size = (float)-((double)lr / bias_correction1);
+    const float bias_correction2_sqrt = (float)sqrt(bias_correction2);
+    const float beta2 = (float)cfg->beta2;
+    const float one_minus_beta2 = (float)(1.0 - cfg->beta2);
+    const float eps = (float)cfg->eps;
+    // exp_avg.lerp_(grad, 1 - beta1): torch's lerp takes a weight below 0.5
+    // from the start point, and a larger one from the end point.
+    const float weight = (float)(1.0 - cfg->beta1);
+    const bool small_weight = weight < 0.5f;
+    const float one_minus_weight = 1.0f - weight;
+    const bool adamw = cfg->kind == ZPS_OPTIM_ADAMW;
+    const float wd = cfg->weight_decay;
+    const float decay = (float)(1.0 - (double)lr * (double)wd); // AdamW: param.mul_(1 - lr * wd)
+    for (size_t i = 0; i < n; i++) {
+        float p = params[i];
+        float g = grad[i];
+        if (adamw) {
+            p = p * decay;
+        } else if (wd != 0.0f) {
+            g = g + wd * p; // Adam: grad.add(param, alpha=weight_decay)
+        }
+        float m = exp_avg[i];
+        m = small_weight ? m + weight * (g - m) : g - (g - m) * one_minus_weight;
+        float v = exp_avg_sq[i] * beta2 + one_minus_beta2 * g * g;
+        float denom = sqrtf(v) / bias_correction2_sqrt + eps;
+        exp_avg[i] = m;
+        exp_avg_sq[i] = v;
+        params[i] = p + neg_step_size * m / denom;
     }
 }

@@ -2,8 +2,10 @@
  *
  * Shards apply them to their range of the flat vector; the update of an
  * element depends only on that element's parameter, state and gradient, so
- * a run gives the same bits however the vector is sharded. SGD follows
- * torch.optim.SGD exactly (dampening 0): that is what users compare with. */
+ * a run gives the same bits however the vector is sharded. Each follows
+ * torch.optim exactly (SGD with dampening 0; Adam and AdamW with amsgrad
+ * off, the order of torch's single-tensor float32 path): that is what users
+ * compare with. */
 #ifndef ZPS_OPTIM_H
 #define ZPS_OPTIM_H
 
@@ -18,18 +20,47 @@ typedef enum zps_lr_schedule {
     ZPS_LR_COSINE = 1, // decays to 0 at total_steps
 } zps_lr_schedule;
 
+// Which update, and so which state a shard keeps. The numbers travel in
+// ASSIGN and in checkpoints: never renumber.
+typedef enum zps_optim_kind {
+    ZPS_OPTIM_SGD = 0,   // torch.optim.SGD: one momentum buffer
+    ZPS_OPTIM_ADAM = 1,  // torch.optim.Adam: L2 decay added to the gradient; two moments
+    ZPS_OPTIM_ADAMW = 2, // torch.optim.AdamW: decoupled decay of the parameter; two moments
+} zps_optim_kind;
+
 typedef struct zps_optim_cfg {
+    zps_optim_kind kind;       // the update (0: SGD, so a zeroed cfg is today's SGD)
     float lr;                  // peak learning rate
-    float momentum;            // 0 disables the buffer
-    bool nesterov;             // Nesterov momentum (needs momentum > 0)
-    float weight_decay;        // L2, added to the gradient as in torch
+    float momentum;            // SGD: 0 disables the buffer
+    bool nesterov;             // SGD: Nesterov momentum (needs momentum > 0)
+    float weight_decay;        // SGD, Adam: L2 added to the gradient; AdamW: decoupled
+    double beta1, beta2;       // Adam, AdamW: moment decay rates, in [0, 1)
+    double eps;                // Adam, AdamW: added to the denominator, > 0
     zps_lr_schedule schedule;  // per step
     uint64_t warmup_steps;     // linear warm-up from lr/warmup to lr
     uint64_t total_steps;      // length of the run, for the cosine
 } zps_optim_cfg;
 
-// "sgd" is the only optimizer for now; ZPS_EINVAL (logged) otherwise, or for
-// settings torch would refuse (negative lr, nesterov without momentum).
+// torch's defaults for Adam and AdamW.
+#define ZPS_OPTIM_BETA1 0.9
+#define ZPS_OPTIM_BETA2 0.999
+#define ZPS_OPTIM_EPS 1e-8
+
+// "sgd", "adam" or "adamw" into *out; ZPS_EINVAL (logged) otherwise.
+zps_err zps_optim_parse_kind(const char *name, zps_optim_kind *out);
+// The name of a kind ("?" for a number that is none).
+const char *zps_optim_name(zps_optim_kind kind);
+// Floats of optimizer state per parameter: 1 for SGD (the momentum
+// buffer), 2 for Adam and AdamW (exp_avg, exp_avg_sq).
+int zps_optim_state_floats(zps_optim_kind kind);
+
+// Whether cfg holds settings torch would accept for its kind (lr, momentum
+// and weight decay >= 0, nesterov only with momentum; betas in [0, 1), eps
+// > 0). ZPS_EINVAL, logged with the flag at fault, otherwise, or for an
+// unknown kind.
+zps_err zps_optim_validate(const zps_optim_cfg *cfg);
+// zps_optim_validate, after checking that name is the name of cfg->kind
+// (the flags set both).
 zps_err zps_optim_check(const char *name, const zps_optim_cfg *cfg);
 zps_err zps_optim_parse_schedule(const char *text, zps_lr_schedule *out);
 
@@ -40,5 +71,12 @@ float zps_optim_lr_at(const zps_optim_cfg *cfg, uint64_t step);
 // first step) are updated in place from grad.
 void zps_optim_sgd(const zps_optim_cfg *cfg, float lr, float *restrict params,
                    float *restrict momentum_buf, const float *restrict grad, size_t n);
+
+// The t-th (t >= 1) Adam or AdamW update (cfg->kind) of n elements:
+// params, exp_avg and exp_avg_sq (both zeroed before t = 1) are updated in
+// place from grad with learning rate lr, as torch.optim.Adam / AdamW.
+void zps_optim_adam(const zps_optim_cfg *cfg, float lr, uint64_t t, float *restrict params,
+                    float *restrict exp_avg, float *restrict exp_avg_sq,
+                    const float *restrict grad, size_t n);
 
 #endif

@@ -29,8 +29,13 @@ static void s_usage(FILE *f)
             "  --dataset SPEC         fashion-mnist[:DIR] or synthetic:N (default fashion-mnist)\n"
             "  --global-batch B       samples per step over all workers (default 128)\n"
             "  --epochs E | --steps S run length (default 10 epochs)\n"
-            "  --optimizer sgd        --lr X (0.05) --momentum X (0.9) --nesterov\n"
-            "                         --weight-decay X (0)\n"
+            "  --optimizer NAME       sgd (default), adam or adamw, as torch.optim's\n"
+            "  --lr X                 peak learning rate (sgd 0.05; adam, adamw 0.001)\n"
+            "  --momentum X           sgd: momentum (0.9); --nesterov: Nesterov's\n"
+            "  --weight-decay X       sgd, adam: L2 added to the gradient (0); adamw:\n"
+            "                         decoupled, p -= lr * X * p (0.01)\n"
+            "  --betas B1,B2          adam, adamw: moment decay rates in [0, 1) (0.9,0.999)\n"
+            "  --eps X                adam, adamw: added to the denominator, > 0 (1e-8)\n"
             "  --lr-schedule NAME     constant or cosine (default cosine, to 0 at the end)\n"
             "  --warmup-steps N       linear warm-up (default 0)\n"
             "  --seed N               init and data order (default 0)\n"
@@ -72,12 +77,61 @@ static bool s_parse_u64(const char *flag, const char *text, uint64_t *out)
     return ok;
 }
 
+// Every real flag of the server (--lr, --momentum, --weight-decay,
+// --speculate-after) is >= 0: a negative one is refused here, in one line.
 static bool s_parse_float(const char *flag, const char *text, float *out)
 {
     double v;
-    bool ok = zps_flags_real("zps-server", flag, text, -FLT_MAX, FLT_MAX, &v);
+    bool ok = zps_flags_real("zps-server", flag, text, 0, FLT_MAX, &v);
     *out = ok ? (float)v : *out;
     return ok;
+}
+
+// --betas B1,B2: two numbers in [0, 1), as torch.optim.Adam accepts them.
+static bool s_parse_betas(const char *text, zps_optim_cfg *optim)
+{
+    char *end;
+    errno = 0;
+    double b1 = strtod(text, &end);
+    bool ok = errno == 0 && end != text && *end == ',';
+    double b2 = ok ? strtod(end + 1, &end) : 0;
+    ok = ok && errno == 0 && *end == '\0' && b1 >= 0 && b1 < 1 && b2 >= 0 && b2 < 1;
+    if (!ok) {
+        fprintf(stderr, "zps-server: --betas: '%s' is not two numbers in [0, 1) separated by a "
+                        "comma (e.g. 0.9,0.999)\n", text);
+        return false;
+    }
+    optim->beta1 = b1;
+    optim->beta2 = b2;
+    return true;
+}
+
+// The optimizer's flags, as given on the command line or in the environment.
+enum { G_LR, G_MOMENTUM, G_NESTEROV, G_WD, G_BETAS, G_EPS, G_OPTIM_FLAGS };
+
+// The optimizer's flags against the optimizer: another one's are refused
+// (torch's constructors refuse them too), and what was not given takes
+// torch's defaults for Adam and AdamW (lr 1e-3; AdamW's weight decay 1e-2).
+static bool s_check_optim_flags(s_opts *o, const bool *given)
+{
+    bool sgd = o->optim.kind == ZPS_OPTIM_SGD;
+    if (sgd && (given[G_BETAS] || given[G_EPS])) {
+        fprintf(stderr, "zps-server: --betas and --eps are Adam's and AdamW's; --optimizer sgd "
+                        "takes --momentum and --nesterov\n");
+        return false;
+    }
+    if (!sgd && (given[G_MOMENTUM] || given[G_NESTEROV])) {
+        fprintf(stderr, "zps-server: --momentum and --nesterov are SGD's; --optimizer %s takes "
+                        "--betas and --eps\n", o->optimizer);
+        return false;
+    }
+    if (!sgd && !given[G_LR]) {
+        o->optim.lr = 1e-3f;
+    }
+    if (o->optim.kind == ZPS_OPTIM_ADAMW && !given[G_WD]) {
+        o->optim.weight_decay = 1e-2f;
+    }
+    return true;
 }
 
 static bool s_parse_opts(int argc, char **argv, s_opts *o)
@@ -86,7 +140,7 @@ static bool s_parse_opts(int argc, char **argv, s_opts *o)
            O_LR, O_MOMENTUM, O_NESTEROV, O_WD, O_SCHED, O_WARMUP, O_SEED, O_METRICS, O_LOG,
            O_ENDPOINT_FILE, O_SHARD, O_SHARDS, O_COORD, O_DTYPE, O_WTIMEOUT, O_CKPT_EVERY, O_CKPT_DIR, O_RESUME, O_CURVE_SECRET, O_AUTH_KEYS,
            O_SERVER_KEY, O_REQUIRE_CURVE, O_STALL_WARN, O_SNDBUF, O_ADAPTIVE, O_SPECULATE, O_HTTP,
-           O_ADVERTISE, O_LOG_JSON, O_PID_FILE, O_HELP };
+           O_ADVERTISE, O_LOG_JSON, O_PID_FILE, O_BETAS, O_EPS, O_HELP };
     static const struct option longopts[] = {
         {"listen", required_argument, 0, O_LISTEN},
         {"workers", required_argument, 0, O_WORKERS},
@@ -100,6 +154,8 @@ static bool s_parse_opts(int argc, char **argv, s_opts *o)
         {"momentum", required_argument, 0, O_MOMENTUM},
         {"nesterov", no_argument, 0, O_NESTEROV},
         {"weight-decay", required_argument, 0, O_WD},
+        {"betas", required_argument, 0, O_BETAS},
+        {"eps", required_argument, 0, O_EPS},
         {"lr-schedule", required_argument, 0, O_SCHED},
         {"warmup-steps", required_argument, 0, O_WARMUP},
         {"seed", required_argument, 0, O_SEED},
@@ -142,13 +198,15 @@ static bool s_parse_opts(int argc, char **argv, s_opts *o)
         .global_batch = 128,
         .epochs = 10,
         .optimizer = "sgd",
-        .optim = {.lr = 0.05f, .momentum = 0.9f, .schedule = ZPS_LR_COSINE},
+        .optim = {.lr = 0.05f, .momentum = 0.9f, .schedule = ZPS_LR_COSINE,
+                  .beta1 = ZPS_OPTIM_BETA1, .beta2 = ZPS_OPTIM_BETA2, .eps = ZPS_OPTIM_EPS},
         .shards = 1,
         .wire_dtype = ZPS_DTYPE_F32,
         .worker_timeout_ms = 10000,
         .stall_warn_ms = 5000,
     };
     uint64_t v = 0;
+    bool optim_given[G_OPTIM_FLAGS] = {false};
     int c;
     while ((c = getopt_long(argc, argv, "", longopts, NULL)) != -1) {
         bool ok = true;
@@ -169,11 +227,42 @@ static bool s_parse_opts(int argc, char **argv, s_opts *o)
             break;
         case O_EPOCHS: ok = s_parse_u64("--epochs", optarg, &o->epochs); break;
         case O_STEPS: ok = s_parse_u64("--steps", optarg, &o->steps); break;
-        case O_OPTIM: o->optimizer = optarg; break;
-        case O_LR: ok = s_parse_float("--lr", optarg, &o->optim.lr); break;
-        case O_MOMENTUM: ok = s_parse_float("--momentum", optarg, &o->optim.momentum); break;
-        case O_NESTEROV: o->optim.nesterov = true; break;
-        case O_WD: ok = s_parse_float("--weight-decay", optarg, &o->optim.weight_decay); break;
+        case O_OPTIM:
+            o->optimizer = optarg;
+            ok = zps_optim_parse_kind(optarg, &o->optim.kind) == ZPS_OK;
+            break;
+        case O_LR:
+            ok = s_parse_float("--lr", optarg, &o->optim.lr);
+            optim_given[G_LR] = true;
+            break;
+        case O_MOMENTUM:
+            ok = s_parse_float("--momentum", optarg, &o->optim.momentum);
+            optim_given[G_MOMENTUM] = true;
+            break;
+        case O_NESTEROV:
+            o->optim.nesterov = true;
+            optim_given[G_NESTEROV] = true;
+            break;
+        case O_WD:
+            ok = s_parse_float("--weight-decay", optarg, &o->optim.weight_decay);
+            optim_given[G_WD] = true;
+            break;
+        case O_BETAS:
+            ok = s_parse_betas(optarg, &o->optim);
+            optim_given[G_BETAS] = true;
+            break;
+        case O_EPS: {
+            double eps = 0;
+            ok = zps_flags_real("zps-server", "--eps", optarg, -FLT_MAX, FLT_MAX, &eps);
+            if (ok && !((float)eps > 0)) {
+                fprintf(stderr, "zps-server: --eps: '%s' is not a positive float32 number\n",
+                        optarg);
+                ok = false;
+            }
+            o->optim.eps = eps;
+            optim_given[G_EPS] = true;
+            break;
+        }
         case O_SCHED: ok = zps_optim_parse_schedule(optarg, &o->optim.schedule) == ZPS_OK; break;
         case O_WARMUP: ok = s_parse_u64("--warmup-steps", optarg, &o->optim.warmup_steps); break;
         case O_SEED: ok = s_parse_u64("--seed", optarg, &o->seed); break;
@@ -249,6 +338,9 @@ static bool s_parse_opts(int argc, char **argv, s_opts *o)
     }
     free(args);
     if (extra) {
+        return false;
+    }
+    if (!s_check_optim_flags(o, optim_given)) {
         return false;
     }
     if (o->global_batch == 0) {

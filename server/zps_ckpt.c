@@ -34,8 +34,11 @@
 
 #define CKPT_MAGIC "ZPSCKPT1"
 #define CKPT_MAGIC_LEN 8
-#define CKPT_VERSION 1u
-#define CKPT_HEADER_LEN 64
+#define CKPT_VERSION_SGD 1u   // SGD: the format of the builds before Adam
+#define CKPT_VERSION_ADAM 2u  // Adam, AdamW: the optimizer and its step count added
+#define CKPT_HEADER_LEN 64    // version 1; version 2 adds CKPT_HEADER_EXTRA
+#define CKPT_HEADER_EXTRA 16
+#define CKPT_HEADER_MAX (CKPT_HEADER_LEN + CKPT_HEADER_EXTRA)
 #define CKPT_CRC_LEN 4
 #define CKPT_CHUNK ((size_t)8 << 20) // bytes per write/read/crc32 call
 #define CKPT_WHY_LEN 256
@@ -74,33 +77,52 @@ static uint64_t s_get64(const uint8_t *p)
     return v;
 }
 
-// Header layout: magic[8], version u32, shard u32, shards u32, reserved u32
-// (zero), lo, hi, step, job_seed, model_hash (u64 each): 64 bytes.
-static void s_encode_header(uint8_t *h, const zps_ckpt_meta *m)
+// Header layout: magic[8], version u32, shard u32, shards u32, optimizer
+// u32 (version 1: reserved, zero), lo, hi, step, job_seed, model_hash (u64
+// each): 64 bytes; version 2 goes on with optim_step u64 and a reserved u64
+// (zero): 80 bytes. Returns the header's length.
+static size_t s_encode_header(uint8_t *h, const zps_ckpt_meta *m)
 {
+    bool sgd = m->optim == ZPS_OPTIM_SGD;
     // The magic is 8 bytes of a fixed-width field, without its NUL.
     memcpy(h, CKPT_MAGIC, CKPT_MAGIC_LEN); // NOLINT(bugprone-not-null-terminated-result)
-    s_put32(h + 8, CKPT_VERSION);
+    s_put32(h + 8, sgd ? CKPT_VERSION_SGD : CKPT_VERSION_ADAM);
     s_put32(h + 12, m->shard);
     s_put32(h + 16, m->shards);
-    s_put32(h + 20, 0);
+    s_put32(h + 20, sgd ? 0 : (uint32_t)m->optim);
     s_put64(h + 24, m->lo);
     s_put64(h + 32, m->hi);
     s_put64(h + 40, m->step);
     s_put64(h + 48, m->job_seed);
     s_put64(h + 56, m->model_hash);
+    if (sgd) {
+        return CKPT_HEADER_LEN;
+    }
+    s_put64(h + 64, m->optim_step);
+    s_put64(h + 72, 0);
+    return CKPT_HEADER_MAX;
 }
 
+// The first CKPT_HEADER_LEN bytes; a version 2 file's optimizer step count
+// comes from s_decode_extra.
 static void s_decode_header(const uint8_t *h, uint32_t *version, zps_ckpt_meta *m)
 {
     *version = s_get32(h + 8);
     m->shard = s_get32(h + 12);
     m->shards = s_get32(h + 16);
+    m->optim = *version == CKPT_VERSION_SGD ? ZPS_OPTIM_SGD : (zps_optim_kind)s_get32(h + 20);
     m->lo = s_get64(h + 24);
     m->hi = s_get64(h + 32);
     m->step = s_get64(h + 40);
     m->job_seed = s_get64(h + 48);
     m->model_hash = s_get64(h + 56);
+    // SGD applies one update per step: its count is the step.
+    m->optim_step = m->step;
+}
+
+static void s_decode_extra(const uint8_t *h, zps_ckpt_meta *m)
+{
+    m->optim_step = s_get64(h + 64);
 }
 
 static uint32_t s_crc(uint32_t crc, const uint8_t *p, size_t len)
@@ -405,13 +427,15 @@ static zps_err s_commit(int fd, zps_err err, uint32_t crc, const char *tmp, cons
 }
 
 zps_err zps_ckpt_write(const char *dir, const zps_ckpt_meta *meta, const float *params,
-                       const float *momentum, int keep)
+                       const float *state, int keep)
 {
     ZPS_ASSERT(dir != NULL && meta != NULL && keep >= 1);
     ZPS_ASSERT(meta->shard < meta->shards && meta->lo <= meta->hi);
+    ZPS_ASSERT(meta->optim == ZPS_OPTIM_SGD || meta->optim == ZPS_OPTIM_ADAM ||
+               meta->optim == ZPS_OPTIM_ADAMW);
     uint64_t n = meta->hi - meta->lo;
-    ZPS_ASSERT(n <= (SIZE_MAX - CKPT_HEADER_LEN - CKPT_CRC_LEN) / (2 * sizeof(float)));
-    ZPS_ASSERT(n == 0 || (params != NULL && momentum != NULL));
+    ZPS_ASSERT(n <= (SIZE_MAX - CKPT_HEADER_MAX - CKPT_CRC_LEN) / (3 * sizeof(float)));
+    ZPS_ASSERT(n == 0 || (params != NULL && state != NULL));
 
     char path[PATH_MAX], tmp[PATH_MAX];
     if (s_mkdir_p(dir) != ZPS_OK || !s_path(path, sizeof path, dir, meta->shard, meta->step)) {
@@ -433,16 +457,17 @@ zps_err zps_ckpt_write(const char *dir, const zps_ckpt_meta *meta, const float *
     }
     (void)fchmod(fd, 0644); // mkstemp's 0600 would hide it from operators; best effort
 
-    uint8_t header[CKPT_HEADER_LEN];
-    s_encode_header(header, meta);
+    uint8_t header[CKPT_HEADER_MAX];
+    size_t header_len = s_encode_header(header, meta);
     uint32_t crc = (uint32_t)crc32(0L, Z_NULL, 0);
     size_t bytes = (size_t)n * sizeof(float);
-    zps_err err = s_write_all(fd, header, sizeof header, &crc, tmp);
+    zps_err err = s_write_all(fd, header, header_len, &crc, tmp);
     if (err == ZPS_OK) {
         err = s_write_all(fd, params, bytes, &crc, tmp);
     }
     if (err == ZPS_OK) {
-        err = s_write_all(fd, momentum, bytes, &crc, tmp);
+        err = s_write_all(fd, state, (size_t)zps_optim_state_floats(meta->optim) * bytes, &crc,
+                          tmp);
     }
     err = s_commit(fd, err, crc, tmp, path, dir);
     if (err != ZPS_OK) {
@@ -525,6 +550,9 @@ static void s_mismatch(const zps_ckpt_meta *got, const zps_ckpt_meta *want, uint
     } else if (got->model_hash != want->model_hash) {
         snprintf(why, why_len, "written for model hash %016" PRIx64 ", expected %016" PRIx64,
                  got->model_hash, want->model_hash);
+    } else if (got->optim != want->optim) {
+        snprintf(why, why_len, "holds the state of optimizer %s, this shard runs %s",
+                 zps_optim_name(got->optim), zps_optim_name(want->optim));
     }
 }
 
@@ -533,7 +561,8 @@ static void s_mismatch(const zps_ckpt_meta *got, const zps_ckpt_meta *want, uint
 // The checksum is verified before the meta, so a damaged header is reported
 // as damage rather than as another shard's file.
 static zps_err s_load_file(const char *path, const zps_ckpt_meta *want, uint64_t step,
-                           float *params, float *momentum, char *why, size_t why_len)
+                           float *params, float *state, uint64_t *optim_step, char *why,
+                           size_t why_len)
 {
     zps_err err = ZPS_OK;
     uint8_t *scratch = NULL;
@@ -554,14 +583,15 @@ static zps_err s_load_file(const char *path, const zps_ckpt_meta *want, uint64_t
         err = ZPS_EPROTO;
         goto out_close;
     }
-    uint8_t header[CKPT_HEADER_LEN];
+    uint8_t header[CKPT_HEADER_MAX];
+    size_t header_len = CKPT_HEADER_LEN;
     size_t got;
-    if (s_read_full(fd, header, sizeof header, &got) != 0) {
+    if (s_read_full(fd, header, CKPT_HEADER_LEN, &got) != 0) {
         snprintf(why, why_len, "read: %s", strerror(errno));
         err = ZPS_EIO;
         goto out_close;
     }
-    if (got < sizeof header) {
+    if (got < CKPT_HEADER_LEN) {
         snprintf(why, why_len, "truncated (%zu bytes, shorter than the header)", got);
         err = ZPS_EPROTO;
         goto out_close;
@@ -574,13 +604,36 @@ static zps_err s_load_file(const char *path, const zps_ckpt_meta *want, uint64_t
     uint32_t version;
     zps_ckpt_meta meta;
     s_decode_header(header, &version, &meta);
-    if (version != CKPT_VERSION) {
-        snprintf(why, why_len, "format version %" PRIu32 ", this build reads %u", version,
-                 CKPT_VERSION);
+    if (version != CKPT_VERSION_SGD && version != CKPT_VERSION_ADAM) {
+        snprintf(why, why_len, "format version %" PRIu32 ", this build reads %u and %u", version,
+                 CKPT_VERSION_SGD, CKPT_VERSION_ADAM);
         err = ZPS_EPROTO;
         goto out_close;
     }
-    const uint64_t max_n = (uint64_t)(INT64_MAX - CKPT_HEADER_LEN - CKPT_CRC_LEN) / 8;
+    if (version == CKPT_VERSION_ADAM) {
+        if (meta.optim != ZPS_OPTIM_ADAM && meta.optim != ZPS_OPTIM_ADAMW) {
+            snprintf(why, why_len, "corrupt header (format version 2 with optimizer %u)",
+                     (unsigned)meta.optim);
+            err = ZPS_EPROTO;
+            goto out_close;
+        }
+        if (s_read_full(fd, header + CKPT_HEADER_LEN, CKPT_HEADER_EXTRA, &got) != 0) {
+            snprintf(why, why_len, "read: %s", strerror(errno));
+            err = ZPS_EIO;
+            goto out_close;
+        }
+        if (got < CKPT_HEADER_EXTRA) {
+            snprintf(why, why_len, "truncated (%zu bytes, shorter than the header)",
+                     CKPT_HEADER_LEN + got);
+            err = ZPS_EPROTO;
+            goto out_close;
+        }
+        s_decode_extra(header, &meta);
+        header_len = CKPT_HEADER_MAX;
+    }
+    // Floats per element: the parameter and the optimizer's state.
+    const uint64_t per = 1 + (uint64_t)zps_optim_state_floats(meta.optim);
+    const uint64_t max_n = (uint64_t)(INT64_MAX - CKPT_HEADER_MAX - CKPT_CRC_LEN) / (4 * per);
     if (meta.hi < meta.lo || meta.hi - meta.lo > max_n) {
         snprintf(why, why_len, "corrupt header (range [%" PRIu64 ", %" PRIu64 "))", meta.lo,
                  meta.hi);
@@ -588,7 +641,7 @@ static zps_err s_load_file(const char *path, const zps_ckpt_meta *want, uint64_t
         goto out_close;
     }
     uint64_t n = meta.hi - meta.lo;
-    uint64_t want_size = CKPT_HEADER_LEN + 8 * n + CKPT_CRC_LEN;
+    uint64_t want_size = header_len + 4 * per * n + CKPT_CRC_LEN;
     if ((uint64_t)st.st_size < want_size) {
         snprintf(why, why_len, "truncated (%lld of %" PRIu64 " bytes)", (long long)st.st_size,
                  want_size);
@@ -602,23 +655,26 @@ static zps_err s_load_file(const char *path, const zps_ckpt_meta *want, uint64_t
         goto out_close;
     }
 
-    uint32_t crc = s_crc((uint32_t)crc32(0L, Z_NULL, 0), header, sizeof header);
+    uint32_t crc = s_crc((uint32_t)crc32(0L, Z_NULL, 0), header, header_len);
     size_t bytes = (size_t)n * sizeof(float);
-    if (n == want->hi - want->lo) {
+    if (n == want->hi - want->lo && meta.optim == want->optim) {
         err = s_read_payload(fd, (uint8_t *)params, true, bytes, &crc, why, why_len);
         if (err == ZPS_OK) {
-            err = s_read_payload(fd, (uint8_t *)momentum, true, bytes, &crc, why, why_len);
+            err = s_read_payload(fd, (uint8_t *)state, true, (size_t)(per - 1) * bytes, &crc,
+                                 why, why_len);
         }
     } else {
-        // Another range: still checksummed, to tell damage from a mismatch.
-        size_t scratch_len = 2 * bytes < CKPT_CHUNK ? 2 * bytes : CKPT_CHUNK;
+        // Another range or another optimizer's state (another size): still
+        // checksummed, to tell damage from a mismatch.
+        size_t total = (size_t)per * bytes;
+        size_t scratch_len = total < CKPT_CHUNK ? total : CKPT_CHUNK;
         scratch = malloc(scratch_len ? scratch_len : 1);
         if (scratch == NULL) {
             snprintf(why, why_len, "out of memory");
             err = ZPS_ENOMEM;
             goto out_close;
         }
-        err = s_read_payload(fd, scratch, false, 2 * bytes, &crc, why, why_len);
+        err = s_read_payload(fd, scratch, false, total, &crc, why, why_len);
     }
     if (err != ZPS_OK) {
         goto out_close;
@@ -643,6 +699,8 @@ static zps_err s_load_file(const char *path, const zps_ckpt_meta *want, uint64_t
     s_mismatch(&meta, want, step, why, why_len);
     if (why[0] != '\0') {
         err = ZPS_EPROTO;
+    } else if (optim_step != NULL) {
+        *optim_step = meta.optim_step;
     }
 out_close:
     free(scratch);
@@ -651,15 +709,15 @@ out_close:
 }
 
 zps_err zps_ckpt_load(const char *dir, const zps_ckpt_meta *want, uint64_t step, float *params,
-                      float *momentum)
+                      float *state, uint64_t *optim_step)
 {
     ZPS_ASSERT(dir != NULL && want != NULL && want->lo <= want->hi);
-    ZPS_ASSERT(want->hi == want->lo || (params != NULL && momentum != NULL));
+    ZPS_ASSERT(want->hi == want->lo || (params != NULL && state != NULL));
     char path[PATH_MAX], why[CKPT_WHY_LEN];
     if (!s_path(path, sizeof path, dir, want->shard, step)) {
         return ZPS_EIO;
     }
-    zps_err err = s_load_file(path, want, step, params, momentum, why, sizeof why);
+    zps_err err = s_load_file(path, want, step, params, state, optim_step, why, sizeof why);
     if (err == ZPS_ENOENT) {
         zps_log_warn("ckpt %s: no such checkpoint", path);
     } else if (err != ZPS_OK) {
@@ -669,10 +727,10 @@ zps_err zps_ckpt_load(const char *dir, const zps_ckpt_meta *want, uint64_t step,
 }
 
 zps_err zps_ckpt_load_newest(const char *dir, const zps_ckpt_meta *want, uint64_t *step,
-                             float *params, float *momentum)
+                             float *params, float *state, uint64_t *optim_step)
 {
     ZPS_ASSERT(dir != NULL && want != NULL && step != NULL && want->lo <= want->hi);
-    ZPS_ASSERT(want->hi == want->lo || (params != NULL && momentum != NULL));
+    ZPS_ASSERT(want->hi == want->lo || (params != NULL && state != NULL));
     uint64_t *steps;
     size_t n;
     zps_err err = s_list(dir, want->shard, &steps, &n);
@@ -685,7 +743,8 @@ zps_err zps_ckpt_load_newest(const char *dir, const zps_ckpt_meta *want, uint64_
         if (!s_path(path, sizeof path, dir, want->shard, steps[i])) {
             continue;
         }
-        zps_err e = s_load_file(path, want, steps[i], params, momentum, why, sizeof why);
+        zps_err e = s_load_file(path, want, steps[i], params, state, optim_step, why,
+                                sizeof why);
         if (e == ZPS_OK) {
             zps_log_info("ckpt %s: loaded step %" PRIu64, path, steps[i]);
             *step = steps[i];

@@ -1,14 +1,20 @@
-/* zps_ckpt.h - shard checkpoint files: one shard's parameters, momentum and
- * step, written so that a crash at any moment leaves either the previous set
- * of checkpoints or the previous set plus one complete new file.
+/* zps_ckpt.h - shard checkpoint files: one shard's parameters, optimizer
+ * state and step, written so that a crash at any moment leaves either the
+ * previous set of checkpoints or the previous set plus one complete new file.
  *
- * A file is <dir>/shard-<I>-step-<T>.ckpt: a 64-byte little-endian header
- * (magic "ZPSCKPT1", format version, the meta below), hi - lo fp32
- * parameters, hi - lo fp32 momentum values, and a CRC-32 (zlib) of every
- * byte before it. Everything read back is checked (size, magic, version,
- * CRC, and the meta against what the caller expects) because a restarted
- * shard that silently loaded another shard's, another job's or a torn file
- * would break the promise that a run ends where an uninterrupted one does. */
+ * A file is <dir>/shard-<I>-step-<T>.ckpt: a little-endian header (magic
+ * "ZPSCKPT1", format version, the meta below), hi - lo fp32 parameters, the
+ * optimizer's state, and a CRC-32 (zlib) of every byte before it. Two
+ * versions, by optimizer:
+ *   1  SGD: a 64-byte header, then hi - lo fp32 momentum values. Exactly
+ *      the format of the builds before Adam, which keeps reading and
+ *      writing SGD checkpoints as before.
+ *   2  Adam, AdamW: an 80-byte header that adds the optimizer and its step
+ *      count, then exp_avg and exp_avg_sq, hi - lo fp32 values each.
+ * Everything read back is checked (size, magic, version, CRC, and the meta
+ * against what the caller expects) because a restarted shard that silently
+ * loaded another shard's, another job's or a torn file would break the
+ * promise that a run ends where an uninterrupted one does. */
 #ifndef ZPS_CKPT_H
 #define ZPS_CKPT_H
 
@@ -16,6 +22,7 @@
 #include <stdint.h>
 
 #include "common/zps_err.h"
+#include "common/zps_optim.h"
 
 // What a checkpoint is of; stored in the header and compared on load.
 typedef struct zps_ckpt_meta {
@@ -25,10 +32,14 @@ typedef struct zps_ckpt_meta {
     uint64_t step;       // steps completed when written (ignored in a load's want)
     uint64_t job_seed;   // the job's seed
     uint64_t model_hash; // a hash of the model spec text, computed by the caller
+    zps_optim_kind optim; // whose state follows the parameters (compared on load)
+    uint64_t optim_step;  // updates the optimizer applied, Adam's t (ignored in a load's want)
 } zps_ckpt_meta;
 
 // Writes meta->shard's checkpoint of meta->step into dir (created, with its
-// parents, if missing): params and momentum are hi - lo floats each. The
+// parents, if missing): params is hi - lo floats, state
+// zps_optim_state_floats(meta->optim) times as many (SGD's momentum; Adam's
+// exp_avg, then exp_avg_sq, in one array). The
 // file appears under its final name only once complete and synced, and the
 // directory is synced after the rename. Then deletes this shard's
 // checkpoints of steps before meta->step beyond the newest `keep` (>= 1)
@@ -36,24 +47,27 @@ typedef struct zps_ckpt_meta {
 // rolled back) are not touched, and a failed delete is only a warning.
 // ZPS_EIO on any failure, logged, with no temporary file left behind.
 zps_err zps_ckpt_write(const char *dir, const zps_ckpt_meta *meta, const float *params,
-                       const float *momentum, int keep);
+                       const float *state, int keep);
 
-// Loads want->shard's checkpoint of exactly `step` into params and momentum
-// (caller-allocated, want->hi - want->lo floats each). The file must match
-// want in shard, shards, lo, hi, job_seed and model_hash (want->step is
-// ignored). ZPS_ENOENT if there is no such file; ZPS_EPROTO if it is
-// invalid (truncated, checksum mismatch, another shard's ...); ZPS_EIO if it
+// Loads want->shard's checkpoint of exactly `step` into params and state
+// (caller-allocated, sized as for zps_ckpt_write) and, unless optim_step is
+// NULL, its optimizer step count into *optim_step (a version 1 file, SGD's,
+// has none: zps applies one update per step, so it reads as `step`). The
+// file must match want in shard, shards, lo, hi, job_seed, model_hash and
+// optim (want->step and want->optim_step are ignored). ZPS_ENOENT if there
+// is no such file; ZPS_EPROTO if it is invalid (truncated, checksum
+// mismatch, another shard's or another optimizer's ...); ZPS_EIO if it
 // cannot be read. Every failure is logged with the path and the reason. On
-// failure params and momentum hold unspecified values.
+// failure params, state and *optim_step hold unspecified values.
 zps_err zps_ckpt_load(const char *dir, const zps_ckpt_meta *want, uint64_t step, float *params,
-                      float *momentum);
+                      float *state, uint64_t *optim_step);
 
 // Loads the newest valid checkpoint of want->shard in dir, as zps_ckpt_load
 // does, and sets *step to its step. Steps are tried newest first; each
 // invalid or unreadable file is logged once, with its path and why, and the
 // previous one is tried. ZPS_ENOENT if none is valid (or there is none).
 zps_err zps_ckpt_load_newest(const char *dir, const zps_ckpt_meta *want, uint64_t *step,
-                             float *params, float *momentum);
+                             float *params, float *state, uint64_t *optim_step);
 
 // Fills steps with the steps of shard's checkpoints in dir, ascending, going
 // by the file names only (valid or not). If there are more than max, the

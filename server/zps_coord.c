@@ -274,6 +274,10 @@ static void s_send_job(zps_coord *c, void *sock, zmq_msg_t *route, Zps__MsgType 
     optim.weight_decay = c->cfg.optim.weight_decay;
     optim.schedule = (uint32_t)c->cfg.optim.schedule;
     optim.warmup_steps = c->cfg.optim.warmup_steps;
+    optim.kind = (uint32_t)c->cfg.optim.kind;
+    optim.beta1 = c->cfg.optim.beta1;
+    optim.beta2 = c->cfg.optim.beta2;
+    optim.eps = c->cfg.optim.eps;
 
     Zps__Job job = ZPS__JOB__INIT;
     job.model = (char *)c->cfg.model;

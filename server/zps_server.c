@@ -626,8 +626,14 @@ static zps_err s_take_assignment(s_server *srv, const Zps__Header *h)
         .optim = {.lr = job->optim->lr, .momentum = job->optim->momentum,
                   .nesterov = job->optim->nesterov, .weight_decay = job->optim->weight_decay,
                   .schedule = (zps_lr_schedule)job->optim->schedule,
-                  .warmup_steps = job->optim->warmup_steps, .total_steps = job->total_steps},
+                  .warmup_steps = job->optim->warmup_steps, .total_steps = job->total_steps,
+                  .kind = (zps_optim_kind)job->optim->kind, .beta1 = job->optim->beta1,
+                  .beta2 = job->optim->beta2, .eps = job->optim->eps},
     };
+    if (zps_optim_validate(&cfg.optim) != ZPS_OK) {
+        zps_log_error("the coordinator sent optimizer settings this shard cannot use");
+        return ZPS_EPROTO;
+    }
     srv->dtype = cfg.dtype;
     cfg.shards = srv->o->shards;
     if (!(srv->shard = zps_shard_new(&cfg))) {

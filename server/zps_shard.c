@@ -40,7 +40,9 @@ struct zps_shard {
     uint64_t step;                                  // steps completed
     float *params;                                  // owned: master parameters, n
     float *prev;                                    // owned: parameters before this step's update, n
-    float *momentum;                                // owned: optimizer state, n
+    float *state;                                   // owned: optimizer state, state_floats * n
+    int state_floats;                               // 1: SGD's momentum; 2: exp_avg, exp_avg_sq
+    uint64_t optim_steps;                           // updates applied: Adam's t is one more
     double *acc;                                    // owned: sum of n_i * g_i, n (order-free)
     float *grad;                                    // owned: one block of the averaged gradient
     s_snapshot *snap;                               // owned: current parameters as sent
@@ -111,17 +113,19 @@ zps_shard *zps_shard_new(const zps_shard_cfg *cfg)
     s->n_buckets = zps_model_range_buckets(cfg->model, s->lo, s->hi, s->buckets);
     s->params = s_alloc(s->n * sizeof(float));
     s->prev = s_alloc(s->n * sizeof(float));
-    s->momentum = s_alloc(s->n * sizeof(float));
+    // The second moment only for Adam and AdamW: SGD's shard stays as large as before.
+    s->state_floats = zps_optim_state_floats(cfg->optim.kind);
+    s->state = s_alloc((size_t)s->state_floats * s->n * sizeof(float));
     s->acc = s_alloc(s->n * sizeof(double));
     s->grad = s_alloc(ZPS_SHARD_BLOCK * sizeof(float));
     s->snap = s_snapshot_new(s->n * zps_dtype_size(s->dtype));
-    if (!s->params || !s->prev || !s->momentum || !s->acc || !s->grad || !s->snap) {
+    if (!s->params || !s->prev || !s->state || !s->acc || !s->grad || !s->snap) {
         goto fail;
     }
     zps_model_init_range(cfg->model, cfg->seed, s->lo, s->hi, s->params);
     memcpy(s->prev, s->params, s->n * sizeof(float));
     zps_dtype_from_f32(s->dtype, s->params, s->snap->data, s->n);
-    memset(s->momentum, 0, s->n * sizeof(float));
+    memset(s->state, 0, (size_t)s->state_floats * s->n * sizeof(float));
     memset(s->acc, 0, s->n * sizeof(double));
     return s;
 fail:
@@ -144,7 +148,7 @@ void zps_shard_destroy(zps_shard **sp)
     }
     free(s->params);
     free(s->prev);
-    free(s->momentum);
+    free(s->state);
     free(s->acc);
     free(s->grad);
     free(s);
@@ -438,7 +442,12 @@ void zps_shard_apply(zps_shard *s, int bucket)
             s->grad[i] = (float)(acc[i] / total);
         }
         memcpy(s->prev + lo, s->params + lo, len * sizeof(float));
-        zps_optim_sgd(&s->optim, lr, s->params + lo, s->momentum + lo, s->grad, len);
+        if (s->optim.kind == ZPS_OPTIM_SGD) {
+            zps_optim_sgd(&s->optim, lr, s->params + lo, s->state + lo, s->grad, len);
+        } else {
+            zps_optim_adam(&s->optim, lr, s->optim_steps + 1, s->params + lo, s->state + lo,
+                           s->state + s->n + lo, s->grad, len);
+        }
         memset(acc, 0, len * sizeof(double));
         zps_dtype_from_f32(s->dtype, s->params + lo, s->snap->data + lo * esize, len);
     }
@@ -466,6 +475,7 @@ float zps_shard_end_step(zps_shard *s)
     s->loss_sum = 0;
     memset(s->counted, 0, sizeof s->counted);
     s->step++;
+    s->optim_steps++;
     zps_plans_forget_before(&s->plans, s->step);
     return loss;
 }
@@ -505,35 +515,39 @@ zps_err zps_shard_bucket_at(const zps_shard *s, int b, uint64_t step, const floa
 static zps_ckpt_meta s_meta(const zps_shard *s)
 {
     return (zps_ckpt_meta){.shard = s->index, .shards = s->shards, .lo = s->lo, .hi = s->hi,
-                           .step = s->step, .job_seed = s->seed, .model_hash = s->model_hash};
+                           .step = s->step, .job_seed = s->seed, .model_hash = s->model_hash,
+                           .optim = s->optim.kind, .optim_step = s->optim_steps};
 }
 
 zps_err zps_shard_save(const zps_shard *s, const char *dir, int keep)
 {
     zps_ckpt_meta meta = s_meta(s);
-    return zps_ckpt_write(dir, &meta, s->params, s->momentum, keep);
+    return zps_ckpt_write(dir, &meta, s->params, s->state, keep);
 }
 
 zps_err zps_shard_restore(zps_shard *s, const char *dir, uint64_t step, uint64_t *loaded)
 {
     zps_ckpt_meta want = s_meta(s);
     // Loaded aside first (prev and a scratch array), so a failure changes nothing.
-    float *momentum = s_alloc(s->n * sizeof(float));
-    zps_err err = !momentum ? ZPS_ENOMEM
+    size_t state_bytes = (size_t)s->state_floats * s->n * sizeof(float);
+    float *state = s_alloc(state_bytes);
+    uint64_t optim_steps = 0;
+    zps_err err = !state ? ZPS_ENOMEM
                   : step == UINT64_MAX
-                      ? zps_ckpt_load_newest(dir, &want, loaded, s->prev, momentum)
-                      : zps_ckpt_load(dir, &want, step, s->prev, momentum);
+                      ? zps_ckpt_load_newest(dir, &want, loaded, s->prev, state, &optim_steps)
+                      : zps_ckpt_load(dir, &want, step, s->prev, state, &optim_steps);
     if (err != ZPS_OK) {
         memcpy(s->prev, s->params, s->n * sizeof(float));
-        free(momentum);
+        free(state);
         return err;
     }
     if (step != UINT64_MAX) {
         *loaded = step;
     }
     memcpy(s->params, s->prev, s->n * sizeof(float));
-    memcpy(s->momentum, momentum, s->n * sizeof(float));
-    free(momentum);
+    memcpy(s->state, state, state_bytes);
+    free(state);
+    s->optim_steps = optim_steps;
     memset(s->acc, 0, s->n * sizeof(double));
     s_prepare_snapshot(s);
     zps_dtype_from_f32(s->dtype, s->params, s->snap->data, s->n);

@@ -331,8 +331,10 @@ END_TEST
 // ---------------------------------------------------------------------------
 // Chaos: workers, shards and the coordinator, on a seeded schedule.
 
-#define CHAOS_MODEL "mlp:784-128-10"
-#define CHAOS_STEPS "1404" // 3 epochs of B = 128
+// About 30 s undisturbed here (6 epochs of B = 128, ~10 ms a step): the
+// schedule of events must fit in the job.
+#define CHAOS_MODEL "mlp:784-512-512-10"
+#define CHAOS_STEPS "2808"
 
 // The chaos job's flags; steps overridden for the soak.
 static void s_chaos_args(const char **args, const char *steps)
@@ -371,6 +373,9 @@ static void s_wait_progress(job *j, uint64_t after, double bound_ms)
     uint64_t step = 0;
     bool done = false;
     while (!(s_try_step(j->ep, &step, &done) && (step > after || done))) {
+        if (!zps_proc_alive(j->s0)) {
+            return; // the job ended: s_finish says how
+        }
         ck_assert_msg(zps_clock_ms() < deadline, "no progress past step %llu within %.0f s; see %s",
                       (unsigned long long)after, bound_ms / 1e3, j->ps.dir);
         s_sleep_ms(50);
@@ -382,7 +387,7 @@ static int s_chaos(uint64_t seed, long events, double seconds, bool check_accura
     double calm = check_accuracy ? s_undisturbed() : -1;
     char steps[32] = CHAOS_STEPS;
     if (seconds > 0) { // the soak: a job long enough for the whole schedule
-        snprintf(steps, sizeof steps, "%.0f", seconds * 150);
+        snprintf(steps, sizeof steps, "%.0f", seconds * 60);
     }
     const char *base[20];
     s_chaos_args(base, steps);
@@ -400,8 +405,8 @@ static int s_chaos(uint64_t seed, long events, double seconds, bool check_accura
     while ((events <= 0 || done_events < events) &&
            (seconds <= 0 || zps_clock_ms() - started < seconds * 1e3)) {
         s_sleep_ms(800 + (double)(zps_rng_next(&rng) % 1200));
-        if (s_try_step(j.ep, &step, &over) && over) {
-            break;
+        if ((s_try_step(j.ep, &step, &over) && over) || !zps_proc_alive(j.s0)) {
+            break; // the job ended before the schedule did
         }
         uint64_t draw = zps_rng_next(&rng) % 100;
         ev e = draw < 40 ? EV_KILL : draw < 65 ? EV_PAUSE : draw < 82 ? EV_SHARD : EV_COORD;

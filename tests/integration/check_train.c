@@ -20,6 +20,8 @@ typedef struct run {
     const char *shares[8];      // per worker: --share value, or NULL
     int shards;                 // server processes
     const char *dtype;          // --wire-dtype
+    const char *steps;          // --steps (NULL: STEPS)
+    const char *const *optim;   // optimizer flags for shard 0, NULL-terminated (NULL: SGD)
 } run;
 
 // Trains STEPS steps of the run's job and returns the number of workers
@@ -31,10 +33,19 @@ static int s_train(zps_procs *ps, const run *r)
     snprintf(shards, sizeof shards, "%d", r->shards ? r->shards : 1);
     snprintf(metrics, sizeof metrics, "%s-metrics.jsonl", r->tag);
     snprintf(tag, sizeof tag, "%s-s0", r->tag);
-    const char *sargs[] = {"--workers", workers, "--global-batch", r->batch, "--steps", STEPS,
-                           "--model", MODEL, "--seed", "3", "--shards", shards,
-                           "--wire-dtype", r->dtype ? r->dtype : "fp32", "--metrics-log",
-                           zps_procs_path(ps, metrics), NULL};
+    const char *sargs[32] = {"--workers", workers, "--global-batch", r->batch,
+                             "--steps", r->steps ? r->steps : STEPS, "--model", MODEL,
+                             "--seed", "3", "--shards", shards,
+                             "--wire-dtype", r->dtype ? r->dtype : "fp32", "--metrics-log",
+                             zps_procs_path(ps, metrics), NULL};
+    size_t n_args = 0;
+    while (sargs[n_args]) {
+        n_args++;
+    }
+    for (size_t i = 0; r->optim && r->optim[i]; i++) {
+        ck_assert_uint_lt(n_args + 1, sizeof sargs / sizeof sargs[0]);
+        sargs[n_args++] = r->optim[i];
+    }
     pid_t servers[4];
     char endpoint[256];
     snprintf(endpoint, sizeof endpoint, "%s",
@@ -152,28 +163,55 @@ START_TEST(test_train_three_workers_hold_bitwise_identical_parameters)
 END_TEST
 
 // The per-element update is the same wherever it runs: 1, 2 and 3 shards
-// (ranges cut inside layers) give the same bits.
-START_TEST(test_train_one_two_three_shards_give_identical_bits)
+// (ranges cut inside layers) give the same bits. The runs train `steps`
+// steps with the optimizer's flags `optim` (NULL: SGD's defaults).
+static void s_check_shard_counts(const char *name, const char *steps, const char *const *optim)
 {
     zps_procs ps;
-    zps_procs_init(&ps, "shards");
+    zps_procs_init(&ps, name);
     zps_model_spec spec;
     ck_assert_int_eq(zps_model_parse(MODEL, &spec), ZPS_OK);
     const char *tags[3] = {"s1", "s2", "s3"};
     float *p[3];
     for (int s = 0; s < 3; s++) {
-        run r = {.tag = tags[s], .batch = "64", .workers = 2, .shards = s + 1};
+        run r = {.tag = tags[s], .batch = "64", .workers = 2, .shards = s + 1, .steps = steps,
+                 .optim = optim};
         ck_assert_int_eq(s_train(&ps, &r), 2);
-        char name[32];
-        snprintf(name, sizeof name, "%s-w1.bin", tags[s]);
-        p[s] = zps_procs_load_params(&ps, name, spec.n_params);
+        char file[32];
+        snprintf(file, sizeof file, "%s-w1.bin", tags[s]);
+        p[s] = zps_procs_load_params(&ps, file, spec.n_params);
     }
     ck_assert_msg(memcmp(p[0], p[1], spec.n_params * sizeof(float)) == 0, "1 and 2 shards differ");
     ck_assert_msg(memcmp(p[0], p[2], spec.n_params * sizeof(float)) == 0, "1 and 3 shards differ");
+    // The runs trained: otherwise equality would prove nothing.
+    float *init = malloc(spec.n_params * sizeof(float));
+    zps_model_init_params(&spec, 3, init);
+    double moved = zps_max_abs_diff(p[0], init, spec.n_params);
+    fprintf(stderr, "%s: 1, 2 and 3 shards identical; max |final - initial| = %.3g\n", name,
+            moved);
+    ck_assert_double_gt(moved, 1e-3);
+    free(init);
     for (int s = 0; s < 3; s++) {
         free(p[s]);
     }
     zps_procs_fini(&ps, false);
+}
+
+START_TEST(test_train_one_two_three_shards_give_identical_bits)
+{
+    s_check_shard_counts("shards", NULL, NULL);
+}
+END_TEST
+
+// AdamW's update is per element as well: the moments and the step count
+// live beside each shard's range, and shards 1 and 2 get the settings in
+// ASSIGN (a shard that fell back to SGD would break the equality).
+START_TEST(test_train_adamw_one_two_three_shards_give_identical_bits)
+{
+    static const char *const adamw[] = {"--optimizer", "adamw", "--lr", "0.001", "--betas",
+                                        "0.9,0.999", "--eps", "1e-8", "--weight-decay", "0.01",
+                                        NULL};
+    s_check_shard_counts("adamw-shards", "30", adamw);
 }
 END_TEST
 
@@ -219,6 +257,7 @@ Suite *zps_suite_train(void)
     tcase_add_test(tc, test_train_uneven_split_equals_single_process);
     tcase_add_test(tc, test_train_three_workers_hold_bitwise_identical_parameters);
     tcase_add_test(tc, test_train_one_two_three_shards_give_identical_bits);
+    tcase_add_test(tc, test_train_adamw_one_two_three_shards_give_identical_bits);
     tcase_add_test(tc, test_train_bf16_wire_stays_close_to_fp32);
     suite_add_tcase(s, tc);
     return s;

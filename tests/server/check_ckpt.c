@@ -13,6 +13,8 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
+#include <zlib.h>
+
 #include "server/zps_ckpt.h"
 #include "tests/zps_check.h"
 
@@ -153,13 +155,13 @@ START_TEST(test_ckpt_round_trip_exact_bits)
     ck_assert_int_eq(s_size(path), 64 + 8 * N + 4);
     static float p[N], m[N];
     zps_ckpt_meta want = s_meta(1, 500, 500 + N, 0);
-    ck_assert_int_eq(zps_ckpt_load(dir, &want, 7, p, m), ZPS_OK);
+    ck_assert_int_eq(zps_ckpt_load(dir, &want, 7, p, m, NULL), ZPS_OK);
     ck_assert(s_holds(p, m, N, 7));
-    ck_assert_int_eq(zps_ckpt_load(dir, &want, 8, p, m), ZPS_ENOENT);
+    ck_assert_int_eq(zps_ckpt_load(dir, &want, 8, p, m, NULL), ZPS_ENOENT);
     // An empty range is a legal shard too.
     zps_ckpt_meta empty = s_meta(0, 9, 9, 3);
     ck_assert_int_eq(zps_ckpt_write(dir, &empty, NULL, NULL, 1), ZPS_OK);
-    ck_assert_int_eq(zps_ckpt_load(dir, &empty, 3, NULL, NULL), ZPS_OK);
+    ck_assert_int_eq(zps_ckpt_load(dir, &empty, 3, NULL, NULL, NULL), ZPS_OK);
     s_rmtree(dir);
 }
 END_TEST
@@ -176,7 +178,7 @@ START_TEST(test_ckpt_newest_is_loaded)
     float p[N], m[N];
     uint64_t step = 0;
     zps_ckpt_meta want = s_meta(0, 0, N, 0);
-    ck_assert_int_eq(zps_ckpt_load_newest(dir, &want, &step, p, m), ZPS_OK);
+    ck_assert_int_eq(zps_ckpt_load_newest(dir, &want, &step, p, m, NULL), ZPS_OK);
     ck_assert_uint_eq(step, 30);
     ck_assert(s_holds(p, m, N, 30));
     s_rmtree(dir);
@@ -219,14 +221,14 @@ START_TEST(test_ckpt_truncated_newest_falls_back)
     float p[N], m[N];
     uint64_t step = 0;
     zps_ckpt_meta want = s_meta(0, 0, N, 0);
-    ck_assert_int_eq(zps_ckpt_load_newest(dir, &want, &step, p, m), ZPS_OK);
+    ck_assert_int_eq(zps_ckpt_load_newest(dir, &want, &step, p, m, NULL), ZPS_OK);
     ck_assert_uint_eq(step, 10);
     ck_assert(s_holds(p, m, N, 10));
     ck_assert(s_log_has(log, "shard-0-step-20.ckpt", "truncated"));
-    ck_assert_int_eq(zps_ckpt_load(dir, &want, 20, p, m), ZPS_EPROTO);
+    ck_assert_int_eq(zps_ckpt_load(dir, &want, 20, p, m, NULL), ZPS_EPROTO);
     // Shorter than the header is truncated too, not a crash.
     ck_assert_int_eq(truncate(path, 10), 0);
-    ck_assert_int_eq(zps_ckpt_load(dir, &want, 20, p, m), ZPS_EPROTO);
+    ck_assert_int_eq(zps_ckpt_load(dir, &want, 20, p, m, NULL), ZPS_EPROTO);
     s_rmtree(dir);
     unlink(log);
 }
@@ -255,7 +257,7 @@ START_TEST(test_ckpt_flipped_byte_fails_crc_and_falls_back)
     float p[N], m[N];
     uint64_t step = 0;
     zps_ckpt_meta want = s_meta(0, 0, N, 0);
-    ck_assert_int_eq(zps_ckpt_load_newest(dir, &want, &step, p, m), ZPS_OK);
+    ck_assert_int_eq(zps_ckpt_load_newest(dir, &want, &step, p, m, NULL), ZPS_OK);
     ck_assert_uint_eq(step, 10);
     ck_assert(s_holds(p, m, N, 10));
     ck_assert(s_log_has(log, "shard-0-step-20.ckpt", "checksum mismatch"));
@@ -278,6 +280,7 @@ static const mismatch_case s_mismatch[] = {
     {"other range length", "covers [0, 16)"},
     {"other seed", "job seed 42"},
     {"other model", "model hash 0123456789abcdef"},
+    {"other optimizer", "holds the state of optimizer sgd, this shard runs adamw"},
 };
 
 START_TEST(test_ckpt_refuses_other_shard_range_seed_model)
@@ -314,13 +317,17 @@ START_TEST(test_ckpt_refuses_other_shard_range_seed_model)
     case 5:
         want.model_hash = HASH ^ 1;
         break;
+    case 6:
+        want.optim = ZPS_OPTIM_ADAMW;
+        break;
     }
-    float p[N + 1], m[N + 1];
+    float p[N + 1], m[2 * (N + 1)];
     uint64_t step = 99;
-    ck_assert_msg(zps_ckpt_load(dir, &want, 5, p, m) == ZPS_EPROTO, "%s", s_mismatch[_i].name);
+    ck_assert_msg(zps_ckpt_load(dir, &want, 5, p, m, NULL) == ZPS_EPROTO, "%s",
+                  s_mismatch[_i].name);
     ck_assert_msg(s_log_has(log, "shard-0-step-5.ckpt", s_mismatch[_i].why), "%s: log lacks '%s'",
                   s_mismatch[_i].name, s_mismatch[_i].why);
-    ck_assert_int_eq(zps_ckpt_load_newest(dir, &want, &step, p, m), ZPS_ENOENT);
+    ck_assert_int_eq(zps_ckpt_load_newest(dir, &want, &step, p, m, NULL), ZPS_ENOENT);
     ck_assert_uint_eq(step, 99);
     s_rmtree(dir);
     unlink(log);
@@ -428,11 +435,131 @@ START_TEST(test_ckpt_large_range_round_trips)
     ck_assert_ptr_nonnull(m);
     uint64_t step = 0;
     zps_ckpt_meta want = s_meta(1, lo, lo + n, 0);
-    ck_assert_int_eq(zps_ckpt_load_newest(dir, &want, &step, p, m), ZPS_OK);
+    ck_assert_int_eq(zps_ckpt_load_newest(dir, &want, &step, p, m, NULL), ZPS_OK);
     ck_assert_uint_eq(step, 1);
     ck_assert(s_holds(p, m, n, 1));
     free(p);
     free(m);
+    s_rmtree(dir);
+}
+END_TEST
+
+// ---------------------------------------------------------------- Adam
+
+// An Adam or AdamW checkpoint (version 2) holds the parameters, both
+// moments and the optimizer's own step count, bit for bit; another
+// optimizer's shard refuses it, and the CRC covers all of it.
+START_TEST(test_ckpt_adam_state_round_trips_with_its_step_count)
+{
+    char dir[64], log[80], path[128];
+    s_tmpdir(dir, sizeof dir);
+    s_capture_log(dir, log, sizeof log);
+    enum { N = 300 };
+    static float p[N], state[2 * N], rp[N], rstate[2 * N];
+    s_fill(p, N, 1);
+    s_fill(state, 2 * N, 2); // exp_avg, then exp_avg_sq
+    zps_ckpt_meta meta = s_meta(1, 40, 40 + N, 7);
+    meta.optim = _i == 0 ? ZPS_OPTIM_ADAM : ZPS_OPTIM_ADAMW;
+    meta.optim_step = 123; // not the step: stored on its own
+    ck_assert_int_eq(zps_ckpt_write(dir, &meta, p, state, 1), ZPS_OK);
+    s_path(path, sizeof path, dir, 1, 7);
+    ck_assert_int_eq(s_size(path), 80 + 12 * N + 4);
+    zps_ckpt_meta want = s_meta(1, 40, 40 + N, 0);
+    want.optim = meta.optim;
+    uint64_t optim_step = 0, step = 0;
+    ck_assert_int_eq(zps_ckpt_load(dir, &want, 7, rp, rstate, &optim_step), ZPS_OK);
+    ck_assert_mem_eq(rp, p, sizeof p);
+    ck_assert_mem_eq(rstate, state, sizeof state);
+    ck_assert_uint_eq(optim_step, 123);
+    // Adam's state is not AdamW's (nor SGD's): refused, and the log says whose it is.
+    want.optim = _i == 0 ? ZPS_OPTIM_ADAMW : ZPS_OPTIM_ADAM;
+    ck_assert_int_eq(zps_ckpt_load(dir, &want, 7, rp, rstate, NULL), ZPS_EPROTO);
+    const char *whose = _i == 0 ? "optimizer adam, this shard runs adamw"
+                                : "optimizer adamw, this shard runs adam";
+    ck_assert(s_log_has(log, "shard-1-step-7.ckpt", whose));
+    want.optim = ZPS_OPTIM_SGD;
+    ck_assert_int_eq(zps_ckpt_load(dir, &want, 7, rp, rstate, NULL), ZPS_EPROTO);
+    // A flipped bit in the step count, or in the last exp_avg_sq value, fails the CRC.
+    want.optim = meta.optim;
+    const off_t flips[] = {64 + 1, 80 + 12 * N - 1};
+    for (size_t f = 0; f < sizeof flips / sizeof flips[0]; f++) {
+        ck_assert_int_eq(zps_ckpt_write(dir, &meta, p, state, 1), ZPS_OK);
+        int fd = open(path, O_RDWR);
+        ck_assert_int_ge(fd, 0);
+        unsigned char b;
+        ck_assert_int_eq(pread(fd, &b, 1, flips[f]), 1);
+        b ^= 0x01;
+        ck_assert_int_eq(pwrite(fd, &b, 1, flips[f]), 1);
+        close(fd);
+        ck_assert_int_eq(zps_ckpt_load_newest(dir, &want, &step, rp, rstate, NULL), ZPS_ENOENT);
+    }
+    ck_assert(s_log_has(log, "shard-1-step-7.ckpt", "checksum mismatch"));
+    s_rmtree(dir);
+    unlink(log);
+}
+END_TEST
+
+// An SGD checkpoint is still format version 1, byte for byte as the builds
+// before Adam wrote it: a file built here by hand from that layout loads,
+// and an SGD write produces exactly its bytes.
+START_TEST(test_ckpt_sgd_keeps_format_version_1)
+{
+    char dir[64], path[128];
+    s_tmpdir(dir, sizeof dir);
+    enum { N = 50 };
+    float p[N], m[N];
+    s_fill(p, N, 5);
+    s_fill(m, N, 6);
+    // magic, version 1, shard 1 of 2, reserved 0, lo, hi, step, seed, model
+    // hash, then the parameters, the momentum and the CRC of all before it.
+    static uint8_t file[64 + 8 * N + 4];
+    memcpy(file, "ZPSCKPT1", 8);
+    const uint32_t words[] = {1, 1, 2, 0};
+    const uint64_t longs[] = {10, 10 + N, 9, SEED, HASH};
+    for (int i = 0; i < 4; i++) {
+        for (int b = 0; b < 4; b++) {
+            file[8 + 4 * i + b] = (uint8_t)(words[i] >> (8 * b));
+        }
+    }
+    for (int i = 0; i < 5; i++) {
+        for (int b = 0; b < 8; b++) {
+            file[24 + 8 * i + b] = (uint8_t)(longs[i] >> (8 * b));
+        }
+    }
+    memcpy(file + 64, p, sizeof p);
+    memcpy(file + 64 + sizeof p, m, sizeof m);
+    uint32_t crc = (uint32_t)crc32(crc32(0L, Z_NULL, 0), file, sizeof file - 4);
+    for (int b = 0; b < 4; b++) {
+        file[sizeof file - 4 + b] = (uint8_t)(crc >> (8 * b));
+    }
+    s_path(path, sizeof path, dir, 1, 9);
+    FILE *f = fopen(path, "wb");
+    ck_assert_ptr_nonnull(f);
+    ck_assert_uint_eq(fwrite(file, 1, sizeof file, f), sizeof file);
+    ck_assert_int_eq(fclose(f), 0);
+
+    float rp[N], rm[N];
+    uint64_t optim_step = 0;
+    zps_ckpt_meta want = s_meta(1, 10, 10 + N, 0); // optim 0: SGD
+    ck_assert_int_eq(zps_ckpt_load(dir, &want, 9, rp, rm, &optim_step), ZPS_OK);
+    ck_assert_mem_eq(rp, p, sizeof p);
+    ck_assert_mem_eq(rm, m, sizeof m);
+    ck_assert_uint_eq(optim_step, 9); // one SGD update per step
+    // An Adam shard does not take SGD's momentum for its moments.
+    want.optim = ZPS_OPTIM_ADAM;
+    static float rs[2 * N];
+    ck_assert_int_eq(zps_ckpt_load(dir, &want, 9, rp, rs, NULL), ZPS_EPROTO);
+
+    ck_assert_int_eq(unlink(path), 0);
+    zps_ckpt_meta meta = s_meta(1, 10, 10 + N, 9);
+    meta.optim_step = 9;
+    ck_assert_int_eq(zps_ckpt_write(dir, &meta, p, m, 1), ZPS_OK);
+    static uint8_t written[sizeof file + 1];
+    f = fopen(path, "rb");
+    ck_assert_ptr_nonnull(f);
+    ck_assert_uint_eq(fread(written, 1, sizeof written, f), sizeof file);
+    fclose(f);
+    ck_assert_mem_eq(written, file, sizeof file);
     s_rmtree(dir);
 }
 END_TEST
@@ -454,6 +581,8 @@ Suite *zps_suite_ckpt(void)
     tcase_add_test(tc, test_ckpt_unwritable_dir_fails_and_leaves_nothing);
     tcase_add_test(tc, test_ckpt_steps_lists_ascending);
     tcase_add_test(tc, test_ckpt_large_range_round_trips);
+    tcase_add_loop_test(tc, test_ckpt_adam_state_round_trips_with_its_step_count, 0, 2);
+    tcase_add_test(tc, test_ckpt_sgd_keeps_format_version_1);
     suite_add_tcase(s, tc);
     return s;
 }

@@ -1,8 +1,12 @@
 /* check_shard.c - the shard's per-bucket accumulate/average/update and its
  * refusals, fed messages built as the wire would deliver them. */
 #include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
 #include <string.h>
+#include <unistd.h>
 
+#include "server/zps_ckpt.h"
 #include "server/zps_shard.h"
 #include "tests/zps_check.h"
 
@@ -311,6 +315,106 @@ START_TEST(test_shard_bf16_pushes_and_replies)
 }
 END_TEST
 
+// ---------------------------------------------------------------- AdamW
+
+// An AdamW (or, with kind, another optimizer's) shard 1 of 2 of [LO, HI):
+// cosine schedule over 10 steps, so the rate changes from step to step too.
+static zps_shard *s_optim_shard(const zps_model_spec *model, zps_optim_kind kind)
+{
+    zps_shard_cfg cfg = {.index = 1, .shards = 2, .lo = LO, .hi = HI, .model = model, .seed = 4,
+                         .global_batch = 40, .dtype = ZPS_DTYPE_F32,
+                         .optim = {.kind = kind, .lr = 0.05f, .weight_decay = 0.1f,
+                                   .momentum = 0.9f, .beta1 = 0.9, .beta2 = 0.999, .eps = 1e-8,
+                                   .schedule = ZPS_LR_COSINE, .total_steps = 10}};
+    zps_shard *s = zps_shard_new(&cfg);
+    ck_assert_ptr_nonnull(s);
+    zps_plan plan = {.global_batch = 40, .n = 2};
+    plan.slices[0] = (zps_plan_slice){.rank = 0, .member_id = 11, .offset = 0, .count = 10};
+    plan.slices[1] = (zps_plan_slice){.rank = 1, .member_id = 22, .offset = 10, .count = 30};
+    zps_shard_add_plan(s, 1, 0, &plan);
+    return s;
+}
+
+// One whole step: both ranks push both buckets, gradients that change
+// with the step (signs included), and the step ends.
+static void s_adamw_step(zps_shard *s)
+{
+    uint64_t step = zps_shard_step(s);
+    float g[2][HI - LO];
+    for (int r = 0; r < 2; r++) {
+        for (int i = 0; i < HI - LO; i++) {
+            g[r][i] = sinf((float)(step * 7 + (uint64_t)i * 3 + (uint64_t)r)) * (float)(i + 1);
+        }
+    }
+    int ready;
+    for (uint32_t r = 0; r < 2; r++) {
+        ck_assert_int_eq(s_feed(s, r, r ? 22 : 11, step, r ? 30 : 10, 4, g[r] + 2, 3, &ready),
+                         ZPS_OK);
+    }
+    zps_shard_apply(s, ready);
+    for (uint32_t r = 0; r < 2; r++) {
+        ck_assert_int_eq(s_feed(s, r, r ? 22 : 11, step, r ? 30 : 10, 2, g[r], 2, &ready),
+                         ZPS_OK);
+    }
+    zps_shard_apply(s, ready);
+    ck_assert(zps_shard_step_done(s));
+    zps_shard_end_step(s);
+}
+
+// An AdamW shard saved after 3 steps and restored into a new shard goes on
+// with the same bits as the one that never stopped: the checkpoint holds
+// both moments and the step count that the bias corrections need.
+START_TEST(test_shard_adamw_restored_from_checkpoint_continues_bitwise)
+{
+    zps_model_spec model = s_model();
+    char dir[] = "/tmp/zps-shard-XXXXXX";
+    ck_assert_ptr_nonnull(mkdtemp(dir));
+    zps_shard *a = s_optim_shard(&model, ZPS_OPTIM_ADAMW);
+    for (int t = 0; t < 3; t++) {
+        s_adamw_step(a);
+    }
+    ck_assert_int_eq(zps_shard_save(a, dir, 1), ZPS_OK);
+    float at3[HI - LO];
+    s_params(a, at3);
+    for (int t = 3; t < 8; t++) {
+        s_adamw_step(a);
+    }
+    zps_shard *b = s_optim_shard(&model, ZPS_OPTIM_ADAMW);
+    uint64_t loaded = 0;
+    ck_assert_int_eq(zps_shard_restore(b, dir, UINT64_MAX, &loaded), ZPS_OK);
+    ck_assert_uint_eq(loaded, 3);
+    ck_assert_uint_eq(zps_shard_step(b), 3);
+    float p[HI - LO], want[HI - LO];
+    s_params(b, p);
+    ck_assert_mem_eq(p, at3, sizeof p);
+    for (int t = 3; t < 8; t++) {
+        s_adamw_step(b);
+    }
+    s_params(a, want);
+    s_params(b, p);
+    ck_assert_mem_eq(p, want, sizeof p);
+    ck_assert(memcmp(p, at3, sizeof p) != 0); // the 5 steps moved them
+    // A shard of the same range with another optimizer refuses the checkpoint.
+    zps_shard *other[2] = {s_optim_shard(&model, ZPS_OPTIM_SGD),
+                           s_optim_shard(&model, ZPS_OPTIM_ADAM)};
+    for (int i = 0; i < 2; i++) {
+        ck_assert_int_eq(zps_shard_restore(other[i], dir, UINT64_MAX, &loaded), ZPS_ENOENT);
+        zps_shard_destroy(&other[i]);
+    }
+    zps_shard_destroy(&a);
+    zps_shard_destroy(&b);
+    uint64_t steps[4];
+    int n = zps_ckpt_steps(dir, 1, steps, 4);
+    for (int i = 0; i < n; i++) {
+        char path[128];
+        snprintf(path, sizeof path, "%s/shard-1-step-%llu.ckpt", dir,
+                 (unsigned long long)steps[i]);
+        ck_assert_int_eq(unlink(path), 0);
+    }
+    ck_assert_int_eq(rmdir(dir), 0);
+}
+END_TEST
+
 Suite *zps_suite_shard(void)
 {
     Suite *s = suite_create("shard");
@@ -321,6 +425,7 @@ Suite *zps_suite_shard(void)
     tcase_add_test(tc, test_shard_counts_handed_slices_once_and_follows_generations);
     tcase_add_test(tc, test_shard_serves_parameters_of_the_step_in_progress);
     tcase_add_test(tc, test_shard_bf16_pushes_and_replies);
+    tcase_add_test(tc, test_shard_adamw_restored_from_checkpoint_continues_bitwise);
     suite_add_tcase(s, tc);
     return s;
 }
