@@ -187,6 +187,15 @@ static zps_err s_await(void *sock, const char *what, const char *endpoint, int t
     double start = zps_clock_ms(), next_log = start + ZPS_WORKER_WAIT_LOG_MS;
     for (;;) {
         zps_err err = zps_wire_recv(sock, false, m);
+        if (err == ZPS_OK && m->hdr->type == ZPS__MSG_TYPE__ERROR &&
+            (m->hdr->refused == ZPS__MSG_TYPE__PUSH || m->hdr->refused == ZPS__MSG_TYPE__PULL)) {
+            // The answer to a push or pull from before (joining again after
+            // a pause): what is awaited here is something else.
+            zps_log_debug("%s: an old refusal of a %s, ignored", endpoint,
+                          zps_wire_type_name((int)m->hdr->refused));
+            zps_wire_msg_fini(m);
+            continue;
+        }
         if (err == ZPS_OK && m->hdr->type == ZPS__MSG_TYPE__ERROR) {
             switch (s_judge(m->hdr, endpoint)) {
             case S_RETRY: return ZPS_EAGAIN;
