@@ -906,6 +906,12 @@ zps_err zps_coord_on_ready(zps_coord *c, void *sock, zps_wire_msg *m)
     return ZPS_OK;
 }
 
+static bool s_same_route(zmq_msg_t *a, zmq_msg_t *b)
+{
+    return zmq_msg_size(a) == zmq_msg_size(b) &&
+           memcmp(zmq_msg_data(a), zmq_msg_data(b), zmq_msg_size(a)) == 0;
+}
+
 zps_err zps_coord_on_hello(zps_coord *c, void *sock, zps_wire_msg *m)
 {
     const Zps__Hello *hello = m->hdr->hello;
@@ -917,6 +923,16 @@ zps_err zps_coord_on_hello(zps_coord *c, void *sock, zps_wire_msg *m)
         // Admitted once the members of before the restart are back or gone.
         s_refuse(c, sock, m, ZPS_EAGAIN, "recovering from a restart: say HELLO again shortly");
         return ZPS_EAGAIN;
+    }
+    for (uint32_t i = 0; i < c->n_members; i++) {
+        s_member *mem = &c->members[i];
+        if (zps_member_live(&mem->life) && !mem->has_job &&
+            s_same_route(&mem->route, &m->route)) {
+            // A worker admitted and waiting for its JOB says HELLO again now
+            // and then (it cannot tell a slow start or step from a
+            // coordinator that restarted): it is admitted once.
+            return ZPS_OK;
+        }
     }
     bool joining = c->state == S_TRAINING;
     if ((c->state != S_WAITING && !joining) || c->n_members == ZPS_MAX_MEMBERS ||

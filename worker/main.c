@@ -44,6 +44,7 @@
 #define ZPS_WORKER_ASK_EVERY_MS 1000.0 // waiting for parameters: ask where the job is this often
 #define ZPS_WORKER_RETRY_MS 20     // first wait before sending a "not yet" message again
 #define ZPS_WORKER_RETRY_MAX_MS 1000 // longest such wait (doubling)
+#define ZPS_WORKER_HELLO_AGAIN_MS 3000 // waiting for the JOB: HELLO again this often
 
 typedef struct s_opts {
     const char *coordinator;  // endpoint of shard 0
@@ -218,8 +219,10 @@ static zps_err s_await(void *sock, const char *what, const char *endpoint, int t
         }
         double now = zps_clock_ms();
         if (now - start > timeout_ms) {
-            zps_log_error("gave up after %.0f s waiting for %s from %s", (now - start) / 1e3,
-                          what, endpoint);
+            if (timeout_ms > ZPS_WORKER_HELLO_AGAIN_MS) { // shorter waits are retried
+                zps_log_error("gave up after %.0f s waiting for %s from %s",
+                              (now - start) / 1e3, what, endpoint);
+            }
             return ZPS_ETIMEDOUT;
         }
         if (now > next_log) {
@@ -738,7 +741,11 @@ static zps_err s_hello_until_job(s_worker *w, zps_wire_msg *m)
         if (err != ZPS_OK) {
             return err;
         }
+        // HELLO again now and then: a coordinator that restarted since has
+        // forgotten a joiner that had no JOB yet (it admits a HELLO from
+        // the same socket once).
         int left = (int)(deadline - zps_clock_ms());
+        left = left < ZPS_WORKER_HELLO_AGAIN_MS ? left : ZPS_WORKER_HELLO_AGAIN_MS;
         err = s_await(w->shards[0].sock, "the job to start", w->shards[0].endpoint,
                       left > 100 ? left : 100, m);
         while (err == ZPS_OK && m->hdr->type != ZPS__MSG_TYPE__JOB && zps_clock_ms() < deadline) {
@@ -746,8 +753,20 @@ static zps_err s_hello_until_job(s_worker *w, zps_wire_msg *m)
             // (plans, rollbacks) may still be queued. The JOB is what counts.
             zps_wire_msg_fini(m);
             left = (int)(deadline - zps_clock_ms());
+            left = left < ZPS_WORKER_HELLO_AGAIN_MS ? left : ZPS_WORKER_HELLO_AGAIN_MS;
             err = s_await(w->shards[0].sock, "the job to start", w->shards[0].endpoint,
                           left > 100 ? left : 100, m);
+        }
+        if (err == ZPS_ETIMEDOUT && zps_clock_ms() < deadline && !s_stop) {
+            zps_log_info("waiting %.0f s for the job to start from %s: saying HELLO again",
+                         (zps_clock_ms() - (deadline - w->opts.join_timeout_ms)) / 1e3,
+                         w->shards[0].endpoint);
+            continue;
+        }
+        if (err == ZPS_ETIMEDOUT) {
+            zps_log_error("gave up after %.0f s waiting for the job to start from %s "
+                          "(--join-timeout-ms)", w->opts.join_timeout_ms / 1e3,
+                          w->shards[0].endpoint);
         }
         if (err == ZPS_ECLOSED && !s_stop) {
             w->job_over = true;
