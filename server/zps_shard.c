@@ -226,6 +226,11 @@ static bool s_member_has_rank(const zps_shard *s, uint64_t member_id, uint32_t r
     return false;
 }
 
+bool zps_shard_member_has_rank(const zps_shard *s, uint32_t rank, uint64_t member_id)
+{
+    return member_id != 0 && s_member_has_rank(s, member_id, rank);
+}
+
 // The generation in force at a step: the newest one in effect by then.
 static const s_gen *s_gen_at(const zps_shard *s, uint64_t step)
 {
