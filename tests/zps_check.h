@@ -17,5 +17,6 @@ Suite *zps_suite_dtype(void);
 Suite *zps_suite_ckpt(void);
 Suite *zps_suite_flags(void);
 Suite *zps_suite_coord(void);
+Suite *zps_suite_msgtab(void);
 
 #endif

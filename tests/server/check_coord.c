@@ -1,11 +1,16 @@
 /* check_coord.c - the coordinator's gathering of an epoch's evaluation:
  * each test record counts once, whoever sends it first (a late slice's
  * owner or the helpers that computed its pieces), and bad bodies are
- * refused without changing anything. The metrics log shows the result. */
+ * refused without changing anything. The metrics log shows the result.
+ * Then its credentials and the requests it refuses: shard tokens with
+ * ASSIGN, a rollback to a step in the future or to a checkpoint shard 0
+ * does not have, a STEP_DONE ahead of what can be (over inproc sockets:
+ * the coordinator answers on a ROUTER). */
 #include <stdio.h>
 #include <string.h>
 
 #include "server/zps_coord.h"
+#include "server/zps_msgtab.h"
 #include "tests/zps_check.h"
 
 #define N_TEST 100u
@@ -114,6 +119,220 @@ START_TEST(test_coord_eval_refuses_records_past_the_test_set_and_changes_nothing
 }
 END_TEST
 
+// ---------------------------------------------------------------------------
+// Credentials and refused requests: a 2-shard job with one worker.
+
+typedef struct job {
+    void *ctx, *router, *shard1, *worker; // the coordinator's socket, and its peers
+    zps_coord *c;
+    zps_err restore_result;               // what shard 0 answers to a rollback
+    int restores;                         // rollbacks it was asked for
+    uint64_t token;                       // shard 1's, from its ASSIGN
+} job;
+
+static zps_err s_restore(void *arg, uint64_t step)
+{
+    (void)step;
+    job *j = arg;
+    j->restores++;
+    return j->restore_result;
+}
+
+// Sends h from peer and hands what the coordinator's socket received to
+// its handler for h's type; returns the handler's verdict.
+static zps_err s_deliver(job *j, void *peer, Zps__Header *h)
+{
+    ck_assert_int_eq(zps_wire_send(peer, NULL, h, NULL, 0, NULL), ZPS_OK);
+    zps_wire_msg m;
+    ck_assert_int_eq(zps_wire_recv(j->router, true, &m), ZPS_OK);
+    zps_err err = ZPS_OK;
+    switch (h->type) {
+    case ZPS__MSG_TYPE__REGISTER: err = zps_coord_on_register(j->c, j->router, &m); break;
+    case ZPS__MSG_TYPE__HELLO: err = zps_coord_on_hello(j->c, j->router, &m); break;
+    case ZPS__MSG_TYPE__READY: err = zps_coord_on_ready(j->c, j->router, &m); break;
+    case ZPS__MSG_TYPE__STEP_DONE: err = zps_coord_on_step_done(j->c, &m); break;
+    default: ck_abort_msg("no handler for type %d here", h->type);
+    }
+    zps_wire_msg_fini(&m);
+    return err;
+}
+
+// The next message a peer got, of the type expected; NULL if none came.
+static Zps__Header *s_next(void *peer, zps_wire_msg *m)
+{
+    zps_err err = zps_wire_recv(peer, false, m);
+    return err == ZPS_OK ? m->hdr : NULL;
+}
+
+static zps_err s_register(job *j, uint64_t token)
+{
+    Zps__Register reg = ZPS__REGISTER__INIT;
+    reg.index = 1;
+    reg.shards = 2;
+    reg.endpoint = "tcp://127.0.0.1:2";
+    Zps__Header h;
+    zps_wire_header_init(&h, ZPS__MSG_TYPE__REGISTER);
+    h.shard = 1;
+    h.shard_token = token;
+    h.registration = &reg;
+    return s_deliver(j, j->shard1, &h);
+}
+
+static zps_err s_ready(job *j, uint64_t step)
+{
+    Zps__Header h;
+    zps_wire_header_init(&h, ZPS__MSG_TYPE__READY);
+    h.job_id = zps_coord_job_id(j->c);
+    h.shard = 1;
+    h.shard_token = j->token;
+    h.step = step;
+    return s_deliver(j, j->shard1, &h);
+}
+
+// Up to training: shard 1 registered, assigned (its token kept) and
+// ready; the worker admitted and sent its JOB.
+static void s_job_setup(job *j)
+{
+    memset(j, 0, sizeof *j);
+    j->ctx = zmq_ctx_new();
+    j->router = zps_wire_socket(j->ctx, ZMQ_ROUTER, 1000);
+    j->shard1 = zps_wire_socket(j->ctx, ZMQ_DEALER, 300);
+    j->worker = zps_wire_socket(j->ctx, ZMQ_DEALER, 300);
+    ck_assert_int_eq(zmq_bind(j->router, "inproc://coord"), 0);
+    ck_assert_int_eq(zmq_connect(j->shard1, "inproc://coord"), 0);
+    ck_assert_int_eq(zmq_connect(j->worker, "inproc://coord"), 0);
+    zps_coord_cfg cfg = {.model = "mlp:4-3-2", .dataset = "synthetic:40", .seed = 1,
+                         .global_batch = 8, .total_steps = 20, .steps_per_epoch = 5,
+                         .n_test = N_TEST, .workers = 1, .worker_timeout_ms = 60000,
+                         .n_params = 23, .shards = 2, .endpoint = "tcp://127.0.0.1:1",
+                         .restore = s_restore, .restore_arg = j};
+    j->c = zps_coord_new(&cfg);
+    ck_assert_ptr_nonnull(j->c);
+    ck_assert_int_eq(s_register(j, 0), ZPS_OK);
+    ck_assert(!zps_coord_shard_assigned(j->c, 1)); // anyone may claim it yet
+    Zps__Hello hello = ZPS__HELLO__INIT;
+    hello.host = "test";
+    Zps__Header h;
+    zps_wire_header_init(&h, ZPS__MSG_TYPE__HELLO);
+    h.hello = &hello;
+    ck_assert_int_eq(s_deliver(j, j->worker, &h), ZPS_OK);
+    zps_wire_msg m;
+    Zps__Header *assign = s_next(j->shard1, &m);
+    ck_assert_ptr_nonnull(assign);
+    ck_assert_int_eq(assign->type, ZPS__MSG_TYPE__ASSIGN);
+    j->token = assign->job->shard_token;
+    zps_wire_msg_fini(&m);
+    ck_assert_uint_ne(j->token, 0);
+    ck_assert_int_eq(s_ready(j, 0), ZPS_OK);
+    Zps__Header *jb = s_next(j->worker, &m);
+    ck_assert_ptr_nonnull(jb);
+    ck_assert_int_eq(jb->type, ZPS__MSG_TYPE__JOB);
+    ck_assert(zps_coord_member_ok(j->c, 0, jb->job->member_id));
+    ck_assert(!zps_coord_member_ok(j->c, 0, jb->job->member_id ^ 1));
+    ck_assert(!zps_coord_member_ok(j->c, 1, jb->job->member_id));
+    zps_wire_msg_fini(&m);
+    ck_assert_uint_eq(zps_coord_at(j->c), ZPS_AT_TRAINING);
+}
+
+static void s_job_teardown(job *j)
+{
+    zps_coord_destroy(&j->c);
+    zps_wire_close(&j->router);
+    zps_wire_close(&j->shard1);
+    zps_wire_close(&j->worker);
+    zmq_ctx_term(j->ctx);
+}
+
+// Shard 1 "restarts": its REGISTER (with its token) makes the coordinator
+// assign its range again and wait for its READY.
+static void s_restart_shard1(job *j)
+{
+    ck_assert_int_eq(s_register(j, j->token), ZPS_OK);
+    zps_wire_msg m;
+    Zps__Header *assign = s_next(j->shard1, &m);
+    ck_assert_ptr_nonnull(assign);
+    ck_assert_int_eq(assign->type, ZPS__MSG_TYPE__ASSIGN);
+    ck_assert_uint_eq(assign->job->shard_token, j->token); // the same one: it kept it
+    zps_wire_msg_fini(&m);
+}
+
+START_TEST(test_coord_assign_gives_each_shard_a_token_only_its_holder_matches)
+{
+    job j;
+    s_job_setup(&j);
+    ck_assert(zps_coord_shard_assigned(j.c, 1));
+    ck_assert(zps_coord_shard_token_ok(j.c, 1, j.token));
+    ck_assert(!zps_coord_shard_token_ok(j.c, 1, j.token ^ 1));
+    ck_assert(!zps_coord_shard_token_ok(j.c, 1, 0));
+    ck_assert(!zps_coord_shard_token_ok(j.c, 0, j.token)); // shard 0 is this process
+    ck_assert(!zps_coord_shard_token_ok(j.c, 2, j.token)); // past the job's shards
+    ck_assert(!zps_coord_shard_token_ok(j.c, 1 + ZPS_MAX_SHARDS, j.token));
+    s_job_teardown(&j);
+}
+END_TEST
+
+START_TEST(test_coord_ready_for_a_step_in_the_future_is_refused_and_nothing_rolls_back)
+{
+    job j;
+    s_job_setup(&j);
+    s_restart_shard1(&j);
+    ck_assert_int_eq(s_ready(&j, 101), ZPS_ESTALE);
+    uint64_t step;
+    ck_assert(!zps_coord_take_rollback(j.c, &step));
+    ck_assert_int_eq(j.restores, 0);
+    zps_wire_msg m;
+    ck_assert_ptr_null(s_next(j.worker, &m)); // no ROLLBACK went out
+    zps_wire_msg_fini(&m);
+    s_job_teardown(&j);
+}
+END_TEST
+
+START_TEST(test_coord_rollback_shard0_cannot_restore_is_refused_and_the_job_goes_on)
+{
+    job j;
+    s_job_setup(&j);
+    s_restart_shard1(&j);
+    j.restore_result = ZPS_ENOENT; // no checkpoint of step 0 on shard 0
+    ck_assert_int_eq(s_ready(&j, 0), ZPS_ENOENT);
+    uint64_t step;
+    ck_assert(!zps_coord_take_rollback(j.c, &step));
+    ck_assert_int_eq(j.restores, 1);
+    zps_wire_msg m;
+    ck_assert_ptr_null(s_next(j.worker, &m));
+    zps_wire_msg_fini(&m);
+    ck_assert_uint_eq(zps_coord_at(j.c), ZPS_AT_TRAINING);
+    // Once shard 0 can, the same request rolls everyone back.
+    j.restore_result = ZPS_OK;
+    ck_assert_int_eq(s_ready(&j, 0), ZPS_OK);
+    ck_assert(zps_coord_take_rollback(j.c, &step));
+    ck_assert_uint_eq(step, 0);
+    Zps__Header *rb = s_next(j.worker, &m);
+    ck_assert_ptr_nonnull(rb);
+    ck_assert_int_eq(rb->type, ZPS__MSG_TYPE__ROLLBACK);
+    zps_wire_msg_fini(&m);
+    s_job_teardown(&j);
+}
+END_TEST
+
+START_TEST(test_coord_step_done_ahead_of_what_can_be_is_refused)
+{
+    job j;
+    s_job_setup(&j);
+    Zps__Header h;
+    zps_wire_header_init(&h, ZPS__MSG_TYPE__STEP_DONE);
+    h.job_id = zps_coord_job_id(j.c);
+    h.shard_token = j.token;
+    h.shard = 1;
+    h.step = 2; // shard 0 has done none: shard 1 can have done one at most
+    ck_assert_int_eq(s_deliver(&j, j.shard1, &h), ZPS_ESTALE);
+    h.step = 1;
+    ck_assert_int_eq(s_deliver(&j, j.shard1, &h), ZPS_OK);
+    h.shard = 7; // not a shard of the job
+    ck_assert_int_eq(s_deliver(&j, j.shard1, &h), ZPS_ESTALE);
+    s_job_teardown(&j);
+}
+END_TEST
+
 Suite *zps_suite_coord(void)
 {
     Suite *s = suite_create("coord");
@@ -121,5 +340,11 @@ Suite *zps_suite_coord(void)
     tcase_add_test(tc, test_coord_eval_counts_each_test_record_once_whoever_sends_it_first);
     tcase_add_test(tc, test_coord_eval_refuses_records_past_the_test_set_and_changes_nothing);
     suite_add_tcase(s, tc);
+    TCase *tk = tcase_create("credentials");
+    tcase_add_test(tk, test_coord_assign_gives_each_shard_a_token_only_its_holder_matches);
+    tcase_add_test(tk, test_coord_ready_for_a_step_in_the_future_is_refused_and_nothing_rolls_back);
+    tcase_add_test(tk, test_coord_rollback_shard0_cannot_restore_is_refused_and_the_job_goes_on);
+    tcase_add_test(tk, test_coord_step_done_ahead_of_what_can_be_is_refused);
+    suite_add_tcase(s, tk);
     return s;
 }
