@@ -123,10 +123,12 @@ static void s_refuse(s_server *srv, zps_wire_msg *m, zps_err err, const char *wh
 {
     srv->bad_messages++;
     const char *type = m->hdr ? zps_wire_type_name((int)m->hdr->type) : "undecodable message";
-    char claim[48] = "";
+    char who[32] = "", claim[48] = "";
     if (m->hdr) {
-        zps_msgtab_claim(m->hdr, claim + 1, sizeof claim - 1);
-        claim[0] = claim[1] ? ' ' : '\0';
+        zps_msgtab_claim(m->hdr, who, sizeof who);
+    }
+    if (who[0]) {
+        snprintf(claim, sizeof claim, " (%s)", who);
     }
     uint64_t left_out;
     if (zps_log_limit_pass(&srv->refusals, zps_clock_ms(), &left_out)) {
