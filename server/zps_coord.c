@@ -68,6 +68,7 @@ typedef struct s_shard_peer {
     bool registered;     // REGISTER received
     bool ready;          // READY received
     uint64_t token;      // the secret its ASSIGN carries and its messages must (0: none yet)
+    char public_key[41]; // CURVE: the key it listens with, for workers ("" if the server's)
     char endpoint[256];  // where workers reach it
     zmq_msg_t route;     // routing id on shard 0's socket (for ASSIGN)
     uint64_t lo, hi;     // its range
@@ -331,6 +332,12 @@ static void s_send_job(zps_coord *c, void *sock, zmq_msg_t *route, Zps__MsgType 
     job.optim = mem ? NULL : &optim;
     job.checkpoint_every = c->cfg.checkpoint_every;
     job.shard_token = shard_token;
+    char *keys[ZPS_MAX_SHARDS];
+    for (uint32_t i = 0; mem && i < c->cfg.shards; i++) {
+        keys[i] = c->shards[i].public_key;
+    }
+    job.n_shard_keys = mem ? c->cfg.shards : 0;
+    job.shard_keys = keys;
 
     Zps__Header h;
     zps_wire_header_init(&h, type);
@@ -770,6 +777,17 @@ bool zps_coord_take_rollback(zps_coord *c, uint64_t *step)
     return true;
 }
 
+// The key a shard listens with, if it says (40 characters of Z85): workers
+// connect to it with that key instead of shard 0's.
+static void s_take_public_key(s_shard_peer *sp, const Zps__Register *r)
+{
+    size_t len = r->public_key ? strlen(r->public_key) : 0;
+    bool z85 = len == sizeof sp->public_key - 1 &&
+               strspn(r->public_key, "0123456789abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRST"
+                                     "UVWXYZ.-:+=^!/*?&<>()[]{}@%$#") == len;
+    snprintf(sp->public_key, sizeof sp->public_key, "%s", z85 ? r->public_key : "");
+}
+
 // A shard registers again while training: it crashed and restarted. It
 // gets its assignment again and says which step it restored (READY).
 static zps_err s_shard_restarted(zps_coord *c, void *sock, zps_wire_msg *m, s_shard_peer *sp)
@@ -778,6 +796,7 @@ static zps_err s_shard_restarted(zps_coord *c, void *sock, zps_wire_msg *m, s_sh
     zps_wire_route_close(&sp->route);
     zps_wire_route_copy(&sp->route, &m->route);
     snprintf(sp->endpoint, sizeof sp->endpoint, "%s", r->endpoint);
+    s_take_public_key(sp, r);
     sp->ready = false;
     zps_log_warn("shard %u at %s restarted%s; assigning its range again", r->index, sp->endpoint,
                  r->resume ? " from its checkpoint" : " without --resume");
@@ -803,6 +822,7 @@ zps_err zps_coord_on_register(zps_coord *c, void *sock, zps_wire_msg *m)
         if (c->state == S_RECOVERING && !sp->registered) {
             zps_wire_route_copy(&sp->route, &m->route);
             snprintf(sp->endpoint, sizeof sp->endpoint, "%s", r->endpoint);
+            s_take_public_key(sp, r);
             sp->registered = sp->ready = true;
             zps_log_info("shard %u at %s is back", r->index, sp->endpoint);
             s_try_recover(c, sock, false);
@@ -823,6 +843,7 @@ zps_err zps_coord_on_register(zps_coord *c, void *sock, zps_wire_msg *m)
     }
     sp->registered = true;
     snprintf(sp->endpoint, sizeof sp->endpoint, "%s", r->endpoint);
+    s_take_public_key(sp, r);
     zps_wire_route_copy(&sp->route, &m->route);
     zps_log_info("shard %u at %s registered: [%llu, %llu) (%u of %u shards)", r->index,
                  sp->endpoint, (unsigned long long)sp->lo, (unsigned long long)sp->hi,

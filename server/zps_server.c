@@ -630,6 +630,7 @@ static void s_register(s_server *srv)
     reg.endpoint = srv->o->advertise ? (char *)srv->o->advertise : srv->endpoint;
     reg.resume = srv->o->resume;
     reg.serving = srv->shard != NULL;
+    reg.public_key = srv->curve.on ? srv->curve.public_ : "";
     Zps__Header h;
     zps_wire_header_init(&h, ZPS__MSG_TYPE__REGISTER);
     h.shard = srv->o->shard;

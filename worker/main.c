@@ -230,8 +230,12 @@ static zps_err s_take_shards(s_worker *w, const Zps__Job *job)
         }
         snprintf(sc->endpoint, sizeof sc->endpoint, "%s", si->endpoint);
         sc->sock = zps_wire_socket(w->ctx, ZMQ_DEALER, ZPS_WORKER_POLL_MS);
+        zps_curve cv = w->curve; // a shard with a key pair of its own: the coordinator knows it
+        if (i < job->n_shard_keys && strlen(job->shard_keys[i]) == ZPS_CURVE_KEY_LEN) {
+            memcpy(cv.server, job->shard_keys[i], sizeof cv.server);
+        }
         if (!sc->sock || zps_wire_set_sndbuf(sc->sock, w->opts.sndbuf) != ZPS_OK ||
-            zps_curve_client(&w->curve, sc->sock) != ZPS_OK ||
+            zps_curve_client(&cv, sc->sock) != ZPS_OK ||
             zmq_connect(sc->sock, sc->endpoint) != 0) {
             zps_log_error("cannot connect to shard %zu at %s", i, sc->endpoint);
             return ZPS_EIO;
