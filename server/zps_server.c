@@ -1297,7 +1297,10 @@ int zps_server_turn(zps_server *srv)
     if (srv->up) {
         len = sizeof events;
         while (zmq_getsockopt(srv->up, ZMQ_EVENTS, &events, &len) == 0 &&
-               (events & ZMQ_POLLIN) && s_read_up(srv) == ZPS_OK) {
+               (events & ZMQ_POLLIN)) {
+            if (s_read_up(srv) != ZPS_OK) {
+                return -1; // where the loop ends the shard
+            }
             n++;
             len = sizeof events;
         }

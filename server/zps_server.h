@@ -74,7 +74,9 @@ zps_server *zps_server_open(const zps_server_opts *o, int *status);
 // One turn of the loop without waiting: every message ready on the
 // server's sockets read and dispatched (s_read_one, the loop's function),
 // held pushes replayed, the coordinator's timers run. Returns how many
-// messages were read.
+// messages were read, or -1 where the loop would end the process (a shard
+// > 0 that its coordinator refused, or told to roll back to a checkpoint
+// it does not have).
 int zps_server_turn(zps_server *srv);
 // The context of the server's sockets (borrowed): peers on inproc live in it.
 void *zps_server_ctx(zps_server *srv);
