@@ -153,8 +153,10 @@ need_bins
 # The keys as the script's comment lays them out.
 rk=$tmp/run-keys
 mkdir -p "$rk/workers"
-"$bin/zps-ctl" keygen "$rk/server" >/dev/null && "$bin/zps-ctl" keygen "$rk/worker" >/dev/null &&
-  cp "$rk/worker.pub" "$rk/workers/" || fail "zps-ctl keygen"
+if ! { "$bin/zps-ctl" keygen "$rk/server" && "$bin/zps-ctl" keygen "$rk/worker" &&
+        cp "$rk/worker.pub" "$rk/workers/"; } >/dev/null; then
+  fail "zps-ctl keygen"
+fi
 # A base port whose two ports are free (connecting to a closed port fails).
 port=
 for _ in $(seq 20); do
