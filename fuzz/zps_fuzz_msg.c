@@ -234,7 +234,7 @@ static void s_substitute(const s_world *w, int peer, Zps__Header *h)
     }
     // The coordinator peer's plans name the members by their real ids.
     Zps__Slice **lists[2] = {h->plan ? h->plan->slices : NULL, h->job ? h->job->plan : NULL};
-    size_t ns[2] = {h->plan ? h->plan->n_slices : 0, h->job ? h->job->n_plan : 0};
+    const size_t ns[2] = {h->plan ? h->plan->n_slices : 0, h->job ? h->job->n_plan : 0};
     for (int l = 0; l < 2; l++) {
         for (size_t i = 0; i < ns[l]; i++) {
             uint64_t *id = &lists[l][i]->member_id;

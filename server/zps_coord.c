@@ -682,7 +682,8 @@ bool zps_coord_shard_assigned(const zps_coord *c, uint32_t index)
 
 bool zps_coord_shard_token_ok(const zps_coord *c, uint32_t index, uint64_t token)
 {
-    return index > 0 && index < c->cfg.shards && zps_token_equal(c->shards[index].token, token);
+    return index > 0 && index < c->cfg.shards && index < ZPS_MAX_SHARDS &&
+           zps_token_equal(c->shards[index].token, token);
 }
 
 void zps_coord_shard_done(zps_coord *c, uint32_t shard, uint64_t steps_done)

@@ -93,10 +93,10 @@ zps_err zps_token_save_table(const char *dir, const uint64_t *tokens, uint32_t n
         return ZPS_EINVAL;
     }
     uint8_t buf[8 * S_MAX_TABLE];
-    for (uint32_t i = 0; i < n; i++) {
+    for (size_t i = 0; i < n; i++) {
         s_put64(buf + 8 * i, tokens[i]);
     }
-    return zps_ckpt_write_secret(dir, S_TABLE_NAME, buf, 8u * n);
+    return zps_ckpt_write_secret(dir, S_TABLE_NAME, buf, (size_t)8 * n);
 }
 
 zps_err zps_token_load_table(const char *dir, uint64_t *tokens, uint32_t n)
@@ -104,11 +104,11 @@ zps_err zps_token_load_table(const char *dir, uint64_t *tokens, uint32_t n)
     uint8_t buf[8 * S_MAX_TABLE];
     size_t len = 0;
     zps_err err = zps_ckpt_read_record(dir, S_TABLE_NAME, buf, sizeof buf, &len);
-    if (err == ZPS_OK && len != 8u * n) {
+    if (err == ZPS_OK && len != (size_t)8 * n) {
         zps_log_error("%s/%s: %zu bytes, not the tokens of %u shards", dir, S_TABLE_NAME, len, n);
         err = ZPS_EPROTO;
     }
-    for (uint32_t i = 0; err == ZPS_OK && i < n; i++) {
+    for (size_t i = 0; err == ZPS_OK && i < n; i++) {
         tokens[i] = s_get64(buf + 8 * i);
     }
     return err;
