@@ -293,8 +293,12 @@ static zps_err s_take_shards(s_worker *w, const Zps__Job *job)
         }
         snprintf(sc->endpoint, sizeof sc->endpoint, "%s", si->endpoint);
         sc->sock = zps_wire_socket(w->ctx, ZMQ_DEALER, ZPS_WORKER_POLL_MS);
+        zps_curve cv = w->curve; // a shard with a key pair of its own: the coordinator knows it
+        if (i < job->n_shard_keys && strlen(job->shard_keys[i]) == ZPS_CURVE_KEY_LEN) {
+            memcpy(cv.server, job->shard_keys[i], sizeof cv.server);
+        }
         if (!sc->sock || zps_wire_set_sndbuf(sc->sock, w->opts.sndbuf) != ZPS_OK ||
-            zps_curve_client(&w->curve, sc->sock) != ZPS_OK ||
+            zps_curve_client(&cv, sc->sock) != ZPS_OK ||
             zmq_connect(sc->sock, sc->endpoint) != 0) {
             zps_log_error("cannot connect to shard %zu at %s", i, sc->endpoint);
             return ZPS_EIO;
@@ -1197,10 +1201,9 @@ static void s_log_timing(const s_worker *w, double wall_ms)
                  step > 0 ? 100.0 * w->sum_wait_ms / n / step : 0.0);
 }
 
-// After a ROLLBACK: the parameters of its step, then the loop goes on from
-// there (another ROLLBACK on the way starts over again).
-static zps_err s_rejoin(s_worker *w);
-
+// After a ROLLBACK (or a catch-up, or joining again): the parameters of
+// its step, then the loop goes on from there (another ROLLBACK on the way
+// starts over again).
 static zps_err s_start_over(s_worker *w, uint64_t *t)
 {
     zps_err err;
