@@ -44,6 +44,7 @@ typedef struct s_member {
     bool has_job;         // was sent its JOB: plans go to it from now on
     bool route_known;     // route is valid (false after a coordinator restart until it calls)
     uint32_t adapted;     // share from the adaptive split (0: none)
+    uint64_t covered;     // its slices of steps before this one were also handed to others
     double last_seen_ms;  // last message from it (heartbeats included)
 } s_member;
 
@@ -1271,6 +1272,7 @@ void zps_coord_on_status(zps_coord *c, void *sock, zps_wire_msg *m, uint64_t ste
             [ZPS_MEMBER_GONE] = ZPS__MEMBER_STATE__MEMBER_GONE};
         st.asker = states[asker->life.state];
         st.asker_from = asker->life.from;
+        st.asker_covered = asker->covered;
     }
 
     Zps__Header h;
@@ -1712,6 +1714,12 @@ bool zps_coord_speculate(zps_coord *c, void *sock, uint64_t step, uint32_t offse
         zps_log_info("step %llu: slice [%u, %u) of rank %u is late; also handed to %u "
                      "member(s), in pieces", (unsigned long long)step, offset, offset + count,
                      late_rank, k);
+        // The late member, back, may skip that step: others compute it.
+        for (uint32_t i = 0; i < c->n_members; i++) {
+            if (c->members[i].rank == late_rank && c->members[i].covered < step + 1) {
+                c->members[i].covered = step + 1;
+            }
+        }
     }
     return k > 0;
 }

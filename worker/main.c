@@ -1086,10 +1086,10 @@ static zps_err s_where_is_job(s_worker *w, uint64_t step)
 // Whether `step` is over without this worker: true after a pause (a stall,
 // a swap storm) so long that the coordinator handed this worker's slice on
 // and moved past the step. Then the slice is not computed (the others'
-// copy counted), and the worker goes on at the step in progress. Not the
-// one after it: unless speculation covers this worker's slice of the step
-// in progress, nobody else computes it, and that step would wait for it
-// for good. Only a slice begun ZPS_WORKER_LATE_STEPS usual steps after its
+// copy counted), and the worker goes on at the step in progress, or at
+// the one after it when speculation handed its slice of the step in
+// progress to others too (the coordinator says so): otherwise nobody else
+// computes that slice, and the step would wait for it for good. Only a slice begun ZPS_WORKER_LATE_STEPS usual steps after its
 // parameters came asks.
 static bool s_step_over(s_worker *w, uint64_t step)
 {
@@ -1102,6 +1102,7 @@ static bool s_step_over(s_worker *w, uint64_t step)
         return false; // no answer in time: compute it
     }
     uint64_t at = m.hdr->status->steps_done_all; // over once every shard completed it
+    uint64_t covered = m.hdr->status->asker_covered;
     bool gone = m.hdr->status->asker == ZPS__MEMBER_STATE__MEMBER_GONE;
     zps_wire_msg_fini(&m);
     if (gone) {
@@ -1113,7 +1114,10 @@ static bool s_step_over(s_worker *w, uint64_t step)
     if (at <= step) {
         return false; // still open: compute it
     }
-    w->rollback_to = at < w->total_steps ? at : w->total_steps;
+    // The step in progress too, if speculation handed this worker's slice
+    // of it to others: computing it beside them would only slow them.
+    uint64_t next = covered > at ? at + 1 : at;
+    w->rollback_to = next < w->total_steps ? next : w->total_steps;
     zps_log_warn("step %llu was done without this worker (%.0f ms late; the coordinator is at "
                  "step %llu): rejoining at step %llu", (unsigned long long)step, waited,
                  (unsigned long long)at, (unsigned long long)w->rollback_to);

@@ -407,7 +407,7 @@ static int s_chaos(uint64_t seed, long events, double seconds, bool check_accura
     char steps[32];
     snprintf(steps, sizeof steps, "%s", CHAOS_STEPS);
     if (seconds > 0) { // the soak: a job long enough for the whole schedule
-        snprintf(steps, sizeof steps, "%.0f", seconds * 80);
+        snprintf(steps, sizeof steps, "%.0f", seconds * 40);
     }
     const char *base[20];
     s_chaos_args(base, steps);
