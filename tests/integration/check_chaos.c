@@ -53,9 +53,11 @@ typedef struct job {
     const char *args0[64];   // the coordinator's flags
     int n_args0;
     pid_t s0, s1;            // shard processes
-    pid_t w[MAX_WORKERS];    // workers started (0 once reaped)
-    bool live[MAX_WORKERS];  // not killed by the test
-    int n_workers;
+    pid_t w[MAX_WORKERS];    // workers started, by slot
+    bool live[MAX_WORKERS];  // not killed by the test (a killed one's slot is free)
+    int name[MAX_WORKERS];   // the number in its files' names (wN.log, wN.bin)
+    int n_workers;           // slots used so far
+    int n_started;           // workers started, for their names
     int heartbeat_ms;
 } job;
 
@@ -102,11 +104,16 @@ static bool s_try_step(const char *endpoint, uint64_t *step, bool *done)
 
 static void s_start_worker(job *j)
 {
-    ck_assert_int_lt(j->n_workers, MAX_WORKERS);
-    int i = j->n_workers++;
+    int i = 0;
+    while (i < j->n_workers && j->live[i]) {
+        i++; // the soak starts hundreds: a killed worker's slot is taken again
+    }
+    ck_assert_int_lt(i, MAX_WORKERS);
+    j->n_workers = i == j->n_workers ? i + 1 : j->n_workers;
+    j->name[i] = j->n_started++;
     char out[32], log[32], beat[16];
-    snprintf(out, sizeof out, "w%d.bin", i);
-    snprintf(log, sizeof log, "w%d.log", i);
+    snprintf(out, sizeof out, "w%d.bin", j->name[i]);
+    snprintf(log, sizeof log, "w%d.log", j->name[i]);
     snprintf(beat, sizeof beat, "%d", j->heartbeat_ms);
     const char *args[] = {"--coordinator", j->ep, "--save-params", zps_procs_path(&j->ps, out),
                           "--cache-dir", ZPS_TEST_CACHE, "--heartbeat-ms", beat,
@@ -203,10 +210,11 @@ static int s_finish(job *j, int bound_ms, double started)
         kill(j->w[i], SIGCONT);
         int wrc = zps_procs_wait(&j->ps, j->w[i], 90000);
         char name[32];
-        snprintf(name, sizeof name, "w%d.bin", i);
+        snprintf(name, sizeof name, "w%d.bin", j->name[i]);
         float *p = NULL;
         size_t np = wrc == 0 ? zps_read_floats(zps_procs_path(&j->ps, name), &p) : 0;
-        ck_assert_msg(wrc == 0, "worker %d exited %d; see %s/w%d.log", i, wrc, j->ps.dir, i);
+        ck_assert_msg(wrc == 0, "worker %d exited %d; see %s/w%d.log", j->name[i], wrc,
+                      j->ps.dir, j->name[i]);
         if (np == 0) {
             continue; // left a job that ended without it: no parameters, exit 0
         }
@@ -216,7 +224,7 @@ static int s_finish(job *j, int bound_ms, double started)
         } else {
             ck_assert_uint_eq(np, n);
             ck_assert_msg(memcmp(first, p, n * sizeof(float)) == 0,
-                          "worker %d's parameters differ from the first survivor's", i);
+                          "worker %d's parameters differ from the first survivor's", j->name[i]);
             free(p);
         }
         survivors++;
