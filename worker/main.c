@@ -289,7 +289,7 @@ static zps_err s_take_shards(s_worker *w, const Zps__Job *job)
             continue; // joining again: the connection of before serves
         }
         if (sc->sock) {
-            zmq_close(sc->sock);
+            (void)zmq_close(sc->sock); // fails only for a handle that is not a socket
         }
         snprintf(sc->endpoint, sizeof sc->endpoint, "%s", si->endpoint);
         sc->sock = zps_wire_socket(w->ctx, ZMQ_DEALER, ZPS_WORKER_POLL_MS);
@@ -659,6 +659,10 @@ static zps_err s_take_params(s_worker *w, uint64_t step)
             return ZPS_ECLOSED;
         }
         int rc = zmq_poll(items, w->n_shards, s_poll_ms(w, zps_clock_ms()));
+        if (rc < 0 && errno != EINTR) {
+            zps_log_error("zmq_poll on the shard sockets: %s", zmq_strerror(errno));
+            return ZPS_EIO;
+        }
         for (int i = 0; rc > 0 && i < w->n_shards; i++) {
             if (!(items[i].revents & ZMQ_POLLIN)) {
                 continue;
@@ -795,7 +799,7 @@ static void *s_ask_socket(s_worker *w)
         zps_log_warn("no second socket to %s: a long pause will be followed by computing a "
                      "step that may be over", w->shards[0].endpoint);
         if (sock) {
-            zmq_close(sock);
+            (void)zmq_close(sock); // fails only for a handle that is not a socket
         }
         return NULL;
     }
@@ -1462,11 +1466,11 @@ static void s_worker_fini(s_worker *w)
 {
     zps_heartbeat_stop(&w->heartbeat);
     if (w->ask) {
-        zmq_close(w->ask);
+        (void)zmq_close(w->ask); // fails only for a handle that is not a socket
     }
     for (int i = 0; i < ZPS_WORKER_MAX_SHARDS; i++) {
         if (w->shards[i].sock) {
-            zmq_close(w->shards[i].sock);
+            (void)zmq_close(w->shards[i].sock);
         }
     }
     if (w->ctx) {
