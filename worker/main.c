@@ -440,13 +440,21 @@ static zps_err s_setup_compute(s_worker *w, const char *dataset)
 // by computing its piece again (the gradient buffer has moved on; the
 // compute is deterministic, so the piece gives the same gradient). "Lost"
 // asks the coordinator at once where the job is.
+// When to send a refused message again: the backoff now, doubled for the
+// next refusal up to ZPS_WORKER_RETRY_MAX_MS (a bucket taken resets it).
+static double s_backoff(s_worker *w)
+{
+    double at = zps_clock_ms() + w->retry_ms;
+    w->retry_ms = w->retry_ms * 2 < ZPS_WORKER_RETRY_MAX_MS ? w->retry_ms * 2
+                                                            : ZPS_WORKER_RETRY_MAX_MS;
+    return at;
+}
+
 static zps_err s_on_refusal(s_worker *w, int i, uint64_t step, const Zps__Header *h)
 {
     switch (s_judge(h, w->shards[i].endpoint)) {
     case S_RETRY: {
-        double at = zps_clock_ms() + w->retry_ms;
-        w->retry_ms = w->retry_ms * 2 < ZPS_WORKER_RETRY_MAX_MS ? w->retry_ms * 2
-                                                                : ZPS_WORKER_RETRY_MAX_MS;
+        double at = s_backoff(w);
         if (h->refused == ZPS__MSG_TYPE__PULL) {
             w->pull_again_ms[i] = at;
         } else if (h->refused == ZPS__MSG_TYPE__PUSH && step > 0 && h->step == step - 1 &&
@@ -465,9 +473,7 @@ static zps_err s_on_refusal(s_worker *w, int i, uint64_t step, const Zps__Header
         // coordinator, which says whether this worker was handed on.
         w->next_ask_ms = 0;
         if (h->refused == ZPS__MSG_TYPE__PULL) {
-            w->pull_again_ms[i] = zps_clock_ms() + w->retry_ms;
-            w->retry_ms = w->retry_ms * 2 < ZPS_WORKER_RETRY_MAX_MS ? w->retry_ms * 2
-                                                                    : ZPS_WORKER_RETRY_MAX_MS;
+            w->pull_again_ms[i] = s_backoff(w);
         }
         return ZPS_OK;
     case S_OVER:
