@@ -128,6 +128,7 @@ typedef struct s_worker {
     double next_ask_ms;                           // next "where is the job" while waiting
     double answered_ms;                           // the coordinator's last answer to that
     bool rejoin;                                  // handed on by the coordinator: HELLO again
+    uint64_t ahead_of;                            // the job's step at the last ask, if behind us
     bool job_over;                                // the coordinator said the job is over
 } s_worker;
 
@@ -484,6 +485,24 @@ static zps_err s_on_refusal(s_worker *w, int i, uint64_t step, const Zps__Header
     }
 }
 
+// A JOB while training: the answer to a HELLO said again after a pause
+// long enough that the member the first JOB named was evicted since, so
+// the coordinator admitted this socket anew. The newer JOB is the member
+// the coordinator knows; it is taken as on a rejoin. A copy of the JOB in
+// hand changes nothing.
+static zps_err s_become(s_worker *w, const Zps__Header *h);
+
+static zps_err s_take_late_job(s_worker *w, const Zps__Header *h)
+{
+    if (!h->job || h->job->member_id == w->member_id) {
+        return ZPS_OK;
+    }
+    zps_log_warn("rank %u was admitted again, as rank %u (a HELLO said again during a pause): "
+                 "going on as that member", w->rank, h->job->rank);
+    zps_err err = s_become(w, h);
+    return err == ZPS_OK ? ZPS_EAGAIN : err;
+}
+
 // Checks a PARAMS message from shard i against what step `step` expects
 // and drops its bucket into the model.
 static zps_err s_take_bucket(s_worker *w, int i, uint64_t step, const zps_wire_msg *m)
@@ -499,12 +518,15 @@ static zps_err s_take_bucket(s_worker *w, int i, uint64_t step, const zps_wire_m
         return ZPS_OK; // a late answer for a step already over: nothing to take
     }
     if (h->type == ZPS__MSG_TYPE__PARAMS && h->step > step) {
-        // The job went on without this worker (its slices were handed on
-        // while it stalled): catch up at the step the shard is at.
-        zps_log_warn("behind: step %llu is over; catching up at step %llu",
-                     (unsigned long long)step - 1, (unsigned long long)h->step);
-        w->rollback_to = h->step;
-        return ZPS_EAGAIN;
+        // Either the job went on without this worker (its slices handed on
+        // while it stalled), or these are from before a rollback, queued
+        // while it was away: only the coordinator knows which. Asked now;
+        // the answer says whether to catch up (s_where_is_job).
+        w->next_ask_ms = 0;
+        return ZPS_OK;
+    }
+    if (i == 0 && h->type == ZPS__MSG_TYPE__JOB) {
+        return s_take_late_job(w, h);
     }
     if (h->type != ZPS__MSG_TYPE__PARAMS || h->step != step) {
         snprintf(why, sizeof why, "%s for step %llu, expected PARAMS for step %llu",
@@ -839,16 +861,12 @@ static zps_err s_join(s_worker *w)
 // away while it could not answer): HELLO again, as a new member, with the
 // model, data and buffers already here; the loop goes on at the step the
 // JOB names.
-static zps_err s_rejoin(s_worker *w)
+// The member a JOB names, taken while training: its heartbeat, and the
+// loop starts over at the JOB's step.
+static zps_err s_become(s_worker *w, const Zps__Header *h)
 {
-    w->rejoin = false;
     zps_heartbeat_stop(&w->heartbeat);
-    zps_wire_msg m = {0};
-    zps_err err = s_hello_until_job(w, &m);
-    if (err == ZPS_OK) {
-        err = s_take_job(w, m.hdr);
-    }
-    zps_wire_msg_fini(&m);
+    zps_err err = s_take_job(w, h);
     if (err != ZPS_OK) {
         return err;
     }
@@ -857,6 +875,19 @@ static zps_err s_rejoin(s_worker *w)
     w->rollback_to = w->start_step;
     w->done_step = UINT64_MAX;
     return ZPS_OK;
+}
+
+static zps_err s_rejoin(s_worker *w)
+{
+    w->rejoin = false;
+    zps_heartbeat_stop(&w->heartbeat); // the old member is silent while HELLO waits
+    zps_wire_msg m = {0};
+    zps_err err = s_hello_until_job(w, &m);
+    if (err == ZPS_OK) {
+        err = s_become(w, m.hdr);
+    }
+    zps_wire_msg_fini(&m);
+    return err;
 }
 
 // ---------------------------------------------------------------------------
@@ -1083,12 +1114,22 @@ static zps_err s_where_is_job(s_worker *w, uint64_t step)
                      "catching up there", (unsigned long long)step, (unsigned long long)at);
         w->rollback_to = at;
         err = ZPS_EAGAIN;
+    } else if (st->asker == ZPS__MEMBER_STATE__MEMBER_ACTIVE && at + 1 < step &&
+               at == w->ahead_of) {
+        // Parameters of `step` need step - 1 done. Seen twice (a shard's
+        // STEP_DONE may lag once), the job is behind this worker: it went
+        // on in a timeline a rollback ended. Back to the job's step.
+        zps_log_warn("waiting for step %llu while the job is at step %llu: going back there",
+                     (unsigned long long)step, (unsigned long long)at);
+        w->rollback_to = at;
+        err = ZPS_EAGAIN;
     } else {
         zps_log_info("waiting for step %llu parameters: the coordinator is at step %llu (%s), "
                      "this worker %s", (unsigned long long)step, (unsigned long long)at,
                      st->state ? st->state : "?",
                      st->asker == ZPS__MEMBER_STATE__MEMBER_JOINING ? "joining" : "active");
     }
+    w->ahead_of = at + 1 < step ? at : UINT64_MAX;
     zps_wire_msg_fini(&m);
     return err;
 }
@@ -1525,6 +1566,7 @@ int main(int argc, char **argv)
     w.fault_seed = w.opts.stall_seed_set ? w.opts.stall_seed : (uint64_t)getpid();
     w.fault_step = UINT64_MAX;
     w.done_step = UINT64_MAX;
+    w.ahead_of = UINT64_MAX;
     w.retry_ms = ZPS_WORKER_RETRY_MS;
     w.ctx = zmq_ctx_new();
     s_shard_conn *coord = &w.shards[0];
