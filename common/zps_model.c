@@ -122,6 +122,9 @@ static uint64_t s_flat_bucket(const zps_model_spec *m)
 
 int zps_model_n_buckets(const zps_model_spec *m)
 {
+    if (m->kind == ZPS_MODEL_EXTERNAL) {
+        return m->n_cuts;
+    }
     if (m->kind == ZPS_MODEL_FLAT) {
         return (int)((m->n_params + s_flat_bucket(m) - 1) / s_flat_bucket(m));
     }
@@ -130,6 +133,11 @@ int zps_model_n_buckets(const zps_model_spec *m)
 
 void zps_model_bucket(const zps_model_spec *m, int i, uint64_t *lo, uint64_t *hi)
 {
+    if (m->kind == ZPS_MODEL_EXTERNAL) {
+        *lo = m->cuts[i + 1];
+        *hi = m->cuts[i];
+        return;
+    }
     if (m->kind == ZPS_MODEL_FLAT) {
         uint64_t size = s_flat_bucket(m);
         int n = zps_model_n_buckets(m);

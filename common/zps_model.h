@@ -26,8 +26,9 @@
 #define ZPS_MODEL_MAX_BUCKETS 256
 
 typedef enum zps_model_kind {
-    ZPS_MODEL_MLP = 0,  // mlp:D0-D1-...-Dk, trained on data
-    ZPS_MODEL_FLAT = 1, // flat:P, P parameters whose gradient costs nothing (benchmarks)
+    ZPS_MODEL_MLP = 0,      // mlp:D0-D1-...-Dk, trained on data
+    ZPS_MODEL_FLAT = 1,     // flat:P, P parameters whose gradient costs nothing (benchmarks)
+    ZPS_MODEL_EXTERNAL = 2, // declared by the workers (common/zps_layout.h), computed by them
 } zps_model_kind;
 
 typedef struct zps_layer_spec {
@@ -43,10 +44,13 @@ typedef struct zps_model_spec {
     int n_layers;                                  // linear layers; ReLU between them (0: flat)
     zps_layer_spec layers[ZPS_MODEL_MAX_LAYERS];   // in forward order
     size_t n_params;                               // length of the flat vector
+    int n_cuts;                                    // external: buckets
+    uint64_t cuts[ZPS_MODEL_MAX_BUCKETS + 1];      // external: bucket i is [cuts[i+1], cuts[i])
 } zps_model_spec;
 
 // Parses "mlp:D0-D1-...-Dk" (k >= 1 layers) or "flat:P" (1 <= P <=
-// ZPS_MODEL_MAX_FLAT). Logs the reason on failure.
+// ZPS_MODEL_MAX_FLAT). Logs the reason on failure. (An external model's
+// spec comes from its layout: zps_layout_model.)
 zps_err zps_model_parse(const char *text, zps_model_spec *out);
 
 // Input features and classes of an MLP (0 for a flat model).
@@ -62,7 +66,7 @@ static inline uint32_t zps_model_classes(const zps_model_spec *m)
 
 // Writes the initial flat vector (n_params floats): He-normal weights,
 // N(0, 2/in), and zero biases, drawn in flat order from the seed; zeros
-// for a flat model.
+// for a flat model, and for an external one until rank 0's values come.
 void zps_model_init_params(const zps_model_spec *m, uint64_t seed, float *params);
 // The same values for [lo, hi) only (out holds hi - lo floats), without
 // the memory of the whole vector: a shard initialises its own range.

@@ -25,8 +25,12 @@ static void s_usage(FILE *f)
             "  --listen ENDPOINT      bind here (default tcp://127.0.0.1:5555; port * picks one)\n"
             "  --endpoint-file FILE   write the bound endpoint here once listening\n"
             "  --workers N            workers to admit before step 0 (default 1)\n"
-            "  --model SPEC           mlp:D0-D1-...-Dk (default mlp:784-512-512-10)\n"
-            "  --dataset SPEC         fashion-mnist[:DIR] or synthetic:N (default fashion-mnist)\n"
+            "  --model SPEC           mlp:D0-D1-...-Dk (default mlp:784-512-512-10), flat:P, or\n"
+            "                         external: declared by the workers (libzps), rank 0's\n"
+            "                         initial values\n"
+            "  --dataset SPEC         fashion-mnist[:DIR] or synthetic:N (default fashion-mnist);\n"
+            "                         external models: size:N fixes the train records the\n"
+            "                         workers must declare (default: the first worker's)\n"
             "  --global-batch B       samples per step over all workers (default 128)\n"
             "  --epochs E | --steps S run length (default 10 epochs)\n"
             "  --optimizer NAME       sgd (default), adam or adamw, as torch.optim's\n"
@@ -201,7 +205,7 @@ static bool s_parse_opts(int argc, char **argv, s_opts *o)
         .listen = "tcp://127.0.0.1:5555",
         .workers = 1,
         .model = "mlp:784-512-512-10",
-        .dataset = "fashion-mnist",
+        .dataset = NULL, // fashion-mnist, or for an external model the workers'
         .global_batch = 128,
         .epochs = 10,
         .optimizer = "sgd",

@@ -10,6 +10,7 @@
 #include <jansson.h>
 
 #include "common/zps_clock.h"
+#include "common/zps_layout.h"
 #include "common/zps_log.h"
 #include "common/zps_model.h"
 #include "common/zps_plans.h"
@@ -329,6 +330,10 @@ static void s_send_job(zps_coord *c, void *sock, zmq_msg_t *route, Zps__MsgType 
     }
     job.n_shard_keys = mem ? c->cfg.shards : 0;
     job.shard_keys = keys;
+    job.layout = (Zps__Layout *)c->cfg.layout;
+    // Rank 0 exists only at a first start (a resumed job's joiners come
+    // after its members): its values are the job's initial ones.
+    job.send_init = c->cfg.layout && mem && mem->rank == 0;
 
     Zps__Header h;
     zps_wire_header_init(&h, type);
@@ -1016,12 +1021,47 @@ static bool s_same_route(zmq_msg_t *a, zmq_msg_t *b)
            memcmp(zmq_msg_data(a), zmq_msg_data(b), zmq_msg_size(a)) == 0;
 }
 
+// Whether what a HELLO declares (a model, its dataset's sizes) is not the
+// job's; why says how, naming the first tensor that differs.
+static bool s_declared_differs(const zps_coord *c, const Zps__Hello *hello, char *why,
+                               size_t len)
+{
+    if (!c->cfg.layout) {
+        if (hello->layout) {
+            snprintf(why, len, "this job trains %s: it takes no model declared by a worker",
+                     c->cfg.model);
+        }
+        return hello->layout != NULL;
+    }
+    if (!hello->layout) {
+        snprintf(why, len, "this job's model is declared by its workers (--model external): "
+                           "this worker declared none");
+        return true;
+    }
+    if (zps_layout_digest(hello->layout) != zps_layout_digest(c->cfg.layout) &&
+        zps_layout_differs(c->cfg.layout, hello->layout, why, len)) {
+        return true;
+    }
+    if (hello->n_train != c->cfg.n_train || hello->n_test != c->cfg.n_test) {
+        snprintf(why, len, "declared a dataset of %u train and %u test records; the job's has "
+                           "%u and %u", hello->n_train, hello->n_test, c->cfg.n_train,
+                 c->cfg.n_test);
+        return true;
+    }
+    return false;
+}
+
 zps_err zps_coord_on_hello(zps_coord *c, void *sock, zps_wire_msg *m)
 {
     const Zps__Hello *hello = m->hdr->hello;
     if (!hello) {
         s_refuse(c, sock, m, ZPS_EPROTO, "HELLO without a hello body");
         return ZPS_EPROTO;
+    }
+    char why[320];
+    if (s_declared_differs(c, hello, why, sizeof why)) {
+        s_refuse(c, sock, m, ZPS_EINVAL, why);
+        return ZPS_EINVAL;
     }
     if (c->state == S_RECOVERING) {
         // Admitted once the members of before the restart are back or gone.
@@ -1054,7 +1094,6 @@ zps_err zps_coord_on_hello(zps_coord *c, void *sock, zps_wire_msg *m)
     bool last = !joining && c->n_members + 1 == c->cfg.workers;
     if (fixed > c->cfg.global_batch || (last && n_flex == 0 && fixed != c->cfg.global_batch) ||
         (n_flex > 0 && c->cfg.global_batch - fixed < n_flex)) {
-        char why[200];
         snprintf(why, sizeof why,
                  "share %u does not fit: fixed shares would be %llu of global batch %u",
                  hello->share, (unsigned long long)fixed, c->cfg.global_batch);

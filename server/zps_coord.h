@@ -18,8 +18,13 @@
 #include "common/zps_wire.h"
 
 typedef struct zps_coord_cfg {
-    const char *model;            // borrowed: model spec text
-    const char *dataset;          // borrowed: dataset spec text
+    const char *model;            // borrowed: model spec text ("external": declared)
+    const char *dataset;          // borrowed: dataset spec text ("size:N" when declared)
+    // --model external: the layout the first worker declared, which every
+    // HELLO must declare too, with the same dataset sizes. NULL otherwise:
+    // a HELLO that declares a model is refused.
+    const Zps__Layout *layout;    // borrowed
+    uint32_t n_train;             // the train records declared with it
     uint64_t seed;                // job seed
     uint32_t global_batch;        // B
     uint64_t total_steps;         // steps of the run

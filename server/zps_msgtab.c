@@ -47,6 +47,11 @@ static const zps_msgtab_rule s_rules[] = {
                              AT_MEMBERS | ZPS_AT_SERVING, true, true},
     [ZPS__MSG_TYPE__PULL] = {ZPS_FROM_WORKER, W, ZPS_CRED_PLAN_MEMBER,
                              AT_MEMBERS | ZPS_AT_SERVING, true, true},
+    // Rank 0's initial values of a declared model (the handler checks the
+    // rank): answered when refused, so that a shard not assigned yet is
+    // sent them again.
+    [ZPS__MSG_TYPE__INIT] = {ZPS_FROM_WORKER, W, ZPS_CRED_PLAN_MEMBER,
+                             AT_MEMBERS | ZPS_AT_SERVING, true, true},
 };
 
 #undef W

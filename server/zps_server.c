@@ -19,6 +19,7 @@
 
 #include "common/zps_clock.h"
 #include "common/zps_dataset.h"
+#include "common/zps_layout.h"
 #include "common/zps_log.h"
 #include "common/zps_model.h"
 #include "common/zps_pidfile.h"
@@ -91,6 +92,10 @@ struct zps_server {
     double stop_deadline_ms;                     // after a signal: when to stop regardless
     uint64_t shard_token;                        // shard > 0: the secret of its ASSIGN (0: none)
     zps_log_limit refusals;                      // bounds the log lines refusals cause
+    char dataset[256];                           // shard 0: the dataset spec ("size:N": declared)
+    uint32_t size_train;                         // external, --dataset size:N (0: the workers')
+    Zps__Hello *declared;                        // owned: external: the model declared, or NULL
+    double next_declare_log_ms;                  // external: next "waiting for the model" line
 };
 typedef struct zps_server s_server;
 
@@ -474,6 +479,34 @@ static void s_on_push(s_server *srv, zps_wire_msg *m)
 
 static void s_dispatch(s_server *srv, zps_wire_msg *m);
 
+// Rank 0's initial values of a declared model, a bucket at a time; with
+// the last, the PULLs of step 0 waiting for them are answered.
+static void s_on_init(s_server *srv, zps_wire_msg *m)
+{
+    if (!s_check_member_msg(srv, m)) {
+        return;
+    }
+    if (m->hdr->rank != 0) {
+        s_refuse(srv, m, ZPS_EPERM, "initial values come from rank 0");
+        return;
+    }
+    char why[256];
+    bool complete;
+    zps_err err = zps_shard_take_init(srv->shard, m, &complete, why, sizeof why);
+    if (err == ZPS_EDUP) {
+        zps_log_debug("INIT dropped: %s", why); // sent again after a refusal, or resumed
+        return;
+    }
+    if (err != ZPS_OK) {
+        s_refuse(srv, m, err, why);
+        return;
+    }
+    if (complete) {
+        zps_log_info("shard %u: the initial values from rank 0 are in", srv->o->shard);
+        s_serve_pullers(srv);
+    }
+}
+
 // A new plan reached the shard: pushes held for it can be counted now.
 static void s_replay_held(s_server *srv)
 {
@@ -598,11 +631,23 @@ static bool s_tab_shard_token_ok(void *arg, uint32_t index, uint64_t token)
 
 // Every message read goes through here, held pushes again when their plan
 // comes: the table first (who may send it, with what, when), then its handler.
+static void s_on_undeclared(s_server *srv, zps_wire_msg *m);
+
+static uint32_t s_at(const s_server *srv)
+{
+    if (srv->coord) {
+        return zps_coord_at(srv->coord);
+    }
+    if (srv->o->shard == 0) {
+        return ZPS_AT_WAITING; // an external model not declared yet
+    }
+    return srv->shard ? ZPS_AT_SERVING : ZPS_AT_UNASSIGNED;
+}
+
 static void s_dispatch(s_server *srv, zps_wire_msg *m)
 {
     zps_msgtab_ctx x = {
-        .at = srv->coord ? zps_coord_at(srv->coord)
-                         : srv->shard ? ZPS_AT_SERVING : ZPS_AT_UNASSIGNED,
+        .at = s_at(srv),
         .curve = srv->curve.on,
         .job_id = s_job_id(srv),
         .arg = srv,
@@ -618,12 +663,19 @@ static void s_dispatch(s_server *srv, zps_wire_msg *m)
         s_refuse(srv, m, err, why);
         return;
     }
+    if (srv->o->shard == 0 && !srv->coord) {
+        s_on_undeclared(srv, m);
+        return;
+    }
     switch (m->hdr->type) {
     case ZPS__MSG_TYPE__PULL:
         s_on_pull(srv, m);
         break;
     case ZPS__MSG_TYPE__PUSH:
         s_on_push(srv, m);
+        break;
+    case ZPS__MSG_TYPE__INIT:
+        s_on_init(srv, m);
         break;
     default:
         s_dispatch_coord(srv, m);
@@ -675,11 +727,16 @@ static zps_err s_take_assignment(s_server *srv, const Zps__Header *h)
 {
     const Zps__Job *job = h->job;
     zps_plan plan;
+    char why[256] = "";
+    if (job && job->layout && zps_layout_check(job->layout, why, sizeof why) == ZPS_OK) {
+        zps_layout_model(job->layout, &srv->model); // declared by the workers
+    }
     if (!job || !job->optim || job->n_shards != srv->o->shards || job->shard_token == 0 ||
-        zps_model_parse(job->model, &srv->model) != ZPS_OK ||
+        why[0] || (!job->layout && zps_model_parse(job->model, &srv->model) != ZPS_OK) ||
         zps_plan_from_wire(job->plan, job->n_plan, job->global_batch, &plan) != ZPS_OK ||
         !zps_dtype_valid((int)job->wire_dtype)) {
-        zps_log_error("the coordinator sent an assignment this shard cannot use");
+        zps_log_error("the coordinator sent an assignment this shard cannot use%s%s",
+                      why[0] ? ": " : "", why);
         return ZPS_EPROTO;
     }
     const Zps__ShardInfo *me = job->shards[srv->o->shard];
@@ -699,6 +756,7 @@ static zps_err s_take_assignment(s_server *srv, const Zps__Header *h)
                   .warmup_steps = job->optim->warmup_steps, .total_steps = job->total_steps,
                   .kind = (zps_optim_kind)job->optim->kind, .beta1 = job->optim->beta1,
                   .beta2 = job->optim->beta2, .eps = job->optim->eps},
+        .await_init = job->layout != NULL,
     };
     if (zps_optim_validate(&cfg.optim) != ZPS_OK) {
         zps_log_error("the coordinator sent optimizer settings this shard cannot use");
@@ -1046,6 +1104,12 @@ static int s_loop(s_server *srv)
         if (srv->coord) {
             zps_coord_tick(srv->coord, srv->sock, now);
             s_sync_coord_plan(srv);
+        } else if (srv->o->shard == 0) {
+            if (now > srv->next_declare_log_ms) {
+                zps_log_info("waiting for the first worker to declare the model "
+                             "(--model external)");
+                srv->next_declare_log_ms = now + 10 * ZPS_SERVER_REGISTER_MS;
+            }
         } else if (!srv->shard && now > srv->next_register_ms) {
             zps_log_info("waiting for the coordinator at %s to assign this shard's range",
                          srv->o->coordinator);
@@ -1155,70 +1219,233 @@ static zps_err s_resume_coordinator(s_server *srv)
     return ZPS_ENOENT;
 }
 
-// Shard 0: the job from the flags, the coordinator, and this shard's range.
-static int s_setup_coordinator(s_server *srv, FILE *metrics)
+// Shard 0 with the job's sizes known: the coordinator and this shard's
+// range. *why says what does not fit (2), or memory ran out (1).
+static int s_start_coordinator(s_server *srv, uint32_t n_train, uint32_t n_test, char *why,
+                               size_t len)
 {
     const zps_server_opts *o = srv->o;
-    zps_dataset_spec ds;
-    uint32_t n_train, n_test;
-    if (zps_model_parse(o->model, &srv->model) != ZPS_OK ||
-        zps_dataset_parse(o->dataset, &ds) != ZPS_OK ||
-        zps_optim_check(o->optimizer, &o->optim) != ZPS_OK ||
-        zps_dataset_counts(&ds, &n_train, &n_test) != ZPS_OK) {
-        fprintf(stderr, "HINT: zps-server --help lists the flags; fashion-mnist comes from the "
-                        "Debian package dataset-fashion-mnist\n");
-        return 2;
-    }
     if (o->global_batch > n_train || o->global_batch < o->workers) {
-        zps_log_error("global batch %u must be between --workers (%u) and the train set (%u)",
-                      o->global_batch, o->workers, n_train);
+        snprintf(why, len, "global batch %u must be between --workers (%u) and the train set (%u)",
+                 o->global_batch, o->workers, n_train);
         return 2;
     }
     if (srv->model.n_params < o->shards) {
-        zps_log_error("%zu parameters cannot make %u shards", srv->model.n_params, o->shards);
+        snprintf(why, len, "%zu parameters cannot make %u shards", srv->model.n_params,
+                 o->shards);
         return 2;
     }
     uint64_t spe = n_train / o->global_batch;
     srv->total_steps = o->steps ? o->steps : o->epochs * spe;
     if (srv->total_steps == 0) {
-        zps_log_error("the run has no steps (--epochs 0 or --steps 0)");
+        snprintf(why, len, "the run has no steps (--epochs 0 or --steps 0)");
         return 2;
     }
     srv->dtype = o->wire_dtype;
     zps_shard_cfg cfg = {.index = 0, .model = &srv->model, .seed = o->seed,
-                         .global_batch = o->global_batch,
-                         .dtype = o->wire_dtype, .optim = o->optim};
+                         .global_batch = o->global_batch, .dtype = o->wire_dtype,
+                         .optim = o->optim, .await_init = srv->declared != NULL};
     cfg.optim.total_steps = srv->total_steps;
     zps_model_shard_range(srv->model.n_params, 0, o->shards, &cfg.lo, &cfg.hi);
     cfg.shards = o->shards;
     srv->ckpt_every = o->checkpoint_every;
+    snprintf(why, len, "out of memory");
     if (!(srv->shard = zps_shard_new(&cfg))) {
         return 1;
     }
     zps_coord_cfg cc = {
-        .model = o->model, .dataset = o->dataset, .seed = o->seed,
-        .global_batch = o->global_batch, .total_steps = srv->total_steps,
+        .model = srv->declared ? "external" : o->model, .dataset = srv->dataset,
+        .layout = srv->declared ? srv->declared->layout : NULL, .n_train = n_train,
+        .seed = o->seed, .global_batch = o->global_batch, .total_steps = srv->total_steps,
         .steps_per_epoch = spe, .n_test = n_test, .workers = o->workers,
         .n_params = srv->model.n_params, .shards = o->shards, .optim = cfg.optim,
-        .wire_dtype = o->wire_dtype, .endpoint = srv->endpoint, .metrics = metrics,
+        .wire_dtype = o->wire_dtype, .endpoint = srv->endpoint, .metrics = srv->metrics,
         .worker_timeout_ms = o->worker_timeout_ms, .checkpoint_every = o->checkpoint_every,
         .adaptive_split = o->adaptive_split, .restore = s_coord_restore, .restore_arg = srv,
     };
     if (!(srv->coord = zps_coord_new(&cc))) {
+        zps_shard_destroy(&srv->shard);
         return 1;
     }
     if (o->resume && s_resume_coordinator(srv) != ZPS_OK) {
+        snprintf(why, len, "--resume: no valid checkpoint and job state in %s",
+                 o->checkpoint_dir);
+        return 2;
+    }
+    zps_log_info("listening on %s: model %s (%zu parameters), dataset %s (%u train, %u test), "
+                 "global batch %u, %llu steps, shard 0 of %u: [%llu, %llu)",
+                 srv->endpoint, srv->declared ? srv->model.text : o->model,
+                 srv->model.n_params, srv->dataset, n_train, n_test, o->global_batch,
+                 (unsigned long long)srv->total_steps, o->shards, (unsigned long long)cfg.lo,
+                 (unsigned long long)cfg.hi);
+    return 0;
+}
+
+// Where the first declaration is kept, so that a coordinator restarted
+// with --resume knows the model before any worker is back.
+#define ZPS_SERVER_DECLARED "declared-model"
+#define ZPS_SERVER_DECLARED_MAX (1u << 20)
+
+// A declaration (the HELLO part: layout, dataset sizes) the job can take;
+// why says what is wrong with it.
+static bool s_declaration_ok(const s_server *srv, const Zps__Hello *hello, char *why,
+                             size_t len)
+{
+    if (!hello || !hello->layout) {
+        snprintf(why, len, "this job's model is declared by its workers (--model external): "
+                           "this worker declared none");
+        return false;
+    }
+    if (zps_layout_check(hello->layout, why, len) != ZPS_OK) {
+        return false;
+    }
+    if (hello->n_train == 0 || (srv->size_train && hello->n_train != srv->size_train)) {
+        snprintf(why, len, "declared %u train records; the job's --dataset is size:%u",
+                 hello->n_train, srv->size_train);
+        if (!srv->size_train) {
+            snprintf(why, len, "declare the dataset's size: train records (and test records)");
+        }
+        return false;
+    }
+    return true;
+}
+
+// The job's model and dataset sizes from a declaration, then the rest of
+// shard 0's start. Nothing stays set when it fails.
+static int s_take_declaration(s_server *srv, const Zps__Hello *hello, char *why, size_t len)
+{
+    Zps__Hello copy = ZPS__HELLO__INIT; // what is kept: the declaration, not the host
+    copy.layout = hello->layout;
+    copy.n_train = hello->n_train;
+    copy.n_test = hello->n_test;
+    size_t n = zps__hello__get_packed_size(&copy);
+    uint8_t *buf = n <= ZPS_SERVER_DECLARED_MAX ? malloc(n ? n : 1) : NULL;
+    if (!buf) {
+        snprintf(why, len, "a declaration of %zu bytes is more than this server keeps", n);
+        return 2;
+    }
+    zps__hello__pack(&copy, buf);
+    srv->declared = zps__hello__unpack(NULL, n, buf);
+    int status = 1;
+    snprintf(why, len, "out of memory");
+    if (srv->declared) {
+        zps_layout_model(srv->declared->layout, &srv->model);
+        snprintf(srv->dataset, sizeof srv->dataset, "size:%u", hello->n_train);
+        status = s_start_coordinator(srv, hello->n_train, hello->n_test, why, len);
+    }
+    if (status == 0 && srv->o->checkpoint_dir &&
+        zps_ckpt_write_record(srv->o->checkpoint_dir, ZPS_SERVER_DECLARED, buf, n) != ZPS_OK) {
+        zps_log_warn("could not keep the declared model in %s: a restart with --resume will "
+                     "wait for a worker to declare it again", srv->o->checkpoint_dir);
+    }
+    free(buf);
+    if (status != 0 && srv->declared) {
+        zps__hello__free_unpacked(srv->declared, NULL);
+        srv->declared = NULL;
+    }
+    return status;
+}
+
+// --resume of an external job: the declaration kept by the first start,
+// if there is one. ZPS_ENOENT: none (the first worker declares it).
+static zps_err s_load_declaration(s_server *srv, char *why, size_t len)
+{
+    uint8_t *buf = malloc(ZPS_SERVER_DECLARED_MAX);
+    size_t n = 0;
+    zps_err err = buf ? zps_ckpt_read_record(srv->o->checkpoint_dir, ZPS_SERVER_DECLARED, buf,
+                                             ZPS_SERVER_DECLARED_MAX, &n)
+                      : ZPS_ENOMEM;
+    Zps__Hello *hello = err == ZPS_OK ? zps__hello__unpack(NULL, n, buf) : NULL;
+    free(buf);
+    if (err == ZPS_OK && (!hello || !s_declaration_ok(srv, hello, why, len))) {
+        zps_log_error("%s/%s: not a usable declared model", srv->o->checkpoint_dir,
+                      ZPS_SERVER_DECLARED);
+        err = ZPS_EPROTO;
+    }
+    if (err == ZPS_OK && s_take_declaration(srv, hello, why, len) != 0) {
+        err = ZPS_EINVAL;
+    }
+    if (hello) {
+        zps__hello__free_unpacked(hello, NULL);
+    }
+    return err;
+}
+
+// Shard 0 of an external job before its model is declared: the first
+// worker's HELLO declares it, then goes to the coordinator like any other.
+// Until then everything else is "not yet".
+static void s_on_undeclared(s_server *srv, zps_wire_msg *m)
+{
+    char why[320];
+    if (m->hdr->type != ZPS__MSG_TYPE__HELLO) {
+        s_refuse(srv, m, ZPS_EAGAIN, "waiting for the first worker to declare the model");
+        return;
+    }
+    if (!s_declaration_ok(srv, m->hdr->hello, why, sizeof why)) {
+        s_refuse(srv, m, ZPS_EINVAL, why);
+        return;
+    }
+    if (s_take_declaration(srv, m->hdr->hello, why, sizeof why) != 0) {
+        zps_log_error("the model declared by %s does not fit this job: %s",
+                      m->hdr->hello->host ? m->hdr->hello->host : "?", why);
+        s_refuse(srv, m, ZPS_EINVAL, why);
+        return;
+    }
+    zps_log_info("model declared by %s: %zu tensors, %zu parameters in %d buckets (%s)",
+                 m->hdr->hello->host ? m->hdr->hello->host : "?",
+                 srv->declared->layout->n_tensors, srv->model.n_params,
+                 zps_model_n_buckets(&srv->model), srv->model.text);
+    s_dispatch_coord(srv, m);
+}
+
+// Shard 0: the job from the flags, then the coordinator and this shard's
+// range; for an external model, those once the model is declared.
+static int s_setup_coordinator(s_server *srv)
+{
+    const zps_server_opts *o = srv->o;
+    char why[320] = "";
+    int status = 2;
+    if (zps_optim_check(o->optimizer, &o->optim) != ZPS_OK) {
+        fprintf(stderr, "HINT: zps-server --help lists the flags\n");
         return 2;
     }
     if (o->http && !(srv->http = zps_http_start(o->http))) {
         return 2;
     }
-    zps_log_info("listening on %s: model %s (%zu parameters), dataset %s (%u train, %u test), "
-                 "global batch %u, %llu steps, shard 0 of %u: [%llu, %llu)",
-                 srv->endpoint, o->model, srv->model.n_params, o->dataset, n_train, n_test,
-                 o->global_batch, (unsigned long long)srv->total_steps, o->shards,
-                 (unsigned long long)cfg.lo, (unsigned long long)cfg.hi);
-    return 0;
+    if (strcmp(o->model, "external") == 0) {
+        if (o->dataset && (sscanf(o->dataset, "size:%u", &srv->size_train) != 1 ||
+                           srv->size_train == 0)) {
+            zps_log_error("--dataset %s: an external model's dataset is size:N (train "
+                          "records), or declared by the workers", o->dataset);
+            return 2;
+        }
+        zps_err err = o->resume ? s_load_declaration(srv, why, sizeof why) : ZPS_ENOENT;
+        if (err == ZPS_OK) {
+            return 0;
+        }
+        if (err != ZPS_ENOENT) {
+            zps_log_error("--resume: %s", why[0] ? why : "the declared model cannot be read");
+            return 2;
+        }
+        zps_log_info("listening on %s: the model is declared by the first worker "
+                     "(--model external), global batch %u", srv->endpoint, o->global_batch);
+        return 0;
+    }
+    zps_dataset_spec ds;
+    uint32_t n_train, n_test;
+    snprintf(srv->dataset, sizeof srv->dataset, "%s", o->dataset ? o->dataset : "fashion-mnist");
+    if (zps_model_parse(o->model, &srv->model) != ZPS_OK ||
+        zps_dataset_parse(srv->dataset, &ds) != ZPS_OK ||
+        zps_dataset_counts(&ds, &n_train, &n_test) != ZPS_OK) {
+        fprintf(stderr, "HINT: zps-server --help lists the flags; fashion-mnist comes from the "
+                        "Debian package dataset-fashion-mnist\n");
+        return 2;
+    }
+    status = s_start_coordinator(srv, n_train, n_test, why, sizeof why);
+    if (status != 0) {
+        zps_log_error("%s", why);
+    }
+    return status;
 }
 
 static int s_setup_shard(s_server *srv)
@@ -1295,7 +1522,7 @@ zps_server *zps_server_open(const zps_server_opts *o, int *status)
         goto fail;
     }
     srv->pid_written = o->pid_file != NULL;
-    *status = o->shard == 0 ? s_setup_coordinator(srv, srv->metrics) : s_setup_shard(srv);
+    *status = o->shard == 0 ? s_setup_coordinator(srv) : s_setup_shard(srv);
     if (*status != 0) {
         goto fail;
     }
@@ -1411,6 +1638,9 @@ void zps_server_close(zps_server **srvp)
     }
     zps_coord_destroy(&srv->coord);
     zps_shard_destroy(&srv->shard);
+    if (srv->declared) { // after the coordinator, which borrows its layout
+        zps__hello__free_unpacked(srv->declared, NULL);
+    }
     if (srv->metrics) {
         (void)fclose(srv->metrics);
     }

@@ -23,8 +23,8 @@ typedef struct zps_server_opts {
     const char *coordinator;    // shard > 0: shard 0's endpoint
     // The job; shard 0 only (the others receive it from the coordinator).
     uint32_t workers;           // members before step 0
-    const char *model;          // model spec
-    const char *dataset;        // dataset spec
+    const char *model;          // model spec, or "external": declared by the workers
+    const char *dataset;        // dataset spec; NULL: fashion-mnist (external: declared)
     uint32_t global_batch;      // B
     uint64_t epochs;            // run length in epochs, if steps is 0
     uint64_t steps;             // run length in steps (wins over epochs)

@@ -57,6 +57,8 @@ struct zps_shard {
     double loss_sum;                                // sum of count * loss over slices this step
     uint32_t counted[ZPS_MAX_MEMBERS];              // samples of bucket 0 counted from each rank this step
     zps_plans plans;                                // plan generations still in use
+    bool awaiting_init;                             // rank 0's initial values not all in
+    zps_bucket_set init_in;                         // buckets of them taken
 };
 
 // FNV-1a: a checkpoint names the model it belongs to.
@@ -110,6 +112,7 @@ zps_shard *zps_shard_new(const zps_shard_cfg *cfg)
     s->dtype = cfg->dtype;
     s->optim = cfg->optim;
     s->global_batch = cfg->global_batch;
+    s->awaiting_init = cfg->await_init;
     s->n_buckets = zps_model_range_buckets(cfg->model, s->lo, s->hi, s->buckets);
     s->params = s_alloc(s->n * sizeof(float));
     s->prev = s_alloc(s->n * sizeof(float));
@@ -315,6 +318,11 @@ zps_err zps_shard_push(zps_shard *s, const zps_wire_msg *m, int *ready, char *wh
 {
     const Zps__Header *h = m->hdr;
     *ready = -1;
+    if (s->awaiting_init) {
+        // No honest worker pushes before it pulled them.
+        snprintf(why, why_len, "the initial values from rank 0 are not all in yet");
+        return ZPS_ESTATE;
+    }
     // Cheapest and most basic first: the shape of the message, then whether
     // it belongs to this step and plan, then what it covers.
     zps_err err = zps_wire_check_tensor(m, (int)s->dtype, s->lo, s->hi, why, why_len);
@@ -499,8 +507,56 @@ void zps_shard_bucket_params(zps_shard *s, int b, const void **data, uint64_t *o
     *ref = &s->snap->ref;
 }
 
+zps_err zps_shard_take_init(zps_shard *s, const zps_wire_msg *m, bool *complete, char *why,
+                            size_t why_len)
+{
+    const Zps__Header *h = m->hdr;
+    *complete = false;
+    if (!s->awaiting_init) {
+        snprintf(why, why_len, "the initial values are in already");
+        return ZPS_EDUP;
+    }
+    zps_err err = zps_wire_check_tensor(m, ZPS_DTYPE_F32, s->lo, s->hi, why, why_len);
+    if (err != ZPS_OK) {
+        return err;
+    }
+    int b = s_bucket_at(s, h->offset, h->offset + h->count);
+    if (b < 0) {
+        snprintf(why, why_len, "[%llu, +%llu) is not one of the shard's buckets",
+                 (unsigned long long)h->offset, (unsigned long long)h->count);
+        return ZPS_EPROTO;
+    }
+    if (zps_bucket_set_has(&s->init_in, b)) {
+        snprintf(why, why_len, "initial values of bucket %d came twice", b);
+        return ZPS_EDUP;
+    }
+    float *dst = s->params + (h->offset - s->lo);
+    for (int f = 0; f < m->n_frames; f++) {
+        size_t bytes = zmq_msg_size((zmq_msg_t *)&m->frames[f]);
+        memcpy(dst, zmq_msg_data((zmq_msg_t *)&m->frames[f]), bytes);
+        dst += bytes / sizeof(float);
+    }
+    zps_bucket_set_add(&s->init_in, b);
+    if (zps_bucket_set_full(&s->init_in, s->n_buckets)) {
+        s->awaiting_init = false;
+        memcpy(s->prev, s->params, s->n * sizeof(float));
+        s_prepare_snapshot(s);
+        zps_dtype_from_f32(s->dtype, s->params, s->snap->data, s->n);
+        *complete = true;
+    }
+    return ZPS_OK;
+}
+
+bool zps_shard_awaits_init(const zps_shard *s)
+{
+    return s->awaiting_init;
+}
+
 zps_err zps_shard_bucket_at(const zps_shard *s, int b, uint64_t step, const float **values)
 {
+    if (s->awaiting_init) {
+        return ZPS_EAGAIN;
+    }
     size_t off = s->buckets[b].lo - s->lo;
     if (step == s->step) {
         *values = (s->applied[b] ? s->prev : s->params) + off;
@@ -563,6 +619,7 @@ zps_err zps_shard_restore(zps_shard *s, const char *dir, uint64_t step, uint64_t
     s->n_slices = 0;
     s->loss_sum = 0;
     s->step = *loaded;
+    s->awaiting_init = false;
     zps_log_info("shard %u: restored step %llu from %s", s->index, (unsigned long long)s->step,
                  dir);
     return ZPS_OK;

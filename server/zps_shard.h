@@ -34,6 +34,10 @@ typedef struct zps_shard_cfg {
     uint32_t global_batch;        // B: what the slices of a step must tile
     zps_dtype dtype;              // element type of pushes and replies on the wire
     zps_optim_cfg optim;          // settings and schedule
+    // A model declared by its workers: its initial values are rank 0's,
+    // sent with INIT (zps_shard_take_init). Until they are all in, or a
+    // checkpoint is restored, nothing is served and no push is counted.
+    bool await_init;
 } zps_shard_cfg;
 
 // Caller owns the result; NULL on failure, logged.
@@ -109,6 +113,15 @@ zps_err zps_shard_save(const zps_shard *s, const char *dir, int keep);
 // used): parameters, optimizer state and step; the step in progress is
 // forgotten. Sets *loaded to the step restored. On failure nothing changes.
 zps_err zps_shard_restore(zps_shard *s, const char *dir, uint64_t step, uint64_t *loaded);
+
+// One bucket of rank 0's initial values (an INIT: fp32, one of the
+// shard's buckets, each once). *complete turns true with the last one.
+// ZPS_EDUP once they are all in or a checkpoint was restored (nothing to
+// take); ZPS_EPROTO for a tensor that is not one of the buckets.
+zps_err zps_shard_take_init(zps_shard *s, const zps_wire_msg *m, bool *complete, char *why,
+                            size_t why_len);
+// Whether the shard still waits for initial values.
+bool zps_shard_awaits_init(const zps_shard *s);
 
 // Bucket b's fp32 parameters as of `step` (a worker joining or replaying
 // asks for them): ZPS_OK with *values (borrowed, until the next update),

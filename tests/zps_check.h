@@ -20,5 +20,6 @@ Suite *zps_suite_coord(void);
 Suite *zps_suite_plans(void);
 Suite *zps_suite_member(void);
 Suite *zps_suite_msgtab(void);
+Suite *zps_suite_layout(void);
 
 #endif

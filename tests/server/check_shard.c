@@ -281,6 +281,57 @@ START_TEST(test_shard_serves_parameters_of_the_step_in_progress)
 }
 END_TEST
 
+// A declared model's shard: nothing served and no push counted until rank
+// 0's initial values of every bucket are in; then they are the parameters.
+START_TEST(test_shard_waits_for_initial_values_then_serves_them)
+{
+    zps_model_spec model = s_model();
+    zps_shard_cfg cfg = {.index = 1, .lo = LO, .hi = HI, .model = &model, .global_batch = 40,
+                         .dtype = ZPS_DTYPE_F32, .await_init = true,
+                         .optim = {.lr = 0.5f, .schedule = ZPS_LR_CONSTANT}};
+    zps_shard *s = zps_shard_new(&cfg);
+    ck_assert_ptr_nonnull(s);
+    zps_plan plan = {.global_batch = 40, .n = 2};
+    plan.slices[0] = (zps_plan_slice){.rank = 0, .member_id = 11, .offset = 0, .count = 10};
+    plan.slices[1] = (zps_plan_slice){.rank = 1, .member_id = 22, .offset = 10, .count = 30};
+    zps_shard_add_plan(s, 1, 0, &plan);
+    const float *v;
+    int ready;
+    float init[HI - LO] = {1, 2, 3, 4, 5}, g[HI - LO] = {0};
+    ck_assert(zps_shard_awaits_init(s));
+    ck_assert_int_eq(zps_shard_bucket_at(s, 0, 0, &v), ZPS_EAGAIN);
+    ck_assert_int_eq(s_feed(s, 0, 11, 0, 10, 4, g, 3, &ready), ZPS_ESTATE);
+    char why[256];
+    bool complete;
+    zps_wire_msg m = s_push(0, 11, 0, 10, 4, init + 2, 3, ZPS_DTYPE_F32);
+    ck_assert_int_eq(zps_shard_take_init(s, &m, &complete, why, sizeof why), ZPS_OK);
+    ck_assert(!complete);
+    ck_assert_int_eq(zps_shard_take_init(s, &m, &complete, why, sizeof why), ZPS_EDUP);
+    zps_wire_msg_fini(&m);
+    m = s_push(0, 11, 0, 10, 3, init + 1, 3, ZPS_DTYPE_F32); // not a bucket of the shard
+    ck_assert_int_eq(zps_shard_take_init(s, &m, &complete, why, sizeof why), ZPS_EPROTO);
+    zps_wire_msg_fini(&m);
+    m = s_push(0, 11, 0, 10, 2, init, 2, ZPS_DTYPE_BF16); // initial values are fp32
+    ck_assert_int_ne(zps_shard_take_init(s, &m, &complete, why, sizeof why), ZPS_OK);
+    zps_wire_msg_fini(&m);
+    ck_assert_int_eq(zps_shard_bucket_at(s, 1, 0, &v), ZPS_EAGAIN);
+    m = s_push(0, 11, 0, 10, 2, init, 2, ZPS_DTYPE_F32);
+    ck_assert_int_eq(zps_shard_take_init(s, &m, &complete, why, sizeof why), ZPS_OK);
+    ck_assert(complete);
+    zps_wire_msg_fini(&m);
+    ck_assert(!zps_shard_awaits_init(s));
+    float got[HI - LO];
+    s_params(s, got);
+    for (int i = 0; i < HI - LO; i++) {
+        ck_assert_float_eq(got[i], init[i]);
+    }
+    ck_assert_int_eq(zps_shard_bucket_at(s, 0, 0, &v), ZPS_OK);
+    ck_assert_float_eq(v[0], init[2]);
+    ck_assert_int_eq(s_feed(s, 0, 11, 0, 10, 4, g, 3, &ready), ZPS_OK);
+    zps_shard_destroy(&s);
+}
+END_TEST
+
 START_TEST(test_shard_bf16_pushes_and_replies)
 {
     zps_model_spec model = s_model();
@@ -425,6 +476,7 @@ Suite *zps_suite_shard(void)
     tcase_add_test(tc, test_shard_counts_handed_slices_once_and_follows_generations);
     tcase_add_test(tc, test_shard_serves_parameters_of_the_step_in_progress);
     tcase_add_test(tc, test_shard_bf16_pushes_and_replies);
+    tcase_add_test(tc, test_shard_waits_for_initial_values_then_serves_them);
     tcase_add_test(tc, test_shard_adamw_restored_from_checkpoint_continues_bitwise);
     suite_add_tcase(s, tc);
     return s;
