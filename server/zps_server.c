@@ -38,6 +38,7 @@
 #define ZPS_SERVER_SEND_TIMEOUT_MS 5000
 #define ZPS_SERVER_HELD 32      // pushes of a plan not heard of yet, kept until it arrives
 #define ZPS_SERVER_PULLERS 32   // PULLs waiting for a step not reached yet
+#define ZPS_SERVER_METRICS_BUF (1 << 16) // longer than a step record of every member
 #define ZPS_SERVER_STOP_GRACE_MS 3000.0 // after SIGTERM, for the step in progress to finish
 
 // A PULL for parameters not there yet: answered bucket by bucket as they are.
@@ -1485,6 +1486,27 @@ static void s_log_peak_rss(const s_server *srv)
     }
 }
 
+// The metrics log. Line-buffered with room for a whole record, so that
+// each record is one write and a SIGKILL cannot leave half of one. A
+// resumed run goes on with the log it had (replayed steps appear twice),
+// after ending a last line a killed writer of before left unfinished.
+static FILE *s_open_metrics(const char *path, bool resume)
+{
+    FILE *f = fopen(path, resume ? "a+" : "w");
+    if (!f || setvbuf(f, NULL, _IOLBF, ZPS_SERVER_METRICS_BUF) != 0) {
+        zps_log_error("--metrics-log %s: %s", path, strerror(errno));
+        if (f) {
+            (void)fclose(f);
+        }
+        return NULL;
+    }
+    if (resume && fseek(f, -1, SEEK_END) == 0 && fgetc(f) != '\n') {
+        (void)fseek(f, 0, SEEK_END);
+        fputc('\n', f);
+    }
+    return f;
+}
+
 // Everything zps_server_run sets up before its loop: sockets, security,
 // the bind, and the coordinator or the shard. *status: 0, or the exit
 // status on failure (2 bad configuration, 1 other).
@@ -1508,9 +1530,7 @@ zps_server *zps_server_open(const zps_server_opts *o, int *status)
     if (!srv->sock || zps_wire_set_sndbuf(srv->sock, o->sndbuf) != ZPS_OK) {
         goto fail;
     }
-    // A resumed run goes on with the log it had (replayed steps appear twice).
-    if (o->metrics_log && !(srv->metrics = fopen(o->metrics_log, o->resume ? "a" : "w"))) {
-        zps_log_error("--metrics-log %s: %s", o->metrics_log, strerror(errno));
+    if (o->metrics_log && !(srv->metrics = s_open_metrics(o->metrics_log, o->resume))) {
         *status = 2;
         goto fail;
     }
