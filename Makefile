@@ -107,11 +107,26 @@ COMMON_OBJ := $(call obj,$(COMMON_SRC))
 SERVER_OBJ := $(call obj,$(SERVER_SRC))
 WORKER_OBJ := $(call obj,$(WORKER_SRC))
 
+# libzps (include/zps.h): the client and what it needs of common/, as an
+# archive and as a shared library with a versioned soname whose exports are
+# the public API alone (worker/libzps.map). zps-worker links the archive;
+# its training loop and backends (the "user code") are not in the library.
+LIBZPS_SRC := $(PROTO_C) $(addprefix common/,zps_curve.c zps_dtype.c zps_err.c zps_log.c \
+	zps_model.c zps_plan.c zps_plans.c zps_wire.c) \
+	$(addprefix worker/,zps_client.c zps_heartbeat.c zps_sampler.c zps_schedule.c)
+LIBZPS_OBJ := $(call obj,$(LIBZPS_SRC))
+LIBZPS_PIC := $(patsubst $(B)/obj/%,$(B)/pic/%,$(LIBZPS_OBJ))
+ZPS_SO_MAJOR := 1
+ZPS_SO_VERSION := 1.0.0
+LIBZPS_SO := $(BIN)/libzps.so.$(ZPS_SO_VERSION)
+LIBZPS_LIBS := $(shell pkg-config --libs libzmq libprotobuf-c 2>/dev/null) -lm -pthread
+ZPS_WORKER_OBJ := $(call obj,worker/main.c worker/zps_train.c worker/zps_backend.c worker/zps_cpu.c)
+
 BINS := $(BIN)/zps-server $(BIN)/zps-worker $(BIN)/zps-ctl
 TESTS := $(B)/tests/check_unit $(B)/tests/check_integration
 
 .PHONY: all deps test-deps demo test test-unit test-integration test-fuzz-replay test-deploy bench clean
-all: $(BINS) $(CUDA_TARGETS)
+all: $(BINS) $(CUDA_TARGETS) $(B)/libzps.a $(LIBZPS_SO)
 
 # zps_backend.c looks for the plugin only in a CUDA build; the stamp
 # rebuilds it when CUDA= changes between two makes.
@@ -153,6 +168,13 @@ $(B)/obj/%.o: %.c | $(PROTO_C)
 $(B)/obj/proto/%.o: $(B)/proto/%.c
 	@mkdir -p $(dir $@)
 	$(CC) $(ZPS_CFLAGS) -c $< -o $@
+# Position-independent twins of libzps's objects, for the shared library.
+$(B)/pic/%.o: %.c | $(PROTO_C)
+	@mkdir -p $(dir $@)
+	$(CC) $(ZPS_CFLAGS) -fPIC -c $< -o $@
+$(B)/pic/proto/%.o: $(B)/proto/%.c
+	@mkdir -p $(dir $@)
+	$(CC) $(ZPS_CFLAGS) -fPIC -c $< -o $@
 
 # Adam takes a square root per element; its argument is never negative, so
 # there is no errno to set, and without that call the loop vectorizes (the
@@ -162,12 +184,22 @@ $(B)/obj/common/zps_optim.o: ZPS_CFLAGS += -fno-math-errno
 $(B)/libzps_common.a: $(COMMON_OBJ)
 $(B)/libzps_server.a: $(SERVER_OBJ)
 $(B)/libzps_worker.a: $(WORKER_OBJ)
+$(B)/libzps.a: $(LIBZPS_OBJ)
 $(B)/%.a:
 	@rm -f $@
 	ar rcs $@ $^
 
 $(BIN)/zps-server: $(B)/obj/server/main.o $(B)/libzps_server.a $(B)/libzps_common.a
-$(BIN)/zps-worker: $(B)/obj/worker/main.o $(B)/libzps_worker.a $(B)/libzps_common.a
+$(BIN)/zps-worker: $(ZPS_WORKER_OBJ) $(B)/libzps.a $(B)/libzps_common.a
+
+# libzps.so.1.0.0, soname libzps.so.1, and the links a build and a loader look for.
+$(LIBZPS_SO): $(LIBZPS_PIC) worker/libzps.map
+	@mkdir -p $(BIN)
+	$(CC) $(ZPS_CFLAGS) -shared -Wl,-soname,libzps.so.$(ZPS_SO_MAJOR) \
+		-Wl,--version-script=worker/libzps.map -Wl,--no-undefined -o $@ $(LIBZPS_PIC) \
+		$(LIBZPS_LIBS) $(LDLIBS)
+	ln -sf libzps.so.$(ZPS_SO_VERSION) $(BIN)/libzps.so.$(ZPS_SO_MAJOR)
+	ln -sf libzps.so.$(ZPS_SO_MAJOR) $(BIN)/libzps.so
 $(BIN)/zps-ctl: $(B)/obj/ctl/zps_ctl.o $(B)/obj/ctl/zps_report.o $(B)/libzps_common.a
 $(BIN)/zps-ctl: ZPS_LDLIBS += $(shell pkg-config --libs jansson 2>/dev/null)
 $(BIN)/%:
@@ -368,4 +400,4 @@ fuzz: deps
 clean:
 	rm -rf build bin
 
--include $(shell find $(B)/obj $(FZ)/obj -name '*.d' 2>/dev/null)
+-include $(shell find $(B)/obj $(B)/pic $(FZ)/obj -name '*.d' 2>/dev/null)
