@@ -3,6 +3,7 @@
 #   make            build bin/zps-server, bin/zps-worker, bin/zps-ctl
 #   make demo       install missing Debian packages, build, train Fashion-MNIST on loopback
 #   make test       install missing Debian packages, build, run unit, integration and deploy tests
+#   make install    libzps (header, .a, .so.1, zps.pc) under PREFIX (default /usr/local)
 #   make bench      ms/step of the default job with 1 and 2 workers (bench/train.sh)
 #   make soak       the chaos test for 10 minutes (SOAK_SECONDS=, SEED=)
 #
@@ -221,7 +222,7 @@ demo: deps
 
 test: test-deps
 	@$(MAKE) --no-print-directory all $(TESTS) $(FUZZ_REPLAY)
-	@$(MAKE) --no-print-directory test-unit test-integration test-fuzz-replay test-deploy
+	@$(MAKE) --no-print-directory test-unit test-integration test-fuzz-replay test-install test-deploy
 
 test-unit: $(B)/tests/check_unit
 	$(B)/tests/check_unit
@@ -257,6 +258,26 @@ test-deploy: $(BINS)
 
 bench: all
 	@bash bench/train.sh
+
+# libzps for programs of others: make install PREFIX=DIR (default /usr/local;
+# DESTDIR= for packaging) puts the header, the archive, the shared library
+# with its soname links and zps.pc under it.
+PREFIX ?= /usr/local
+.PHONY: install test-install
+install: $(B)/libzps.a $(LIBZPS_SO)
+	install -d $(DESTDIR)$(PREFIX)/include $(DESTDIR)$(PREFIX)/lib/pkgconfig
+	install -m 644 include/zps.h $(DESTDIR)$(PREFIX)/include/zps.h
+	install -m 644 $(B)/libzps.a $(DESTDIR)$(PREFIX)/lib/libzps.a
+	install -m 755 $(LIBZPS_SO) $(DESTDIR)$(PREFIX)/lib/libzps.so.$(ZPS_SO_VERSION)
+	ln -sf libzps.so.$(ZPS_SO_VERSION) $(DESTDIR)$(PREFIX)/lib/libzps.so.$(ZPS_SO_MAJOR)
+	ln -sf libzps.so.$(ZPS_SO_MAJOR) $(DESTDIR)$(PREFIX)/lib/libzps.so
+	sed -e 's|@PREFIX@|$(PREFIX)|' -e 's|@VERSION@|$(ZPS_SO_VERSION)|' worker/zps.pc.in \
+		>$(DESTDIR)$(PREFIX)/lib/pkgconfig/zps.pc
+
+# A program built against the installed header and zps.pc only joins a job
+# and trains (tests/lib/install.sh).
+test-install: $(BINS) $(B)/libzps.a $(LIBZPS_SO)
+	ZPS_BIN_DIR=$(CURDIR)/$(BIN) bash tests/lib/install.sh
 
 # The chaos test for SOAK_SECONDS (default 600) of events, before a release:
 # workers killed and replaced, paused, shard 1 and the coordinator killed
