@@ -21,13 +21,15 @@ done
 # Outside the source tree, with nothing but the prefix: no -I. here.
 cp tests/lib/zps_min.c "$tmp/"
 export PKG_CONFIG_PATH="$tmp/prefix/lib/pkgconfig"
-(cd "$tmp" && cc -std=c11 -Wall -Wextra -Werror -o zps_min zps_min.c $(pkg-config --cflags --libs zps)) \
+read -r -a zps_flags <<<"$(pkg-config --cflags --libs zps)"
+read -r -a zps_cflags <<<"$(pkg-config --cflags zps)"
+read -r -a dep_libs <<<"$(pkg-config --libs libzmq libprotobuf-c)"
+(cd "$tmp" && cc -std=c11 -Wall -Wextra -Werror -o zps_min zps_min.c "${zps_flags[@]}") \
   >"$tmp/cc.log" 2>&1 || fail "cc with pkg-config --cflags --libs zps"
 # libzps.a linked in, its dependencies (Requires.private) shared.
-(cd "$tmp" && cc -std=c11 -Wall -Wextra -Werror -o zps_min_static zps_min.c \
-  $(pkg-config --cflags zps) -L"$tmp/prefix/lib" -Wl,-Bstatic -lzps -Wl,-Bdynamic \
-  $(pkg-config --libs libzmq libprotobuf-c) -lm -pthread) >"$tmp/cc-static.log" 2>&1 ||
-  fail "cc against libzps.a"
+(cd "$tmp" && cc -std=c11 -Wall -Wextra -Werror -o zps_min_static zps_min.c "${zps_cflags[@]}" \
+  -L"$tmp/prefix/lib" -Wl,-Bstatic -lzps -Wl,-Bdynamic "${dep_libs[@]}" -lm -pthread) \
+  >"$tmp/cc-static.log" 2>&1 || fail "cc against libzps.a"
 ! ldd "$tmp/zps_min_static" | grep -q libzps || fail "zps_min_static loads libzps.so"
 LD_LIBRARY_PATH="$tmp/prefix/lib" ldd "$tmp/zps_min" | grep -q "$tmp/prefix/lib/libzps.so.1" ||
   fail "zps_min does not load the installed libzps.so.1"
