@@ -114,7 +114,7 @@ WORKER_OBJ := $(call obj,$(WORKER_SRC))
 # its training loop and backends (the "user code") are not in the library.
 LIBZPS_SRC := $(PROTO_C) $(addprefix common/,zps_curve.c zps_dtype.c zps_err.c zps_log.c \
 	zps_model.c zps_plan.c zps_plans.c zps_wire.c) \
-	$(addprefix worker/,zps_client.c zps_heartbeat.c zps_sampler.c zps_schedule.c)
+	$(addprefix worker/,zps_client.c zps_conn.c zps_heartbeat.c zps_sampler.c zps_schedule.c)
 LIBZPS_OBJ := $(call obj,$(LIBZPS_SRC))
 LIBZPS_PIC := $(patsubst $(B)/obj/%,$(B)/pic/%,$(LIBZPS_OBJ))
 ZPS_SO_MAJOR := 1

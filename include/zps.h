@@ -124,7 +124,8 @@ typedef enum zps_opt {
 zps_err zps_client_set_int(zps_client *c, zps_opt opt, int64_t value);
 zps_err zps_client_set_str(zps_client *c, zps_opt opt, const char *value);
 // CurveZMQ: this worker's secret key file and the servers' public key file
-// (zps-ctl keygen), read now. ZPS_EIO or ZPS_EINVAL, with the reason.
+// (zps-ctl keygen), read now: ZPS_ENOENT (no such file) or ZPS_EINVAL (not a
+// key), with the reason.
 zps_err zps_client_set_curve(zps_client *c, const char *secret_file, const char *server_key_file);
 
 // Asks the client to leave: every wait returns within a poll interval and

@@ -19,5 +19,6 @@ Suite *zps_suite_flags(void);
 Suite *zps_suite_coord(void);
 Suite *zps_suite_plans(void);
 Suite *zps_suite_member(void);
+Suite *zps_suite_client(void);
 
 #endif

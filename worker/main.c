@@ -294,8 +294,8 @@ static zps_client *s_client_new(const s_opts *o)
 int main(int argc, char **argv)
 {
     zps_log_set_name("worker");
-    static s_opts o;
-    static char cache_dir[4096]; // o points into it
+    s_opts o;
+    char cache_dir[4096]; // o points into it
     if (!s_parse_opts(argc, argv, &o, cache_dir, sizeof cache_dir)) {
         return 2;
     }

@@ -1,12 +1,13 @@
 /* zps_client.c - libzps: the worker side of zps behind include/zps.h.
  *
- * The wire client (connections to the coordinator and the shards, bounded
- * waits for replies, push, pull, heartbeats, the one place every refusal
- * is judged, asking the coordinator where the job is, rejoining) and the
- * work loop turned inside out: what zps-worker's loop did between two
- * computes is a phase of zps_next_work, which returns whenever the caller
- * has something to compute and picks up where it left off on the next
- * call. Every wait is bounded and says what it waits for. */
+ * The work loop turned inside out, over the wire client (zps_conn.c): what
+ * zps-worker's loop did between two computes is a phase of zps_next_work,
+ * which returns whenever the caller has something to compute and picks up
+ * where it left off on the next call. Here live the job (plans, the
+ * schedule, the parameters arriving bucket by bucket), what each refusal
+ * makes the worker do, what the coordinator's answer to "where is the
+ * job" means, catching up and rejoining. Every wait is bounded and says
+ * what it waits for. */
 #include "include/zps.h"
 
 #include <errno.h>
@@ -27,6 +28,7 @@
 #include "common/zps_model.h"
 #include "common/zps_plan.h"
 #include "common/zps_wire.h"
+#include "worker/zps_conn.h"
 #include "worker/zps_heartbeat.h"
 #include "worker/zps_sampler.h"
 #include "worker/zps_schedule.h"
@@ -34,8 +36,6 @@
 _Static_assert(ZPS_ECOUNT_ == 15, "include/zps.h and common/zps_err.h must agree");
 _Static_assert(ZPS_LOG_LEVEL_ERROR == (int)ZPS_LOG_ERROR, "log levels must agree");
 
-#define ZPS_CLIENT_MAX_SHARDS 64
-#define ZPS_CLIENT_POLL_MS 1000
 #define ZPS_CLIENT_WAIT_LOG_MS 5000.0
 #define ZPS_CLIENT_LATE_STEPS 2.0      // a slice not begun this many usual steps in: ask first
 #define ZPS_CLIENT_ASK_MS 500          // bound on the coordinator's answer to that
@@ -43,15 +43,6 @@ _Static_assert(ZPS_LOG_LEVEL_ERROR == (int)ZPS_LOG_ERROR, "log levels must agree
 #define ZPS_CLIENT_RETRY_MS 20         // first wait before sending a "not yet" message again
 #define ZPS_CLIENT_RETRY_MAX_MS 1000   // longest such wait (doubling)
 #define ZPS_CLIENT_QUEUE (1 + ZPS_SCHEDULE_EXTRAS)
-
-typedef struct s_shard_conn {
-    void *sock;                                 // owned (shard 0: the coordinator's socket)
-    char endpoint[256];                         // for log lines
-    uint64_t lo, hi;                            // its range
-    int n_buckets;                              // buckets of the range
-    zps_bucket buckets[ZPS_MODEL_MAX_BUCKETS];  // as the shard sees them
-    zps_bucket_set received;                    // buckets of parameters in this step
-} s_shard_conn;
 
 // Where zps_next_work picks up.
 typedef enum s_phase {
@@ -73,28 +64,13 @@ typedef enum s_after {
 } s_after;
 
 struct zps_client {
-    // Options.
-    char device[64];                               // for HELLO
-    uint32_t share;                                // for HELLO
+    zps_conn conn;                                 // the wire: sockets, identity, heartbeat
     int timeout_ms;                                // the coordinator's silence ends the job
     int join_timeout_ms;                           // bound on waiting for the job
-    int heartbeat_ms;                              // heartbeat interval
-    int sndbuf;                                    // TCP send buffer, 0: the OS's
-    zps_curve curve;                               // CURVE keys, if on
-    volatile sig_atomic_t stop;                    // zps_client_stop
     zps_err errcode;                               // the last failure
     char errmsg[256];                              // its sentence
-    // Connections.
-    void *ctx;                                     // owned
-    s_shard_conn shards[ZPS_CLIENT_MAX_SHARDS];    // shards[0] is the coordinator
-    int n_shards;
-    zps_heartbeat *heartbeat;                      // owned
-    void *ask;                                     // owned: DEALER to the coordinator, STATUS only
     // The job.
     bool joined;                                   // a JOB was taken
-    uint64_t job_id;                               // from JOB
-    uint32_t rank;                                 // from JOB
-    uint64_t member_id;                            // from JOB, carried by pushes
     uint32_t global_batch;                         // B
     uint64_t seed, total_steps, steps_per_epoch, start_step;
     char model_name[256], dataset_name[256];       // from JOB
@@ -145,7 +121,7 @@ struct zps_client {
     double sum_data_ms, sum_compute_ms, sum_wait_ms; // per-step phases, summed
     uint64_t timed_steps;                          // steps in those sums
     uint64_t stopped_at;                           // the step a stop interrupted
-    double pull_again_ms[ZPS_CLIENT_MAX_SHARDS];   // when to send a refused PULL again (0: no)
+    double pull_again_ms[ZPS_CONN_MAX_SHARDS];   // when to send a refused PULL again (0: no)
     int retry_ms;                                  // the next "not yet" backoff
     double redo_ms;                                // when to compute refused pushes again (0: no)
     double next_ask_ms;                            // next "where is the job" while waiting
@@ -186,163 +162,8 @@ static void s_begin(zps_client *c)
 // ---------------------------------------------------------------------------
 // Replies: bounded waits that say what they wait for.
 
-// How the worker takes a refusal: every ERROR reply is judged here, once.
-typedef enum s_verdict {
-    S_RETRY, // "not yet": send the same again after a bounded backoff
-    S_LOST,  // this worker may have been handed on: ask the coordinator
-    S_OVER,  // the job is over
-    S_FINAL, // refused for good: the worker ends
-} s_verdict;
-
-static s_verdict s_judge(const Zps__Header *h, const char *from)
-{
-    zps_err code = h->error_code > 0 && h->error_code < ZPS_ECOUNT_ ? (zps_err)h->error_code
-                                                                    : ZPS_EPROTO;
-    const char *what = zps_wire_type_name((int)h->refused);
-    const char *why = h->error ? h->error : "";
-    switch (code) {
-    case ZPS_EAGAIN:
-        zps_log_info("%s: not yet (%s of step %llu): %s; sending again", from, what,
-                     (unsigned long long)h->step, why);
-        return S_RETRY;
-    case ZPS_ECLOSED:
-        zps_log_info("%s: the job is over: %s", from, why);
-        return S_OVER;
-    case ZPS_ENOENT:
-    case ZPS_ESTALE:
-        zps_log_warn("%s refused %s of step %llu: %s (%s); asking the coordinator where the job "
-                     "is", from, what, (unsigned long long)h->step, why, zps_strerror(code));
-        return S_LOST;
-    default:
-        zps_log_error("%s refused this worker for good: %s (%s)", from, why,
-                      zps_strerror(code));
-        return S_FINAL;
-    }
-}
-
-// Receives the next message on sock into m, waiting at most timeout_ms and
-// logging every few seconds. An ERROR is judged (s_judge): "not yet"
-// returns ZPS_EAGAIN, the end of the job ZPS_ECLOSED, anything else its
-// code.
-static zps_err s_await(zps_client *c, void *sock, const char *what, const char *endpoint,
-                       int timeout_ms, zps_wire_msg *m)
-{
-    double start = zps_clock_ms(), next_log = start + ZPS_CLIENT_WAIT_LOG_MS;
-    for (;;) {
-        zps_err err = zps_wire_recv(sock, false, m);
-        if (err == ZPS_OK && m->hdr->type == ZPS__MSG_TYPE__ERROR) {
-            switch (s_judge(m->hdr, endpoint)) {
-            case S_RETRY: return ZPS_EAGAIN;
-            case S_OVER: return ZPS_ECLOSED;
-            default:
-                return m->hdr->error_code > 0 && m->hdr->error_code < ZPS_ECOUNT_
-                           ? (zps_err)m->hdr->error_code : ZPS_EPROTO;
-            }
-        }
-        if (err != ZPS_ETIMEDOUT) {
-            if (err != ZPS_OK) {
-                zps_log_error("bad reply from %s while waiting for %s: %s", endpoint, what,
-                              zps_strerror(err));
-            }
-            return err;
-        }
-        zps_wire_msg_fini(m);
-        if (c->stop) {
-            return ZPS_ECLOSED;
-        }
-        double now = zps_clock_ms();
-        if (now - start > timeout_ms) {
-            zps_log_error("gave up after %.0f s waiting for %s from %s", (now - start) / 1e3,
-                          what, endpoint);
-            return ZPS_ETIMEDOUT;
-        }
-        if (now > next_log) {
-            zps_log_info("waiting %.0f s for %s from %s", (now - start) / 1e3, what, endpoint);
-            next_log = now + ZPS_CLIENT_WAIT_LOG_MS;
-        }
-    }
-}
-
-static zps_err s_send(zps_client *c, int shard, Zps__Header *h, const void *payload,
-                      size_t bytes, zps_wire_ref *ref)
-{
-    h->job_id = c->job_id;
-    h->rank = c->rank;
-    h->member_id = c->member_id;
-    zps_err err = zps_wire_send(c->shards[shard].sock, NULL, h, payload, bytes, ref);
-    if (err != ZPS_OK) {
-        zps_log_error("could not send %s to %s: %s", zps_wire_type_name(h->type),
-                      c->shards[shard].endpoint, zps_strerror(err));
-    }
-    return err;
-}
-
 // ---------------------------------------------------------------------------
 // Joining: HELLO, JOB.
-
-static zps_err s_hello(zps_client *c)
-{
-    char host[64] = "?";
-    gethostname(host, sizeof host - 1);
-    Zps__Hello hello = ZPS__HELLO__INIT;
-    hello.host = host;
-    hello.device = c->device;
-    hello.share = c->share;
-    hello.pid = (uint32_t)getpid();
-    Zps__Header h;
-    zps_wire_header_init(&h, ZPS__MSG_TYPE__HELLO);
-    h.hello = &hello;
-    return s_send(c, 0, &h, NULL, 0, NULL);
-}
-
-static zps_err s_take_shards(zps_client *c, const Zps__Job *job)
-{
-    if (job->n_shards == 0 || job->n_shards > ZPS_CLIENT_MAX_SHARDS) {
-        zps_log_error("job names %zu shards (1..%d)", job->n_shards, ZPS_CLIENT_MAX_SHARDS);
-        return ZPS_EPROTO;
-    }
-    uint64_t next = 0;
-    for (size_t i = 0; i < job->n_shards; i++) {
-        const Zps__ShardInfo *si = job->shards[i];
-        if (si->index != i || si->lo != next || si->hi <= si->lo) {
-            zps_log_error("job's shard %zu range [%llu, %llu) does not follow the previous one",
-                          i, (unsigned long long)si->lo, (unsigned long long)si->hi);
-            return ZPS_EPROTO;
-        }
-        next = si->hi;
-        s_shard_conn *sc = &c->shards[i];
-        sc->lo = si->lo;
-        sc->hi = si->hi;
-        if (i == 0) {
-            continue; // the coordinator's socket, already connected
-        }
-        if (sc->sock && strcmp(sc->endpoint, si->endpoint) == 0) {
-            continue; // joining again: the connection of before serves
-        }
-        if (sc->sock) {
-            zmq_close(sc->sock);
-        }
-        snprintf(sc->endpoint, sizeof sc->endpoint, "%s", si->endpoint);
-        sc->sock = zps_wire_socket(c->ctx, ZMQ_DEALER, ZPS_CLIENT_POLL_MS);
-        if (!sc->sock || zps_wire_set_sndbuf(sc->sock, c->sndbuf) != ZPS_OK ||
-            zps_curve_client(&c->curve, sc->sock) != ZPS_OK ||
-            zmq_connect(sc->sock, sc->endpoint) != 0) {
-            zps_log_error("cannot connect to shard %zu at %s", i, sc->endpoint);
-            return ZPS_EIO;
-        }
-    }
-    c->n_shards = (int)job->n_shards;
-    for (int i = 0; i < c->n_shards; i++) {
-        s_shard_conn *sc = &c->shards[i];
-        sc->n_buckets = zps_model_range_buckets(&c->model, sc->lo, sc->hi, sc->buckets);
-    }
-    if (next != c->model.n_params) {
-        zps_log_error("shards cover %llu parameters, the model has %zu",
-                      (unsigned long long)next, c->model.n_params);
-        return ZPS_EPROTO;
-    }
-    return ZPS_OK;
-}
 
 // A plan (and extras) from JOB or PLAN: into the schedule.
 static zps_err s_take_plan(zps_client *c, Zps__Slice *const *slices, size_t n_slices,
@@ -357,7 +178,7 @@ static zps_err s_take_plan(zps_client *c, Zps__Slice *const *slices, size_t n_sl
     zps_schedule_add_plan(&c->schedule, gen, effective, &plan);
     for (size_t i = 0; i < n_extras; i++) {
         const Zps__Extra *e = extras[i];
-        if (e->rank == c->rank && e->count > 0 && e->count <= c->global_batch &&
+        if (e->rank == c->conn.rank && e->count > 0 && e->count <= c->global_batch &&
             e->offset <= c->global_batch - e->count) {
             zps_schedule_add_extra(&c->schedule, e->step,
                                    (zps_piece){.offset = e->offset, .count = e->count,
@@ -379,7 +200,7 @@ static zps_err s_take_job(zps_client *c, const Zps__Header *h)
         zps_log_error("the coordinator sent a job without a usable model or wire dtype");
         return ZPS_EPROTO;
     }
-    if (c->joined && (h->job_id != c->job_id || (zps_dtype)job->wire_dtype != c->dtype ||
+    if (c->joined && (h->job_id != c->conn.job_id || (zps_dtype)job->wire_dtype != c->dtype ||
                       job->seed != c->seed || job->global_batch != c->global_batch)) {
         // Joining again: the model, data and buffers of before must fit.
         zps_log_error("joining again, the coordinator gave another job (%016llx)",
@@ -388,9 +209,9 @@ static zps_err s_take_job(zps_client *c, const Zps__Header *h)
     }
     c->model = model;
     c->dtype = (zps_dtype)job->wire_dtype;
-    c->job_id = h->job_id;
-    c->rank = job->rank;
-    c->member_id = job->member_id;
+    c->conn.job_id = h->job_id;
+    c->conn.rank = job->rank;
+    c->conn.member_id = job->member_id;
     c->seed = job->seed;
     c->global_batch = job->global_batch;
     c->total_steps = job->total_steps;
@@ -398,79 +219,31 @@ static zps_err s_take_job(zps_client *c, const Zps__Header *h)
     c->start_step = job->start_step;
     snprintf(c->model_name, sizeof c->model_name, "%s", job->model ? job->model : "");
     snprintf(c->dataset_name, sizeof c->dataset_name, "%s", job->dataset ? job->dataset : "");
-    zps_schedule_init(&c->schedule, c->rank);
+    zps_schedule_init(&c->schedule, c->conn.rank);
     zps_err err = s_take_plan(c, job->plan, job->n_plan, job->generation, job->plan_effective,
                               job->extras, job->n_extras);
     if (err != ZPS_OK) {
         return err;
     }
     char name[32];
-    snprintf(name, sizeof name, "worker[%u]", c->rank);
+    snprintf(name, sizeof name, "worker[%u]", c->conn.rank);
     zps_log_set_name(name);
     zps_log_info("job %016llx: rank %u from step %llu, global batch %u, model %s, dataset %s",
-                 (unsigned long long)c->job_id, c->rank, (unsigned long long)c->start_step,
+                 (unsigned long long)c->conn.job_id, c->conn.rank, (unsigned long long)c->start_step,
                  c->global_batch, job->model, job->dataset);
-    err = s_take_shards(c, job);
+    err = zps_conn_take_shards(&c->conn, job, &c->model);
     c->joined = c->joined || err == ZPS_OK;
     return err;
 }
 
-static void s_sleep_ms(double ms)
-{
-    if (ms > 0) {
-        struct timespec ts = {(time_t)(ms / 1000), (long)((ms - 1000.0 * (time_t)(ms / 1000)) * 1e6)};
-        nanosleep(&ts, NULL);
-    }
-}
-
-// HELLO until the job is given, within the join timeout: a coordinator
-// recovering from a restart answers "again" (ZPS_EAGAIN) until it admits.
+// HELLO until the JOB comes; the job's end said so sets job_over.
 static zps_err s_hello_until_job(zps_client *c, zps_wire_msg *m)
 {
-    double deadline = zps_clock_ms() + c->join_timeout_ms;
-    for (;;) {
-        zps_err err = s_hello(c);
-        if (err != ZPS_OK) {
-            return err;
-        }
-        int left = (int)(deadline - zps_clock_ms());
-        err = s_await(c, c->shards[0].sock, "the job to start", c->shards[0].endpoint,
-                      left > 100 ? left : 100, m);
-        while (err == ZPS_OK && m->hdr->type != ZPS__MSG_TYPE__JOB && zps_clock_ms() < deadline) {
-            // Joining again: what the coordinator sent the member of before
-            // (plans, rollbacks) may still be queued. The JOB is what counts.
-            zps_wire_msg_fini(m);
-            left = (int)(deadline - zps_clock_ms());
-            err = s_await(c, c->shards[0].sock, "the job to start", c->shards[0].endpoint,
-                          left > 100 ? left : 100, m);
-        }
-        if (err == ZPS_ECLOSED && !c->stop) {
-            c->job_over = true;
-        }
-        if (err != ZPS_EAGAIN || zps_clock_ms() + ZPS_CLIENT_POLL_MS > deadline || c->stop) {
-            return err; // m: the caller finishes it, whatever it holds
-        }
-        zps_wire_msg_fini(m);
-        zps_log_info("saying HELLO again in %d ms", ZPS_CLIENT_POLL_MS);
-        s_sleep_ms(ZPS_CLIENT_POLL_MS);
+    zps_err err = zps_conn_hello_until_job(&c->conn, c->join_timeout_ms, m);
+    if (err == ZPS_ECLOSED && !c->conn.stop) {
+        c->job_over = true;
     }
-}
-
-// The socket s_step_over asks on, connected at the start so that the
-// question need not wait for a handshake; NULL (no asking) on failure.
-static void *s_ask_socket(zps_client *c)
-{
-    void *sock = zps_wire_socket(c->ctx, ZMQ_DEALER, 10);
-    if (!sock || zps_curve_client(&c->curve, sock) != ZPS_OK ||
-        zmq_connect(sock, c->shards[0].endpoint) != 0) {
-        zps_log_warn("no second socket to %s: a long pause will be followed by computing a "
-                     "step that may be over", c->shards[0].endpoint);
-        if (sock) {
-            zmq_close(sock);
-        }
-        return NULL;
-    }
-    return sock;
+    return err;
 }
 
 // Handed on by the coordinator (evicted while paused, or its slices given
@@ -480,7 +253,7 @@ static void *s_ask_socket(zps_client *c)
 static zps_err s_rejoin(zps_client *c)
 {
     c->rejoin = false;
-    zps_heartbeat_stop(&c->heartbeat);
+    zps_heartbeat_stop(&c->conn.heartbeat);
     zps_wire_msg m = {0};
     zps_err err = s_hello_until_job(c, &m);
     if (err == ZPS_OK) {
@@ -490,8 +263,7 @@ static zps_err s_rejoin(zps_client *c)
     if (err != ZPS_OK) {
         return err;
     }
-    c->heartbeat = zps_heartbeat_start(c->ctx, c->shards[0].endpoint, &c->curve, c->job_id,
-                                       c->rank, c->member_id, c->heartbeat_ms);
+    zps_conn_beat(&c->conn);
     c->rollback_to = c->start_step;
     c->done_step = UINT64_MAX;
     return ZPS_OK;
@@ -529,8 +301,8 @@ static void s_backoff(zps_client *c)
 // asks the coordinator at once where the job is.
 static zps_err s_on_refusal(zps_client *c, int i, uint64_t step, const Zps__Header *h)
 {
-    switch (s_judge(h, c->shards[i].endpoint)) {
-    case S_RETRY: {
+    switch (zps_conn_judge(h, c->conn.shards[i].endpoint)) {
+    case ZPS_CONN_RETRY: {
         double at = zps_clock_ms() + c->retry_ms;
         s_backoff(c);
         if (h->refused == ZPS__MSG_TYPE__PULL) {
@@ -545,7 +317,7 @@ static zps_err s_on_refusal(zps_client *c, int i, uint64_t step, const Zps__Head
         }
         return ZPS_OK;
     }
-    case S_LOST:
+    case ZPS_CONN_LOST:
         // A PULL refused as from an unknown member may be a joiner's that
         // overtook the plan naming it: asked again, after asking the
         // coordinator, which says whether this worker was handed on.
@@ -555,7 +327,7 @@ static zps_err s_on_refusal(zps_client *c, int i, uint64_t step, const Zps__Head
             s_backoff(c);
         }
         return ZPS_OK;
-    case S_OVER:
+    case ZPS_CONN_OVER:
         c->job_over = true;
         return ZPS_ECLOSED;
     default:
@@ -567,7 +339,7 @@ static zps_err s_on_refusal(zps_client *c, int i, uint64_t step, const Zps__Head
 // and drops its bucket into the next step's buffer.
 static zps_err s_take_bucket(zps_client *c, int i, uint64_t step, const zps_wire_msg *m)
 {
-    s_shard_conn *sc = &c->shards[i];
+    zps_conn_shard *sc = &c->conn.shards[i];
     const Zps__Header *h = m->hdr;
     char why[160] = "";
     int b = -1;
@@ -624,15 +396,15 @@ static zps_err s_take_bucket(zps_client *c, int i, uint64_t step, const zps_wire
     return ZPS_OK;
 }
 
-static bool s_shard_received(const s_shard_conn *sc)
+static bool s_shard_received(const zps_conn_shard *sc)
 {
     return zps_bucket_set_full(&sc->received, sc->n_buckets);
 }
 
 static bool s_all_received(const zps_client *c)
 {
-    for (int i = 0; i < c->n_shards; i++) {
-        if (!s_shard_received(&c->shards[i])) {
+    for (int i = 0; i < c->conn.n_shards; i++) {
+        if (!s_shard_received(&c->conn.shards[i])) {
             return false;
         }
     }
@@ -670,52 +442,11 @@ static zps_err s_take_message(zps_client *c, int i, uint64_t step, const zps_wir
     return err;
 }
 
-// Asks shard i for the parameters of `step`; it answers bucket by bucket,
-// at once or as soon as the step's buckets are updated.
-static zps_err s_pull_from(zps_client *c, int i, uint64_t step)
-{
-    Zps__Header h;
-    zps_wire_header_init(&h, ZPS__MSG_TYPE__PULL);
-    h.shard = (uint32_t)i;
-    h.step = step;
-    return s_send(c, i, &h, NULL, 0, NULL);
-}
-
 static zps_err s_pull(zps_client *c, uint64_t step)
 {
     zps_err err = ZPS_OK;
-    for (int i = 0; err == ZPS_OK && i < c->n_shards; i++) {
-        err = s_pull_from(c, i, step);
-    }
-    return err;
-}
-
-// Asks the coordinator for STATUS, as this member (its id: the answer
-// says where this member stands), on the socket of its own, so that nothing
-// meant for the step is read out of turn. Bounded by ZPS_CLIENT_ASK_MS.
-static zps_err s_ask(zps_client *c, zps_wire_msg *m)
-{
-    zmq_pollitem_t item = {.socket = c->ask, .events = ZMQ_POLLIN};
-    while (c->ask && zmq_poll(&item, 1, 0) > 0) {
-        zps_err late = zps_wire_recv(c->ask, false, m); // an answer past its bound
-        zps_wire_msg_fini(m);
-        if (late != ZPS_OK) {
-            break;
-        }
-    }
-    Zps__Header h;
-    zps_wire_header_init(&h, ZPS__MSG_TYPE__STATUS);
-    h.job_id = c->job_id;
-    h.rank = c->rank;
-    h.member_id = c->member_id;
-    zps_err err = !c->ask ? ZPS_ECLOSED : zps_wire_send(c->ask, NULL, &h, NULL, 0, NULL);
-    if (err == ZPS_OK) {
-        err = s_await(c, c->ask, "the coordinator's step", c->shards[0].endpoint,
-                      ZPS_CLIENT_ASK_MS, m);
-    }
-    if (err == ZPS_OK && (m->hdr->type != ZPS__MSG_TYPE__STATUS_REPLY || !m->hdr->status)) {
-        zps_wire_msg_fini(m);
-        err = ZPS_EPROTO;
+    for (int i = 0; err == ZPS_OK && i < c->conn.n_shards; i++) {
+        err = zps_conn_pull(&c->conn, i, step);
     }
     return err;
 }
@@ -730,10 +461,10 @@ static zps_err s_where_is_job(zps_client *c, uint64_t step)
     double now = zps_clock_ms();
     c->next_ask_ms = now + ZPS_CLIENT_ASK_EVERY_MS;
     zps_wire_msg m;
-    if (s_ask(c, &m) != ZPS_OK) {
+    if (zps_conn_ask(&c->conn, ZPS_CLIENT_ASK_MS, &m) != ZPS_OK) {
         if (now - c->answered_ms > c->timeout_ms) {
             zps_log_error("the coordinator at %s has not answered for %.0f s: leaving the job",
-                          c->shards[0].endpoint, (now - c->answered_ms) / 1e3);
+                          c->conn.shards[0].endpoint, (now - c->answered_ms) / 1e3);
             return ZPS_ETIMEDOUT;
         }
         return ZPS_OK;
@@ -750,7 +481,7 @@ static zps_err s_where_is_job(zps_client *c, uint64_t step)
     } else if (st->asker == ZPS__MEMBER_STATE__MEMBER_GONE ||
                st->asker == ZPS__MEMBER_STATE__MEMBER_UNKNOWN) {
         zps_log_warn("rank %u was handed on by the coordinator (it is at step %llu): joining "
-                     "the job again", c->rank, (unsigned long long)at);
+                     "the job again", c->conn.rank, (unsigned long long)at);
         c->rejoin = true;
         err = ZPS_EAGAIN;
     } else if (st->asker == ZPS__MEMBER_STATE__MEMBER_ACTIVE && at > step) {
@@ -771,8 +502,8 @@ static zps_err s_where_is_job(zps_client *c, uint64_t step)
 // The poll timeout: the next "not yet" to send again, or the poll interval.
 static long s_poll_ms(const zps_client *c, double now)
 {
-    double next = now + ZPS_CLIENT_POLL_MS;
-    for (int i = 0; i < c->n_shards; i++) {
+    double next = now + ZPS_CONN_POLL_MS;
+    for (int i = 0; i < c->conn.n_shards; i++) {
         next = c->pull_again_ms[i] > 0 && c->pull_again_ms[i] < next ? c->pull_again_ms[i] : next;
     }
     next = c->redo_ms > 0 && c->redo_ms < next ? c->redo_ms : next;
@@ -785,10 +516,10 @@ static long s_poll_ms(const zps_client *c, double now)
 static zps_err s_due(zps_client *c, uint64_t step, double now)
 {
     zps_err err = ZPS_OK;
-    for (int i = 0; err == ZPS_OK && i < c->n_shards; i++) {
+    for (int i = 0; err == ZPS_OK && i < c->conn.n_shards; i++) {
         if (c->pull_again_ms[i] > 0 && now >= c->pull_again_ms[i]) {
             c->pull_again_ms[i] = 0;
-            err = s_pull_from(c, i, step);
+            err = zps_conn_pull(&c->conn, i, step);
         }
     }
     if (err == ZPS_OK && c->redo_ms > 0 && now >= c->redo_ms) {
@@ -817,18 +548,18 @@ static bool s_queued(const zps_client *c)
 static zps_err s_wait(zps_client *c)
 {
     uint64_t step = c->wait_step;
-    zmq_pollitem_t items[ZPS_CLIENT_MAX_SHARDS];
-    for (int i = 0; i < c->n_shards; i++) {
-        items[i] = (zmq_pollitem_t){.socket = c->shards[i].sock, .events = ZMQ_POLLIN};
+    zmq_pollitem_t items[ZPS_CONN_MAX_SHARDS];
+    for (int i = 0; i < c->conn.n_shards; i++) {
+        items[i] = (zmq_pollitem_t){.socket = c->conn.shards[i].sock, .events = ZMQ_POLLIN};
     }
     if (!c->wait_begun) {
         c->wait_begun = true;
-        for (int i = 0; i < c->n_shards; i++) {
-            c->shards[i].received = (zps_bucket_set){0};
+        for (int i = 0; i < c->conn.n_shards; i++) {
+            c->conn.shards[i].received = (zps_bucket_set){0};
         }
         c->wait_start = zps_clock_ms();
         c->next_log = c->wait_start + ZPS_CLIENT_WAIT_LOG_MS;
-        c->next_beat = c->wait_start + c->heartbeat_ms;
+        c->next_beat = c->wait_start + c->conn.heartbeat_ms;
         double ask_after = 4 * c->usual_step_ms > ZPS_CLIENT_ASK_EVERY_MS ? 4 * c->usual_step_ms
                                                                             : ZPS_CLIENT_ASK_EVERY_MS;
         c->next_ask_ms = c->wait_start + ask_after;
@@ -838,16 +569,16 @@ static zps_err s_wait(zps_client *c)
         if (s_queued(c)) {
             return ZPS_OK;
         }
-        if (c->stop) {
+        if (c->conn.stop) {
             return ZPS_ECLOSED;
         }
-        int rc = zmq_poll(items, c->n_shards, s_poll_ms(c, zps_clock_ms()));
-        for (int i = 0; rc > 0 && i < c->n_shards; i++) {
+        int rc = zmq_poll(items, c->conn.n_shards, s_poll_ms(c, zps_clock_ms()));
+        for (int i = 0; rc > 0 && i < c->conn.n_shards; i++) {
             if (!(items[i].revents & ZMQ_POLLIN)) {
                 continue;
             }
             zps_wire_msg m;
-            zps_err err = zps_wire_recv(c->shards[i].sock, false, &m);
+            zps_err err = zps_wire_recv(c->conn.shards[i].sock, false, &m);
             if (err == ZPS_OK) {
                 err = s_take_message(c, i, step, &m);
             }
@@ -867,21 +598,21 @@ static zps_err s_wait(zps_client *c)
             Zps__Header h;
             zps_wire_header_init(&h, ZPS__MSG_TYPE__HEARTBEAT);
             h.flags = 1;
-            (void)s_send(c, 0, &h, NULL, 0, NULL);
-            c->next_beat = now + c->heartbeat_ms;
+            (void)zps_conn_send(&c->conn, 0, &h, NULL, 0, NULL);
+            c->next_beat = now + c->conn.heartbeat_ms;
         }
         if (now > c->next_log) {
-            for (int i = 0; i < c->n_shards; i++) {
-                if (!s_shard_received(&c->shards[i])) {
+            for (int i = 0; i < c->conn.n_shards; i++) {
+                if (!s_shard_received(&c->conn.shards[i])) {
                     zps_log_info("waiting %.0f s for step %llu parameters from shard %d (%s)",
                                  (now - c->wait_start) / 1e3, (unsigned long long)step, i,
-                                 c->shards[i].endpoint);
+                                 c->conn.shards[i].endpoint);
                 }
             }
             c->next_log = now + ZPS_CLIENT_WAIT_LOG_MS;
         }
     }
-    for (int i = 0; i < c->n_shards; i++) {
+    for (int i = 0; i < c->conn.n_shards; i++) {
         c->pull_again_ms[i] = 0;
     }
     c->redo_ms = 0;
@@ -907,11 +638,11 @@ static zps_err s_wait(zps_client *c)
 static bool s_step_over(zps_client *c, uint64_t step)
 {
     double waited = zps_clock_ms() - c->params_ms;
-    if (!c->ask || c->usual_step_ms <= 0 || waited < ZPS_CLIENT_LATE_STEPS * c->usual_step_ms) {
+    if (!c->conn.ask || c->usual_step_ms <= 0 || waited < ZPS_CLIENT_LATE_STEPS * c->usual_step_ms) {
         return false;
     }
     zps_wire_msg m;
-    if (s_ask(c, &m) != ZPS_OK) {
+    if (zps_conn_ask(&c->conn, ZPS_CLIENT_ASK_MS, &m) != ZPS_OK) {
         return false; // no answer in time: compute it
     }
     uint64_t at = m.hdr->status->steps_done_all; // over once every shard completed it
@@ -919,7 +650,7 @@ static bool s_step_over(zps_client *c, uint64_t step)
     zps_wire_msg_fini(&m);
     if (gone) {
         zps_log_warn("rank %u was handed on by the coordinator during a pause of %.0f ms: "
-                     "joining the job again", c->rank, waited);
+                     "joining the job again", c->conn.rank, waited);
         c->rejoin = true;
         return true;
     }
@@ -933,32 +664,13 @@ static bool s_step_over(zps_client *c, uint64_t step)
     return true;
 }
 
-// Pushes [lo, hi) of grad to shard i, zero-copy (from the wire buffer once
-// converted, for a 16-bit dtype).
+// Pushes [lo, hi) of grad, of the piece handed out, to shard i.
 static zps_err s_push(zps_client *c, int i, uint64_t lo, uint64_t hi, const float *grad,
                       float loss, double data_ms)
 {
-    Zps__Header h;
-    zps_wire_header_init(&h, ZPS__MSG_TYPE__PUSH);
-    h.step = c->cur_step;
-    h.shard = (uint32_t)i;
-    h.offset = lo;
-    h.count = hi - lo;
-    h.dtype = (Zps__DType)c->dtype;
-    h.samples = c->cur_work.count;
-    h.batch_offset = c->cur_work.offset;
-    h.generation = c->cur_work.gen;
-    h.loss = loss;
-    h.data_ms = (float)data_ms;
-    h.compute_ms = (float)(zps_clock_ms() - c->step_t0 - data_ms);
-    const float *g = grad + lo;
-    const void *payload = g;
-    size_t esize = zps_dtype_size(c->dtype);
-    if (c->dtype != ZPS_DTYPE_F32) {
-        payload = c->wire + lo * esize;
-        zps_dtype_from_f32(c->dtype, g, c->wire + lo * esize, h.count);
-    }
-    return s_send(c, i, &h, payload, h.count * esize, &c->grad_ref);
+    return zps_conn_push(&c->conn, i, c->cur_step, &c->cur_work, lo, hi, c->dtype, grad, c->wire,
+                         loss, (float)data_ms, (float)(zps_clock_ms() - c->step_t0 - data_ms),
+                         &c->grad_ref);
 }
 
 // One line for benchmarks: where a step's time went, on this worker.
@@ -1004,22 +716,18 @@ void zps_set_log_level(int level)
 
 zps_client *zps_client_new(const char *coordinator)
 {
-    if (!coordinator || strlen(coordinator) >= sizeof ((s_shard_conn *)0)->endpoint) {
+    if (!coordinator || strlen(coordinator) >= sizeof ((zps_conn_shard *)0)->endpoint) {
         return NULL;
     }
     zps_client *c = calloc(1, sizeof *c);
     if (!c) {
         return NULL;
     }
-    snprintf(c->device, sizeof c->device, "cpu");
     c->timeout_ms = 60000;
     c->join_timeout_ms = 600000;
-    c->heartbeat_ms = 1000;
     c->done_step = UINT64_MAX;
     c->retry_ms = ZPS_CLIENT_RETRY_MS;
-    snprintf(c->shards[0].endpoint, sizeof c->shards[0].endpoint, "%s", coordinator);
-    c->ctx = zmq_ctx_new();
-    if (!c->ctx) {
+    if (zps_conn_init(&c->conn, coordinator) != ZPS_OK) {
         free(c);
         return NULL;
     }
@@ -1032,16 +740,7 @@ void zps_client_destroy(zps_client **cp)
     if (!c) {
         return;
     }
-    zps_heartbeat_stop(&c->heartbeat);
-    if (c->ask) {
-        zmq_close(c->ask);
-    }
-    for (int i = 0; i < ZPS_CLIENT_MAX_SHARDS; i++) {
-        if (c->shards[i].sock) {
-            zmq_close(c->shards[i].sock);
-        }
-    }
-    zmq_ctx_term(c->ctx); // flushes the BYE within the linger, releases the gradient's frames
+    zps_conn_fini(&c->conn); // first: ZeroMQ lets go of the caller's gradient
     free(c->wire);
     free(c->next);
     zps_sampler_fini(&c->sampler);
@@ -1069,12 +768,12 @@ zps_err zps_client_set_int(zps_client *c, zps_opt opt, int64_t v)
         if (v < 0 || v > (1 << 24)) {
             return s_einval(c, "share %lld: 0..%d samples", (long long)v, 1 << 24);
         }
-        c->share = (uint32_t)v;
+        c->conn.share = (uint32_t)v;
         return ZPS_OK;
     case ZPS_OPT_TIMEOUT_MS: dst = &c->timeout_ms; lo = 100; hi = 86400000; break;
     case ZPS_OPT_JOIN_TIMEOUT_MS: dst = &c->join_timeout_ms; lo = 100; hi = 86400000; break;
-    case ZPS_OPT_HEARTBEAT_MS: dst = &c->heartbeat_ms; lo = 10; hi = 3600000; break;
-    case ZPS_OPT_SNDBUF: dst = &c->sndbuf; lo = 0; hi = 1L << 30; break;
+    case ZPS_OPT_HEARTBEAT_MS: dst = &c->conn.heartbeat_ms; lo = 10; hi = 3600000; break;
+    case ZPS_OPT_SNDBUF: dst = &c->conn.sndbuf; lo = 0; hi = 1L << 30; break;
     default: return s_einval(c, "option %d is not a number option", (int)opt);
     }
     if (v < lo || v > hi) {
@@ -1091,10 +790,10 @@ zps_err zps_client_set_str(zps_client *c, zps_opt opt, const char *v)
     if (opt != ZPS_OPT_DEVICE) {
         return s_einval(c, "option %d is not a text option", (int)opt);
     }
-    if (!v || strlen(v) >= sizeof c->device) {
-        return s_einval(c, "device: up to %zu characters", sizeof c->device - 1);
+    if (!v || strlen(v) >= sizeof c->conn.device) {
+        return s_einval(c, "device: up to %zu characters", sizeof c->conn.device - 1);
     }
-    snprintf(c->device, sizeof c->device, "%s", v);
+    snprintf(c->conn.device, sizeof c->conn.device, "%s", v);
     return ZPS_OK;
 }
 
@@ -1104,30 +803,23 @@ zps_err zps_client_set_curve(zps_client *c, const char *secret_file, const char 
     if (!secret_file || !server_key_file) {
         return s_einval(c, "a CURVE secret key goes with the servers' public key");
     }
-    zps_err err = zps_curve_load(&c->curve, secret_file, server_key_file);
+    zps_err err = zps_curve_load(&c->conn.curve, secret_file, server_key_file);
     return err == ZPS_OK ? ZPS_OK : s_fail(c, err);
 }
 
 void zps_client_stop(zps_client *c)
 {
     if (c) {
-        c->stop = 1;
+        c->conn.stop = 1;
     }
 }
 
 zps_err zps_connect(zps_client *c)
 {
     s_begin(c);
-    s_shard_conn *coord = &c->shards[0];
-    if (coord->sock) {
-        return ZPS_OK;
-    }
-    coord->sock = zps_wire_socket(c->ctx, ZMQ_DEALER, ZPS_CLIENT_POLL_MS);
-    if (!coord->sock || zps_wire_set_sndbuf(coord->sock, c->sndbuf) != ZPS_OK ||
-        zps_curve_client(&c->curve, coord->sock) != ZPS_OK ||
-        zmq_connect(coord->sock, coord->endpoint) != 0) {
-        zps_log_error("cannot connect to %s: %s", coord->endpoint, zmq_strerror(errno));
-        return s_fail(c, ZPS_EIO);
+    zps_err err = zps_conn_connect(&c->conn);
+    if (err != ZPS_OK) {
+        return s_fail(c, err);
     }
     return ZPS_OK;
 }
@@ -1135,7 +827,7 @@ zps_err zps_connect(zps_client *c)
 zps_err zps_join(zps_client *c)
 {
     s_begin(c);
-    if (!c->shards[0].sock || c->joined) {
+    if (!c->conn.shards[0].sock || c->joined) {
         return s_einval(c, c->joined ? "joined already" : "zps_connect first");
     }
     zps_wire_msg m = {0};
@@ -1157,8 +849,8 @@ uint64_t zps_info_u64(const zps_client *c, int key)
         return 0;
     }
     switch (key) {
-    case ZPS_INFO_JOB_ID: return c->job_id;
-    case ZPS_INFO_RANK: return c->rank;
+    case ZPS_INFO_JOB_ID: return c->conn.job_id;
+    case ZPS_INFO_RANK: return c->conn.rank;
     case ZPS_INFO_SEED: return c->seed;
     case ZPS_INFO_GLOBAL_BATCH: return c->global_batch;
     case ZPS_INFO_TOTAL_STEPS: return c->total_steps;
@@ -1236,7 +928,7 @@ static int s_end(zps_client *c, zps_err err)
 {
     c->phase = P_OVER;
     c->handed = false;
-    if (c->stop) {
+    if (c->conn.stop) {
         if (c->training) {
             zps_log_info("stopped by signal at step %llu: leaving the job",
                          (unsigned long long)c->t);
@@ -1362,17 +1054,15 @@ int zps_next_work(zps_client *c, zps_work *out)
         piece_err = c->skip ? ZPS_EAGAIN : c->push_err;
     }
     for (;;) {
-        if (c->stop && c->phase != P_DONE && c->phase != P_OVER) {
+        if (c->conn.stop && c->phase != P_DONE && c->phase != P_OVER) {
             return s_end(c, ZPS_ECLOSED);
         }
         zps_err err = ZPS_OK;
         int r = 0;
         switch (c->phase) {
         case P_NEW:
-            c->heartbeat = zps_heartbeat_start(c->ctx, c->shards[0].endpoint, &c->curve,
-                                               c->job_id, c->rank, c->member_id,
-                                               c->heartbeat_ms);
-            c->ask = s_ask_socket(c);
+            zps_conn_beat(&c->conn);
+            zps_conn_open_ask(&c->conn);
             c->t = c->start_step;
             err = s_start_wait(c, c->start_step, A_JOIN, true);
             if (err != ZPS_OK) {
@@ -1490,9 +1180,9 @@ zps_err zps_push_bucket(zps_client *c, const zps_work *w, int bucket, const floa
     }
     uint64_t blo, bhi;
     zps_model_bucket(&c->model, bucket, &blo, &bhi);
-    for (int i = 0; c->push_err == ZPS_OK && i < c->n_shards; i++) {
-        uint64_t lo = blo > c->shards[i].lo ? blo : c->shards[i].lo;
-        uint64_t hi = bhi < c->shards[i].hi ? bhi : c->shards[i].hi;
+    for (int i = 0; c->push_err == ZPS_OK && i < c->conn.n_shards; i++) {
+        uint64_t lo = blo > c->conn.shards[i].lo ? blo : c->conn.shards[i].lo;
+        uint64_t hi = bhi < c->conn.shards[i].hi ? bhi : c->conn.shards[i].hi;
         if (lo < hi) {
             c->push_err = s_push(c, i, lo, hi, grad, loss, w->data_ms);
         }
@@ -1534,19 +1224,19 @@ zps_err zps_eval_done(zps_client *c, const zps_work *w, uint32_t correct, double
     h.eval = &ev;
     zps_log_debug("epoch %llu: %u of %u test records right", (unsigned long long)w->epoch,
                   correct, w->count);
-    zps_err err = s_send(c, 0, &h, NULL, 0, NULL);
+    zps_err err = zps_conn_send(&c->conn, 0, &h, NULL, 0, NULL);
     return err == ZPS_OK ? ZPS_OK : s_fail(c, err);
 }
 
 zps_err zps_leave(zps_client *c)
 {
     s_begin(c);
-    if (!c->job_id) {
+    if (!c->conn.job_id) {
         return ZPS_OK;
     }
     Zps__Header h;
     zps_wire_header_init(&h, ZPS__MSG_TYPE__BYE);
     h.step = c->phase == P_DONE ? c->total_steps : c->stopped_at;
-    zps_err err = s_send(c, 0, &h, NULL, 0, NULL);
+    zps_err err = zps_conn_send(&c->conn, 0, &h, NULL, 0, NULL);
     return err == ZPS_OK ? ZPS_OK : s_fail(c, err);
 }
