@@ -6,6 +6,7 @@
 # the coordinator's steps after the first 50 (as bench/train.sh measures).
 #
 #   bench/lib.sh OLD_WORKER [STEPS] [REPEATS]    (default 600 steps, 5 repeats)
+#   WORKERS="2" bench/lib.sh ...                 (the worker counts, default "1 2")
 #
 # OLD_WORKER: a zps-worker built from before libzps, e.g.
 #   git archive 7152074 | tar -x -C /tmp/old && make -C /tmp/old CUDA=0 bin/zps-worker
@@ -14,6 +15,7 @@ cd "$(dirname "$0")/.."
 old=${1:?usage: bench/lib.sh OLD_WORKER [STEPS] [REPEATS]}
 steps=${2:-600}
 repeats=${3:-5}
+read -r -a counts <<<"${WORKERS:-1 2}"
 run=$(mktemp -d "${TMPDIR:-/tmp}/zps-bench-lib-XXXXXX")
 pids=()
 cleanup() { for p in "${pids[@]}"; do kill "$p" 2>/dev/null || true; done; rm -rf "$run"; }
@@ -42,13 +44,13 @@ one_run() {
 echo "zps bench/lib.sh: default job, $steps steps, median of $repeats interleaved runs, on $(nproc) cores"
 echo "old: $old; new: bin/zps-worker (libzps)"
 for r in $(seq "$repeats"); do
-  for w in 1 2; do
+  for w in "${counts[@]}"; do
     one_run "old-$w-$r" "$old" "$w" >>"$run/old-$w"
     one_run "new-$w-$r" bin/zps-worker "$w" >>"$run/new-$w"
   done
 done
 printf '%-10s %12s %12s %8s   %s\n' workers "old ms/step" "new ms/step" "new/old" "runs (old | new)"
-for w in 1 2; do
+for w in "${counts[@]}"; do
   o=$(median <"$run/old-$w")
   n=$(median <"$run/new-$w")
   printf '%-10s %12.3f %12.3f %8.3f   %s | %s\n' "$w" "$o" "$n" "$(awk -v o="$o" -v n="$n" 'BEGIN {print n / o}')" \
