@@ -84,7 +84,7 @@ struct zps_client {
     zps_wire_ref grad_ref;                         // the caller's gradient still held by ZeroMQ
     bool has_data;                                 // zps_set_dataset called
     zps_sampler sampler;                           // owned
-    uint32_t n_test;                               // test records
+    uint64_t n_test;                               // test records (64 bits: n_test * offset)
     // The piece handed out.
     uint32_t work_id;                              // its id
     bool handed;                                   // a piece is out; its outcome not yet taken

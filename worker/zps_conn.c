@@ -2,6 +2,7 @@
 #include "worker/zps_conn.h"
 
 #include <errno.h>
+#include <math.h>
 #include <stdio.h>
 #include <string.h>
 #include <time.h>
@@ -109,9 +110,25 @@ static zps_err s_hello(zps_conn *n)
 static void s_sleep_ms(double ms)
 {
     if (ms > 0) {
-        struct timespec ts = {(time_t)(ms / 1000), (long)((ms - 1000.0 * (time_t)(ms / 1000)) * 1e6)};
+        struct timespec ts = {(time_t)(ms / 1000), (long)(fmod(ms, 1000.0) * 1e6)};
         nanosleep(&ts, NULL);
     }
+}
+
+static zps_err s_await_job(zps_conn *n, double deadline, zps_wire_msg *m)
+{
+    int left = (int)(deadline - zps_clock_ms());
+    return zps_conn_await(n, n->shards[0].sock, "the job to start", n->shards[0].endpoint,
+                          left > 100 ? left : 100, m);
+}
+
+// A refusal, waiting for the JOB, of a message the member of before sent
+// (a push or pull queued before it was handed on), not of the HELLO: it
+// says nothing of this join. The end of the job still ends it.
+static bool s_of_before(zps_err err, const zps_wire_msg *m)
+{
+    return err != ZPS_OK && err != ZPS_ECLOSED && err != ZPS_ETIMEDOUT && m->hdr &&
+           m->hdr->type == ZPS__MSG_TYPE__ERROR && m->hdr->refused != ZPS__MSG_TYPE__HELLO;
 }
 
 zps_err zps_conn_hello_until_job(zps_conn *n, int join_timeout_ms, zps_wire_msg *m)
@@ -122,16 +139,14 @@ zps_err zps_conn_hello_until_job(zps_conn *n, int join_timeout_ms, zps_wire_msg 
         if (err != ZPS_OK) {
             return err;
         }
-        int left = (int)(deadline - zps_clock_ms());
-        err = zps_conn_await(n, n->shards[0].sock, "the job to start", n->shards[0].endpoint,
-                             left > 100 ? left : 100, m);
-        while (err == ZPS_OK && m->hdr->type != ZPS__MSG_TYPE__JOB && zps_clock_ms() < deadline) {
+        err = s_await_job(n, deadline, m);
+        while ((err == ZPS_OK || s_of_before(err, m)) && m->hdr->type != ZPS__MSG_TYPE__JOB &&
+               zps_clock_ms() < deadline) {
             // Joining again: what the coordinator sent the member of before
-            // (plans, rollbacks) may still be queued. The JOB is what counts.
+            // (plans, rollbacks, refusals of its pushes) may still be queued.
+            // The JOB, or an answer to the HELLO, is what counts.
             zps_wire_msg_fini(m);
-            left = (int)(deadline - zps_clock_ms());
-            err = zps_conn_await(n, n->shards[0].sock, "the job to start", n->shards[0].endpoint,
-                          left > 100 ? left : 100, m);
+            err = s_await_job(n, deadline, m);
         }
         if (err != ZPS_EAGAIN || zps_clock_ms() + ZPS_CONN_POLL_MS > deadline || n->stop) {
             return err; // m: the caller finishes it, whatever it holds

@@ -94,11 +94,11 @@ void zps_conn_open_ask(zps_conn *n);
 // bounded by timeout_ms; m is a STATUS_REPLY with its status on ZPS_OK.
 zps_err zps_conn_ask(zps_conn *n, int timeout_ms, zps_wire_msg *m);
 // PULL of step's parameters from shard i.
-zps_err zps_conn_pull(zps_conn *n, int shard, uint64_t step);
+zps_err zps_conn_pull(zps_conn *n, int i, uint64_t step);
 // PUSH of [lo, hi) of grad, piece p's mean gradient of step, to shard i,
 // zero-copy (converted into wire first for a 16-bit dtype); ref is held
 // by ZeroMQ until the frames are sent.
-zps_err zps_conn_push(zps_conn *n, int shard, uint64_t step, const zps_piece *p, uint64_t lo,
+zps_err zps_conn_push(zps_conn *n, int i, uint64_t step, const zps_piece *p, uint64_t lo,
                       uint64_t hi, zps_dtype dtype, const float *grad, uint8_t *wire, float loss,
                       float data_ms, float compute_ms, zps_wire_ref *ref);
 

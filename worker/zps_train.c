@@ -232,15 +232,15 @@ int zps_train_run(zps_train *t)
     for (;;) {
         zps_work w;
         int r = zps_next_work(t->c, &w);
-        zps_err err = ZPS_OK;
         if (r == ZPS_NEXT_WORK) {
-            if ((err = s_compute(t, &w)) != ZPS_OK) {
+            zps_err err = s_compute(t, &w);
+            if (err != ZPS_OK) {
                 zps_log_error("step %llu failed: %s", (unsigned long long)w.step,
                               zps_strerror(err));
                 return ZPS_NEXT_ERROR;
             }
         } else if (r == ZPS_NEXT_EVAL) {
-            if ((err = s_evaluate(t, &w)) != ZPS_OK) {
+            if (s_evaluate(t, &w) != ZPS_OK) {
                 return ZPS_NEXT_ERROR;
             }
         } else if (r != ZPS_NEXT_ROLLBACK && r != ZPS_NEXT_REJOINED) {
