@@ -276,8 +276,10 @@ install: $(B)/libzps.a $(LIBZPS_SO)
 
 # A program built against the installed header and zps.pc only joins a job
 # and trains (tests/lib/install.sh).
+# Under SAN=1 the program is built with the same sanitizers as the library.
 test-install: $(BINS) $(B)/libzps.a $(LIBZPS_SO)
-	ZPS_BIN_DIR=$(CURDIR)/$(BIN) bash tests/lib/install.sh
+	ZPS_BIN_DIR=$(CURDIR)/$(BIN) ZPS_TEST_CFLAGS="$(SAN_CFLAGS)" \
+		ZPS_INSTALL_MAKEFLAGS="$(if $(filter 1,$(SAN)),SAN=1)" bash tests/lib/install.sh
 
 # The chaos test for SOAK_SECONDS (default 600) of events, before a release:
 # workers killed and replaced, paused, shard 1 and the coordinator killed

@@ -12,7 +12,10 @@ cleanup() { [ -n "$srv" ] && kill "$srv" 2>/dev/null; rm -rf "$tmp"; }
 trap cleanup EXIT
 fail() { echo "install: FAIL: $*" >&2; for f in "$tmp"/*.log; do sed 's/^/  /' "$f" >&2; done; exit 1; }
 
-make --no-print-directory install PREFIX="$tmp/prefix" >"$tmp/install.log" 2>&1 || fail "make install"
+read -r -a test_cflags <<<"${ZPS_TEST_CFLAGS:-}"
+read -r -a make_flags <<<"${ZPS_INSTALL_MAKEFLAGS:-}"
+make --no-print-directory "${make_flags[@]}" install PREFIX="$tmp/prefix" >"$tmp/install.log" 2>&1 ||
+  fail "make install"
 for f in include/zps.h lib/libzps.a lib/libzps.so lib/libzps.so.1 lib/pkgconfig/zps.pc; do
   [ -e "$tmp/prefix/$f" ] || fail "make install put no $f"
 done
@@ -24,10 +27,12 @@ export PKG_CONFIG_PATH="$tmp/prefix/lib/pkgconfig"
 read -r -a zps_flags <<<"$(pkg-config --cflags --libs zps)"
 read -r -a zps_cflags <<<"$(pkg-config --cflags zps)"
 read -r -a dep_libs <<<"$(pkg-config --libs libzmq libprotobuf-c)"
-(cd "$tmp" && cc -std=c11 -Wall -Wextra -Werror -o zps_min zps_min.c "${zps_flags[@]}") \
+(cd "$tmp" && cc -std=c11 -Wall -Wextra -Werror "${test_cflags[@]}" -o zps_min zps_min.c \
+  "${zps_flags[@]}") \
   >"$tmp/cc.log" 2>&1 || fail "cc with pkg-config --cflags --libs zps"
 # libzps.a linked in, its dependencies (Requires.private) shared.
-(cd "$tmp" && cc -std=c11 -Wall -Wextra -Werror -o zps_min_static zps_min.c "${zps_cflags[@]}" \
+(cd "$tmp" && cc -std=c11 -Wall -Wextra -Werror "${test_cflags[@]}" -o zps_min_static zps_min.c \
+  "${zps_cflags[@]}" \
   -L"$tmp/prefix/lib" -Wl,-Bstatic -lzps -Wl,-Bdynamic "${dep_libs[@]}" -lm -pthread) \
   >"$tmp/cc-static.log" 2>&1 || fail "cc against libzps.a"
 ! ldd "$tmp/zps_min_static" | grep -q libzps || fail "zps_min_static loads libzps.so"
