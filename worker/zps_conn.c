@@ -122,13 +122,15 @@ static zps_err s_await_job(zps_conn *n, double deadline, zps_wire_msg *m)
                           left > 100 ? left : 100, m);
 }
 
-// A refusal, waiting for the JOB, of a message the member of before sent
-// (a push or pull queued before it was handed on), not of the HELLO: it
-// says nothing of this join. The end of the job still ends it.
+// A refusal, waiting for the JOB, of a push or pull the member of before
+// sent (queued before it was handed on): it says nothing of this join.
+// Any other refusal (of the HELLO, or naming no message, as a coordinator
+// recovering from a restart does) counts; the end of the job ends it.
 static bool s_of_before(zps_err err, const zps_wire_msg *m)
 {
     return err != ZPS_OK && err != ZPS_ECLOSED && err != ZPS_ETIMEDOUT && m->hdr &&
-           m->hdr->type == ZPS__MSG_TYPE__ERROR && m->hdr->refused != ZPS__MSG_TYPE__HELLO;
+           m->hdr->type == ZPS__MSG_TYPE__ERROR &&
+           (m->hdr->refused == ZPS__MSG_TYPE__PUSH || m->hdr->refused == ZPS__MSG_TYPE__PULL);
 }
 
 zps_err zps_conn_hello_until_job(zps_conn *n, int join_timeout_ms, zps_wire_msg *m)
