@@ -12,7 +12,7 @@
 #   make test SAN=1 the same tests, everything built with ASan + UBSan into build/san/
 #   make valgrind   one short training run (1 server, 2 workers) under valgrind memcheck
 #   make lint       cppcheck and clang-tidy (.clang-tidy) over common/ server/ worker/ ctl/ fuzz/
-#   make fuzz       libFuzzer over the message path for FUZZ_SECONDS (default 30)
+#   make fuzz       libFuzzer over the server's message path for FUZZ_SECONDS (default 30)
 #
 # Dependencies come from pkg-config; deploy/install-deps.sh installs them.
 #
@@ -374,8 +374,9 @@ $(TIDY_TARGETS): lint-tidy/%: | $(LINT_PROTO)
 	exit $$rc
 
 # ---------------------------------------------------------------- fuzz
-# make fuzz FUZZ_SECONDS=N: libFuzzer (clang) over the message path
-# (fuzz/zps_fuzz_msg.c), starting from generated seeds, the inputs it
+# make fuzz FUZZ_SECONDS=N: libFuzzer (clang) over the message path of a
+# real server on inproc sockets (fuzz/zps_fuzz_msg.c: its receive path,
+# message table and handlers), starting from generated seeds, the inputs it
 # found before (build/fuzz/corpus) and the regressions (fuzz/regressions).
 # A finding fails the run; its input is in build/fuzz/artifacts/ and
 # belongs in fuzz/regressions/, which make test replays.
@@ -387,8 +388,8 @@ FZ := build/fuzz
 FUZZ_CFLAGS := -std=c11 -D_GNU_SOURCE -O1 -g -Wall -Wextra -fno-omit-frame-pointer \
 	-fsanitize=address,undefined -fno-sanitize-recover=undefined -MMD -MP \
 	-I. -I$(FZ) $(PKG_CFLAGS)
-# The target links what it uses (the shard and what the shard needs) from
-# one archive of common/ and server/, as the server does.
+# The target links the server (zps_server_open, zps_server_turn) and what
+# it needs from one archive of common/ and server/, as zps-server does.
 FUZZ_LIB_SRC := $(FZ)/proto/zps.pb-c.c $(COMMON_SRC:$(PROTO_C)=) $(SERVER_SRC)
 FUZZ_LIB_OBJ := $(patsubst %.c,$(FZ)/obj/%.o,$(patsubst $(FZ)/%,%,$(FUZZ_LIB_SRC)))
 .PHONY: fuzz

@@ -19,6 +19,7 @@ const char *zps_strerror(zps_err err)
     case ZPS_ETIMEDOUT: return "timed out";
     case ZPS_ECLOSED: return "closed";
     case ZPS_EAGAIN: return "not yet";
+    case ZPS_EPERM: return "not permitted";
     case ZPS_ECOUNT_: break;
     }
     return "unknown error";

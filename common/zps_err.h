@@ -21,6 +21,7 @@ typedef enum zps_err {
     ZPS_ETIMEDOUT,   // a bounded wait ran out
     ZPS_ECLOSED,     // peer or job is gone
     ZPS_EAGAIN,      // not yet: hold the message and try again later
+    ZPS_EPERM,       // the sender's role or credential does not allow this message
     ZPS_ECOUNT_      // number of codes, not an error
 } zps_err;
 

@@ -117,7 +117,31 @@ void zps_log(zps_log_level level, const char *fmt, ...)
         fprintf(stderr, "{\"ts\":\"%s\",\"level\":\"%s\",\"proc\":\"%s\",\"pid\":%ld,\"msg\":\"%s\"}\n",
                 ts, levels[level], name, (long)getpid(), esc);
     } else {
+        // A message may quote a peer's text (a host name, an error): a
+        // control character must not start a line of its own that looks
+        // like ours ("... test accuracy 1.0000").
+        for (char *p = msg; *p; p++) {
+            if ((unsigned char)*p < 0x20 || *p == 0x7f) {
+                *p = '?';
+            }
+        }
         static const char *tags[] = {"DEBUG", "INFO", "WARN", "ERROR"};
         fprintf(stderr, "%s %-5s %s: %s\n", ts, tags[level], s_name, msg);
     }
+}
+
+bool zps_log_limit_pass(zps_log_limit *l, double now_ms, uint64_t *left_out)
+{
+    if (now_ms - l->window_ms >= 1000.0 || now_ms < l->window_ms) {
+        l->window_ms = now_ms;
+        l->lines = 0;
+    }
+    if (l->lines >= ZPS_LOG_LIMIT_LINES) {
+        l->suppressed++;
+        return false;
+    }
+    l->lines++;
+    *left_out = l->suppressed;
+    l->suppressed = 0;
+    return true;
 }

@@ -6,6 +6,7 @@
 #define ZPS_LOG_H
 
 #include <stdbool.h>
+#include <stdint.h>
 #include <stdlib.h>
 
 typedef enum zps_log_level {
@@ -37,6 +38,21 @@ void zps_log(zps_log_level level, const char *fmt, ...) __attribute__((format(pr
 #define zps_log_info(...) zps_log(ZPS_LOG_INFO, __VA_ARGS__)
 #define zps_log_warn(...) zps_log(ZPS_LOG_WARN, __VA_ARGS__)
 #define zps_log_error(...) zps_log(ZPS_LOG_ERROR, __VA_ARGS__)
+
+// A bound on lines a peer can cause (refusals): at most ZPS_LOG_LIMIT_LINES
+// in any second; the rest are counted, and the next line let through says
+// how many were left out. Zeroed memory is a fresh limiter.
+#define ZPS_LOG_LIMIT_LINES 10
+
+typedef struct zps_log_limit {
+    double window_ms;    // start of the current second
+    uint32_t lines;      // lines let through in it
+    uint64_t suppressed; // lines left out since the last one let through
+} zps_log_limit;
+
+// Whether a line may be logged at now_ms; if so, *left_out is how many
+// were left out before it (and the count starts again).
+bool zps_log_limit_pass(zps_log_limit *l, double now_ms, uint64_t *left_out);
 
 // Bugs only (broken invariants), never input from the network.
 #define ZPS_ASSERT(x) \

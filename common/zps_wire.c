@@ -31,7 +31,7 @@ void *zps_wire_socket(void *ctx, int type, int timeout_ms)
         zmq_setsockopt(s, ZMQ_SNDHWM, &hwm, sizeof hwm) ||
         zmq_setsockopt(s, ZMQ_RCVHWM, &hwm, sizeof hwm)) {
         zps_log_error("zmq_setsockopt: %s", zmq_strerror(errno));
-        zmq_close(s);
+        zps_wire_close(&s);
         return NULL;
     }
     return s;
@@ -63,9 +63,9 @@ static void s_drain(void *sock)
     size_t len = sizeof more;
     while (zmq_getsockopt(sock, ZMQ_RCVMORE, &more, &len) == 0 && more) {
         zmq_msg_t part;
-        zmq_msg_init(&part);
+        ZPS_ASSERT(zmq_msg_init(&part) == 0);
         int rc = zmq_msg_recv(&part, sock, 0);
-        zmq_msg_close(&part);
+        ZPS_ASSERT(zmq_msg_close(&part) == 0);
         if (rc < 0) {
             break;
         }
@@ -80,37 +80,53 @@ static bool s_more(void *sock)
     return zmq_getsockopt(sock, ZMQ_RCVMORE, &more, &len) == 0 && more;
 }
 
+// Copies one metadata property of a received frame ("" when the transport
+// has none, as inproc, or the name is unknown).
+static void s_meta(zmq_msg_t *frame, const char *name, char *out)
+{
+    const char *v = zmq_msg_gets(frame, name);
+    snprintf(out, ZPS_WIRE_META_LEN, "%s", v ? v : "");
+}
+
 zps_err zps_wire_recv(void *sock, bool router, zps_wire_msg *m)
 {
     memset(m, 0, sizeof *m);
     zmq_msg_t head;
     if (router) {
-        zmq_msg_init(&m->route);
+        ZPS_ASSERT(zmq_msg_init(&m->route) == 0);
         if (zmq_msg_recv(&m->route, sock, 0) < 0) {
-            zmq_msg_close(&m->route);
-            return errno == EAGAIN ? ZPS_ETIMEDOUT : ZPS_EIO;
+            int e = errno;
+            ZPS_ASSERT(zmq_msg_close(&m->route) == 0);
+            return e == EAGAIN ? ZPS_ETIMEDOUT : ZPS_EIO;
         }
         m->has_route = true;
+        s_meta(&m->route, "Peer-Address", m->peer);
         if (!s_more(sock)) {
             return ZPS_EPROTO;
         }
     }
-    zmq_msg_init(&head);
+    ZPS_ASSERT(zmq_msg_init(&head) == 0);
     if (zmq_msg_recv(&head, sock, 0) < 0) {
-        zmq_msg_close(&head);
-        return errno == EAGAIN ? ZPS_ETIMEDOUT : ZPS_EIO;
+        int e = errno;
+        ZPS_ASSERT(zmq_msg_close(&head) == 0);
+        return e == EAGAIN ? ZPS_ETIMEDOUT : ZPS_EIO;
     }
+    // Who sent it, from the connection: the table of who may send what
+    // (server/zps_msgtab.h) reads the role ZAP gave the key, and refusals
+    // name the address.
+    s_meta(&head, "Peer-Address", m->peer);
+    s_meta(&head, "User-Id", m->user_id);
     m->hdr = zps__header__unpack(NULL, zmq_msg_size(&head), zmq_msg_data(&head));
-    zmq_msg_close(&head);
+    ZPS_ASSERT(zmq_msg_close(&head) == 0);
     while (s_more(sock)) {
         if (m->n_frames == ZPS_WIRE_MAX_FRAMES) {
             s_drain(sock);
             return ZPS_EPROTO;
         }
         zmq_msg_t *f = &m->frames[m->n_frames];
-        zmq_msg_init(f);
+        ZPS_ASSERT(zmq_msg_init(f) == 0);
         if (zmq_msg_recv(f, sock, 0) < 0) {
-            zmq_msg_close(f);
+            ZPS_ASSERT(zmq_msg_close(f) == 0);
             return ZPS_EIO;
         }
         m->n_frames++;
@@ -125,10 +141,12 @@ zps_err zps_wire_recv(void *sock, bool router, zps_wire_msg *m)
     return ZPS_OK;
 }
 
+// zmq_msg_init, _close, _move and _copy fail only on a message that is not
+// one (EFAULT): a bug here, never the peer's doing.
 void zps_wire_msg_fini(zps_wire_msg *m)
 {
     if (m->has_route) {
-        zmq_msg_close(&m->route);
+        ZPS_ASSERT(zmq_msg_close(&m->route) == 0);
         m->has_route = false;
     }
     if (m->hdr) {
@@ -136,7 +154,7 @@ void zps_wire_msg_fini(zps_wire_msg *m)
         m->hdr = NULL;
     }
     for (int i = 0; i < m->n_frames; i++) {
-        zmq_msg_close(&m->frames[i]);
+        ZPS_ASSERT(zmq_msg_close(&m->frames[i]) == 0);
     }
     m->n_frames = 0;
 }
@@ -144,23 +162,44 @@ void zps_wire_msg_fini(zps_wire_msg *m)
 void zps_wire_msg_move(zps_wire_msg *dst, zps_wire_msg *src)
 {
     memset(dst, 0, sizeof *dst);
+    memcpy(dst->peer, src->peer, sizeof dst->peer);
+    memcpy(dst->user_id, src->user_id, sizeof dst->user_id);
     if (src->has_route) {
-        zmq_msg_init(&dst->route);
-        zmq_msg_move(&dst->route, &src->route);
+        ZPS_ASSERT(zmq_msg_init(&dst->route) == 0);
+        ZPS_ASSERT(zmq_msg_move(&dst->route, &src->route) == 0);
         dst->has_route = true;
-        zmq_msg_close(&src->route);
+        ZPS_ASSERT(zmq_msg_close(&src->route) == 0);
         src->has_route = false;
     }
     dst->hdr = src->hdr;
     src->hdr = NULL;
     for (int i = 0; i < src->n_frames; i++) {
-        zmq_msg_init(&dst->frames[i]);
-        zmq_msg_move(&dst->frames[i], &src->frames[i]);
-        zmq_msg_close(&src->frames[i]);
+        ZPS_ASSERT(zmq_msg_init(&dst->frames[i]) == 0);
+        ZPS_ASSERT(zmq_msg_move(&dst->frames[i], &src->frames[i]) == 0);
+        ZPS_ASSERT(zmq_msg_close(&src->frames[i]) == 0);
     }
     dst->n_frames = src->n_frames;
     dst->payload_bytes = src->payload_bytes;
     src->n_frames = 0;
+}
+
+void zps_wire_route_copy(zmq_msg_t *dst, zmq_msg_t *src)
+{
+    ZPS_ASSERT(zmq_msg_init(dst) == 0);
+    ZPS_ASSERT(zmq_msg_copy(dst, src) == 0);
+}
+
+void zps_wire_route_close(zmq_msg_t *r)
+{
+    ZPS_ASSERT(zmq_msg_close(r) == 0);
+}
+
+void zps_wire_close(void **sock)
+{
+    if (*sock && zmq_close(*sock) != 0) {
+        zps_log_warn("zmq_close: %s", zmq_strerror(errno));
+    }
+    *sock = NULL;
 }
 
 // ZeroMQ calls this from its I/O thread once a zero-copy frame is sent:
@@ -171,68 +210,137 @@ static void s_release(void *data, void *hint)
     atomic_fetch_sub_explicit(&((zps_wire_ref *)hint)->inflight, 1, memory_order_release);
 }
 
-static zps_err s_send_part(void *sock, zmq_msg_t *msg, bool more)
+// ---------------------------------------------------------------------------
+// Sending: build every part, then send them all.
+
+#define S_MAX_PARTS (ZPS_WIRE_MAX_FRAMES + 2) // routing id, header, payload frames
+#define S_EINTR_TRIES 100                     // a part interrupted this often: give up
+
+static atomic_int s_fault_build = -1; // zps_wire_inject_fault
+static atomic_int s_fault_eintr = -1;
+
+void zps_wire_inject_fault(zps_wire_fault kind, int nth)
 {
-    if (zmq_msg_send(msg, sock, more ? ZMQ_SNDMORE : 0) < 0) {
-        zps_log_warn("send: %s", zmq_strerror(errno));
-        zmq_msg_close(msg);
-        return errno == EAGAIN ? ZPS_ETIMEDOUT : ZPS_EIO;
+    atomic_store(kind == ZPS_WIRE_FAULT_BUILD ? &s_fault_build : &s_fault_eintr, nth);
+}
+
+// Whether building part i of a message is to fail (fault injection).
+static bool s_build_fails(int i)
+{
+    return atomic_load_explicit(&s_fault_build, memory_order_relaxed) == i;
+}
+
+static zps_err s_build_copy(zmq_msg_t *f, const void *p, size_t len, int i)
+{
+    if (s_build_fails(i) || zmq_msg_init_size(f, len) != 0) {
+        return ZPS_ENOMEM;
+    }
+    memcpy(zmq_msg_data(f), p, len);
+    return ZPS_OK;
+}
+
+// A zero-copy frame of the caller's buffer: ZeroMQ calls s_release once it
+// is done with it, sent or closed unsent.
+static zps_err s_build_ref(zmq_msg_t *f, const void *p, size_t len, zps_wire_ref *ref, int i)
+{
+    if (s_build_fails(i)) {
+        return ZPS_ENOMEM;
+    }
+    atomic_fetch_add_explicit(&ref->inflight, 1, memory_order_relaxed);
+    if (zmq_msg_init_data(f, (void *)p, len, s_release, ref) != 0) {
+        atomic_fetch_sub(&ref->inflight, 1);
+        return ZPS_ENOMEM;
     }
     return ZPS_OK;
 }
 
-static zps_err s_send_frame(void *sock, const uint8_t *p, size_t len, bool more, zps_wire_ref *ref)
+// Sends parts[0..n) as one message; the parts not sent are closed.
+//
+// Why a failure cannot leave half a message behind: the parts exist before
+// the first is sent, so nothing of ours can fail between two of them. An
+// interrupted send (EINTR, which libzmq returns before it queues anything)
+// is sent again. Past the first part libzmq fails otherwise only when the
+// socket is unusable (ETERM, ENOTSOCK): a pipe that fills up or goes away
+// mid-message is libzmq's to handle, and it drops the message whole
+// (router.cpp xsend, lb.cpp sendpipe, libzmq 4.3) rather than deliver part.
+static zps_err s_send_parts(void *sock, zmq_msg_t *parts, int n)
 {
-    zmq_msg_t f;
-    if (ref) {
-        atomic_fetch_add_explicit(&ref->inflight, 1, memory_order_relaxed);
-        if (zmq_msg_init_data(&f, (void *)p, len, s_release, ref) != 0) {
-            atomic_fetch_sub(&ref->inflight, 1);
-            return ZPS_ENOMEM;
+    for (int i = 0; i < n; i++) {
+        int tries = 0;
+        for (;;) {
+            int rc;
+            if (atomic_load_explicit(&s_fault_eintr, memory_order_relaxed) == i && tries == 0) {
+                rc = -1;
+                errno = EINTR;
+            } else {
+                rc = zmq_msg_send(&parts[i], sock, i + 1 < n ? ZMQ_SNDMORE : 0);
+            }
+            if (rc >= 0) {
+                break;
+            }
+            int e = errno;
+            if (e == EINTR && ++tries < S_EINTR_TRIES) {
+                continue;
+            }
+            zps_log_warn("send%s: %s", i > 0 ? " (mid-message)" : "", zmq_strerror(e));
+            for (int k = i; k < n; k++) {
+                ZPS_ASSERT(zmq_msg_close(&parts[k]) == 0);
+            }
+            return i == 0 && e == EAGAIN ? ZPS_ETIMEDOUT : ZPS_EIO;
         }
-    } else {
-        if (zmq_msg_init_size(&f, len) != 0) {
-            return ZPS_ENOMEM;
-        }
-        memcpy(zmq_msg_data(&f), p, len);
     }
-    return s_send_part(sock, &f, more);
+    return ZPS_OK;
 }
 
 zps_err zps_wire_send(void *sock, zmq_msg_t *route, const Zps__Header *h, const void *payload,
                       size_t bytes, zps_wire_ref *ref)
 {
-    zps_err err;
-    zmq_msg_t part;
+    size_t n_frames = (bytes + ZPS_WIRE_FRAME_BYTES - 1) / ZPS_WIRE_FRAME_BYTES;
+    if (n_frames > ZPS_WIRE_MAX_FRAMES) {
+        zps_log_error("a %s of %zu bytes needs %zu frames; receivers take %d", 
+                      zps_wire_type_name((int)h->type), bytes, n_frames, ZPS_WIRE_MAX_FRAMES);
+        return ZPS_EINVAL;
+    }
+    zmq_msg_t parts[S_MAX_PARTS];
+    int n = 0;
+    zps_err err = ZPS_OK;
     if (route) {
-        zmq_msg_init(&part);
-        zmq_msg_copy(&part, route);
-        if ((err = s_send_part(sock, &part, true)) != ZPS_OK) {
-            return err;
+        if (s_build_fails(n)) {
+            err = ZPS_ENOMEM;
+        } else {
+            ZPS_ASSERT(zmq_msg_init(&parts[n]) == 0);
+            ZPS_ASSERT(zmq_msg_copy(&parts[n], route) == 0);
+            n++;
         }
     }
     size_t hlen = zps__header__get_packed_size(h);
-    if (zmq_msg_init_size(&part, hlen) != 0) {
-        return ZPS_ENOMEM;
-    }
-    zps__header__pack(h, zmq_msg_data(&part));
-    if ((err = s_send_part(sock, &part, bytes > 0)) != ZPS_OK) {
-        return err;
+    if (err == ZPS_OK && (s_build_fails(n) || zmq_msg_init_size(&parts[n], hlen) != 0)) {
+        err = ZPS_ENOMEM;
+    } else if (err == ZPS_OK) {
+        zps__header__pack(h, zmq_msg_data(&parts[n]));
+        n++;
     }
     const uint8_t *p = payload;
-    while (bytes > 0) {
+    while (err == ZPS_OK && bytes > 0) {
         size_t len = bytes < ZPS_WIRE_FRAME_BYTES ? bytes : ZPS_WIRE_FRAME_BYTES;
-        if ((err = s_send_frame(sock, p, len, bytes > len, ref)) != ZPS_OK) {
-            return err;
-        }
+        err = ref ? s_build_ref(&parts[n], p, len, ref, n) : s_build_copy(&parts[n], p, len, n);
+        n += err == ZPS_OK;
         p += len;
         bytes -= len;
     }
-    return ZPS_OK;
+    if (err != ZPS_OK) {
+        zps_log_warn("could not build a %s to send: %s", zps_wire_type_name((int)h->type),
+                     zps_strerror(err));
+        for (int k = 0; k < n; k++) {
+            ZPS_ASSERT(zmq_msg_close(&parts[k]) == 0); // a zero-copy frame is released here
+        }
+        return err;
+    }
+    return s_send_parts(sock, parts, n);
 }
 
-void zps_wire_send_error(void *sock, zmq_msg_t *route, uint64_t job_id, uint64_t step,
-                         zps_err code, const char *why)
+zps_err zps_wire_send_error(void *sock, zmq_msg_t *route, uint64_t job_id, uint64_t step,
+                            zps_err code, const char *why)
 {
     Zps__Header h;
     zps_wire_header_init(&h, ZPS__MSG_TYPE__ERROR);
@@ -240,11 +348,11 @@ void zps_wire_send_error(void *sock, zmq_msg_t *route, uint64_t job_id, uint64_t
     h.step = step;
     h.error_code = (int32_t)code;
     h.error = (char *)why;
-    (void)zps_wire_send(sock, route, &h, NULL, 0, NULL);
+    return zps_wire_send(sock, route, &h, NULL, 0, NULL);
 }
 
-void zps_wire_send_refusal(void *sock, zmq_msg_t *route, uint64_t job_id,
-                           const Zps__Header *refused, zps_err code, const char *why)
+zps_err zps_wire_send_refusal(void *sock, zmq_msg_t *route, uint64_t job_id,
+                              const Zps__Header *refused, zps_err code, const char *why)
 {
     Zps__Header h;
     zps_wire_header_init(&h, ZPS__MSG_TYPE__ERROR);
@@ -259,7 +367,7 @@ void zps_wire_send_refusal(void *sock, zmq_msg_t *route, uint64_t job_id,
     h.generation = refused->generation;
     h.error_code = (int32_t)code;
     h.error = (char *)why;
-    (void)zps_wire_send(sock, route, &h, NULL, 0, NULL);
+    return zps_wire_send(sock, route, &h, NULL, 0, NULL);
 }
 
 zps_err zps_wire_check_tensor(const zps_wire_msg *m, int dtype, uint64_t lo, uint64_t hi,

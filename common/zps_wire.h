@@ -8,7 +8,11 @@
  * must zps_wire_ref_wait() before writing that buffer again.
  *
  * Nothing here trusts the peer: a message that does not decode is returned
- * as ZPS_EPROTO with its routing id, so the caller can answer it. */
+ * as ZPS_EPROTO with its routing id, so the caller can answer it.
+ *
+ * A send is all or nothing: every part of a message is built before the
+ * first is handed to ZeroMQ, so a failure (out of memory, too many frames)
+ * leaves nothing on the socket for the next message to be glued to. */
 #ifndef ZPS_WIRE_H
 #define ZPS_WIRE_H
 
@@ -27,9 +31,14 @@
 // Largest frame a peer may make us allocate (ZMQ_MAXMSGSIZE).
 #define ZPS_WIRE_MAX_MSG_BYTES ((int64_t)ZPS_WIRE_FRAME_BYTES + (1 << 20))
 
+// Longest "Peer-Address" and "User-Id" kept from a message's metadata.
+#define ZPS_WIRE_META_LEN 64
+
 typedef struct zps_wire_msg {
     zmq_msg_t route;                         // ROUTER: the sender's routing id
     bool has_route;                          // route is initialised
+    char peer[ZPS_WIRE_META_LEN];            // the connection's "Peer-Address" ("" if none: inproc)
+    char user_id[ZPS_WIRE_META_LEN];         // the "User-Id" ZAP gave it ("" without CURVE)
     Zps__Header *hdr;                        // owned: decoded header, NULL if it did not decode
     zmq_msg_t frames[ZPS_WIRE_MAX_FRAMES];   // owned: payload frames
     int n_frames;                            // payload frames received
@@ -67,20 +76,39 @@ void zps_wire_msg_fini(zps_wire_msg *m);
 // empty, safe to zps_wire_msg_fini.
 void zps_wire_msg_move(zps_wire_msg *dst, zps_wire_msg *src);
 
+// A routing id kept to send to later: dst (not initialised) becomes a copy
+// of src; close it with zps_wire_route_close. Both fail only on a bug.
+void zps_wire_route_copy(zmq_msg_t *dst, zmq_msg_t *src);
+void zps_wire_route_close(zmq_msg_t *r);
+// Closes a socket and says so if ZeroMQ refuses (it only does for a
+// pointer that is not a socket); *sock becomes NULL.
+void zps_wire_close(void **sock);
+
 // Sends a header and, if bytes > 0, a payload cut into frames. route is the
 // peer's routing id on a ROUTER socket, NULL on a DEALER. With ref the
-// payload is sent zero-copy (see above); without, it is copied.
+// payload is sent zero-copy (see above); without, it is copied. Whole or
+// not at all: ZPS_ENOMEM or ZPS_EINVAL (a payload of more frames than a
+// receiver takes) before anything is sent; ZPS_ETIMEDOUT if the first part
+// could not go out within the send timeout; ZPS_EIO if the socket failed.
+// Logged on failure.
 zps_err zps_wire_send(void *sock, zmq_msg_t *route, const Zps__Header *h, const void *payload,
                       size_t bytes, zps_wire_ref *ref);
 
 // Answers a refused message with ERROR (code and one line), echoing its step.
-void zps_wire_send_error(void *sock, zmq_msg_t *route, uint64_t job_id, uint64_t step,
-                         zps_err code, const char *why);
+zps_err zps_wire_send_error(void *sock, zmq_msg_t *route, uint64_t job_id, uint64_t step,
+                            zps_err code, const char *why);
 // The ERROR answering a refused message, which it names (its type, step,
 // shard, tensor range and slice echoed), so that its sender can tell which
 // of its messages to send again.
-void zps_wire_send_refusal(void *sock, zmq_msg_t *route, uint64_t job_id,
-                           const Zps__Header *refused, zps_err code, const char *why);
+zps_err zps_wire_send_refusal(void *sock, zmq_msg_t *route, uint64_t job_id,
+                              const Zps__Header *refused, zps_err code, const char *why);
+
+// Fault injection for tests (SQLite's FAULTSIM): the nth part (0 the
+// first) of the next messages sent fails to be built (ZPS_WIRE_FAULT_BUILD,
+// as if out of memory) or its first send is interrupted (ZPS_WIRE_FAULT_EINTR,
+// as a signal does). -1 turns it off. Process-wide; never set in a daemon.
+typedef enum zps_wire_fault { ZPS_WIRE_FAULT_BUILD, ZPS_WIRE_FAULT_EINTR } zps_wire_fault;
+void zps_wire_inject_fault(zps_wire_fault kind, int nth);
 
 // Checks that m carries a tensor of hdr->count elements of dtype (a
 // zps_dtype) inside [lo, hi), whose frames hold whole elements and add up

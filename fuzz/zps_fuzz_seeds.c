@@ -1,14 +1,19 @@
-/* zps_fuzz_seeds.c - writes the seed corpus of the message-path fuzz target:
- * valid message sequences in the input format of zps_fuzz.h, one file per
- * scenario, so that fuzzing starts from inputs that train whole steps rather
- * than from bytes that never decode.
+/* zps_fuzz_seeds.c - writes inputs of the message-path fuzz target in the
+ * format of zps_fuzz.h: the seed corpus (valid message sequences that
+ * train whole steps, so that fuzzing starts from what reaches deep
+ * states rather than from bytes that never decode), and, with
+ * --regressions, the lies of issue 14, one file each, as kept in
+ * fuzz/regressions/.
  *
- * Generated, not checked in: the seeds follow proto/zps.proto and the
- * shard's buckets as they are now. Usage: zps_fuzz_seeds DIR */
+ * The seeds are generated, not checked in: they follow proto/zps.proto
+ * and the shards' buckets as they are now.
+ * Usage: zps_fuzz_seeds DIR | zps_fuzz_seeds --regressions DIR */
+#include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
+#include "common/zps_model.h"
 #include "common/zps_plan.h"
 #include "common/zps_wire.h"
 #include "fuzz/zps_fuzz.h"
@@ -20,10 +25,10 @@ typedef struct seed {
     size_t len;
     uint8_t config;           // the first byte
     zps_model_spec model;
-    uint64_t lo, hi;          // the range served
+    uint64_t lo, hi;          // the range of the server under test
     int n_buckets;
     zps_bucket buckets[ZPS_MODEL_MAX_BUCKETS];
-    zps_plan plan;            // the first plan, as the target makes it
+    zps_plan plan;            // the first plan, as the coordinator makes it
 } seed;
 
 static void s_put(seed *s, const void *p, size_t n)
@@ -48,6 +53,11 @@ static void s_put_u16(seed *s, uint32_t v)
     s_put_u8(s, v >> 8);
 }
 
+static uint8_t s_config(uint32_t dtype, zps_fuzz_stage stage, uint32_t global_batch)
+{
+    return (uint8_t)(dtype | (uint32_t)stage << 2 | (global_batch - 2) << 4);
+}
+
 static void s_begin(seed *s, uint8_t config)
 {
     memset(s, 0, sizeof *s);
@@ -55,8 +65,8 @@ static void s_begin(seed *s, uint8_t config)
     if (zps_model_parse(ZPS_FUZZ_MODEL, &s->model) != ZPS_OK) {
         exit(EXIT_FAILURE);
     }
-    uint32_t index;
-    zps_fuzz_range(config, &s->model, &index, &s->lo, &s->hi);
+    uint32_t index = zps_fuzz_stage_of(config) == ZPS_FUZZ_SHARD1 ? 1 : 0;
+    zps_model_shard_range(s->model.n_params, index, 2, &s->lo, &s->hi);
     s->n_buckets = zps_model_range_buckets(&s->model, s->lo, s->hi, s->buckets);
     static const uint32_t shares[2] = {0, 0};
     char why[128];
@@ -70,11 +80,10 @@ static void s_begin(seed *s, uint8_t config)
     s_put_u8(s, config);
 }
 
-// One message: the header, then the payload cut into `frames` frames (the
-// last one takes the rest); with unaligned, the frames after the first
-// are zero-copy at their own offset in the input.
-static void s_msg(seed *s, const Zps__Header *h, const uint8_t *payload, size_t bytes,
-                  int frames, bool unaligned)
+// One message from `peer`: the header, then the payload cut into `frames`
+// frames (the last one takes the rest).
+static void s_msg(seed *s, zps_fuzz_peer peer, const Zps__Header *h, const void *payload,
+                  size_t bytes, int frames)
 {
     uint8_t head[4096];
     size_t hlen = zps__header__get_packed_size(h);
@@ -82,80 +91,156 @@ static void s_msg(seed *s, const Zps__Header *h, const uint8_t *payload, size_t 
         exit(EXIT_FAILURE);
     }
     zps__header__pack(h, head);
+    s_put_u8(s, (uint32_t)peer);
     s_put_u16(s, (uint32_t)hlen);
     s_put(s, head, hlen);
     frames = bytes == 0 ? 0 : frames;
     s_put_u8(s, (uint32_t)frames);
     size_t esize = zps_dtype_size((zps_dtype)h->dtype), off = 0;
     esize = esize ? esize : 1;
+    const uint8_t *p = payload;
     for (int f = 0; f < frames; f++) {
         // Whole elements per frame, as zps_wire_check_tensor requires.
         size_t len = f == frames - 1 ? bytes - off : (bytes / esize / (size_t)frames) * esize;
-        s_put_u16(s, (uint32_t)len | (unaligned && f > 0 ? ZPS_FUZZ_FRAME_UNALIGNED : 0));
-        s_put(s, payload + off, len);
+        s_put_u16(s, (uint32_t)len);
+        s_put(s, p + off, len);
         off += len;
     }
 }
 
-typedef struct sender {
-    uint32_t rank;
-    uint64_t member_id;
-    uint32_t offset, count; // its slice of the global batch
-} sender;
-
-static sender s_member(const seed *s, int i)
+// A header as a peer that holds its credentials writes it (placeholders).
+static Zps__Header s_header(Zps__MsgType type, zps_fuzz_peer peer, uint64_t step)
 {
-    const zps_plan_slice *sl = &s->plan.slices[i];
-    return (sender){sl->rank, sl->member_id, sl->offset, sl->count};
+    Zps__Header h;
+    zps_wire_header_init(&h, type);
+    h.job_id = ZPS_FUZZ_JOB;
+    h.step = step;
+    h.generation = 1;
+    h.rank = peer == ZPS_FUZZ_WORKER1 ? 1 : 0;
+    h.member_id = peer == ZPS_FUZZ_WORKER1 ? ZPS_FUZZ_MEMBER1 : ZPS_FUZZ_MEMBER0;
+    h.shard = 1;
+    h.shard_token = ZPS_FUZZ_TOKEN;
+    return h;
 }
 
-// A PUSH of bucket b's gradient for a step, in the job's dtype.
-static void s_push(seed *s, sender who, uint64_t step, uint32_t gen, int b, int frames,
-                   bool unaligned)
+// Worker `peer`'s PUSH of bucket b for a step, of its own slice (or the
+// slice of `as`), in the job's dtype; NaN values if asked.
+static void s_push(seed *s, zps_fuzz_peer peer, int as, uint64_t step, uint32_t gen, int b,
+                   int frames, bool nan)
 {
     zps_dtype dtype = zps_fuzz_dtype(s->config);
     uint64_t count = s->buckets[b].hi - s->buckets[b].lo;
     float vals[ZPS_MODEL_MAX_BUCKETS * 16];
     uint8_t payload[sizeof vals];
     for (uint64_t i = 0; i < count; i++) {
-        vals[i] = 0.01f * (float)(i + 1) * (float)(who.rank + 1) - 0.05f * (float)step;
+        vals[i] = nan ? NAN : 0.01f * (float)(i + 1) * (float)(peer + 1) - 0.05f * (float)step;
     }
     zps_dtype_from_f32(dtype, vals, payload, count);
-    Zps__Header h;
-    zps_wire_header_init(&h, ZPS__MSG_TYPE__PUSH);
-    h.job_id = 0x5eed;
+    Zps__Header h = s_header(ZPS__MSG_TYPE__PUSH, peer, step);
     h.generation = gen;
-    h.step = step;
     h.offset = s->buckets[b].lo;
     h.count = count;
     h.dtype = (Zps__DType)dtype;
-    h.samples = who.count;
-    h.batch_offset = who.offset;
+    h.samples = s->plan.slices[as].count;
+    h.batch_offset = s->plan.slices[as].offset;
     h.loss = 2.0f - 0.1f * (float)step;
-    h.rank = who.rank;
-    h.member_id = who.member_id;
     h.compute_ms = 1.5f;
-    s_msg(s, &h, payload, count * zps_dtype_size(dtype), frames, unaligned);
+    s_msg(s, peer, &h, payload, count * zps_dtype_size(dtype), frames);
 }
 
-static void s_pull(seed *s, sender who, uint64_t step)
+static void s_pull(seed *s, zps_fuzz_peer peer, uint64_t step)
 {
-    Zps__Header h;
-    zps_wire_header_init(&h, ZPS__MSG_TYPE__PULL);
-    h.job_id = 0x5eed;
-    h.step = step;
-    h.rank = who.rank;
-    h.member_id = who.member_id;
-    s_msg(s, &h, NULL, 0, 0, false);
+    Zps__Header h = s_header(ZPS__MSG_TYPE__PULL, peer, step);
+    s_msg(s, peer, &h, NULL, 0, 0);
 }
 
-// Every member of the first plan pushes every bucket of the step.
-static void s_step(seed *s, uint64_t step, int frames, bool unaligned)
+// Both workers push every bucket of the server's range for the step.
+static void s_step(seed *s, uint64_t step, uint32_t gen, int frames)
 {
     for (int b = 0; b < s->n_buckets; b++) {
-        for (int i = 0; i < 2; i++) {
-            s_push(s, s_member(s, i), step, 1, b, frames, unaligned);
-        }
+        s_push(s, ZPS_FUZZ_WORKER0, 0, step, gen, b, frames, false);
+        s_push(s, ZPS_FUZZ_WORKER1, 1, step, gen, b, frames, false);
+    }
+}
+
+static void s_simple(seed *s, zps_fuzz_peer peer, Zps__MsgType type, uint64_t step)
+{
+    Zps__Header h = s_header(type, peer, step);
+    s_msg(s, peer, &h, NULL, 0, 0);
+}
+
+static void s_eval(seed *s, zps_fuzz_peer peer, uint64_t epoch, uint32_t offset, uint32_t count,
+                   uint32_t correct)
+{
+    Zps__Eval ev = ZPS__EVAL__INIT;
+    ev.epoch = epoch;
+    ev.offset = offset;
+    ev.count = count;
+    ev.correct = correct;
+    ev.loss_sum = 0.5 * count;
+    Zps__Header h = s_header(ZPS__MSG_TYPE__EVAL, peer, 0);
+    h.eval = &ev;
+    s_msg(s, peer, &h, NULL, 0, 0);
+}
+
+// A REGISTER of shard `index` at `endpoint`.
+static void s_register(seed *s, zps_fuzz_peer peer, uint32_t index, const char *endpoint,
+                       bool serving, uint64_t token)
+{
+    Zps__Register reg = ZPS__REGISTER__INIT;
+    reg.index = index;
+    reg.shards = 2;
+    reg.endpoint = (char *)endpoint;
+    reg.resume = true;
+    reg.serving = serving;
+    Zps__Header h = s_header(ZPS__MSG_TYPE__REGISTER, peer, 0);
+    h.job_id = 0;
+    h.shard = index;
+    h.shard_token = token;
+    h.registration = &reg;
+    s_msg(s, peer, &h, NULL, 0, 0);
+}
+
+static void s_ready(seed *s, zps_fuzz_peer peer, uint64_t step, uint64_t token)
+{
+    Zps__Header h = s_header(ZPS__MSG_TYPE__READY, peer, step);
+    h.shard_token = token;
+    s_msg(s, peer, &h, NULL, 0, 0);
+}
+
+// The coordinator peer's PLAN of generation gen from `effective`, the
+// first plan's members (SHARD1).
+static void s_plan(seed *s, Zps__MsgType type, uint32_t gen, uint64_t effective)
+{
+    Zps__Slice sl[2], *sp[2];
+    for (int i = 0; i < 2; i++) {
+        zps__slice__init(&sl[i]);
+        sl[i].rank = s->plan.slices[i].rank;
+        sl[i].offset = s->plan.slices[i].offset;
+        sl[i].count = s->plan.slices[i].count;
+        sl[i].member_id = s->plan.slices[i].member_id;
+        sp[i] = &sl[i];
+    }
+    Zps__Plan plan = ZPS__PLAN__INIT;
+    plan.generation = gen;
+    plan.effective_step = effective;
+    plan.n_slices = 2;
+    plan.slices = sp;
+    Zps__Header h = s_header(type, ZPS_FUZZ_SHARD, effective);
+    h.generation = gen;
+    h.plan = &plan;
+    s_msg(s, ZPS_FUZZ_SHARD, &h, NULL, 0, 0);
+}
+
+// What only coordinators and shards send, from the stranger.
+static void s_nobody_types(seed *s)
+{
+    static const Zps__MsgType types[] = {ZPS__MSG_TYPE__JOB,     ZPS__MSG_TYPE__PARAMS,
+                                         ZPS__MSG_TYPE__ASSIGN,  ZPS__MSG_TYPE__PLAN,
+                                         ZPS__MSG_TYPE__ROLLBACK, ZPS__MSG_TYPE__STATUS_REPLY,
+                                         ZPS__MSG_TYPE__ERROR,   ZPS__MSG_TYPE__MSG_NONE};
+    for (size_t i = 0; i < sizeof types / sizeof types[0]; i++) {
+        s_simple(s, ZPS_FUZZ_STRANGER, types[i], 0);
     }
 }
 
@@ -170,147 +255,178 @@ static void s_write(const seed *s, const char *dir, const char *name)
     }
 }
 
-static uint8_t s_config(uint32_t dtype, uint32_t range, uint32_t global_batch)
+// ---------------------------------------------------------------------------
+// Seeds: what trains.
+
+static void s_seeds(const char *dir)
 {
-    return (uint8_t)(dtype | range << 2 | (global_batch - 2) << 4);
+    static seed s;
+    uint8_t train8 = s_config(0, ZPS_FUZZ_TRAINING, 8);
+
+    // Six steps on shard 0 (an epoch: 48 records of 8), shard 1 keeping
+    // up, heartbeats and pulls, the epoch's evaluation, goodbyes.
+    s_begin(&s, train8);
+    for (uint64_t step = 0; step < 6; step++) {
+        s_step(&s, step, 1, 1);
+        s_simple(&s, ZPS_FUZZ_SHARD, ZPS__MSG_TYPE__STEP_DONE, step + 1);
+        s_simple(&s, step % 2 ? ZPS_FUZZ_WORKER1 : ZPS_FUZZ_WORKER0, ZPS__MSG_TYPE__HEARTBEAT, 0);
+    }
+    s_pull(&s, ZPS_FUZZ_WORKER0, 6);
+    s_eval(&s, ZPS_FUZZ_WORKER0, 0, 0, 4, 3);
+    s_eval(&s, ZPS_FUZZ_WORKER1, 0, 4, 4, 2);
+    s_simple(&s, ZPS_FUZZ_STRANGER, ZPS__MSG_TYPE__STATUS, 0);
+    s_simple(&s, ZPS_FUZZ_WORKER1, ZPS__MSG_TYPE__BYE, 6);
+    s_write(&s, dir, "coord-train-f32");
+
+    // bf16, an odd batch, payloads in two frames.
+    s_begin(&s, s_config(1, ZPS_FUZZ_TRAINING, 5));
+    s_step(&s, 0, 1, 2);
+    s_step(&s, 1, 1, 2);
+    s_pull(&s, ZPS_FUZZ_WORKER1, 2);
+    s_write(&s, dir, "coord-train-bf16-frames");
+
+    // Lies, then the job going on: the stranger's, and shard 1's own
+    // requests that cannot be carried out (rollbacks with no checkpoint).
+    s_begin(&s, train8);
+    s_step(&s, 0, 1, 1);
+    s_eval(&s, ZPS_FUZZ_STRANGER, 0, 0, 8, 8);
+    s_simple(&s, ZPS_FUZZ_STRANGER, ZPS__MSG_TYPE__BYE, 1);
+    s_simple(&s, ZPS_FUZZ_STRANGER, ZPS__MSG_TYPE__HEARTBEAT, 0);
+    s_register(&s, ZPS_FUZZ_STRANGER, 1, "tcp://127.0.0.1:9", false, 0);
+    s_register(&s, ZPS_FUZZ_STRANGER, 1, "tcp://127.0.0.1:9", true, ZPS_FUZZ_TOKEN);
+    s_ready(&s, ZPS_FUZZ_STRANGER, 1000, 0);
+    s_simple(&s, ZPS_FUZZ_STRANGER, ZPS__MSG_TYPE__STEP_DONE, 1000);
+    s_push(&s, ZPS_FUZZ_STRANGER, 0, 1, 1, 0, 1, true);
+    s_pull(&s, ZPS_FUZZ_STRANGER, 1);
+    s_nobody_types(&s);
+    s_register(&s, ZPS_FUZZ_SHARD, 1, "inproc://zps-fuzz-shard1", false, ZPS_FUZZ_TOKEN);
+    s_ready(&s, ZPS_FUZZ_SHARD, 1000, ZPS_FUZZ_TOKEN);
+    s_ready(&s, ZPS_FUZZ_SHARD, 0, ZPS_FUZZ_TOKEN);
+    s_step(&s, 1, 1, 1);
+    s_write(&s, dir, "coord-lies-f32");
+
+    // Before the job: anyone may say HELLO and register; then it starts.
+    s_begin(&s, s_config(2, ZPS_FUZZ_WAITING, 6));
+    s_simple(&s, ZPS_FUZZ_STRANGER, ZPS__MSG_TYPE__STATUS, 0);
+    {
+        Zps__Hello hello = ZPS__HELLO__INIT;
+        hello.host = "fuzz";
+        Zps__Header h = s_header(ZPS__MSG_TYPE__HELLO, ZPS_FUZZ_WORKER0, 0);
+        h.hello = &hello;
+        s_msg(&s, ZPS_FUZZ_WORKER0, &h, NULL, 0, 0);
+        s_register(&s, ZPS_FUZZ_SHARD, 1, "inproc://zps-fuzz-shard1", false, 0);
+        s_msg(&s, ZPS_FUZZ_WORKER1, &h, NULL, 0, 0);
+        s_ready(&s, ZPS_FUZZ_SHARD, 0, ZPS_FUZZ_TOKEN);
+    }
+    s_step(&s, 0, 1, 1);
+    s_write(&s, dir, "coord-waiting-f16");
+
+    // Shard 1 under test: steps, a new plan, a newcomer's push held until
+    // its plan comes, the stranger's pushes, and at last a rollback to a
+    // checkpoint it does not have (the coordinator's word: the shard ends).
+    s_begin(&s, s_config(0, ZPS_FUZZ_SHARD1, 8));
+    s_step(&s, 0, 1, 1);
+    s_push(&s, ZPS_FUZZ_STRANGER, 0, 1, 1, 0, 1, true);
+    s_pull(&s, ZPS_FUZZ_WORKER1, 1);
+    s_plan(&s, ZPS__MSG_TYPE__PLAN, 2, 1);
+    s_step(&s, 1, 2, 1);
+    s_push(&s, ZPS_FUZZ_WORKER0, 0, 2, 3, 0, 1, false); // held: plan 3 is not known yet
+    s_push(&s, ZPS_FUZZ_STRANGER, 0, 2, 3, 0, 1, true); // held too, refused when checked again
+    s_plan(&s, ZPS__MSG_TYPE__PLAN, 3, 2);
+    s_push(&s, ZPS_FUZZ_WORKER1, 1, 2, 3, 0, 1, false);
+    s_nobody_types(&s);
+    s_plan(&s, ZPS__MSG_TYPE__ROLLBACK, 4, 0);
+    s_write(&s, dir, "shard1-train-f32");
+}
+
+// ---------------------------------------------------------------------------
+// Regressions: the lies that once changed or stopped a job (issue 14).
+
+static void s_regressions(const char *dir)
+{
+    static seed s;
+    uint8_t train8 = s_config(0, ZPS_FUZZ_TRAINING, 8);
+
+    // A perfect score for epoch 0 from a peer that read STATUS.
+    s_begin(&s, train8);
+    s_eval(&s, ZPS_FUZZ_STRANGER, 0, 0, 8, 8);
+    s_write(&s, dir, "forged-eval-accuracy-1");
+
+    // Shard 1 "restarted" at the stranger's endpoint: once it got shard 1's range.
+    s_begin(&s, train8);
+    s_register(&s, ZPS_FUZZ_STRANGER, 1, "tcp://127.0.0.1:9", false, 0);
+    s_write(&s, dir, "forged-register-shard1");
+
+    // The same, then READY at step 0: once a rollback to a checkpoint that
+    // does not exist, and the coordinator stopped.
+    s_begin(&s, train8);
+    s_step(&s, 0, 1, 1);
+    s_register(&s, ZPS_FUZZ_STRANGER, 1, "tcp://127.0.0.1:9", false, 0);
+    s_ready(&s, ZPS_FUZZ_STRANGER, 0, 0);
+    s_write(&s, dir, "forged-register-ready-step0-stops-job");
+
+    // Shard 1 itself (its token) back at a step the job never reached, or
+    // at one shard 0 has no checkpoint of: refused, the job goes on.
+    s_begin(&s, train8);
+    s_step(&s, 0, 1, 1);
+    s_register(&s, ZPS_FUZZ_SHARD, 1, "inproc://zps-fuzz-shard1", false, ZPS_FUZZ_TOKEN);
+    s_ready(&s, ZPS_FUZZ_SHARD, 1000, ZPS_FUZZ_TOKEN);
+    s_ready(&s, ZPS_FUZZ_SHARD, 0, ZPS_FUZZ_TOKEN);
+    s_step(&s, 1, 1, 1);
+    s_write(&s, dir, "ready-future-step-and-no-checkpoint");
+
+    // A STEP_DONE of shard 1 far ahead of shard 0.
+    s_begin(&s, train8);
+    s_simple(&s, ZPS_FUZZ_STRANGER, ZPS__MSG_TYPE__STEP_DONE, 1000);
+    s_simple(&s, ZPS_FUZZ_SHARD, ZPS__MSG_TYPE__STEP_DONE, 1000);
+    s_write(&s, dir, "step-done-future");
+
+    // Leaving or beating in a member's name.
+    s_begin(&s, train8);
+    s_simple(&s, ZPS_FUZZ_STRANGER, ZPS__MSG_TYPE__BYE, 1);
+    {
+        Zps__Header h = s_header(ZPS__MSG_TYPE__HEARTBEAT, ZPS_FUZZ_STRANGER, 0);
+        h.flags = 1;
+        h.member_id = 1;
+        s_msg(&s, ZPS_FUZZ_STRANGER, &h, NULL, 0, 0);
+    }
+    s_write(&s, dir, "forged-bye-heartbeat");
+
+    // A rank past the last, once folded onto rank 0 (% ZPS_MAX_MEMBERS).
+    s_begin(&s, train8);
+    {
+        float vals[16] = {0};
+        Zps__Header h = s_header(ZPS__MSG_TYPE__PUSH, ZPS_FUZZ_WORKER0, 0);
+        h.rank = ZPS_MAX_MEMBERS;
+        h.offset = s.buckets[0].lo;
+        h.count = s.buckets[0].hi - s.buckets[0].lo;
+        h.dtype = ZPS__DTYPE__F32;
+        h.samples = 4;
+        s_msg(&s, ZPS_FUZZ_WORKER0, &h, vals, h.count * 4, 1);
+        s_msg(&s, ZPS_FUZZ_STRANGER, &h, vals, h.count * 4, 1);
+    }
+    s_step(&s, 0, 1, 1);
+    s_write(&s, dir, "push-rank-past-the-last");
+
+    // NaN pushes and pulls under guessed ids, and what only coordinators send.
+    s_begin(&s, train8);
+    s_push(&s, ZPS_FUZZ_STRANGER, 0, 0, 1, 0, 1, true);
+    s_push(&s, ZPS_FUZZ_STRANGER, 1, 0, 2, 0, 1, true); // held, then nobody's plan comes
+    s_pull(&s, ZPS_FUZZ_STRANGER, 0);
+    s_nobody_types(&s);
+    s_step(&s, 0, 1, 1);
+    s_write(&s, dir, "stranger-nan-pushes-and-coordinator-types");
 }
 
 int main(int argc, char **argv)
 {
-    if (argc != 2) {
-        fprintf(stderr, "usage: zps_fuzz_seeds DIR\n");
+    if (argc == 2) {
+        s_seeds(argv[1]);
+    } else if (argc == 3 && strcmp(argv[1], "--regressions") == 0) {
+        s_regressions(argv[2]);
+    } else {
+        fprintf(stderr, "usage: zps_fuzz_seeds DIR | zps_fuzz_seeds --regressions DIR\n");
         return EXIT_FAILURE;
     }
-    const char *dir = argv[1];
-    static seed s;
-
-    // Three whole steps on the whole model, then the parameters pulled.
-    s_begin(&s, s_config(0, 0, 8));
-    for (uint64_t step = 0; step < 3; step++) {
-        s_step(&s, step, 1, false);
-    }
-    s_pull(&s, s_member(&s, 0), 3);
-    s_pull(&s, s_member(&s, 1), 2);
-    s_write(&s, dir, "steps-f32-whole");
-
-    // bf16, the second half, payloads in two frames, the second unaligned.
-    s_begin(&s, s_config(1, 2, 5));
-    s_step(&s, 0, 2, true);
-    s_step(&s, 1, 2, false);
-    s_write(&s, dir, "steps-bf16-half-frames");
-
-    // fp16, the middle third, odd batch; then a duplicate, a stale step, a
-    // stranger and a wrong slice, all refused.
-    s_begin(&s, s_config(2, 3, 17));
-    s_step(&s, 0, 1, false);
-    s_push(&s, s_member(&s, 0), 1, 1, 0, 1, false);
-    s_push(&s, s_member(&s, 0), 1, 1, 0, 1, false);
-    s_push(&s, s_member(&s, 1), 0, 1, 0, 1, false);
-    s_push(&s, (sender){7, 0x77, 0, 3}, 1, 1, 0, 1, false);
-    s_push(&s, (sender){1, ZPS_FUZZ_MEMBER1, 3, 9}, 1, 1, 0, 1, false);
-    s_write(&s, dir, "refusals-f16-third");
-
-    // A member leaves after step 0: its slice of step 1 is handed to the
-    // other one, and a newcomer (plan generation 2, from step 2) pushes
-    // before its plan reached the shard (held) and after.
-    s_begin(&s, s_config(0, 1, 8));
-    s_step(&s, 0, 1, false);
-    sender a = s_member(&s, 0), gone = s_member(&s, 1);
-    sender handed = {a.rank, a.member_id, gone.offset, gone.count};
-    sender late = {2, 0x33, 4, 4};
-    for (int b = 0; b < s.n_buckets; b++) {
-        s_push(&s, a, 1, 1, b, 1, false);
-        s_push(&s, handed, 1, 1, b, 1, false);
-    }
-    s_push(&s, gone, 1, 1, 0, 1, false); // its late copy: a duplicate
-    s_push(&s, late, 2, 2, 0, 1, false); // held: generation 2 is not known yet
-    {
-        Zps__Slice s0 = ZPS__SLICE__INIT, s1 = ZPS__SLICE__INIT;
-        s0.rank = 0;
-        s0.offset = 0;
-        s0.count = 4;
-        s0.member_id = a.member_id;
-        s1.rank = late.rank;
-        s1.offset = 4;
-        s1.count = 4;
-        s1.member_id = late.member_id;
-        Zps__Slice *slices[2] = {&s0, &s1};
-        Zps__Plan plan = ZPS__PLAN__INIT;
-        plan.generation = 2;
-        plan.effective_step = 2;
-        plan.n_slices = 2;
-        plan.slices = slices;
-        Zps__Header h;
-        zps_wire_header_init(&h, ZPS__MSG_TYPE__PLAN);
-        h.job_id = 0x5eed;
-        h.plan = &plan;
-        s_msg(&s, &h, NULL, 0, 0, false);
-    }
-    for (int b = 0; b < s.n_buckets; b++) {
-        s_push(&s, (sender){0, a.member_id, 0, 4}, 2, 2, b, 1, false);
-        if (b > 0) {
-            s_push(&s, late, 2, 2, b, 1, false);
-        }
-    }
-    s_pull(&s, late, 3);
-    s_write(&s, dir, "handover-join-f32-half");
-
-    // Pulls while a step is half done, and of steps gone or not reached.
-    s_begin(&s, s_config(1, 0, 3));
-    s_pull(&s, s_member(&s, 0), 0);
-    s_push(&s, s_member(&s, 0), 0, 1, 0, 1, false);
-    s_push(&s, s_member(&s, 1), 0, 1, 0, 1, false);
-    s_pull(&s, s_member(&s, 1), 0);
-    s_pull(&s, s_member(&s, 1), 1);
-    s_push(&s, s_member(&s, 0), 0, 1, 1, 1, false);
-    s_push(&s, s_member(&s, 1), 0, 1, 1, 1, false);
-    s_pull(&s, s_member(&s, 0), 0);
-    s_pull(&s, s_member(&s, 0), 5);
-    s_write(&s, dir, "pulls-bf16-whole");
-
-    // Coordinator messages that carry a plan or other bodies: checked as
-    // any message is, and the plans decoded.
-    s_begin(&s, s_config(0, 0, 6));
-    {
-        Zps__Slice s0 = ZPS__SLICE__INIT, s1 = ZPS__SLICE__INIT;
-        s0.rank = 0;
-        s0.count = 2;
-        s0.member_id = 5;
-        s1.rank = 3;
-        s1.offset = 2;
-        s1.count = 4;
-        s1.member_id = 6;
-        Zps__Slice *slices[2] = {&s0, &s1};
-        Zps__Job job = ZPS__JOB__INIT;
-        job.model = ZPS_FUZZ_MODEL;
-        job.dataset = "synthetic:64";
-        job.global_batch = 6;
-        job.n_plan = 2;
-        job.plan = slices;
-        job.wire_dtype = ZPS__DTYPE__F32;
-        job.generation = 3;
-        job.plan_effective = 1;
-        Zps__Header h;
-        zps_wire_header_init(&h, ZPS__MSG_TYPE__ASSIGN);
-        h.job = &job;
-        s_msg(&s, &h, NULL, 0, 0, false);
-        zps_wire_header_init(&h, ZPS__MSG_TYPE__JOB);
-        h.job = &job;
-        s_msg(&s, &h, NULL, 0, 0, false);
-        Zps__Hello hello = ZPS__HELLO__INIT;
-        hello.host = "fuzz";
-        hello.device = "cpu";
-        zps_wire_header_init(&h, ZPS__MSG_TYPE__HELLO);
-        h.hello = &hello;
-        s_msg(&s, &h, NULL, 0, 0, false);
-        // A tensor on a message that is not a PUSH: checked, then ignored.
-        float vals[4] = {1, 2, 3, 4};
-        zps_wire_header_init(&h, ZPS__MSG_TYPE__EVAL);
-        h.offset = 3;
-        h.count = 4;
-        h.dtype = ZPS__DTYPE__F32;
-        s_msg(&s, &h, (const uint8_t *)vals, sizeof vals, 2, true);
-    }
-    s_write(&s, dir, "coordinator-messages");
     return EXIT_SUCCESS;
 }

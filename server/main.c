@@ -53,7 +53,11 @@ static void s_usage(FILE *f)
             "  --checkpoint-dir DIR   where this shard keeps its checkpoints\n"
             "  --resume               restart from this shard's newest valid checkpoint\n"
             "  --curve-secret FILE    CurveZMQ: this server's secret key (zps-ctl keygen)\n"
-            "  --authorized-keys DIR  CurveZMQ: the public keys (*.pub) admitted; SIGHUP re-reads\n"
+            "  --authorized-keys DIR  CurveZMQ: the workers' public keys (*.pub); SIGHUP re-reads\n"
+            "                         every list\n"
+            "  --shard-keys DIR       CurveZMQ: the shards' public keys (this server's own key\n"
+            "                         is one without being listed)\n"
+            "  --operator-keys DIR    CurveZMQ: keys that may only ask for STATUS (zps-ctl)\n"
             "  --server-key FILE      shards > 0: the coordinator's public key (default: own)\n"
             "  --require-curve        refuse to start without CurveZMQ\n"
             "  --wire-dtype T         fp32, bf16 or fp16 for tensors on the wire (default fp32)\n"
@@ -139,8 +143,9 @@ static bool s_parse_opts(int argc, char **argv, s_opts *o)
     enum { O_LISTEN = 256, O_WORKERS, O_MODEL, O_DATASET, O_BATCH, O_EPOCHS, O_STEPS, O_OPTIM,
            O_LR, O_MOMENTUM, O_NESTEROV, O_WD, O_SCHED, O_WARMUP, O_SEED, O_METRICS, O_LOG,
            O_ENDPOINT_FILE, O_SHARD, O_SHARDS, O_COORD, O_DTYPE, O_WTIMEOUT, O_CKPT_EVERY, O_CKPT_DIR, O_RESUME, O_CURVE_SECRET, O_AUTH_KEYS,
-           O_SERVER_KEY, O_REQUIRE_CURVE, O_STALL_WARN, O_SNDBUF, O_ADAPTIVE, O_SPECULATE, O_HTTP,
-           O_ADVERTISE, O_LOG_JSON, O_PID_FILE, O_BETAS, O_EPS, O_HELP };
+           O_SERVER_KEY, O_REQUIRE_CURVE, O_SHARD_KEYS, O_OPERATOR_KEYS, O_STALL_WARN, O_SNDBUF,
+           O_ADAPTIVE, O_SPECULATE, O_HTTP, O_ADVERTISE, O_LOG_JSON, O_PID_FILE, O_BETAS, O_EPS,
+           O_HELP };
     static const struct option longopts[] = {
         {"listen", required_argument, 0, O_LISTEN},
         {"workers", required_argument, 0, O_WORKERS},
@@ -172,6 +177,8 @@ static bool s_parse_opts(int argc, char **argv, s_opts *o)
         {"resume", no_argument, 0, O_RESUME},
         {"curve-secret", required_argument, 0, O_CURVE_SECRET},
         {"authorized-keys", required_argument, 0, O_AUTH_KEYS},
+        {"shard-keys", required_argument, 0, O_SHARD_KEYS},
+        {"operator-keys", required_argument, 0, O_OPERATOR_KEYS},
         {"server-key", required_argument, 0, O_SERVER_KEY},
         {"require-curve", no_argument, 0, O_REQUIRE_CURVE},
         {"stall-warn-ms", required_argument, 0, O_STALL_WARN},
@@ -283,6 +290,8 @@ static bool s_parse_opts(int argc, char **argv, s_opts *o)
         case O_RESUME: o->resume = true; break;
         case O_CURVE_SECRET: o->curve_secret = optarg; break;
         case O_AUTH_KEYS: o->authorized_keys = optarg; break;
+        case O_SHARD_KEYS: o->shard_keys = optarg; break;
+        case O_OPERATOR_KEYS: o->operator_keys = optarg; break;
         case O_SERVER_KEY: o->server_key = optarg; break;
         case O_REQUIRE_CURVE: o->require_curve = true; break;
         case O_ADAPTIVE: o->adaptive_split = true; break;
@@ -349,6 +358,10 @@ static bool s_parse_opts(int argc, char **argv, s_opts *o)
     }
     if (!o->curve_secret != !o->authorized_keys) {
         fprintf(stderr, "zps-server: --curve-secret and --authorized-keys go together\n");
+        return false;
+    }
+    if ((o->shard_keys || o->operator_keys) && !o->curve_secret) {
+        fprintf(stderr, "zps-server: --shard-keys and --operator-keys need --curve-secret\n");
         return false;
     }
     if ((o->checkpoint_every || o->resume) && !o->checkpoint_dir) {

@@ -785,7 +785,8 @@ int zps_ckpt_steps(const char *dir, uint32_t shard, uint64_t *steps, int max)
 
 // ---------------------------------------------------------------- records
 
-zps_err zps_ckpt_write_record(const char *dir, const char *name, const void *data, size_t len)
+static zps_err s_write_record(const char *dir, const char *name, const void *data, size_t len,
+                              mode_t mode)
 {
     char path[PATH_MAX], tmp[PATH_MAX];
     int n1 = snprintf(path, sizeof path, "%s/%s", dir, name);
@@ -802,10 +803,26 @@ zps_err zps_ckpt_write_record(const char *dir, const char *name, const void *dat
         zps_log_error("ckpt %s: create temporary: %s", tmp, strerror(errno));
         return ZPS_EIO;
     }
-    (void)fchmod(fd, 0644);
+    zps_err err = ZPS_OK;
+    if (fchmod(fd, mode) != 0) {
+        zps_log_error("ckpt %s: chmod %o: %s", tmp, (unsigned)mode, strerror(errno));
+        err = ZPS_EIO;
+    }
     uint32_t crc = (uint32_t)crc32(0L, Z_NULL, 0);
-    zps_err err = s_write_all(fd, data, len, &crc, tmp);
+    if (err == ZPS_OK) {
+        err = s_write_all(fd, data, len, &crc, tmp);
+    }
     return s_commit(fd, err, crc, tmp, path, dir);
+}
+
+zps_err zps_ckpt_write_record(const char *dir, const char *name, const void *data, size_t len)
+{
+    return s_write_record(dir, name, data, len, 0644);
+}
+
+zps_err zps_ckpt_write_secret(const char *dir, const char *name, const void *data, size_t len)
+{
+    return s_write_record(dir, name, data, len, 0600);
 }
 
 zps_err zps_ckpt_read_record(const char *dir, const char *name, void *buf, size_t cap,

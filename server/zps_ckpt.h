@@ -79,6 +79,10 @@ int zps_ckpt_steps(const char *dir, uint32_t shard, uint64_t *steps, int max);
 // <dir>/<name> holds data and a CRC-32, written atomically as checkpoints
 // are. ZPS_EIO on failure, logged.
 zps_err zps_ckpt_write_record(const char *dir, const char *name, const void *data, size_t len);
+// The same for a record that holds secrets (shard tokens, member ids): the
+// file is readable and writable by its owner only (0600) from the moment
+// it exists, its temporary included.
+zps_err zps_ckpt_write_secret(const char *dir, const char *name, const void *data, size_t len);
 // Reads <dir>/<name> into buf (at most cap bytes) and checks its CRC.
 // ZPS_ENOENT if absent, ZPS_EPROTO (logged) if truncated, too large or corrupt.
 zps_err zps_ckpt_read_record(const char *dir, const char *name, void *buf, size_t cap,

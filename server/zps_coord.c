@@ -13,10 +13,11 @@
 #include "common/zps_log.h"
 #include "common/zps_model.h"
 #include "common/zps_plans.h"
-#include "common/zps_rng.h"
 #include "server/zps_ckpt.h"
 #include "server/zps_member.h"
 #include "server/zps_monitor.h"
+#include "server/zps_msgtab.h"
+#include "server/zps_token.h"
 
 #define ZPS_COORD_PROGRESS_MS 2000.0
 #define ZPS_COORD_WAIT_LOG_MS 5000.0
@@ -43,6 +44,7 @@ typedef struct s_member {
     bool has_job;         // was sent its JOB: plans go to it from now on
     bool route_known;     // route is valid (false after a coordinator restart until it calls)
     uint32_t adapted;     // share from the adaptive split (0: none)
+    uint64_t covered;     // its slices of steps before this one were also handed to others
     double last_seen_ms;  // last message from it (heartbeats included)
 } s_member;
 
@@ -59,6 +61,8 @@ typedef struct s_extra {
 typedef struct s_shard_peer {
     bool registered;     // REGISTER received
     bool ready;          // READY received
+    uint64_t token;      // the secret its ASSIGN carries and its messages must (0: none yet)
+    char public_key[41]; // CURVE: the key it listens with, for workers ("" if the server's)
     char endpoint[256];  // where workers reach it
     zmq_msg_t route;     // routing id on shard 0's socket (for ASSIGN)
     uint64_t lo, hi;     // its range
@@ -81,7 +85,6 @@ typedef struct s_eval {
 struct zps_coord {
     zps_coord_cfg cfg;                  // copy; strings borrowed
     uint64_t job_id;                    // random per run
-    zps_rng rng;                        // member ids
     s_state state;                      // waiting, training, done
     uint32_t n_members;                 // admitted
     s_member members[ZPS_MAX_MEMBERS];  // in rank order
@@ -114,6 +117,7 @@ struct zps_coord {
     double started_ms;                  // when step 0 was planned
     double sum_step_ms;                 // for the mean in the progress line
     uint64_t n_step_ms;
+    zps_log_limit refusals;             // bounds the lines refused messages cause
 };
 
 zps_coord *zps_coord_new(const zps_coord_cfg *cfg)
@@ -128,12 +132,13 @@ zps_coord *zps_coord_new(const zps_coord_cfg *cfg)
         free(c);
         return NULL;
     }
-    struct timespec ts;
-    clock_gettime(CLOCK_REALTIME, &ts);
-    // Member and job ids must differ between runs, not be reproducible.
-    zps_rng_seed(&c->rng, (uint64_t)ts.tv_nsec ^ ((uint64_t)ts.tv_sec << 20),
-                 (uint64_t)getpid());
-    c->job_id = zps_rng_next(&c->rng) | 1;
+    // Job and member ids differ between runs, and none can be guessed from
+    // another: STATUS shows the job id, and member ids are credentials.
+    if (zps_token_new(&c->job_id) != ZPS_OK) {
+        zps_monitor_destroy(&c->mon);
+        free(c);
+        return NULL;
+    }
     for (uint32_t i = 0; i < cfg->shards; i++) {
         zps_model_shard_range(cfg->n_params, i, cfg->shards, &c->shards[i].lo, &c->shards[i].hi);
     }
@@ -157,11 +162,11 @@ void zps_coord_destroy(zps_coord **cp)
         return;
     }
     for (uint32_t i = 0; i < c->n_members; i++) {
-        zmq_msg_close(&c->members[i].route);
+        zps_wire_route_close(&c->members[i].route);
     }
     for (uint32_t i = 1; i < c->cfg.shards; i++) {
         if (c->shards[i].registered) {
-            zmq_msg_close(&c->shards[i].route);
+            zps_wire_route_close(&c->shards[i].route);
         }
     }
     zps_monitor_destroy(&c->mon);
@@ -201,8 +206,14 @@ const char *zps_coord_member_host(const zps_coord *c, uint32_t rank)
 
 static void s_refuse(zps_coord *c, void *sock, zps_wire_msg *m, zps_err err, const char *why)
 {
-    zps_log_warn("refused a %s: %s", zps_wire_type_name(m->hdr ? (int)m->hdr->type : -1), why);
-    zps_wire_send_error(sock, &m->route, c->job_id, c->steps_done, err, why);
+    uint64_t left_out;
+    // Anyone may send a HELLO or a REGISTER: their refusals must not flood the log.
+    if (zps_log_limit_pass(&c->refusals, zps_clock_ms(), &left_out)) {
+        zps_log_warn("refused a %s from %s: %s%s", zps_wire_type_name(m->hdr ? (int)m->hdr->type : -1),
+                     m->peer[0] ? m->peer : "?", why,
+                     left_out ? " (and more refusals, not logged)" : "");
+    }
+    (void)zps_wire_send_error(sock, &m->route, c->job_id, c->steps_done, err, why);
 }
 
 // ---------------------------------------------------------------------------
@@ -251,7 +262,7 @@ static void s_plan_to_wire(const zps_plan *plan, const s_member *only, Zps__Slic
 // to a shard (every id, and the optimizer): the same Job message, told
 // apart by `to_shard`.
 static void s_send_job(zps_coord *c, void *sock, zmq_msg_t *route, Zps__MsgType type,
-                       s_member *mem)
+                       s_member *mem, uint64_t shard_token)
 {
     const zps_plan_gen *g = s_newest(c);
     Zps__Slice slices[ZPS_MAX_MEMBERS];
@@ -311,6 +322,13 @@ static void s_send_job(zps_coord *c, void *sock, zmq_msg_t *route, Zps__MsgType 
     job.start_step = mem ? mem->life.from : g->effective;
     job.optim = mem ? NULL : &optim;
     job.checkpoint_every = c->cfg.checkpoint_every;
+    job.shard_token = shard_token;
+    char *keys[ZPS_MAX_SHARDS];
+    for (uint32_t i = 0; mem && i < c->cfg.shards; i++) {
+        keys[i] = c->shards[i].public_key;
+    }
+    job.n_shard_keys = mem ? c->cfg.shards : 0;
+    job.shard_keys = keys;
 
     Zps__Header h;
     zps_wire_header_init(&h, type);
@@ -331,7 +349,7 @@ static void s_start_workers(zps_coord *c, void *sock)
     c->started_ms = zps_clock_ms();
     c->next_log_ms = c->started_ms + ZPS_COORD_PROGRESS_MS;
     for (uint32_t i = 0; i < c->n_members; i++) {
-        s_send_job(c, sock, &c->members[i].route, ZPS__MSG_TYPE__JOB, &c->members[i]);
+        s_send_job(c, sock, &c->members[i].route, ZPS__MSG_TYPE__JOB, &c->members[i], 0);
     }
     zps_log_info("job %016llx: %u workers, %u shards, %llu steps (%llu per epoch), model %s, "
                  "wire %s",
@@ -556,7 +574,7 @@ static void s_send_new_jobs(zps_coord *c, void *sock)
     for (uint32_t i = 0; i < c->n_members; i++) {
         s_member *mem = &c->members[i];
         if (mem->life.state == ZPS_MEMBER_ACTIVE && !mem->has_job && mem->route_known) {
-            s_send_job(c, sock, &mem->route, ZPS__MSG_TYPE__JOB, mem);
+            s_send_job(c, sock, &mem->route, ZPS__MSG_TYPE__JOB, mem, 0);
         }
     }
 }
@@ -687,7 +705,7 @@ static s_member *s_member_by_id(zps_coord *c, uint64_t member_id)
 }
 
 static void s_try_recover(zps_coord *c, void *sock, bool deadline_passed);
-static void s_rollback(zps_coord *c, void *sock, uint64_t step, uint32_t shard);
+static zps_err s_rollback(zps_coord *c, void *sock, uint64_t step, uint32_t shard);
 
 // Heartbeats from a worker's main socket (flag 1) also say where its
 // replies go: after a coordinator restart that is how routes come back.
@@ -699,9 +717,8 @@ zps_err zps_coord_on_heartbeat(zps_coord *c, void *sock, zps_wire_msg *m)
     }
     mem->last_seen_ms = zps_clock_ms();
     if ((m->hdr->flags & 1u) && !mem->route_known) {
-        zmq_msg_close(&mem->route);
-        zmq_msg_init(&mem->route);
-        zmq_msg_copy(&mem->route, &m->route);
+        zps_wire_route_close(&mem->route);
+        zps_wire_route_copy(&mem->route, &m->route);
         mem->route_known = true;
         zps_log_info("rank %u (%s) is back", mem->rank, mem->host);
         s_try_recover(c, sock, false);
@@ -734,7 +751,58 @@ static void s_try_recover(zps_coord *c, void *sock, bool deadline_passed)
                          mem->host);
         }
     }
-    s_rollback(c, sock, c->steps_done, 0);
+    if (s_rollback(c, sock, c->steps_done, 0) != ZPS_OK) {
+        zps_log_error("cannot roll back to the restored step %llu; still recovering",
+                      (unsigned long long)c->steps_done);
+    }
+}
+
+zps_err zps_coord_on_step_done(zps_coord *c, const zps_wire_msg *m)
+{
+    uint32_t shard = m->hdr->shard;
+    uint64_t done = m->hdr->step;
+    if (c->state == S_RECOVERING) {
+        return ZPS_OK; // steps of before the restart: the rollback resets them all
+    }
+    // A shard cannot be more than one step ahead of shard 0: its next step
+    // needs pushes computed on shard 0's parameters of the step before.
+    if (shard == 0 || shard >= c->cfg.shards || done > c->shard_done[0] + 1 ||
+        done > c->cfg.total_steps) {
+        zps_log_warn("dropped a STEP_DONE of shard %u for step %llu (shard 0 has done %llu)",
+                     shard, (unsigned long long)done, (unsigned long long)c->shard_done[0]);
+        return ZPS_ESTALE;
+    }
+    zps_coord_shard_done(c, shard, done);
+    return ZPS_OK;
+}
+
+uint32_t zps_coord_at(const zps_coord *c)
+{
+    static const uint32_t at[] = {[S_WAITING] = ZPS_AT_WAITING,
+                                  [S_ASSIGNING] = ZPS_AT_ASSIGNING,
+                                  [S_TRAINING] = ZPS_AT_TRAINING,
+                                  [S_DONE] = ZPS_AT_DONE,
+                                  [S_RECOVERING] = ZPS_AT_RECOVERING};
+    return at[c->state];
+}
+
+bool zps_coord_member_ok(const zps_coord *c, uint32_t rank, uint64_t member_id)
+{
+    // Admitted at some point: whether it is still live is the handler's to
+    // say (an evicted worker's heartbeats are not an attack).
+    return rank < c->n_members && zps_token_equal(c->members[rank].member_id, member_id);
+}
+
+bool zps_coord_shard_assigned(const zps_coord *c, uint32_t index)
+{
+    // ASSIGN goes to every shard when the job starts.
+    return index > 0 && index < c->cfg.shards && c->state != S_WAITING;
+}
+
+bool zps_coord_shard_token_ok(const zps_coord *c, uint32_t index, uint64_t token)
+{
+    return index > 0 && index < c->cfg.shards && index < ZPS_MAX_SHARDS &&
+           zps_token_equal(c->shards[index].token, token);
 }
 
 void zps_coord_shard_done(zps_coord *c, uint32_t shard, uint64_t steps_done)
@@ -773,9 +841,16 @@ static zps_err s_start(zps_coord *c, void *sock)
                      c->members[i].device, sl->offset, sl->offset + sl->count,
                      c->cfg.global_batch);
     }
+    // Each shard's token goes with its range: from now on only its holder
+    // speaks for that shard (server/zps_msgtab.h).
+    for (uint32_t i = 1; i < c->cfg.shards; i++) {
+        if ((err = zps_token_new(&c->shards[i].token)) != ZPS_OK) {
+            return err;
+        }
+    }
     c->state = S_ASSIGNING;
     for (uint32_t i = 1; i < c->cfg.shards; i++) {
-        s_send_job(c, sock, &c->shards[i].route, ZPS__MSG_TYPE__ASSIGN, NULL);
+        s_send_job(c, sock, &c->shards[i].route, ZPS__MSG_TYPE__ASSIGN, NULL, c->shards[i].token);
     }
     if (c->n_ready == c->cfg.shards) {
         s_start_workers(c, sock);
@@ -786,9 +861,18 @@ static zps_err s_start(zps_coord *c, void *sock)
 // Everyone goes back to `step`, which a restarted shard restored from its
 // checkpoint (the others have a checkpoint of the same step): a new plan
 // generation from there over every member still here (joiners included,
-// active from `step`), and the steps after it replayed.
-static void s_rollback(zps_coord *c, void *sock, uint64_t step, uint32_t shard)
+// active from `step`), and the steps after it replayed. Shard 0 restores
+// first (cfg.restore): a rollback it cannot follow is refused, with nothing
+// changed and nothing sent, and the job goes on.
+static zps_err s_rollback(zps_coord *c, void *sock, uint64_t step, uint32_t shard)
 {
+    zps_err err;
+    if (c->cfg.restore && (err = c->cfg.restore(c->cfg.restore_arg, step)) != ZPS_OK) {
+        zps_log_error("shard %u asks to roll back to step %llu, which shard 0 cannot restore "
+                      "(%s): refused; the job goes on without that rollback", shard,
+                      (unsigned long long)step, zps_strerror(err));
+        return err;
+    }
     zps_log_warn("shard %u is back at step %llu: every shard and worker rolls back to it "
                  "and replays from there", shard, (unsigned long long)step);
     c->n_extras = 0;
@@ -812,6 +896,7 @@ static void s_rollback(zps_coord *c, void *sock, uint64_t step, uint32_t shard)
     c->rollback_step = step;
     s_broadcast(c, sock, ZPS__MSG_TYPE__ROLLBACK, step);
     s_send_new_jobs(c, sock);
+    return ZPS_OK;
 }
 
 bool zps_coord_take_rollback(zps_coord *c, uint64_t *step)
@@ -824,19 +909,30 @@ bool zps_coord_take_rollback(zps_coord *c, uint64_t *step)
     return true;
 }
 
+// The key a shard listens with, if it says (40 characters of Z85): workers
+// connect to it with that key instead of shard 0's.
+static void s_take_public_key(s_shard_peer *sp, const Zps__Register *r)
+{
+    size_t len = r->public_key ? strlen(r->public_key) : 0;
+    bool z85 = len == sizeof sp->public_key - 1 &&
+               strspn(r->public_key, "0123456789abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRST"
+                                     "UVWXYZ.-:+=^!/*?&<>()[]{}@%$#") == len;
+    snprintf(sp->public_key, sizeof sp->public_key, "%s", z85 ? r->public_key : "");
+}
+
 // A shard registers again while training: it crashed and restarted. It
 // gets its assignment again and says which step it restored (READY).
 static zps_err s_shard_restarted(zps_coord *c, void *sock, zps_wire_msg *m, s_shard_peer *sp)
 {
     const Zps__Register *r = m->hdr->registration;
-    zmq_msg_close(&sp->route);
-    zmq_msg_init(&sp->route);
-    zmq_msg_copy(&sp->route, &m->route);
+    zps_wire_route_close(&sp->route);
+    zps_wire_route_copy(&sp->route, &m->route);
     snprintf(sp->endpoint, sizeof sp->endpoint, "%s", r->endpoint);
+    s_take_public_key(sp, r);
     sp->ready = false;
     zps_log_warn("shard %u at %s restarted%s; assigning its range again", r->index, sp->endpoint,
                  r->resume ? " from its checkpoint" : " without --resume");
-    s_send_job(c, sock, &sp->route, ZPS__MSG_TYPE__ASSIGN, NULL);
+    s_send_job(c, sock, &sp->route, ZPS__MSG_TYPE__ASSIGN, NULL, sp->token);
     return ZPS_OK;
 }
 
@@ -856,9 +952,9 @@ zps_err zps_coord_on_register(zps_coord *c, void *sock, zps_wire_msg *m)
         // A shard saying where it is, every few seconds: after a restart of
         // the coordinator, this is how it finds its shards again.
         if (c->state == S_RECOVERING && !sp->registered) {
-            zmq_msg_init(&sp->route);
-            zmq_msg_copy(&sp->route, &m->route);
+            zps_wire_route_copy(&sp->route, &m->route);
             snprintf(sp->endpoint, sizeof sp->endpoint, "%s", r->endpoint);
+            s_take_public_key(sp, r);
             sp->registered = sp->ready = true;
             zps_log_info("shard %u at %s is back", r->index, sp->endpoint);
             s_try_recover(c, sock, false);
@@ -873,14 +969,14 @@ zps_err zps_coord_on_register(zps_coord *c, void *sock, zps_wire_msg *m)
         return ZPS_ESTATE;
     }
     if (sp->registered) {
-        zmq_msg_close(&sp->route); // a restart before the job started: take the new one
+        zps_wire_route_close(&sp->route); // a restart before the job started: take the new one
     } else {
         c->n_registered++;
     }
     sp->registered = true;
     snprintf(sp->endpoint, sizeof sp->endpoint, "%s", r->endpoint);
-    zmq_msg_init(&sp->route);
-    zmq_msg_copy(&sp->route, &m->route);
+    s_take_public_key(sp, r);
+    zps_wire_route_copy(&sp->route, &m->route);
     zps_log_info("shard %u at %s registered: [%llu, %llu) (%u of %u shards)", r->index,
                  sp->endpoint, (unsigned long long)sp->lo, (unsigned long long)sp->hi,
                  c->n_registered, c->cfg.shards);
@@ -891,9 +987,17 @@ zps_err zps_coord_on_ready(zps_coord *c, void *sock, zps_wire_msg *m)
 {
     uint32_t i = m->hdr->shard;
     if (c->state == S_TRAINING && i > 0 && i < c->cfg.shards && !c->shards[i].ready) {
-        c->shards[i].ready = true;
-        s_rollback(c, sock, m->hdr->step, i);
-        return ZPS_OK;
+        // A restarted shard says which step it restored: everyone goes
+        // back there, if that is a step the job has been at.
+        if (m->hdr->step > c->steps_done) {
+            zps_log_error("shard %u came back at step %llu, past the job's step %llu: its "
+                          "rollback is refused", i, (unsigned long long)m->hdr->step,
+                          (unsigned long long)c->steps_done);
+            return ZPS_ESTALE;
+        }
+        zps_err err = s_rollback(c, sock, m->hdr->step, i);
+        c->shards[i].ready = err == ZPS_OK;
+        return err;
     }
     if (c->state != S_ASSIGNING || i == 0 || i >= c->cfg.shards || c->shards[i].ready) {
         zps_log_warn("dropped an unexpected READY from shard %u", i);
@@ -904,6 +1008,12 @@ zps_err zps_coord_on_ready(zps_coord *c, void *sock, zps_wire_msg *m)
         s_start_workers(c, sock);
     }
     return ZPS_OK;
+}
+
+static bool s_same_route(zmq_msg_t *a, zmq_msg_t *b)
+{
+    return zmq_msg_size(a) == zmq_msg_size(b) &&
+           memcmp(zmq_msg_data(a), zmq_msg_data(b), zmq_msg_size(a)) == 0;
 }
 
 zps_err zps_coord_on_hello(zps_coord *c, void *sock, zps_wire_msg *m)
@@ -917,6 +1027,16 @@ zps_err zps_coord_on_hello(zps_coord *c, void *sock, zps_wire_msg *m)
         // Admitted once the members of before the restart are back or gone.
         s_refuse(c, sock, m, ZPS_EAGAIN, "recovering from a restart: say HELLO again shortly");
         return ZPS_EAGAIN;
+    }
+    for (uint32_t i = 0; i < c->n_members; i++) {
+        s_member *mem = &c->members[i];
+        if (zps_member_live(&mem->life) && !mem->has_job &&
+            s_same_route(&mem->route, &m->route)) {
+            // A worker admitted and waiting for its JOB says HELLO again now
+            // and then (it cannot tell a slow start or step from a
+            // coordinator that restarted): it is admitted once.
+            return ZPS_OK;
+        }
     }
     bool joining = c->state == S_TRAINING;
     if ((c->state != S_WAITING && !joining) || c->n_members == ZPS_MAX_MEMBERS ||
@@ -941,10 +1061,15 @@ zps_err zps_coord_on_hello(zps_coord *c, void *sock, zps_wire_msg *m)
         s_refuse(c, sock, m, ZPS_EINVAL, why);
         return ZPS_EINVAL;
     }
+    uint64_t member_id;
+    if (zps_token_new(&member_id) != ZPS_OK) {
+        s_refuse(c, sock, m, ZPS_EAGAIN, "no member id could be drawn now; say HELLO again");
+        return ZPS_EAGAIN;
+    }
     s_member *mem = &c->members[c->n_members];
     memset(mem, 0, sizeof *mem);
     mem->rank = c->n_members;
-    mem->member_id = zps_rng_next(&c->rng) | 1;
+    mem->member_id = member_id; // a credential: from the kernel, not from a seeded stream
     snprintf(mem->host, sizeof mem->host, "%s", hello->host ? hello->host : "?");
     snprintf(mem->device, sizeof mem->device, "%s", hello->device ? hello->device : "?");
     mem->share = hello->share;
@@ -952,8 +1077,7 @@ zps_err zps_coord_on_hello(zps_coord *c, void *sock, zps_wire_msg *m)
     zps_member_admit(&mem->life);
     mem->route_known = true;
     mem->last_seen_ms = zps_clock_ms();
-    zmq_msg_init(&mem->route);
-    zmq_msg_copy(&mem->route, &m->route);
+    zps_wire_route_copy(&mem->route, &m->route);
     c->n_members++;
     if (!joining) {
         zps_log_info("worker %s pid %u (%s) admitted as rank %u (%u of %u)", mem->host, mem->pid,
@@ -1148,6 +1272,7 @@ void zps_coord_on_status(zps_coord *c, void *sock, zps_wire_msg *m, uint64_t ste
             [ZPS_MEMBER_GONE] = ZPS__MEMBER_STATE__MEMBER_GONE};
         st.asker = states[asker->life.state];
         st.asker_from = asker->life.from;
+        st.asker_covered = asker->covered;
     }
 
     Zps__Header h;
@@ -1352,8 +1477,18 @@ zps_err zps_coord_save(const zps_coord *c, const char *dir, uint64_t step)
     zps__job_state__pack(&st, buf);
     char name[64];
     s_state_name_for(name, sizeof name, step);
-    zps_err err = zps_ckpt_write_record(dir, name, buf, len);
+    // The members' ids are credentials: the job state is the owner's only,
+    // and so are the shards' tokens, which a restarted coordinator needs to
+    // know its shards again (they never change, so one file serves every step).
+    zps_err err = zps_ckpt_write_secret(dir, name, buf, len);
     free(buf);
+    if (err == ZPS_OK && c->cfg.shards > 1) {
+        uint64_t tokens[ZPS_MAX_SHARDS];
+        for (uint32_t i = 0; i < c->cfg.shards; i++) {
+            tokens[i] = c->shards[i].token;
+        }
+        err = zps_token_save_table(dir, tokens, c->cfg.shards);
+    }
     if (err == ZPS_OK && step > 3 * c->cfg.checkpoint_every && c->cfg.checkpoint_every) {
         char old[600];
         s_state_name_for(name, sizeof name, step - 3 * c->cfg.checkpoint_every);
@@ -1406,9 +1541,18 @@ zps_err zps_coord_resume(zps_coord *c, const char *dir, uint64_t step)
         }
         mem->has_job = true;
         mem->last_seen_ms = zps_clock_ms();
-        zmq_msg_init(&mem->route); // unknown until its heartbeat
+        ZPS_ASSERT(zmq_msg_init(&mem->route) == 0); // unknown until its heartbeat
     }
     zps__job_state__free_unpacked(st, NULL);
+    uint64_t tokens[ZPS_MAX_SHARDS] = {0};
+    if (c->cfg.shards > 1 && zps_token_load_table(dir, tokens, c->cfg.shards) != ZPS_OK) {
+        // Without them no shard can prove itself, and recovery waits.
+        zps_log_error("%s/shard-tokens: missing or damaged: shards 1..%u cannot show they are "
+                      "this job's, and the recovery waits for them", dir, c->cfg.shards - 1);
+    }
+    for (uint32_t i = 1; i < c->cfg.shards; i++) {
+        c->shards[i].token = tokens[i];
+    }
     zps_plan plan;
     zps_err perr = s_make_plan(c, &plan);
     zps_plans_init(&c->plans);
@@ -1570,6 +1714,12 @@ bool zps_coord_speculate(zps_coord *c, void *sock, uint64_t step, uint32_t offse
         zps_log_info("step %llu: slice [%u, %u) of rank %u is late; also handed to %u "
                      "member(s), in pieces", (unsigned long long)step, offset, offset + count,
                      late_rank, k);
+        // The late member, back, may skip that step: others compute it.
+        for (uint32_t i = 0; i < c->n_members; i++) {
+            if (c->members[i].rank == late_rank && c->members[i].covered < step + 1) {
+                c->members[i].covered = step + 1;
+            }
+        }
     }
     return k > 0;
 }

@@ -35,6 +35,11 @@ typedef struct zps_coord_cfg {
     zps_dtype wire_dtype;         // element type of tensors on the wire
     const char *endpoint;         // borrowed: shard 0's endpoint, sent to workers
     FILE *metrics;                // borrowed: JSON lines, or NULL
+    // Shard 0 goes back to its checkpoint of `step` before the coordinator
+    // tells anyone else to: a rollback it cannot follow (no such
+    // checkpoint) is refused and the job goes on. NULL: always possible.
+    zps_err (*restore)(void *arg, uint64_t step);
+    void *restore_arg;            // borrowed: passed to restore
 } zps_coord_cfg;
 
 typedef struct zps_coord zps_coord;
@@ -62,6 +67,19 @@ zps_err zps_coord_on_bye(zps_coord *c, void *sock, const zps_wire_msg *m);
 // bad_messages and step come from the shard(s), which the coordinator does not see.
 void zps_coord_on_status(zps_coord *c, void *sock, zps_wire_msg *m, uint64_t step,
                          uint64_t bad_messages);
+
+// STEP_DONE from a shard > 0: refused (ZPS_ESTALE, logged) for a step it
+// cannot have done yet, more than one past shard 0's.
+zps_err zps_coord_on_step_done(zps_coord *c, const zps_wire_msg *m);
+
+// What the message table (server/zps_msgtab.h) asks of the coordinator:
+// its state as a zps_at bit; whether a worker with this rank and member id
+// was admitted; whether shard `index` was assigned, and whether `token` is
+// its token.
+uint32_t zps_coord_at(const zps_coord *c);
+bool zps_coord_member_ok(const zps_coord *c, uint32_t rank, uint64_t member_id);
+bool zps_coord_shard_assigned(const zps_coord *c, uint32_t index);
+bool zps_coord_shard_token_ok(const zps_coord *c, uint32_t index, uint64_t token);
 
 // A step completed on shard 0 with this mean loss after step_ms; counted[r]
 // is the samples shard 0 counted from rank r (ZPS_MAX_MEMBERS entries).

@@ -1,4 +1,13 @@
-/* zps_server.c - the server loop: sockets, dispatch, timers. */
+/* zps_server.c - the server loop: sockets, dispatch, timers.
+ *
+ * Every message read is checked against the message table
+ * (server/zps_msgtab.h) in s_dispatch before any handler runs; a refusal
+ * is counted, logged (a bounded number of lines a second) with the type,
+ * the rank or shard it claims and the peer's address, and answered with
+ * ERROR where the sender waits for an answer. Nothing a peer sends stops
+ * the loop: the only ways out are the end of the run, a signal, and (on
+ * shards > 0) the coordinator's own refusal or a rollback to a checkpoint
+ * this shard does not have. */
 #include "zps_server.h"
 
 #include <errno.h>
@@ -17,7 +26,9 @@
 #include "server/zps_ckpt.h"
 #include "server/zps_coord.h"
 #include "server/zps_http.h"
+#include "server/zps_msgtab.h"
 #include "server/zps_shard.h"
+#include "server/zps_token.h"
 #include "server/zps_zap.h"
 #include "common/zps_curve.h"
 
@@ -36,9 +47,11 @@ typedef struct s_puller {
     bool used;              // slot taken
 } s_puller;
 
-typedef struct s_server {
+struct zps_server {
     const zps_server_opts *o;                    // borrowed: flags
     void *ctx;                                   // owned
+    FILE *metrics;                               // owned: --metrics-log, or NULL
+    bool pid_written;                            // --pid-file is ours to remove
     void *sock;                                  // owned: ROUTER for workers (and shards, on 0)
     void *up;                                    // owned: shard > 0: DEALER to the coordinator
     char endpoint[256];                          // what sock is bound to
@@ -76,7 +89,10 @@ typedef struct s_server {
     uint32_t n_in;                               // ranks with all of them counted
     double quorum_ms;                            // when as many slices were in as not, or 0
     double stop_deadline_ms;                     // after a signal: when to stop regardless
-} s_server;
+    uint64_t shard_token;                        // shard > 0: the secret of its ASSIGN (0: none)
+    zps_log_limit refusals;                      // bounds the log lines refusals cause
+};
+typedef struct zps_server s_server;
 
 static volatile sig_atomic_t s_stop;
 static volatile sig_atomic_t s_reload_keys;
@@ -108,22 +124,41 @@ static const zps_plan *s_plan(const s_server *srv)
 // ---------------------------------------------------------------------------
 // Refusals: one line, one counter, an ERROR reply; parameters untouched.
 
+// A refusal never changes state: a counter, a line naming the type, the
+// sender it claims and its address (at most ZPS_LOG_LIMIT_LINES a second:
+// a flood must not fill the disk), and an ERROR where the sender waits for
+// an answer (the message table says which do; an undecodable message is
+// answered, its sender is lost otherwise).
 static void s_refuse(s_server *srv, zps_wire_msg *m, zps_err err, const char *why)
 {
+    srv->bad_messages += err != ZPS_EAGAIN;
     const char *type = m->hdr ? zps_wire_type_name((int)m->hdr->type) : "undecodable message";
-    if (err == ZPS_EAGAIN) {
-        // "Not yet" is part of the protocol: its sender sends again.
-        zps_log_info("not yet: %s: %s", type, why);
-    } else {
-        srv->bad_messages++;
-        zps_log_warn("refused %s: %s (%s) [%llu refused so far]", type, why, zps_strerror(err),
-                     (unsigned long long)srv->bad_messages);
+    char who[32] = "", claim[48] = "";
+    if (m->hdr) {
+        zps_msgtab_claim(m->hdr, who, sizeof who);
     }
-    if (m->has_route && m->hdr) {
-        zps_wire_send_refusal(srv->sock, &m->route, s_job_id(srv), m->hdr, err, why);
-    } else if (m->has_route) {
-        zps_wire_send_error(srv->sock, &m->route, s_job_id(srv),
-                            srv->shard ? zps_shard_step(srv->shard) : 0, err, why);
+    if (who[0]) {
+        snprintf(claim, sizeof claim, " (%s)", who);
+    }
+    uint64_t left_out;
+    if (err == ZPS_EAGAIN) {
+        // "Not yet" is part of the protocol, not a bad message: its
+        // sender sends again.
+        zps_log_debug("not yet: %s%s: %s", type, claim, why);
+    } else if (zps_log_limit_pass(&srv->refusals, zps_clock_ms(), &left_out)) {
+        zps_log_warn("refused %s%s from %s: %s (%s) [%llu refused so far%s]", type, claim,
+                     m->peer[0] ? m->peer : "?", why, zps_strerror(err),
+                     (unsigned long long)srv->bad_messages,
+                     left_out ? "; some not logged, at most 10 lines a second" : "");
+    }
+    bool reply = !m->hdr || m->hdr->version != ZPS_WIRE_VERSION ||
+                 zps_msgtab_rule_of((int)m->hdr->type)->reply;
+    if (m->has_route && reply && m->hdr) {
+        // The refused message named, so that its sender knows what to send again.
+        (void)zps_wire_send_refusal(srv->sock, &m->route, s_job_id(srv), m->hdr, err, why);
+    } else if (m->has_route && reply) {
+        (void)zps_wire_send_error(srv->sock, &m->route, s_job_id(srv),
+                                  srv->shard ? zps_shard_step(srv->shard) : 0, err, why);
     }
 }
 
@@ -156,18 +191,18 @@ static void s_send_bucket(s_server *srv, zmq_msg_t *route, int b, uint64_t step,
     }
 }
 
-// Member checks shared by PULL and PUSH: right job, job started here.
+// What the message table checked of a PULL or PUSH (job, state, rank and
+// member id), checked once more where it is used: the handlers index by
+// rank, and an index from the wire is refused when out of range, never
+// folded into range.
 static bool s_check_member_msg(s_server *srv, zps_wire_msg *m)
 {
-    if (!srv->plan_set) {
+    if (!srv->plan_set || !srv->shard) {
         s_refuse(srv, m, ZPS_ESTATE, "the job has not started on this shard");
         return false;
     }
-    if (m->hdr->job_id != s_job_id(srv)) {
-        char why[96];
-        snprintf(why, sizeof why, "job id %016llx is not this job's",
-                 (unsigned long long)m->hdr->job_id);
-        s_refuse(srv, m, ZPS_EJOB, why);
+    if (m->hdr->rank >= ZPS_MAX_MEMBERS) {
+        s_refuse(srv, m, ZPS_ERANGE, "rank out of range");
         return false;
     }
     return true;
@@ -215,14 +250,7 @@ static void s_on_pull(s_server *srv, zps_wire_msg *m)
     if (!s_check_member_msg(srv, m)) {
         return;
     }
-    if (!zps_shard_is_member(srv->shard, m->hdr->member_id)) {
-        // A joiner's JOB and this shard's copy of the plan that names it
-        // travel apart: the PULL may come first. Its sender asks the
-        // coordinator, and again.
-        s_refuse(srv, m, ZPS_ENOENT, "PULL from a member id this shard does not know");
-        return;
-    }
-    srv->heard[m->hdr->rank % ZPS_MAX_MEMBERS] = true;
+    srv->heard[m->hdr->rank] = true; // a member's, as the table checked
     // A step this shard has passed may come back: a rollback to it can be
     // on its way here while the worker asking already heard of it.
     s_queue_pull(srv, &m->route, m->hdr->step, false);
@@ -246,8 +274,7 @@ static void s_queue_pull(s_server *srv, zmq_msg_t *route, uint64_t step, bool ca
         s_puller *p = &srv->pullers[i];
         if (!p->used) {
             *p = (s_puller){.step = step, .sent = sent, .used = true};
-            zmq_msg_init(&p->route);
-            zmq_msg_copy(&p->route, route);
+            zps_wire_route_copy(&p->route, route);
             return;
         }
     }
@@ -261,7 +288,7 @@ static void s_serve_pullers(s_server *srv)
     for (int i = 0; i < ZPS_SERVER_PULLERS; i++) {
         s_puller *p = &srv->pullers[i];
         if (p->used && s_serve_pull(srv, &p->route, p->step, &p->sent)) {
-            zmq_msg_close(&p->route);
+            zps_wire_route_close(&p->route);
             p->used = false;
         }
     }
@@ -290,6 +317,7 @@ static void s_end_step(s_server *srv)
         zps_wire_header_init(&h, ZPS__MSG_TYPE__STEP_DONE);
         h.job_id = srv->job_id;
         h.shard = srv->o->shard;
+        h.shard_token = srv->shard_token;
         h.step = step + 1;
         (void)zps_wire_send(srv->up, NULL, &h, NULL, 0, NULL);
     }
@@ -326,7 +354,7 @@ static void s_hold(s_server *srv, zps_wire_msg *m, const char *why)
 // waits for the next step like everyone else.
 static void s_add_recipient(s_server *srv, zps_wire_msg *m)
 {
-    uint32_t r = m->hdr->rank % ZPS_MAX_MEMBERS;
+    uint32_t r = m->hdr->rank; // below ZPS_MAX_MEMBERS: s_check_member_msg
     if (m->hdr->step > zps_shard_step(srv->shard)) {
         return; // ahead of a restarted shard: the rollback tells it where to go
     }
@@ -339,10 +367,9 @@ static void s_add_recipient(s_server *srv, zps_wire_msg *m)
         return;
     }
     if (srv->route_set[r]) {
-        zmq_msg_close(&srv->route[r]);
+        zps_wire_route_close(&srv->route[r]);
     }
-    zmq_msg_init(&srv->route[r]);
-    zmq_msg_copy(&srv->route[r], &m->route);
+    zps_wire_route_copy(&srv->route[r], &m->route);
     srv->route_set[r] = true;
     if (srv->pushed[r]) {
         return;
@@ -377,7 +404,7 @@ static bool s_own_in(const s_server *srv, uint32_t r)
 static void s_note_own_push(s_server *srv, const Zps__Header *h)
 {
     const zps_plan *plan = s_plan(srv);
-    uint32_t r = h->rank % ZPS_MAX_MEMBERS;
+    uint32_t r = h->rank; // below ZPS_MAX_MEMBERS: s_check_member_msg
     const zps_plan_slice *own = zps_plan_find(plan, r);
     if (!own || h->batch_offset != own->offset || h->samples != own->count || s_own_in(srv, r)) {
         return; // a piece of someone else's slice
@@ -398,7 +425,6 @@ static void s_on_push(s_server *srv, zps_wire_msg *m)
     if (!s_check_member_msg(srv, m)) {
         return;
     }
-    srv->heard[m->hdr->rank % ZPS_MAX_MEMBERS] = true;
     char why[256];
     int ready;
     zps_err err = zps_shard_push(srv->shard, m, &ready, why, sizeof why);
@@ -410,6 +436,8 @@ static void s_on_push(s_server *srv, zps_wire_msg *m)
         s_refuse(srv, m, err, why);
         return;
     }
+    // Heard only now: a push held or refused says nothing of its rank.
+    srv->heard[m->hdr->rank] = true;
     if (err == ZPS_EDUP) {
         srv->duplicates++; // the first copy counted; this one changes nothing
         zps_log_debug("dropped: %s", why);
@@ -419,8 +447,8 @@ static void s_on_push(s_server *srv, zps_wire_msg *m)
         s_note_own_push(srv, m->hdr);
     }
     if (srv->coord && err == ZPS_OK) {
-        zps_coord_note_push(srv->coord, m->hdr->step, m->hdr->rank % ZPS_MAX_MEMBERS,
-                            m->hdr->samples, m->hdr->compute_ms, zps_clock_ms());
+        zps_coord_note_push(srv->coord, m->hdr->step, m->hdr->rank, m->hdr->samples,
+                            m->hdr->compute_ms, zps_clock_ms());
     }
     if (ready < 0) {
         return;
@@ -444,6 +472,8 @@ static void s_on_push(s_server *srv, zps_wire_msg *m)
     }
 }
 
+static void s_dispatch(s_server *srv, zps_wire_msg *m);
+
 // A new plan reached the shard: pushes held for it can be counted now.
 static void s_replay_held(s_server *srv)
 {
@@ -458,7 +488,7 @@ static void s_replay_held(s_server *srv)
     }
     srv->n_held = 0;
     for (int i = 0; i < n; i++) {
-        s_on_push(srv, &again[i]);
+        s_dispatch(srv, &again[i]); // the table again: now its plan tells who its sender is
         zps_wire_msg_fini(&again[i]);
     }
     free(again);
@@ -480,15 +510,16 @@ static void s_take_plan(s_server *srv, uint32_t gen, uint64_t effective, const z
     srv->next_stall_ms = srv->step_start_ms + srv->o->stall_warn_ms;
 }
 
-static zps_err s_rollback(s_server *srv, uint64_t step);
+static void s_forget_step(s_server *srv);
 
 // Shard 0 follows the coordinator's plan generations and rollbacks directly.
+// Its checkpoint was restored already, before the coordinator decided the
+// rollback (s_coord_restore): what is left is to forget the step in progress.
 static void s_sync_coord_plan(s_server *srv)
 {
     uint64_t rollback;
-    if (zps_coord_take_rollback(srv->coord, &rollback) && s_rollback(srv, rollback) != ZPS_OK) {
-        s_stop = 1; // shard 0 cannot follow its own rollback: nothing sound is left to do
-        return;
+    if (zps_coord_take_rollback(srv->coord, &rollback)) {
+        s_forget_step(srv);
     }
     uint64_t effective;
     uint32_t gen = zps_coord_generation(srv->coord, &effective);
@@ -502,44 +533,91 @@ static void s_sync_coord_plan(s_server *srv)
     }
 }
 
-// Messages for the coordinator (shard 0 only).
+// Messages for the coordinator (shard 0 only; the table sent the others'
+// elsewhere). Handlers refuse what is wrong in a body (a share that does
+// not fit, a rollback to a step shard 0 has no checkpoint of) and log it
+// themselves; the refusal is counted here.
 static void s_dispatch_coord(s_server *srv, zps_wire_msg *m)
 {
     zps_err err = ZPS_OK;
-    Zps__MsgType type = m->hdr->type;
     if (!srv->coord) {
-        char why[128];
-        snprintf(why, sizeof why, "this is shard %u, not the coordinator (shard 0)",
-                 srv->o->shard);
-        s_refuse(srv, m, ZPS_ESTATE, why);
+        s_refuse(srv, m, ZPS_ESTATE, "this shard is not the coordinator (shard 0)");
         return;
     }
-    if (type != ZPS__MSG_TYPE__HELLO && type != ZPS__MSG_TYPE__REGISTER &&
-        type != ZPS__MSG_TYPE__STATUS && m->hdr->job_id != s_job_id(srv)) {
-        s_refuse(srv, m, ZPS_EJOB, "job id is not this job's");
-        return;
-    }
-    switch (type) {
+    switch (m->hdr->type) {
     case ZPS__MSG_TYPE__HELLO: err = zps_coord_on_hello(srv->coord, srv->sock, m); break;
     case ZPS__MSG_TYPE__REGISTER: err = zps_coord_on_register(srv->coord, srv->sock, m); break;
     case ZPS__MSG_TYPE__READY: err = zps_coord_on_ready(srv->coord, srv->sock, m); break;
     case ZPS__MSG_TYPE__EVAL: err = zps_coord_on_eval(srv->coord, m); break;
     case ZPS__MSG_TYPE__BYE: err = zps_coord_on_bye(srv->coord, srv->sock, m); break;
+    // A member's heartbeat after it was evicted or finished: its own, not a refusal.
     case ZPS__MSG_TYPE__HEARTBEAT: (void)zps_coord_on_heartbeat(srv->coord, srv->sock, m); break;
-    case ZPS__MSG_TYPE__STEP_DONE:
-        zps_coord_shard_done(srv->coord, m->hdr->shard, m->hdr->step);
+    case ZPS__MSG_TYPE__STEP_DONE: err = zps_coord_on_step_done(srv->coord, m); break;
+    case ZPS__MSG_TYPE__STATUS:
+        zps_coord_on_status(srv->coord, srv->sock, m, zps_shard_step(srv->shard),
+                            srv->bad_messages);
         break;
     default:
-        zps_coord_on_status(srv->coord, srv->sock, m,
-                            zps_shard_step(srv->shard), srv->bad_messages);
-        break;
+        s_refuse(srv, m, ZPS_EPROTO, "not a message for the coordinator");
+        return;
     }
     srv->bad_messages += err != ZPS_OK;
     s_sync_coord_plan(srv);
 }
 
+// The message table's questions, answered by this server.
+static bool s_tab_member_ok(void *arg, uint32_t rank, uint64_t member_id)
+{
+    const s_server *srv = arg;
+    return srv->coord && zps_coord_member_ok(srv->coord, rank, member_id);
+}
+
+static bool s_tab_plan_member_ok(void *arg, uint32_t rank, uint64_t member_id)
+{
+    const s_server *srv = arg;
+    return srv->shard && zps_shard_member_has_rank(srv->shard, rank, member_id);
+}
+
+static uint32_t s_tab_newest_generation(void *arg)
+{
+    const s_server *srv = arg;
+    return srv->shard ? zps_shard_generation(srv->shard) : 0;
+}
+
+static bool s_tab_shard_assigned(void *arg, uint32_t index)
+{
+    const s_server *srv = arg;
+    return srv->coord && zps_coord_shard_assigned(srv->coord, index);
+}
+
+static bool s_tab_shard_token_ok(void *arg, uint32_t index, uint64_t token)
+{
+    const s_server *srv = arg;
+    return srv->coord && zps_coord_shard_token_ok(srv->coord, index, token);
+}
+
+// Every message read goes through here, held pushes again when their plan
+// comes: the table first (who may send it, with what, when), then its handler.
 static void s_dispatch(s_server *srv, zps_wire_msg *m)
 {
+    zps_msgtab_ctx x = {
+        .at = srv->coord ? zps_coord_at(srv->coord)
+                         : srv->shard ? ZPS_AT_SERVING : ZPS_AT_UNASSIGNED,
+        .curve = srv->curve.on,
+        .job_id = s_job_id(srv),
+        .arg = srv,
+        .member_ok = s_tab_member_ok,
+        .plan_member_ok = s_tab_plan_member_ok,
+        .newest_generation = s_tab_newest_generation,
+        .shard_assigned = s_tab_shard_assigned,
+        .shard_token_ok = s_tab_shard_token_ok,
+    };
+    char why[256];
+    zps_err err = zps_msgtab_check(&x, m->hdr, m->user_id, why, sizeof why);
+    if (err != ZPS_OK) {
+        s_refuse(srv, m, err, why);
+        return;
+    }
     switch (m->hdr->type) {
     case ZPS__MSG_TYPE__PULL:
         s_on_pull(srv, m);
@@ -547,18 +625,8 @@ static void s_dispatch(s_server *srv, zps_wire_msg *m)
     case ZPS__MSG_TYPE__PUSH:
         s_on_push(srv, m);
         break;
-    case ZPS__MSG_TYPE__HELLO:
-    case ZPS__MSG_TYPE__REGISTER:
-    case ZPS__MSG_TYPE__READY:
-    case ZPS__MSG_TYPE__EVAL:
-    case ZPS__MSG_TYPE__BYE:
-    case ZPS__MSG_TYPE__STATUS:
-    case ZPS__MSG_TYPE__HEARTBEAT:
-    case ZPS__MSG_TYPE__STEP_DONE:
-        s_dispatch_coord(srv, m);
-        break;
     default:
-        s_refuse(srv, m, ZPS_EPROTO, "unexpected message type");
+        s_dispatch_coord(srv, m);
         break;
     }
 }
@@ -591,9 +659,11 @@ static void s_register(s_server *srv)
     reg.endpoint = srv->o->advertise ? (char *)srv->o->advertise : srv->endpoint;
     reg.resume = srv->o->resume;
     reg.serving = srv->shard != NULL;
+    reg.public_key = srv->curve.on ? srv->curve.public_ : "";
     Zps__Header h;
     zps_wire_header_init(&h, ZPS__MSG_TYPE__REGISTER);
     h.shard = srv->o->shard;
+    h.shard_token = srv->shard_token; // 0 until assigned, unless a restart kept it
     h.registration = &reg;
     if (zps_wire_send(srv->up, NULL, &h, NULL, 0, NULL) != ZPS_OK) {
         zps_log_warn("could not send REGISTER to %s", srv->o->coordinator);
@@ -605,7 +675,7 @@ static zps_err s_take_assignment(s_server *srv, const Zps__Header *h)
 {
     const Zps__Job *job = h->job;
     zps_plan plan;
-    if (!job || !job->optim || job->n_shards != srv->o->shards ||
+    if (!job || !job->optim || job->n_shards != srv->o->shards || job->shard_token == 0 ||
         zps_model_parse(job->model, &srv->model) != ZPS_OK ||
         zps_plan_from_wire(job->plan, job->n_plan, job->global_batch, &plan) != ZPS_OK ||
         !zps_dtype_valid((int)job->wire_dtype)) {
@@ -647,6 +717,14 @@ static zps_err s_take_assignment(s_server *srv, const Zps__Header *h)
     }
     srv->job_id = h->job_id;
     srv->total_steps = job->total_steps;
+    srv->shard_token = job->shard_token;
+    // Kept where --resume looks: a restart must show the coordinator it is
+    // this shard (server/zps_token.h). Without --checkpoint-dir it cannot.
+    if (srv->o->checkpoint_dir && zps_token_save(srv->o->checkpoint_dir, srv->o->shard,
+                                                 srv->shard_token) != ZPS_OK) {
+        zps_log_warn("could not keep the shard token in %s: a restart of this shard will be "
+                     "refused", srv->o->checkpoint_dir);
+    }
     s_take_plan(srv, job->generation, job->plan_effective, &plan);
     zps_log_info("job %016llx: serving [%llu, %llu) of model %s, %llu steps",
                  (unsigned long long)srv->job_id, (unsigned long long)lo, (unsigned long long)hi,
@@ -655,12 +733,13 @@ static zps_err s_take_assignment(s_server *srv, const Zps__Header *h)
     zps_wire_header_init(&ready, ZPS__MSG_TYPE__READY);
     ready.job_id = srv->job_id;
     ready.shard = srv->o->shard;
+    ready.shard_token = srv->shard_token;
     ready.step = resumed;
     return zps_wire_send(srv->up, NULL, &ready, NULL, 0, NULL);
 }
 
-// Goes back to the checkpoint of `step`: the steps after it are replayed.
-static zps_err s_rollback(s_server *srv, uint64_t step)
+// Loads this shard's checkpoint of `step`; nothing changes on failure.
+static zps_err s_restore(s_server *srv, uint64_t step)
 {
     uint64_t loaded;
     zps_err err = srv->o->checkpoint_dir
@@ -670,8 +749,19 @@ static zps_err s_rollback(s_server *srv, uint64_t step)
         zps_log_error("cannot roll back to step %llu: no such checkpoint in %s",
                       (unsigned long long)step,
                       srv->o->checkpoint_dir ? srv->o->checkpoint_dir : "(no --checkpoint-dir)");
-        return err;
     }
+    return err;
+}
+
+// The coordinator's question before it decides a rollback (zps_coord_cfg).
+static zps_err s_coord_restore(void *arg, uint64_t step)
+{
+    return s_restore(arg, step);
+}
+
+// After a restore: the step in progress is forgotten, and replayed.
+static void s_forget_step(s_server *srv)
+{
     memset(srv->pushed, 0, sizeof srv->pushed);
     memset(srv->heard, 0, sizeof srv->heard);
     memset(srv->own_in, 0, sizeof srv->own_in);
@@ -689,7 +779,16 @@ static zps_err s_rollback(s_server *srv, uint64_t step)
     srv->finished = false;
     srv->step_start_ms = zps_clock_ms();
     srv->quorum_ms = 0;
-    return ZPS_OK;
+}
+
+// Goes back to the checkpoint of `step`: the steps after it are replayed.
+static zps_err s_rollback(s_server *srv, uint64_t step)
+{
+    zps_err err = s_restore(srv, step);
+    if (err == ZPS_OK) {
+        s_forget_step(srv);
+    }
+    return err;
 }
 
 // A plan from the coordinator (PLAN or ROLLBACK) for this shard.
@@ -992,7 +1091,9 @@ static int s_setup_security(s_server *srv)
         memcpy(srv->curve.server, srv->curve.public_, sizeof srv->curve.server);
     }
     const char *domain = "zps";
-    if (!(srv->zap = zps_zap_start(srv->ctx, o->authorized_keys)) ||
+    zps_zap_keys keys = {.workers = o->authorized_keys, .shards = o->shard_keys,
+                         .operators = o->operator_keys, .own_public = srv->curve.public_};
+    if (!(srv->zap = zps_zap_start(srv->ctx, &keys)) ||
         zps_curve_server(&srv->curve, srv->sock) != ZPS_OK ||
         zmq_setsockopt(srv->sock, ZMQ_ZAP_DOMAIN, domain, strlen(domain)) != 0) {
         return 2;
@@ -1101,7 +1202,7 @@ static int s_setup_coordinator(s_server *srv, FILE *metrics)
         .n_params = srv->model.n_params, .shards = o->shards, .optim = cfg.optim,
         .wire_dtype = o->wire_dtype, .endpoint = srv->endpoint, .metrics = metrics,
         .worker_timeout_ms = o->worker_timeout_ms, .checkpoint_every = o->checkpoint_every,
-        .adaptive_split = o->adaptive_split,
+        .adaptive_split = o->adaptive_split, .restore = s_coord_restore, .restore_arg = srv,
     };
     if (!(srv->coord = zps_coord_new(&cc))) {
         return 1;
@@ -1122,6 +1223,17 @@ static int s_setup_coordinator(s_server *srv, FILE *metrics)
 
 static int s_setup_shard(s_server *srv)
 {
+    // A restart presents the token its first ASSIGN gave it: without it the
+    // coordinator takes it for a stranger claiming this shard, and refuses.
+    if (srv->o->resume) {
+        zps_err err = zps_token_load(srv->o->checkpoint_dir, srv->o->shard, &srv->shard_token);
+        if (err == ZPS_OK) {
+            zps_log_info("presenting the shard token kept in %s", srv->o->checkpoint_dir);
+        } else if (err == ZPS_ENOENT) {
+            zps_log_info("no shard token in %s: registering as a shard not yet assigned",
+                         srv->o->checkpoint_dir);
+        }
+    }
     srv->up = zps_wire_socket(srv->ctx, ZMQ_DEALER, ZPS_SERVER_SEND_TIMEOUT_MS);
     if (!srv->up || zps_curve_client(&srv->curve, srv->up) != ZPS_OK ||
         zmq_connect(srv->up, srv->o->coordinator) != 0) {
@@ -1146,78 +1258,165 @@ static void s_log_peak_rss(const s_server *srv)
     }
 }
 
-int zps_server_run(const zps_server_opts *o)
+// Everything zps_server_run sets up before its loop: sockets, security,
+// the bind, and the coordinator or the shard. *status: 0, or the exit
+// status on failure (2 bad configuration, 1 other).
+zps_server *zps_server_open(const zps_server_opts *o, int *status)
 {
     char name[32];
     snprintf(name, sizeof name, "server[%u]", o->shard);
     zps_log_set_name(name);
-    s_server srv = {.o = o};
-    FILE *metrics = NULL;
-    int ret = 1;
-    srv.held = calloc(ZPS_SERVER_HELD, sizeof *srv.held);
-    if (!srv.held) {
-        return 1;
+    s_server *srv = calloc(1, sizeof *srv);
+    *status = 1;
+    if (!srv) {
+        return NULL;
     }
-    srv.ctx = zmq_ctx_new();
-    srv.sock = srv.ctx ? zps_wire_socket(srv.ctx, ZMQ_ROUTER, ZPS_SERVER_SEND_TIMEOUT_MS) : NULL;
-    if (!srv.sock || zps_wire_set_sndbuf(srv.sock, o->sndbuf) != ZPS_OK) {
-        goto out;
+    srv->o = o;
+    srv->held = calloc(ZPS_SERVER_HELD, sizeof *srv->held);
+    srv->ctx = zmq_ctx_new();
+    if (!srv->held || !srv->ctx) {
+        goto fail;
+    }
+    srv->sock = zps_wire_socket(srv->ctx, ZMQ_ROUTER, ZPS_SERVER_SEND_TIMEOUT_MS);
+    if (!srv->sock || zps_wire_set_sndbuf(srv->sock, o->sndbuf) != ZPS_OK) {
+        goto fail;
     }
     // A resumed run goes on with the log it had (replayed steps appear twice).
-    if (o->metrics_log && !(metrics = fopen(o->metrics_log, o->resume ? "a" : "w"))) {
+    if (o->metrics_log && !(srv->metrics = fopen(o->metrics_log, o->resume ? "a" : "w"))) {
         zps_log_error("--metrics-log %s: %s", o->metrics_log, strerror(errno));
-        ret = 2;
-        goto out;
+        *status = 2;
+        goto fail;
     }
-    if ((ret = s_setup_security(&srv)) != 0 || (ret = s_bind(&srv)) != 0) {
-        goto out;
+    if ((*status = s_setup_security(srv)) != 0 || (*status = s_bind(srv)) != 0) {
+        goto fail;
     }
     if (o->pid_file && zps_pidfile_write(o->pid_file) != ZPS_OK) {
-        ret = 2;
-        goto out;
+        *status = 2;
+        goto fail;
     }
-    ret = o->shard == 0 ? s_setup_coordinator(&srv, metrics) : s_setup_shard(&srv);
-    if (ret != 0) {
-        goto out;
+    srv->pid_written = o->pid_file != NULL;
+    *status = o->shard == 0 ? s_setup_coordinator(srv, srv->metrics) : s_setup_shard(srv);
+    if (*status != 0) {
+        goto fail;
+    }
+    return srv;
+fail:
+    zps_server_close(&srv);
+    *status = *status ? *status : 1;
+    return NULL;
+}
+
+int zps_server_run(const zps_server_opts *o)
+{
+    int ret;
+    s_server *srv = zps_server_open(o, &ret);
+    if (!srv) {
+        return ret;
     }
     (void)signal(SIGINT, s_on_signal);
     (void)signal(SIGTERM, s_on_signal);
     (void)signal(SIGHUP, s_on_signal);
-    ret = s_loop(&srv);
-    s_log_peak_rss(&srv);
-out:
-    for (int i = 0; i < ZPS_MAX_MEMBERS; i++) {
-        if (srv.route_set[i]) {
-            zmq_msg_close(&srv.route[i]);
-        }
-    }
-    for (int i = 0; i < srv.n_held; i++) {
-        zps_wire_msg_fini(&srv.held[i]);
-    }
-    free(srv.held);
-    for (int i = 0; i < ZPS_SERVER_PULLERS; i++) {
-        if (srv.pullers[i].used) {
-            zmq_msg_close(&srv.pullers[i].route);
-        }
-    }
-    if (srv.sock) {
-        zmq_close(srv.sock);
-    }
-    if (srv.up) {
-        zmq_close(srv.up);
-    }
-    zps_zap_stop(&srv.zap);
-    zps_http_stop(&srv.http);
-    if (srv.ctx) {
-        zmq_ctx_term(srv.ctx); // flushes replies; releases the shard's zero-copy frames
-    }
-    zps_coord_destroy(&srv.coord);
-    zps_shard_destroy(&srv.shard);
-    if (metrics) {
-        (void)fclose(metrics);
-    }
-    if (o->pid_file) {
-        zps_pidfile_remove(o->pid_file);
-    }
+    ret = s_loop(srv);
+    s_log_peak_rss(srv);
+    zps_server_close(&srv);
     return ret;
+}
+
+int zps_server_turn(zps_server *srv)
+{
+    int n = 0;
+    int events = 0;
+    size_t len = sizeof events;
+    while (zmq_getsockopt(srv->sock, ZMQ_EVENTS, &events, &len) == 0 && (events & ZMQ_POLLIN)) {
+        s_read_one(srv);
+        n++;
+        len = sizeof events;
+    }
+    if (srv->up) {
+        len = sizeof events;
+        while (zmq_getsockopt(srv->up, ZMQ_EVENTS, &events, &len) == 0 &&
+               (events & ZMQ_POLLIN)) {
+            if (s_read_up(srv) != ZPS_OK) {
+                return -1; // where the loop ends the shard
+            }
+            n++;
+            len = sizeof events;
+        }
+    }
+    if (srv->replay_held) {
+        srv->replay_held = false;
+        s_replay_held(srv);
+    }
+    if (srv->coord) {
+        zps_coord_tick(srv->coord, srv->sock, zps_clock_ms());
+        s_sync_coord_plan(srv);
+    }
+    return n;
+}
+
+void *zps_server_ctx(zps_server *srv)
+{
+    return srv->ctx;
+}
+
+uint64_t zps_server_refused(const zps_server *srv)
+{
+    return srv->bad_messages;
+}
+
+bool zps_server_stopping(const zps_server *srv)
+{
+    (void)srv;
+    return s_stop != 0;
+}
+
+zps_shard *zps_server_shard(zps_server *srv)
+{
+    return srv->shard;
+}
+
+zps_coord *zps_server_coord(zps_server *srv)
+{
+    return srv->coord;
+}
+
+void zps_server_close(zps_server **srvp)
+{
+    s_server *srv = *srvp;
+    if (!srv) {
+        return;
+    }
+    for (int i = 0; i < ZPS_MAX_MEMBERS; i++) {
+        if (srv->route_set[i]) {
+            zps_wire_route_close(&srv->route[i]);
+        }
+    }
+    for (int i = 0; srv->held && i < srv->n_held; i++) {
+        zps_wire_msg_fini(&srv->held[i]);
+    }
+    free(srv->held);
+    for (int i = 0; i < ZPS_SERVER_PULLERS; i++) {
+        if (srv->pullers[i].used) {
+            zps_wire_route_close(&srv->pullers[i].route);
+        }
+    }
+    zps_wire_close(&srv->sock);
+    zps_wire_close(&srv->up);
+    zps_zap_stop(&srv->zap);
+    zps_http_stop(&srv->http);
+    // Flushes replies (within the linger) and releases the shard's
+    // zero-copy frames: the shard can go only after it.
+    if (srv->ctx && zmq_ctx_term(srv->ctx) != 0) {
+        zps_log_warn("zmq_ctx_term: %s", zmq_strerror(errno));
+    }
+    zps_coord_destroy(&srv->coord);
+    zps_shard_destroy(&srv->shard);
+    if (srv->metrics) {
+        (void)fclose(srv->metrics);
+    }
+    if (srv->pid_written) {
+        zps_pidfile_remove(srv->o->pid_file);
+    }
+    free(srv);
+    *srvp = NULL;
 }

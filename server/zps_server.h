@@ -9,6 +9,7 @@
 #ifndef ZPS_SERVER_H
 #define ZPS_SERVER_H
 
+#include <stdbool.h>
 #include <stdint.h>
 
 #include "common/zps_dtype.h"
@@ -38,7 +39,9 @@ typedef struct zps_server_opts {
     bool resume;                // start from this shard's newest valid checkpoint
     const char *curve_secret;   // this server's CURVE secret key file, or NULL
     const char *server_key;     // shard > 0: the coordinator's public key (default: own)
-    const char *authorized_keys; // directory of the public keys admitted
+    const char *authorized_keys; // directory of the workers' public keys
+    const char *shard_keys;     // directory of the shards' public keys, or NULL
+    const char *operator_keys;  // directory of the operators' public keys (STATUS only), or NULL
     bool require_curve;         // refuse to run without CURVE
     double stall_warn_ms;       // while a step waits, name what it waits for this often
     bool adaptive_split;        // shard 0: shares follow measured throughput
@@ -52,5 +55,39 @@ typedef struct zps_server_opts {
 // Runs a shard until the job is over or SIGINT/SIGTERM; returns the exit
 // status (0 done, 1 failure, 2 bad configuration).
 int zps_server_run(const zps_server_opts *o);
+
+// ---------------------------------------------------------------------------
+// The pieces of zps_server_run, for the fuzzer (fuzz/zps_fuzz_msg.c): it
+// feeds the daemon's own receive path, message table and handlers through
+// inproc sockets of the server's context, so a finding there is a finding
+// in the daemon.
+
+typedef struct zps_server zps_server;
+typedef struct zps_shard zps_shard;
+typedef struct zps_coord zps_coord;
+
+// Sets a server up as zps_server_run does (sockets, CURVE, bind, the
+// coordinator or the shard), without signal handlers or the loop. Caller
+// owns the result (zps_server_close); NULL on failure, with the exit status
+// in *status (1, or 2 for a bad configuration).
+zps_server *zps_server_open(const zps_server_opts *o, int *status);
+// One turn of the loop without waiting: every message ready on the
+// server's sockets read and dispatched (s_read_one, the loop's function),
+// held pushes replayed, the coordinator's timers run. Returns how many
+// messages were read, or -1 where the loop would end the process (a shard
+// > 0 that its coordinator refused, or told to roll back to a checkpoint
+// it does not have).
+int zps_server_turn(zps_server *srv);
+// The context of the server's sockets (borrowed): peers on inproc live in it.
+void *zps_server_ctx(zps_server *srv);
+// Messages refused so far (what STATUS calls bad_messages).
+uint64_t zps_server_refused(const zps_server *srv);
+// True once something asked the loop to stop (only a signal may).
+bool zps_server_stopping(const zps_server *srv);
+// The shard and (shard 0) the coordinator, borrowed, for the fuzzer's checks.
+zps_shard *zps_server_shard(zps_server *srv);
+zps_coord *zps_server_coord(zps_server *srv);
+// Closes the sockets, ends the context, frees everything; *srv becomes NULL.
+void zps_server_close(zps_server **srv);
 
 #endif

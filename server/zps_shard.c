@@ -200,6 +200,11 @@ static bool s_member_has_rank(const zps_shard *s, uint64_t member_id, uint32_t r
     return zps_plans_find_member(&s->plans, member_id, &r) && r == rank;
 }
 
+bool zps_shard_member_has_rank(const zps_shard *s, uint32_t rank, uint64_t member_id)
+{
+    return member_id != 0 && s_member_has_rank(s, member_id, rank);
+}
+
 // A member of any generation the shard knows may push: a slice of a step
 // in progress can be handed to a member that joined after it began.
 bool zps_shard_is_member(const zps_shard *s, uint64_t member_id)

@@ -56,6 +56,9 @@ void zps_shard_add_plan(zps_shard *s, uint32_t gen, uint64_t effective_step,
 const zps_plan *zps_shard_plan(const zps_shard *s);
 // True if member_id is a member of a plan the shard knows.
 bool zps_shard_is_member(const zps_shard *s, uint64_t member_id);
+// True if a plan the shard knows has member_id, with this rank: the
+// credential of a PUSH or PULL (server/zps_msgtab.h).
+bool zps_shard_member_has_rank(const zps_shard *s, uint32_t rank, uint64_t member_id);
 // The newest generation known (0 before the first plan).
 uint32_t zps_shard_generation(const zps_shard *s);
 

@@ -19,6 +19,7 @@ Suite *zps_suite_flags(void);
 Suite *zps_suite_coord(void);
 Suite *zps_suite_plans(void);
 Suite *zps_suite_member(void);
+Suite *zps_suite_msgtab(void);
 Suite *zps_suite_client(void);
 
 #endif

@@ -1,6 +1,7 @@
 /* zps_heartbeat.c - the heartbeat thread. */
 #include "zps_heartbeat.h"
 
+#include <errno.h>
 #include <pthread.h>
 #include <stdatomic.h>
 #include <stdlib.h>
@@ -36,8 +37,10 @@ static void *s_run(void *arg)
         }
     }
     int zero = 0;
-    zmq_setsockopt(hb->sock, ZMQ_LINGER, &zero, sizeof zero);
-    zmq_close(hb->sock);
+    if (zmq_setsockopt(hb->sock, ZMQ_LINGER, &zero, sizeof zero) != 0) {
+        zps_log_warn("heartbeat: ZMQ_LINGER: %s", zmq_strerror(errno)); // a BYE may linger
+    }
+    (void)zmq_close(hb->sock); // fails only for a handle that is not a socket
     return NULL;
 }
 
@@ -57,7 +60,7 @@ zps_heartbeat *zps_heartbeat_start(void *ctx, const char *endpoint, const zps_cu
         pthread_create(&hb->thread, NULL, s_run, hb) != 0) {
         zps_log_error("cannot start the heartbeat to %s", endpoint);
         if (hb->sock) {
-            zmq_close(hb->sock);
+            (void)zmq_close(hb->sock);
         }
         free(hb);
         return NULL;

@@ -32,6 +32,16 @@
 # resumes from them when there are any), ZPS_SLURM_HTTP_PORT (shard s
 # serves HTTP on that port + s), ZPS_SLURM_DRY_RUN=1 (same as --dry-run:
 # print what this task would run, run nothing).
+#
+# CurveZMQ: ZPS_SLURM_KEYS=DIR, a directory every node sees (as the
+# checkout), readable by the job's user only:
+#   DIR/server.key, server.pub  the shards' key pair (zps-ctl keygen server)
+#   DIR/worker.key              the workers' key (zps-ctl keygen worker)
+#   DIR/workers/*.pub           who may be a worker (worker.pub at least)
+#   DIR/shards/*.pub            shards with a key pair of their own (optional)
+#   DIR/operators/*.pub         who may ask zps-ctl status/top (optional)
+# Shards then listen with CURVE only (--require-curve), workers pin
+# server.pub.
 set -euo pipefail
 here=$(cd "$(dirname "$0")/../.." && pwd)
 bin=${ZPS_BIN_DIR:-$here/bin}
@@ -212,6 +222,13 @@ if [ "$node_id" -lt "$spread" ] && [ "$local_id" -lt "$(shards_on "$node_id")" ]
     fi
   fi
   args=(--shard "$s" --shards "$shards" --listen "tcp://$host:$((port + s))")
+  if [ -n "${ZPS_SLURM_KEYS:-}" ]; then
+    keys=$ZPS_SLURM_KEYS
+    args+=(--curve-secret "$keys/server.key" --authorized-keys "$keys/workers" --require-curve)
+    if [ -d "$keys/shards" ]; then args+=(--shard-keys "$keys/shards"); fi
+    if [ -d "$keys/operators" ]; then args+=(--operator-keys "$keys/operators"); fi
+    if [ "$s" -gt 0 ]; then args+=(--server-key "$keys/server.pub"); fi
+  fi
   if [ "$s" -gt 0 ]; then
     args+=(--coordinator "$coordinator")
   else
@@ -257,5 +274,8 @@ else
 fi
 extra=()
 read -r -a extra <<<"${ZPS_SLURM_WORKER_FLAGS:-}"
+if [ -n "${ZPS_SLURM_KEYS:-}" ]; then
+  extra+=(--curve-secret "$ZPS_SLURM_KEYS/worker.key" --server-key "$ZPS_SLURM_KEYS/server.pub")
+fi
 launch "worker $j of node ${nodes[node_id]} on $device, coordinator $coordinator" \
   "$bin/zps-worker" --coordinator "$coordinator" --device "$device" "${extra[@]}"

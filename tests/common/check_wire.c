@@ -1,5 +1,6 @@
 /* check_wire.c - framing over real ZeroMQ sockets (inproc ROUTER/DEALER),
- * every validation failure of zps_wire, and the plan's split. */
+ * every validation failure of zps_wire, sends that fail part-way leaving
+ * nothing behind, and the plan's split. */
 #include <stdlib.h>
 #include <string.h>
 
@@ -275,6 +276,147 @@ END_TEST
 
 // ---------------------------------------------------------------------------
 
+// A PUSH of 3 payload frames (plus the header, plus the routing id from a
+// ROUTER): the message whose parts a failure may hit.
+static float *s_three_frames(size_t *n)
+{
+    *n = ZPS_WIRE_FRAME_BYTES / sizeof(float) * 2 + 5;
+    float *t = malloc(*n * sizeof(float));
+    for (size_t i = 0; i < *n; i++) {
+        t[i] = (float)i;
+    }
+    return t;
+}
+
+// Receives one message and checks it is whole: the step it carries and
+// the frames it should have.
+static void s_expect_whole(void *sock, bool router, uint64_t step, int frames)
+{
+    zps_wire_msg m;
+    ck_assert_int_eq(zps_wire_recv(sock, router, &m), ZPS_OK);
+    ck_assert_uint_eq(m.hdr->step, step);
+    ck_assert_int_eq(m.n_frames, frames);
+    zps_wire_msg_fini(&m);
+}
+
+// SQLite's FAULTSIM: the loop's index is the part that fails to be built,
+// from either end of a pair (a ROUTER's first part is the routing id). The
+// message must vanish whole: the next one arrives alone, in one piece,
+// and nothing else follows it. Zero-copy frames built before the failure
+// are released.
+START_TEST(test_wire_send_that_fails_mid_message_leaves_nothing_the_next_message_arrives_whole)
+{
+    int nth = _i;
+    pair p = s_pair();
+    size_t n;
+    float *t = s_three_frames(&n);
+    Zps__Header h;
+    zps_wire_header_init(&h, ZPS__MSG_TYPE__PUSH);
+    h.count = n;
+    // Dealer to router: header, frame, frame, frame.
+    zps_wire_ref ref = {0};
+    h.step = 1;
+    zps_wire_inject_fault(ZPS_WIRE_FAULT_BUILD, nth);
+    ck_assert_int_eq(zps_wire_send(p.dealer, NULL, &h, t, n * sizeof(float), &ref),
+                     nth < 4 ? ZPS_ENOMEM : ZPS_OK);
+    zps_wire_inject_fault(ZPS_WIRE_FAULT_BUILD, -1);
+    h.step = 2;
+    ck_assert_int_eq(zps_wire_send(p.dealer, NULL, &h, t, n * sizeof(float), NULL), ZPS_OK);
+    if (nth >= 4) {
+        s_expect_whole(p.router, true, 1, 3);
+    }
+    zps_wire_msg m;
+    ck_assert_int_eq(zps_wire_recv(p.router, true, &m), ZPS_OK);
+    ck_assert_uint_eq(m.hdr->step, 2);
+    ck_assert_int_eq(m.n_frames, 3);
+    ck_assert_int_eq(zps_wire_ref_wait(&ref, 2000), ZPS_OK);
+    // Router to dealer: routing id, header, frame, frame, frame.
+    h.step = 3;
+    zps_wire_inject_fault(ZPS_WIRE_FAULT_BUILD, nth);
+    ck_assert_int_eq(zps_wire_send(p.router, &m.route, &h, t, n * sizeof(float), &ref),
+                     nth < 5 ? ZPS_ENOMEM : ZPS_OK);
+    zps_wire_inject_fault(ZPS_WIRE_FAULT_BUILD, -1);
+    h.step = 4;
+    ck_assert_int_eq(zps_wire_send(p.router, &m.route, &h, t, n * sizeof(float), NULL), ZPS_OK);
+    zps_wire_msg_fini(&m);
+    if (nth >= 5) {
+        s_expect_whole(p.dealer, false, 3, 3);
+    }
+    s_expect_whole(p.dealer, false, 4, 3);
+    ck_assert_int_eq(zps_wire_recv(p.dealer, false, &m), ZPS_ETIMEDOUT); // nothing glued behind
+    zps_wire_msg_fini(&m);
+    ck_assert_int_eq(zps_wire_ref_wait(&ref, 2000), ZPS_OK);
+    free(t);
+    s_pair_close(&p);
+}
+END_TEST
+
+// A signal during a send (EINTR, before libzmq queued the part) makes that
+// part go again: the message arrives whole, once.
+START_TEST(test_wire_send_interrupted_by_a_signal_sends_the_part_again_whole)
+{
+    int nth = _i;
+    pair p = s_pair();
+    size_t n;
+    float *t = s_three_frames(&n);
+    Zps__Header h;
+    zps_wire_header_init(&h, ZPS__MSG_TYPE__PUSH);
+    h.step = 9;
+    zps_wire_inject_fault(ZPS_WIRE_FAULT_EINTR, nth);
+    ck_assert_int_eq(zps_wire_send(p.dealer, NULL, &h, t, n * sizeof(float), NULL), ZPS_OK);
+    zps_wire_inject_fault(ZPS_WIRE_FAULT_EINTR, -1);
+    s_expect_whole(p.router, true, 9, 3);
+    zps_wire_msg m;
+    ck_assert_int_eq(zps_wire_recv(p.router, true, &m), ZPS_ETIMEDOUT);
+    zps_wire_msg_fini(&m);
+    free(t);
+    s_pair_close(&p);
+}
+END_TEST
+
+START_TEST(test_wire_send_refuses_more_frames_than_a_receiver_takes)
+{
+    pair p = s_pair();
+    Zps__Header h;
+    zps_wire_header_init(&h, ZPS__MSG_TYPE__PUSH);
+    // Never read: the size alone is refused before anything is built.
+    static const float one = 1;
+    size_t too_big = (size_t)ZPS_WIRE_FRAME_BYTES * ZPS_WIRE_MAX_FRAMES + 1;
+    ck_assert_int_eq(zps_wire_send(p.dealer, NULL, &h, &one, too_big, NULL), ZPS_EINVAL);
+    zps_wire_msg m;
+    ck_assert_int_eq(zps_wire_recv(p.router, true, &m), ZPS_ETIMEDOUT);
+    zps_wire_msg_fini(&m);
+    s_pair_close(&p);
+}
+END_TEST
+
+// The message table reads who sent a message from its metadata: over TCP
+// the peer's address; no User-Id without CURVE.
+START_TEST(test_wire_recv_gives_the_peer_address_over_tcp)
+{
+    void *ctx = zmq_ctx_new();
+    void *router = zps_wire_socket(ctx, ZMQ_ROUTER, 2000);
+    void *dealer = zps_wire_socket(ctx, ZMQ_DEALER, 2000);
+    ck_assert_int_eq(zmq_bind(router, "tcp://127.0.0.1:*"), 0);
+    char ep[128];
+    size_t len = sizeof ep;
+    ck_assert_int_eq(zmq_getsockopt(router, ZMQ_LAST_ENDPOINT, ep, &len), 0);
+    ck_assert_int_eq(zmq_connect(dealer, ep), 0);
+    Zps__Header h;
+    zps_wire_header_init(&h, ZPS__MSG_TYPE__STATUS);
+    ck_assert_int_eq(zps_wire_send(dealer, NULL, &h, NULL, 0, NULL), ZPS_OK);
+    zps_wire_msg m;
+    ck_assert_int_eq(zps_wire_recv(router, true, &m), ZPS_OK);
+    ck_assert_str_eq(m.peer, "127.0.0.1");
+    ck_assert_str_eq(m.user_id, "");
+    zps_wire_msg_fini(&m);
+    zps_wire_close(&router);
+    zps_wire_close(&dealer);
+    ck_assert_ptr_null(router);
+    zmq_ctx_term(ctx);
+}
+END_TEST
+
 START_TEST(test_plan_split_fixed_and_even_shares)
 {
     zps_plan p;
@@ -341,6 +483,13 @@ Suite *zps_suite_wire(void)
     tcase_add_test(tc, test_wire_check_tensor_bounds_dtype_and_length);
     tcase_add_test(tc, test_wire_recv_times_out);
     tcase_add_test(tc, test_wire_sndbuf_zero_keeps_the_os_default_and_a_size_is_set);
+    tcase_add_loop_test(
+        tc, test_wire_send_that_fails_mid_message_leaves_nothing_the_next_message_arrives_whole,
+        0, 6);
+    tcase_add_loop_test(tc, test_wire_send_interrupted_by_a_signal_sends_the_part_again_whole,
+                        0, 4);
+    tcase_add_test(tc, test_wire_send_refuses_more_frames_than_a_receiver_takes);
+    tcase_add_test(tc, test_wire_recv_gives_the_peer_address_over_tcp);
     suite_add_tcase(s, tc);
     TCase *tp = tcase_create("plan");
     tcase_add_test(tp, test_plan_split_fixed_and_even_shares);

@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # deploy/k8s: every object of every manifest validates against the
 # Kubernetes API's OpenAPI schema (kubernetes-models), and the objects
-# refer to one another correctly (tests/deploy/node/validate-k8s.mjs).
+# refer to one another correctly (tests/deploy/node/validate-k8s.mjs),
+# CurveZMQ's key files included.
 # Then the check itself: broken copies of the manifests must fail it.
 set -euo pipefail
 # shellcheck source=tests/deploy/lib.sh
@@ -51,4 +52,8 @@ broken "envFrom a missing ConfigMap" zps.yaml 's/^                name: zps-job$
 broken "ZPS_WORKERS unlike the Jobs' completions" zps.yaml 's/ZPS_WORKERS: "2"/ZPS_WORKERS: "3"/' \
   'ZPS_WORKERS 3 = Job'
 broken "YAML that does not parse" zps.yaml 's/^data:$/data: [/' 'YAML'
+broken "a CURVE key directory not mounted" zps.yaml 's#mountPath: /etc/zps/keys/operators#mountPath: /etc/zps/ops#' \
+  'ZPS_OPERATOR_KEYS /etc/zps/keys/operators is in a mounted volume'
+broken "the workers' secret not mounted" workers-cpu.yaml 's#mountPath: /etc/zps/secret#mountPath: /secret#' \
+  'ZPS_CURVE_SECRET /etc/zps/secret/worker.key is in a mounted volume'
 finish

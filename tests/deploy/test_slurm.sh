@@ -122,6 +122,19 @@ expect_eq "shard 0 with a checkpoint resumes" "$(task n1 3 0 0 "${ck[@]}" -- --c
 expect_eq "shard 1 without one starts fresh" "$(task n1 3 0 1 "${ck[@]}")" \
   "exec $S --shard 1 --shards 2 --listen tcp://192.0.2.21:5556 --coordinator tcp://n1:5555 --checkpoint-dir $tmp/ckpt/shard-1"
 
+echo "dry run: CurveZMQ keys (ZPS_SLURM_KEYS)"
+mkdir -p "$tmp/keys/workers" "$tmp/keys/operators"
+K=$tmp/keys
+expect_eq "shard 0: its secret, the three allowlists that exist, CURVE required" \
+  "$(task n1 3 0 0 ZPS_SLURM_SHARDS=2 ZPS_SLURM_KEYS="$K")" \
+  "exec $S --shard 0 --shards 2 --listen tcp://192.0.2.21:5555 --curve-secret $K/server.key --authorized-keys $K/workers --require-curve --operator-keys $K/operators --workers 1"
+expect_eq "shard 1 pins the coordinator's key" \
+  "$(task n1 3 0 1 ZPS_SLURM_SHARDS=2 ZPS_SLURM_KEYS="$K")" \
+  "exec $S --shard 1 --shards 2 --listen tcp://192.0.2.21:5556 --curve-secret $K/server.key --authorized-keys $K/workers --require-curve --operator-keys $K/operators --server-key $K/server.pub --coordinator tcp://n1:5555"
+expect_eq "a worker: the workers' key, the shards' public key" \
+  "$(task n1 3 0 2 ZPS_SLURM_SHARDS=2 ZPS_SLURM_KEYS="$K")" \
+  "exec $W --coordinator tcp://n1:5555 --device cpu --curve-secret $K/worker.key --server-key $K/server.pub"
+
 echo "refusals"
 expect_match "more shards on a node than tasks" \
   "$(env -i PATH="$fakepath" SLURM_JOB_NODELIST=n1 \
@@ -135,8 +148,15 @@ expect_match "a node name that resolves to loopback on a multi-node step" \
 expect_match "no Slurm environment" "$(env -i PATH=/usr/bin:/bin bash "$slurm" 2>&1 || echo "exit $?")" \
   'run this under srun.*exit 1'
 
-echo "real run: localhost, 4 tasks (2 shards, 2 CPU workers), 20 steps"
+echo "real run: localhost, 4 tasks (2 shards, 2 CPU workers), 20 steps, CurveZMQ"
 need_bins
+# The keys as the script's comment lays them out.
+rk=$tmp/run-keys
+mkdir -p "$rk/workers"
+if ! { "$bin/zps-ctl" keygen "$rk/server" && "$bin/zps-ctl" keygen "$rk/worker" &&
+        cp "$rk/worker.pub" "$rk/workers/"; } >/dev/null; then
+  fail "zps-ctl keygen"
+fi
 # A base port whose two ports are free (connecting to a closed port fails).
 port=
 for _ in $(seq 20); do
@@ -150,6 +170,7 @@ for t in 0 1 2 3; do
     SLURM_JOB_NODELIST=localhost SLURM_STEP_TASKS_PER_NODE=4 SLURM_NODEID=0 SLURM_LOCALID=$t \
     SLURM_PROCID=$t SLURM_NTASKS=4 ZPS_SLURM_SHARDS=2 ZPS_SLURM_PORT="$port" \
     ZPS_SLURM_CHECKPOINT_DIR="$tmp/run-ckpt" ZPS_SLURM_WORKER_FLAGS="--cache-dir $tmp/cache" \
+    ZPS_SLURM_KEYS="$rk" \
     timeout 60 bash "$slurm" -- --model mlp:784-64-10 --steps 20 --global-batch 64 \
     --dataset synthetic:2048 --checkpoint-every 10 --worker-timeout-ms 5000 \
     >"$tmp/task-$t.log" 2>&1 &
@@ -167,4 +188,7 @@ expect_match "shard 0 says the workers finished" "$(cat "$tmp/task-0.log")" 'ran
 expect_match "each shard wrote its checkpoint of step 20" \
   "$(ls "$tmp/run-ckpt/shard-0" "$tmp/run-ckpt/shard-1" 2>&1)" \
   'shard-0-step-20\.ckpt .*shard-1-step-20\.ckpt'
+expect_match "shard 0 ran with CurveZMQ" "$(cat "$tmp/task-0.log")" 'CurveZMQ on'
+expect_eq "shard 1 kept its token where --resume finds it, owner-only" \
+  "$(stat -c %a "$tmp/run-ckpt/shard-1/shard-1.token" 2>&1)" 600
 finish

@@ -2,8 +2,9 @@
 # deploy/systemd: the unit files pass `systemd-analyze verify` with no
 # warning (offline: systemd need not be running), their sandboxing scores
 # at most 2.0 on `systemd-analyze security` (0 = locked down, 10 = exposed),
-# they restart on failure, the server with --resume, and every setting of
-# the example /etc/zps/*.env files names a real flag of its daemon.
+# they restart on failure, the server with --resume, their CurveZMQ
+# secrets come as credentials and the allowlists are named, and every
+# setting of the example /etc/zps/*.env files names a real flag of its daemon.
 set -euo pipefail
 # shellcheck source=tests/deploy/lib.sh
 source "$(dirname "$0")/lib.sh"
@@ -55,6 +56,20 @@ for k in Restart=on-failure DynamicUser=yes ProtectSystem=strict NoNewPrivileges
          CapabilityBoundingSet=; do
   expect_line zps-server "$k"
   expect_line zps-worker "$k"
+done
+
+echo "CurveZMQ keys"
+# Secrets come as credentials (never in an environment file or on a command
+# line); the lists of public keys are named in server.env; reload re-reads them.
+expect_line zps-server 'LoadCredential=curve.key:/etc/zps/keys/server.key'
+expect_line zps-worker 'LoadCredential=curve.key:/etc/zps/keys/worker.key'
+expect_line zps-server 'Environment=ZPS_CURVE_SECRET=%d/curve.key'
+expect_line zps-worker 'Environment=ZPS_CURVE_SECRET=%d/curve.key'
+# shellcheck disable=SC2016 # systemd's $MAINPID
+expect_line zps-server 'ExecReload=/bin/kill -HUP $MAINPID'
+for k in ZPS_AUTHORIZED_KEYS=/etc/zps/keys/workers ZPS_SHARD_KEYS=/etc/zps/keys/shards \
+         ZPS_OPERATOR_KEYS=/etc/zps/keys/operators ZPS_REQUIRE_CURVE=1; do
+  if grep -qxF -- "$k" "$src/server.env"; then pass "server.env: $k"; else fail "server.env: no $k"; fi
 done
 
 echo "example environment files"

@@ -10,6 +10,7 @@ int main(void)
     srunner_add_suite(sr, zps_suite_cluster());
     srunner_add_suite(sr, zps_suite_failures());
     srunner_add_suite(sr, zps_suite_security());
+    srunner_add_suite(sr, zps_suite_hostile());
     srunner_add_suite(sr, zps_suite_stragglers());
     srunner_add_suite(sr, zps_suite_report());
     srunner_add_suite(sr, zps_suite_http());

@@ -1,5 +1,7 @@
-/* check_security.c - CurveZMQ: only the listed keys get in, and nothing of
- * a message can be read off the wire. Real processes on loopback. */
+/* check_security.c - CurveZMQ: only the listed keys get in, each kind of
+ * key does only its part (a worker key cannot be a shard, an operator key
+ * can only ask for STATUS), SIGHUP re-reads the lists, and nothing of a
+ * message can be read off the wire. Real processes on loopback. */
 #include <signal.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -7,6 +9,9 @@
 #include <time.h>
 #include <unistd.h>
 
+#include "common/zps_clock.h"
+#include "common/zps_curve.h"
+#include "common/zps_wire.h"
 #include "zps_integration.h"
 #include "zps_proc.h"
 
@@ -109,6 +114,158 @@ START_TEST(test_security_unlisted_key_is_refused_listed_key_trains)
 }
 END_TEST
 
+// A CURVE client in this process, with the key pair `key` (a NAME of
+// s_keygen), as a peer that holds that key would be.
+typedef struct client {
+    void *ctx, *sock;
+} client;
+
+static client s_client(zps_procs *ps, const char *ep, const char *key)
+{
+    char secret[600], server[600];
+    snprintf(secret, sizeof secret, "%s.key", zps_procs_path(ps, key));
+    snprintf(server, sizeof server, "%s", zps_procs_path(ps, "server.pub"));
+    zps_curve curve;
+    ck_assert_int_eq(zps_curve_load(&curve, secret, server), ZPS_OK);
+    client c = {.ctx = zmq_ctx_new()};
+    c.sock = zps_wire_socket(c.ctx, ZMQ_DEALER, 3000);
+    ck_assert_int_eq(zps_curve_client(&curve, c.sock), ZPS_OK);
+    ck_assert_int_eq(zmq_connect(c.sock, ep), 0);
+    return c;
+}
+
+static void s_client_close(client *c)
+{
+    int zero = 0;
+    zmq_setsockopt(c->sock, ZMQ_LINGER, &zero, sizeof zero);
+    zmq_close(c->sock);
+    zmq_ctx_term(c->ctx);
+}
+
+// Sends a bare message of `type` and returns the answer's type, and its
+// code if it is an ERROR (-1 without an answer within the socket's 3 s).
+static int s_ask(client *c, Zps__MsgType type, int *code)
+{
+    Zps__Register reg = ZPS__REGISTER__INIT;
+    reg.index = 1;
+    reg.shards = 2;
+    reg.endpoint = "tcp://127.0.0.1:9";
+    Zps__Hello hello = ZPS__HELLO__INIT;
+    hello.host = "test";
+    Zps__Header h;
+    zps_wire_header_init(&h, type);
+    h.shard = 1;
+    h.registration = &reg;
+    h.hello = &hello;
+    ck_assert_int_eq(zps_wire_send(c->sock, NULL, &h, NULL, 0, NULL), ZPS_OK);
+    zps_wire_msg m;
+    int got = -1;
+    if (zps_wire_recv(c->sock, false, &m) == ZPS_OK) {
+        got = (int)m.hdr->type;
+        *code = m.hdr->error_code;
+    }
+    zps_wire_msg_fini(&m);
+    return got;
+}
+
+static int s_ctl_status(zps_procs *ps, const char *ep, const char *key, const char *log)
+{
+    char secret[600], server_pub[600];
+    snprintf(secret, sizeof secret, "%s.key", zps_procs_path(ps, key));
+    snprintf(server_pub, sizeof server_pub, "%s", zps_procs_path(ps, "server.pub"));
+    const char *ctl[] = {"status", ep, "--curve-secret", secret, "--server-key", server_pub,
+                         NULL};
+    pid_t c = zps_procs_start(ps, "zps-ctl", log, ctl);
+    return zps_procs_wait(ps, c, 20000);
+}
+
+// A shard started with the key pair `key`, listening with the same key.
+static pid_t s_shard1(zps_procs *ps, const char *ep, const char *key, const char *tag)
+{
+    char secret[600], server_pub[600], auth[600];
+    snprintf(secret, sizeof secret, "%s.key", zps_procs_path(ps, key));
+    snprintf(server_pub, sizeof server_pub, "%s", zps_procs_path(ps, "server.pub"));
+    snprintf(auth, sizeof auth, "%s", zps_procs_path(ps, "workers"));
+    const char *args[] = {"--shard", "1", "--shards", "2", "--coordinator", ep,
+                          "--curve-secret", secret, "--server-key", server_pub,
+                          "--authorized-keys", auth, NULL};
+    pid_t pid;
+    (void)zps_procs_start_server(ps, tag, &pid, args, 10000);
+    return pid;
+}
+
+START_TEST(test_security_each_kind_of_key_does_only_its_part)
+{
+    zps_procs ps;
+    zps_procs_init(&ps, "roles");
+    const char *names[] = {"server", "worker", "shard", "operator"};
+    for (int i = 0; i < 4; i++) {
+        s_keygen(&ps, names[i]);
+    }
+    char cmd[1600];
+    snprintf(cmd, sizeof cmd,
+             "cd %s && mkdir -p workers shards operators && cp worker.pub workers/ && "
+             "cp shard.pub shards/",
+             ps.dir);
+    ck_assert_int_eq(zps_procs_sh(&ps, cmd, "setup.log", 10000), 0);
+    char secret[600], workers[600], shards[600], operators[600];
+    snprintf(secret, sizeof secret, "%s", zps_procs_path(&ps, "server.key"));
+    snprintf(workers, sizeof workers, "%s", zps_procs_path(&ps, "workers"));
+    snprintf(shards, sizeof shards, "%s", zps_procs_path(&ps, "shards"));
+    snprintf(operators, sizeof operators, "%s", zps_procs_path(&ps, "operators"));
+    const char *args[] = {"--shards", "2", "--workers", "1", "--global-batch", "32",
+                          "--steps", "20", "--curve-secret", secret, "--authorized-keys",
+                          workers, "--shard-keys", shards, "--operator-keys", operators, NULL};
+    pid_t server;
+    char ep[256];
+    snprintf(ep, sizeof ep, "%s", zps_procs_start_server(&ps, "server", &server, args, 10000));
+
+    // A worker key cannot register as a shard: that shard is refused and
+    // says why.
+    pid_t impostor = s_shard1(&ps, ep, "worker", "impostor");
+    ck_assert_int_eq(zps_procs_wait(&ps, impostor, 20000), 1);
+    ck_assert(zps_procs_log_has(&ps, "impostor.log", "a worker key"));
+    ck_assert(zps_procs_log_has(&ps, "impostor.log", "may not send REGISTER"));
+
+    // The operator key is not listed yet: no answer at all. Listed, and the
+    // lists re-read on SIGHUP, it gets STATUS, and only that.
+    ck_assert_int_eq(s_ctl_status(&ps, ep, "operator", "ctl-unlisted.log"), 1);
+    snprintf(cmd, sizeof cmd, "cp %s/operator.pub %s/", ps.dir, operators);
+    ck_assert_int_eq(zps_procs_sh(&ps, cmd, "setup.log", 10000), 0);
+    ck_assert_int_eq(kill(server, SIGHUP), 0);
+    double deadline = zps_clock_ms() + 10000;
+    while (!zps_procs_log_has(&ps, "server.log", "1 operator key(s)")) {
+        ck_assert_msg(zps_clock_ms() < deadline, "SIGHUP did not re-read the operator keys");
+        struct timespec ts = {0, 20 * 1000 * 1000};
+        nanosleep(&ts, NULL);
+    }
+    ck_assert_int_eq(s_ctl_status(&ps, ep, "operator", "ctl-listed.log"), 0);
+    client op = s_client(&ps, ep, "operator");
+    int code = 0;
+    ck_assert_int_eq(s_ask(&op, ZPS__MSG_TYPE__STATUS, &code), ZPS__MSG_TYPE__STATUS_REPLY);
+    ck_assert_int_eq(s_ask(&op, ZPS__MSG_TYPE__HELLO, &code), ZPS__MSG_TYPE__ERROR);
+    ck_assert_int_eq(code, ZPS_EPERM);
+    ck_assert_int_eq(s_ask(&op, ZPS__MSG_TYPE__REGISTER, &code), ZPS__MSG_TYPE__ERROR);
+    ck_assert_int_eq(code, ZPS_EPERM);
+    ck_assert_int_eq(s_ask(&op, ZPS__MSG_TYPE__PULL, &code), ZPS__MSG_TYPE__ERROR);
+    ck_assert_int_eq(code, ZPS_EPERM);
+    s_client_close(&op);
+    // Nor may a worker key register by hand.
+    client wk = s_client(&ps, ep, "worker");
+    ck_assert_int_eq(s_ask(&wk, ZPS__MSG_TYPE__REGISTER, &code), ZPS__MSG_TYPE__ERROR);
+    ck_assert_int_eq(code, ZPS_EPERM);
+    s_client_close(&wk);
+
+    // The shard key serves shard 1, the worker key trains the job to its end.
+    pid_t shard = s_shard1(&ps, ep, "shard", "shard1");
+    pid_t w = s_worker(&ps, ep, "worker.key", "worker.log");
+    ck_assert_int_eq(zps_procs_wait(&ps, w, 60000), 0);
+    ck_assert_int_eq(zps_procs_wait(&ps, shard, 30000), 0);
+    ck_assert_int_eq(zps_procs_wait(&ps, server, 30000), 0);
+    zps_procs_fini(&ps, false);
+}
+END_TEST
+
 // Captures the port with tcpdump while a job trains: the job's strings
 // (model, dataset) must be on the wire of a plain run and absent from an
 // encrypted one.
@@ -180,6 +337,7 @@ Suite *zps_suite_security(void)
     TCase *tc = tcase_create("curve");
     tcase_set_timeout(tc, 120);
     tcase_add_test(tc, test_security_unlisted_key_is_refused_listed_key_trains);
+    tcase_add_test(tc, test_security_each_kind_of_key_does_only_its_part);
     tcase_add_test(tc, test_security_capture_of_encrypted_run_shows_no_plaintext);
     suite_add_tcase(s, tc);
     return s;

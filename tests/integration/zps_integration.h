@@ -9,6 +9,7 @@ Suite *zps_suite_malformed(void);
 Suite *zps_suite_cluster(void);
 Suite *zps_suite_failures(void);
 Suite *zps_suite_security(void);
+Suite *zps_suite_hostile(void);
 Suite *zps_suite_stragglers(void);
 Suite *zps_suite_report(void);
 Suite *zps_suite_http(void);

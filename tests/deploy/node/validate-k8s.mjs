@@ -111,8 +111,8 @@ for (const ss of of("StatefulSet")) {
     ss.spec.podManagementPolicy === "Parallel");
 }
 
-// Probes name a container port; envFrom names a ConfigMap; pods run as
-// non-root.
+// Probes name a container port; envFrom names a ConfigMap, and the key
+// files it names are mounted; pods run as non-root.
 for (const w of [...of("StatefulSet"), ...of("Job"), ...of("Deployment")]) {
   const name = `${w.kind} ${w.metadata.name}`;
   const pod = w.spec.template.spec;
@@ -128,6 +128,15 @@ for (const w of [...of("StatefulSet"), ...of("Job"), ...of("Deployment")]) {
       if (!ref.configMapRef) continue;
       check(`${name}: envFrom ConfigMap ${ref.configMapRef.name} exists`,
         byName("ConfigMap", ref.configMapRef.name) !== undefined);
+      // CurveZMQ's key files and key directories must be in a mounted volume.
+      const env = byName("ConfigMap", ref.configMapRef.name)?.data ?? {};
+      for (const k of ["ZPS_CURVE_SECRET", "ZPS_SERVER_KEY", "ZPS_AUTHORIZED_KEYS", "ZPS_SHARD_KEYS",
+                       "ZPS_OPERATOR_KEYS"]) {
+        if (env[k] === undefined) continue;
+        const mounts = (c.volumeMounts ?? []).map((m) => m.mountPath);
+        check(`${name}: ${k} ${env[k]} is in a mounted volume`,
+          mounts.some((p) => env[k] === p || env[k].startsWith(`${p}/`)));
+      }
     }
   }
 }
