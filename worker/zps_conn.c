@@ -12,6 +12,7 @@
 #include "common/zps_log.h"
 
 #define ZPS_CONN_WAIT_LOG_MS 5000.0
+#define ZPS_CONN_HELLO_AGAIN_MS 3000 // waiting for the JOB: HELLO again this often
 
 zps_conn_verdict zps_conn_judge(const Zps__Header *h, const char *from)
 {
@@ -39,12 +40,31 @@ zps_conn_verdict zps_conn_judge(const Zps__Header *h, const char *from)
     }
 }
 
+// A refusal of a push or pull, received while waiting for something else
+// (the JOB, a STATUS reply): the answer to one sent before, by the member
+// of before when joining again after a pause. It says nothing of what is
+// awaited, and is not judged (its verdict would be logged as if it were).
+// Any other refusal counts: of the HELLO, or naming no message, as a
+// coordinator recovering from a restart refuses; and the end of the job
+// ends the wait whichever message it refused.
+static bool s_of_before(const Zps__Header *h)
+{
+    return h->type == ZPS__MSG_TYPE__ERROR && h->error_code != ZPS_ECLOSED &&
+           (h->refused == ZPS__MSG_TYPE__PUSH || h->refused == ZPS__MSG_TYPE__PULL);
+}
+
 zps_err zps_conn_await(zps_conn *n, void *sock, const char *what, const char *endpoint,
                        int timeout_ms, zps_wire_msg *m)
 {
     double start = zps_clock_ms(), next_log = start + ZPS_CONN_WAIT_LOG_MS;
     for (;;) {
         zps_err err = zps_wire_recv(sock, false, m);
+        if (err == ZPS_OK && s_of_before(m->hdr)) {
+            zps_log_debug("%s: an old refusal of a %s, ignored", endpoint,
+                          zps_wire_type_name((int)m->hdr->refused));
+            zps_wire_msg_fini(m);
+            continue;
+        }
         if (err == ZPS_OK && m->hdr->type == ZPS__MSG_TYPE__ERROR) {
             switch (zps_conn_judge(m->hdr, endpoint)) {
             case ZPS_CONN_RETRY: return ZPS_EAGAIN;
@@ -67,8 +87,10 @@ zps_err zps_conn_await(zps_conn *n, void *sock, const char *what, const char *en
         }
         double now = zps_clock_ms();
         if (now - start > timeout_ms) {
-            zps_log_error("gave up after %.0f s waiting for %s from %s", (now - start) / 1e3,
-                          what, endpoint);
+            if (timeout_ms > ZPS_CONN_HELLO_AGAIN_MS) { // shorter waits are retried or asked again
+                zps_log_error("gave up after %.0f s waiting for %s from %s",
+                              (now - start) / 1e3, what, endpoint);
+            }
             return ZPS_ETIMEDOUT;
         }
         if (now > next_log) {
@@ -115,40 +137,42 @@ static void s_sleep_ms(double ms)
     }
 }
 
+// The JOB, until the deadline but at most ZPS_CONN_HELLO_AGAIN_MS: a
+// coordinator that restarted since the HELLO has forgotten a joiner that
+// had no JOB yet (it admits a HELLO from the same socket once).
 static zps_err s_await_job(zps_conn *n, double deadline, zps_wire_msg *m)
 {
     int left = (int)(deadline - zps_clock_ms());
+    left = left < ZPS_CONN_HELLO_AGAIN_MS ? left : ZPS_CONN_HELLO_AGAIN_MS;
     return zps_conn_await(n, n->shards[0].sock, "the job to start", n->shards[0].endpoint,
                           left > 100 ? left : 100, m);
 }
 
-// A refusal, waiting for the JOB, of a push or pull the member of before
-// sent (queued before it was handed on): it says nothing of this join.
-// Any other refusal (of the HELLO, or naming no message, as a coordinator
-// recovering from a restart does) counts; the end of the job ends it.
-static bool s_of_before(zps_err err, const zps_wire_msg *m)
-{
-    return err != ZPS_OK && err != ZPS_ECLOSED && err != ZPS_ETIMEDOUT && m->hdr &&
-           m->hdr->type == ZPS__MSG_TYPE__ERROR &&
-           (m->hdr->refused == ZPS__MSG_TYPE__PUSH || m->hdr->refused == ZPS__MSG_TYPE__PULL);
-}
-
 zps_err zps_conn_hello_until_job(zps_conn *n, int join_timeout_ms, zps_wire_msg *m)
 {
-    double deadline = zps_clock_ms() + join_timeout_ms;
+    double start = zps_clock_ms(), deadline = start + join_timeout_ms;
     for (;;) {
         zps_err err = s_hello(n);
         if (err != ZPS_OK) {
             return err;
         }
         err = s_await_job(n, deadline, m);
-        while ((err == ZPS_OK || s_of_before(err, m)) && m->hdr->type != ZPS__MSG_TYPE__JOB &&
-               zps_clock_ms() < deadline) {
+        while (err == ZPS_OK && m->hdr->type != ZPS__MSG_TYPE__JOB && zps_clock_ms() < deadline) {
             // Joining again: what the coordinator sent the member of before
-            // (plans, rollbacks, refusals of its pushes) may still be queued.
-            // The JOB, or an answer to the HELLO, is what counts.
+            // (plans, rollbacks) may still be queued; its refusals of pushes
+            // and pulls zps_conn_await skips. The JOB is what counts.
             zps_wire_msg_fini(m);
             err = s_await_job(n, deadline, m);
+        }
+        if (err == ZPS_ETIMEDOUT && zps_clock_ms() < deadline && !n->stop) {
+            zps_log_info("waiting %.0f s for the job to start from %s: saying HELLO again",
+                         (zps_clock_ms() - start) / 1e3, n->shards[0].endpoint);
+            continue;
+        }
+        if (err == ZPS_ETIMEDOUT) {
+            zps_log_error("gave up after %.0f s waiting for the job to start from %s (the join "
+                          "timeout: ZPS_OPT_JOIN_TIMEOUT_MS, zps-worker's --join-timeout-ms)",
+                          join_timeout_ms / 1e3, n->shards[0].endpoint);
         }
         if (err != ZPS_EAGAIN || zps_clock_ms() + ZPS_CONN_POLL_MS > deadline || n->stop) {
             return err; // m: the caller finishes it, whatever it holds
@@ -184,12 +208,16 @@ zps_err zps_conn_take_shards(zps_conn *n, const Zps__Job *job, const zps_model_s
             continue; // joining again: the connection of before serves
         }
         if (sc->sock) {
-            zmq_close(sc->sock);
+            (void)zmq_close(sc->sock); // fails only for a handle that is not a socket
         }
         snprintf(sc->endpoint, sizeof sc->endpoint, "%s", si->endpoint);
         sc->sock = zps_wire_socket(n->ctx, ZMQ_DEALER, ZPS_CONN_POLL_MS);
+        zps_curve cv = n->curve; // a shard with a key pair of its own: the coordinator knows it
+        if (i < job->n_shard_keys && strlen(job->shard_keys[i]) == ZPS_CURVE_KEY_LEN) {
+            memcpy(cv.server, job->shard_keys[i], sizeof cv.server);
+        }
         if (!sc->sock || zps_wire_set_sndbuf(sc->sock, n->sndbuf) != ZPS_OK ||
-            zps_curve_client(&n->curve, sc->sock) != ZPS_OK ||
+            zps_curve_client(&cv, sc->sock) != ZPS_OK ||
             zmq_connect(sc->sock, sc->endpoint) != 0) {
             zps_log_error("cannot connect to shard %zu at %s", i, sc->endpoint);
             return ZPS_EIO;
@@ -223,7 +251,7 @@ void zps_conn_open_ask(zps_conn *n)
         zps_log_warn("no second socket to %s: a long pause will be followed by computing a "
                      "step that may be over", n->shards[0].endpoint);
         if (sock) {
-            zmq_close(sock);
+            (void)zmq_close(sock); // fails only for a handle that is not a socket
         }
         return;
     }
@@ -307,12 +335,12 @@ void zps_conn_fini(zps_conn *n)
 {
     zps_heartbeat_stop(&n->heartbeat);
     if (n->ask) {
-        zmq_close(n->ask);
+        (void)zmq_close(n->ask); // fails only for a handle that is not a socket
         n->ask = NULL;
     }
     for (int i = 0; i < ZPS_CONN_MAX_SHARDS; i++) {
         if (n->shards[i].sock) {
-            zmq_close(n->shards[i].sock);
+            (void)zmq_close(n->shards[i].sock);
             n->shards[i].sock = NULL;
         }
     }

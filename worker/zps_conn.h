@@ -70,8 +70,10 @@ zps_err zps_conn_connect(zps_conn *n);
 // Every ERROR reply is judged here, once, and logged with what it refused.
 zps_conn_verdict zps_conn_judge(const Zps__Header *h, const char *from);
 // Receives the next message on sock into m, waiting at most timeout_ms and
-// logging every few seconds. An ERROR is judged: "not yet" returns
-// ZPS_EAGAIN, the end of the job ZPS_ECLOSED, anything else its code.
+// logging every few seconds (a wait over 3 s that runs out, too). An ERROR
+// is judged: "not yet" returns ZPS_EAGAIN, the end of the job ZPS_ECLOSED,
+// anything else its code; a refusal of a push or pull (of before: what is
+// awaited here is something else) is skipped, unless the job is over.
 zps_err zps_conn_await(zps_conn *n, void *sock, const char *what, const char *endpoint,
                        int timeout_ms, zps_wire_msg *m);
 // Sends h (with this member's identity) to shard i; logs a failure.
@@ -79,7 +81,8 @@ zps_err zps_conn_send(zps_conn *n, int shard, Zps__Header *h, const void *payloa
                       zps_wire_ref *ref);
 
 // HELLO until the job is given, within join_timeout_ms: a coordinator
-// recovering from a restart answers "again" until it admits. m holds the
+// recovering from a restart answers "again" until it admits, and one
+// restarted since forgot the HELLO, said again every 3 s. m holds the
 // last message received, whatever the result: the caller finishes it.
 zps_err zps_conn_hello_until_job(zps_conn *n, int join_timeout_ms, zps_wire_msg *m);
 // The shards of JOB: their ranges and buckets of the model, connected
