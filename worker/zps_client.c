@@ -288,10 +288,14 @@ static void s_queue_extras(zps_client *c, uint64_t step)
                                            ZPS_CLIENT_QUEUE - c->n_queue);
 }
 
-static void s_backoff(zps_client *c)
+// When to send a refused message again: the backoff now, doubled for the
+// next refusal up to ZPS_CLIENT_RETRY_MAX_MS (a bucket taken resets it).
+static double s_backoff(zps_client *c)
 {
+    double at = zps_clock_ms() + c->retry_ms;
     c->retry_ms = c->retry_ms * 2 < ZPS_CLIENT_RETRY_MAX_MS ? c->retry_ms * 2
                                                             : ZPS_CLIENT_RETRY_MAX_MS;
+    return at;
 }
 
 // A refusal from shard i while waiting for `step`'s parameters. "Not yet"
@@ -303,8 +307,7 @@ static zps_err s_on_refusal(zps_client *c, int i, uint64_t step, const Zps__Head
 {
     switch (zps_conn_judge(h, c->conn.shards[i].endpoint)) {
     case ZPS_CONN_RETRY: {
-        double at = zps_clock_ms() + c->retry_ms;
-        s_backoff(c);
+        double at = s_backoff(c);
         if (h->refused == ZPS__MSG_TYPE__PULL) {
             c->pull_again_ms[i] = at;
         } else if (h->refused == ZPS__MSG_TYPE__PUSH && step > 0 && h->step == step - 1 &&
@@ -323,8 +326,7 @@ static zps_err s_on_refusal(zps_client *c, int i, uint64_t step, const Zps__Head
         // coordinator, which says whether this worker was handed on.
         c->next_ask_ms = 0;
         if (h->refused == ZPS__MSG_TYPE__PULL) {
-            c->pull_again_ms[i] = zps_clock_ms() + c->retry_ms;
-            s_backoff(c);
+            c->pull_again_ms[i] = s_backoff(c);
         }
         return ZPS_OK;
     case ZPS_CONN_OVER:
@@ -573,6 +575,10 @@ static zps_err s_wait(zps_client *c)
             return ZPS_ECLOSED;
         }
         int rc = zmq_poll(items, c->conn.n_shards, s_poll_ms(c, zps_clock_ms()));
+        if (rc < 0 && errno != EINTR) {
+            zps_log_error("zmq_poll on the shard sockets: %s", zmq_strerror(errno));
+            return ZPS_EIO;
+        }
         for (int i = 0; rc > 0 && i < c->conn.n_shards; i++) {
             if (!(items[i].revents & ZMQ_POLLIN)) {
                 continue;
@@ -630,11 +636,12 @@ static zps_err s_wait(zps_client *c)
 // Whether `step` is over without this worker: true after a pause (a stall,
 // a swap storm) so long that the coordinator handed this worker's slice on
 // and moved past the step. Then the slice is not computed (the others'
-// copy counted), and the worker goes on at the step in progress. Not the
-// one after it: unless speculation covers this worker's slice of the step
-// in progress, nobody else computes it, and that step would wait for it
-// for good. Only a slice begun ZPS_CLIENT_LATE_STEPS usual steps after its
-// parameters came asks.
+// copy counted), and the worker goes on at the step in progress, or at
+// the one after it when speculation handed its slice of the step in
+// progress to others too (the coordinator says so): otherwise nobody else
+// computes that slice, and the step would wait for it for good. Only a
+// slice begun ZPS_CLIENT_LATE_STEPS usual steps after its parameters came
+// asks.
 static bool s_step_over(zps_client *c, uint64_t step)
 {
     double waited = zps_clock_ms() - c->params_ms;
@@ -646,6 +653,7 @@ static bool s_step_over(zps_client *c, uint64_t step)
         return false; // no answer in time: compute it
     }
     uint64_t at = m.hdr->status->steps_done_all; // over once every shard completed it
+    uint64_t covered = m.hdr->status->asker_covered;
     bool gone = m.hdr->status->asker == ZPS__MEMBER_STATE__MEMBER_GONE;
     zps_wire_msg_fini(&m);
     if (gone) {
@@ -657,7 +665,10 @@ static bool s_step_over(zps_client *c, uint64_t step)
     if (at <= step) {
         return false; // still open: compute it
     }
-    c->rollback_to = at < c->total_steps ? at : c->total_steps;
+    // The step in progress too, if speculation handed this worker's slice
+    // of it to others: computing it beside them would only slow them.
+    uint64_t next = covered > at ? at + 1 : at;
+    c->rollback_to = next < c->total_steps ? next : c->total_steps;
     zps_log_warn("step %llu was done without this worker (%.0f ms late; the coordinator is at "
                  "step %llu): rejoining at step %llu", (unsigned long long)step, waited,
                  (unsigned long long)at, (unsigned long long)c->rollback_to);
