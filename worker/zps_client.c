@@ -104,7 +104,7 @@ struct zps_client {
     s_phase phase;
     s_after after;                                 // of the wait in progress
     bool training;                                 // past the first parameters
-    bool rejoined;                                 // joined again during the start-over
+    bool rejoined;                                 // another member since the last start-over
     uint64_t t;                                    // the step in progress
     uint64_t wait_step;                            // the step whose parameters are awaited
     int n_step_work;                               // pieces of step t
@@ -127,6 +127,7 @@ struct zps_client {
     double next_ask_ms;                            // next "where is the job" while waiting
     double answered_ms;                            // the coordinator's last answer to that
     bool rejoin;                                   // handed on by the coordinator: HELLO again
+    uint64_t ahead_of;                             // the job's step at the last ask, if behind us
     bool job_over;                                 // the coordinator said the job is over
 };
 
@@ -246,6 +247,22 @@ static zps_err s_hello_until_job(zps_client *c, zps_wire_msg *m)
     return err;
 }
 
+// The member a JOB names, taken while training: its heartbeat, and the
+// loop starts over at the JOB's step (zps_next_work says ZPS_NEXT_REJOINED).
+static zps_err s_become(zps_client *c, const Zps__Header *h)
+{
+    zps_heartbeat_stop(&c->conn.heartbeat);
+    zps_err err = s_take_job(c, h);
+    if (err != ZPS_OK) {
+        return err;
+    }
+    zps_conn_beat(&c->conn);
+    c->rollback_to = c->start_step;
+    c->done_step = UINT64_MAX;
+    c->rejoined = true;
+    return ZPS_OK;
+}
+
 // Handed on by the coordinator (evicted while paused, or its slices given
 // away while it could not answer): HELLO again, as a new member, with the
 // model, data and buffers already here; the loop goes on at the step the
@@ -253,20 +270,30 @@ static zps_err s_hello_until_job(zps_client *c, zps_wire_msg *m)
 static zps_err s_rejoin(zps_client *c)
 {
     c->rejoin = false;
-    zps_heartbeat_stop(&c->conn.heartbeat);
+    zps_heartbeat_stop(&c->conn.heartbeat); // the old member is silent while HELLO waits
     zps_wire_msg m = {0};
     zps_err err = s_hello_until_job(c, &m);
     if (err == ZPS_OK) {
-        err = s_take_job(c, m.hdr);
+        err = s_become(c, m.hdr);
     }
     zps_wire_msg_fini(&m);
-    if (err != ZPS_OK) {
-        return err;
+    return err;
+}
+
+// A JOB while training: the answer to a HELLO said again after a pause
+// long enough that the member the first JOB named was evicted since, so
+// the coordinator admitted this socket anew. The newer JOB is the member
+// the coordinator knows; it is taken as on a rejoin. A copy of the JOB in
+// hand changes nothing.
+static zps_err s_take_late_job(zps_client *c, const Zps__Header *h)
+{
+    if (!h->job || h->job->member_id == c->conn.member_id) {
+        return ZPS_OK;
     }
-    zps_conn_beat(&c->conn);
-    c->rollback_to = c->start_step;
-    c->done_step = UINT64_MAX;
-    return ZPS_OK;
+    zps_log_warn("rank %u was admitted again, as rank %u (a HELLO said again during a pause): "
+                 "going on as that member", c->conn.rank, h->job->rank);
+    zps_err err = s_become(c, h);
+    return err == ZPS_OK ? ZPS_EAGAIN : err;
 }
 
 // ---------------------------------------------------------------------------
@@ -352,12 +379,15 @@ static zps_err s_take_bucket(zps_client *c, int i, uint64_t step, const zps_wire
         return ZPS_OK; // a late answer for a step already over: nothing to take
     }
     if (h->type == ZPS__MSG_TYPE__PARAMS && h->step > step) {
-        // The job went on without this worker (its slices were handed on
-        // while it stalled): catch up at the step the shard is at.
-        zps_log_warn("behind: step %llu is over; catching up at step %llu",
-                     (unsigned long long)step - 1, (unsigned long long)h->step);
-        c->rollback_to = h->step;
-        return ZPS_EAGAIN;
+        // Either the job went on without this worker (its slices handed on
+        // while it stalled), or these are from before a rollback, queued
+        // while it was away: only the coordinator knows which. Asked now;
+        // the answer says whether to catch up (s_where_is_job).
+        c->next_ask_ms = 0;
+        return ZPS_OK;
+    }
+    if (i == 0 && h->type == ZPS__MSG_TYPE__JOB) {
+        return s_take_late_job(c, h);
     }
     if (h->type != ZPS__MSG_TYPE__PARAMS || h->step != step) {
         snprintf(why, sizeof why, "%s for step %llu, expected PARAMS for step %llu",
@@ -491,12 +521,22 @@ static zps_err s_where_is_job(zps_client *c, uint64_t step)
                      "catching up there", (unsigned long long)step, (unsigned long long)at);
         c->rollback_to = at;
         err = ZPS_EAGAIN;
+    } else if (st->asker == ZPS__MEMBER_STATE__MEMBER_ACTIVE && at + 1 < step &&
+               at == c->ahead_of) {
+        // Parameters of `step` need step - 1 done. Seen twice (a shard's
+        // STEP_DONE may lag once), the job is behind this worker: it went
+        // on in a timeline a rollback ended. Back to the job's step.
+        zps_log_warn("waiting for step %llu while the job is at step %llu: going back there",
+                     (unsigned long long)step, (unsigned long long)at);
+        c->rollback_to = at;
+        err = ZPS_EAGAIN;
     } else {
         zps_log_info("waiting for step %llu parameters: the coordinator is at step %llu (%s), "
                      "this worker %s", (unsigned long long)step, (unsigned long long)at,
                      st->state ? st->state : "?",
                      st->asker == ZPS__MEMBER_STATE__MEMBER_JOINING ? "joining" : "active");
     }
+    c->ahead_of = at + 1 < step ? at : UINT64_MAX;
     zps_wire_msg_fini(&m);
     return err;
 }
@@ -737,6 +777,7 @@ zps_client *zps_client_new(const char *coordinator)
     c->timeout_ms = 60000;
     c->join_timeout_ms = 600000;
     c->done_step = UINT64_MAX;
+    c->ahead_of = UINT64_MAX;
     c->retry_ms = ZPS_CLIENT_RETRY_MS;
     if (zps_conn_init(&c->conn, coordinator) != ZPS_OK) {
         free(c);
@@ -1140,7 +1181,6 @@ int zps_next_work(zps_client *c, zps_work *out)
                 if ((err = s_rejoin(c)) != ZPS_OK) {
                     return s_end(c, err);
                 }
-                c->rejoined = true;
             }
             c->t = c->rollback_to;
             err = s_start_wait(c, c->rollback_to, A_START_OVER, true);
