@@ -204,7 +204,9 @@ typedef enum zps_next {
     ZPS_NEXT_EVAL,        // *out: test records to evaluate (zps_eval_done)
     ZPS_NEXT_ROLLBACK,    // the job went on at another step (a shard back from its
                           // checkpoint, or this worker catching up): the buffer holds it
-    ZPS_NEXT_REJOINED,    // handed on (evicted while paused) and admitted again
+    ZPS_NEXT_REJOINED,    // handed on (evicted while paused) and admitted again, or
+                          // admitted anew (a JOB answering a HELLO said again):
+                          // another member, whose ZPS_INFO_RANK may differ
     ZPS_NEXT_DONE,        // the job's last step is over: final parameters in the buffer
     ZPS_NEXT_OVER,        // the job ended without this worker
     ZPS_NEXT_STOPPED,     // zps_client_stop was called
