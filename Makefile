@@ -3,6 +3,7 @@
 #   make            build bin/zps-server, bin/zps-worker, bin/zps-ctl
 #   make demo       install missing Debian packages, build, train Fashion-MNIST on loopback
 #   make test       install missing Debian packages, build, run unit, integration and deploy tests
+#   make install    libzps (header, .a, .so.1, zps.pc) under PREFIX (default /usr/local)
 #   make bench      ms/step of the default job with 1 and 2 workers (bench/train.sh)
 #   make soak       the chaos test for 10 minutes (SOAK_SECONDS=, SEED=)
 #
@@ -107,11 +108,26 @@ COMMON_OBJ := $(call obj,$(COMMON_SRC))
 SERVER_OBJ := $(call obj,$(SERVER_SRC))
 WORKER_OBJ := $(call obj,$(WORKER_SRC))
 
+# libzps (include/zps.h): the client and what it needs of common/, as an
+# archive and as a shared library with a versioned soname whose exports are
+# the public API alone (worker/libzps.map). zps-worker links the archive;
+# its training loop and backends (the "user code") are not in the library.
+LIBZPS_SRC := $(PROTO_C) $(addprefix common/,zps_curve.c zps_dtype.c zps_err.c zps_log.c \
+	zps_model.c zps_plan.c zps_plans.c zps_wire.c) \
+	$(addprefix worker/,zps_client.c zps_conn.c zps_heartbeat.c zps_sampler.c zps_schedule.c)
+LIBZPS_OBJ := $(call obj,$(LIBZPS_SRC))
+LIBZPS_PIC := $(patsubst $(B)/obj/%,$(B)/pic/%,$(LIBZPS_OBJ))
+ZPS_SO_MAJOR := 1
+ZPS_SO_VERSION := 1.0.0
+LIBZPS_SO := $(BIN)/libzps.so.$(ZPS_SO_VERSION)
+LIBZPS_LIBS := $(shell pkg-config --libs libzmq libprotobuf-c 2>/dev/null) -lm -pthread
+ZPS_WORKER_OBJ := $(call obj,worker/main.c worker/zps_train.c worker/zps_backend.c worker/zps_cpu.c)
+
 BINS := $(BIN)/zps-server $(BIN)/zps-worker $(BIN)/zps-ctl
 TESTS := $(B)/tests/check_unit $(B)/tests/check_integration
 
 .PHONY: all deps test-deps demo test test-unit test-integration test-fuzz-replay test-deploy bench clean
-all: $(BINS) $(CUDA_TARGETS)
+all: $(BINS) $(CUDA_TARGETS) $(B)/libzps.a $(LIBZPS_SO)
 
 # zps_backend.c looks for the plugin only in a CUDA build; the stamp
 # rebuilds it when CUDA= changes between two makes.
@@ -153,6 +169,13 @@ $(B)/obj/%.o: %.c | $(PROTO_C)
 $(B)/obj/proto/%.o: $(B)/proto/%.c
 	@mkdir -p $(dir $@)
 	$(CC) $(ZPS_CFLAGS) -c $< -o $@
+# Position-independent twins of libzps's objects, for the shared library.
+$(B)/pic/%.o: %.c | $(PROTO_C)
+	@mkdir -p $(dir $@)
+	$(CC) $(ZPS_CFLAGS) -fPIC -c $< -o $@
+$(B)/pic/proto/%.o: $(B)/proto/%.c
+	@mkdir -p $(dir $@)
+	$(CC) $(ZPS_CFLAGS) -fPIC -c $< -o $@
 
 # Adam takes a square root per element; its argument is never negative, so
 # there is no errno to set, and without that call the loop vectorizes (the
@@ -162,12 +185,22 @@ $(B)/obj/common/zps_optim.o: ZPS_CFLAGS += -fno-math-errno
 $(B)/libzps_common.a: $(COMMON_OBJ)
 $(B)/libzps_server.a: $(SERVER_OBJ)
 $(B)/libzps_worker.a: $(WORKER_OBJ)
+$(B)/libzps.a: $(LIBZPS_OBJ)
 $(B)/%.a:
 	@rm -f $@
 	ar rcs $@ $^
 
 $(BIN)/zps-server: $(B)/obj/server/main.o $(B)/libzps_server.a $(B)/libzps_common.a
-$(BIN)/zps-worker: $(B)/obj/worker/main.o $(B)/libzps_worker.a $(B)/libzps_common.a
+$(BIN)/zps-worker: $(ZPS_WORKER_OBJ) $(B)/libzps.a $(B)/libzps_common.a
+
+# libzps.so.1.0.0, soname libzps.so.1, and the links a build and a loader look for.
+$(LIBZPS_SO): $(LIBZPS_PIC) worker/libzps.map
+	@mkdir -p $(BIN)
+	$(CC) $(ZPS_CFLAGS) -shared -Wl,-soname,libzps.so.$(ZPS_SO_MAJOR) \
+		-Wl,--version-script=worker/libzps.map -Wl,--no-undefined -o $@ $(LIBZPS_PIC) \
+		$(LIBZPS_LIBS) $(LDLIBS)
+	ln -sf libzps.so.$(ZPS_SO_VERSION) $(BIN)/libzps.so.$(ZPS_SO_MAJOR)
+	ln -sf libzps.so.$(ZPS_SO_MAJOR) $(BIN)/libzps.so
 $(BIN)/zps-ctl: $(B)/obj/ctl/zps_ctl.o $(B)/obj/ctl/zps_report.o $(B)/libzps_common.a
 $(BIN)/zps-ctl: ZPS_LDLIBS += $(shell pkg-config --libs jansson 2>/dev/null)
 $(BIN)/%:
@@ -189,7 +222,7 @@ demo: deps
 
 test: test-deps
 	@$(MAKE) --no-print-directory all $(TESTS) $(FUZZ_REPLAY)
-	@$(MAKE) --no-print-directory test-unit test-integration test-fuzz-replay test-deploy
+	@$(MAKE) --no-print-directory test-unit test-integration test-fuzz-replay test-install test-deploy
 
 test-unit: $(B)/tests/check_unit
 	$(B)/tests/check_unit
@@ -225,6 +258,28 @@ test-deploy: $(BINS)
 
 bench: all
 	@bash bench/train.sh
+
+# libzps for programs of others: make install PREFIX=DIR (default /usr/local;
+# DESTDIR= for packaging) puts the header, the archive, the shared library
+# with its soname links and zps.pc under it.
+PREFIX ?= /usr/local
+.PHONY: install test-install
+install: $(B)/libzps.a $(LIBZPS_SO)
+	install -d $(DESTDIR)$(PREFIX)/include $(DESTDIR)$(PREFIX)/lib/pkgconfig
+	install -m 644 include/zps.h $(DESTDIR)$(PREFIX)/include/zps.h
+	install -m 644 $(B)/libzps.a $(DESTDIR)$(PREFIX)/lib/libzps.a
+	install -m 755 $(LIBZPS_SO) $(DESTDIR)$(PREFIX)/lib/libzps.so.$(ZPS_SO_VERSION)
+	ln -sf libzps.so.$(ZPS_SO_VERSION) $(DESTDIR)$(PREFIX)/lib/libzps.so.$(ZPS_SO_MAJOR)
+	ln -sf libzps.so.$(ZPS_SO_MAJOR) $(DESTDIR)$(PREFIX)/lib/libzps.so
+	sed -e 's|@PREFIX@|$(PREFIX)|' -e 's|@VERSION@|$(ZPS_SO_VERSION)|' worker/zps.pc.in \
+		>$(DESTDIR)$(PREFIX)/lib/pkgconfig/zps.pc
+
+# A program built against the installed header and zps.pc only joins a job
+# and trains (tests/lib/install.sh).
+# Under SAN=1 the program is built with the same sanitizers as the library.
+test-install: $(BINS) $(B)/libzps.a $(LIBZPS_SO)
+	ZPS_BIN_DIR=$(CURDIR)/$(BIN) ZPS_TEST_CFLAGS="$(SAN_CFLAGS)" \
+		ZPS_INSTALL_MAKEFLAGS="$(if $(filter 1,$(SAN)),SAN=1)" bash tests/lib/install.sh
 
 # The chaos test for SOAK_SECONDS (default 600) of events, before a release:
 # workers killed and replaced, paused, shard 1 and the coordinator killed
@@ -369,4 +424,4 @@ fuzz: deps
 clean:
 	rm -rf build bin
 
--include $(shell find $(B)/obj $(FZ)/obj -name '*.d' 2>/dev/null)
+-include $(shell find $(B)/obj $(B)/pic $(FZ)/obj -name '*.d' 2>/dev/null)

@@ -12,6 +12,27 @@
 static char s_name[32] = "zps";
 static zps_log_level s_level = ZPS_LOG_INFO;
 static bool s_json;
+static zps_log_hook s_hook;   // borrowed: the caller's sink, or NULL (stderr)
+static void *s_hook_arg;      // borrowed: its argument
+
+// The last ERROR line of this thread, for libzps's zps_errmsg.
+static __thread char s_last_error[256];
+
+const char *zps_log_last_error(void)
+{
+    return s_last_error;
+}
+
+void zps_log_clear_last_error(void)
+{
+    s_last_error[0] = '\0';
+}
+
+void zps_log_set_hook(zps_log_hook fn, void *arg)
+{
+    s_hook_arg = arg;
+    s_hook = fn;
+}
 
 void zps_log_set_name(const char *name)
 {
@@ -60,7 +81,7 @@ bool zps_log_parse_level(const char *text, zps_log_level *out)
 
 void zps_log(zps_log_level level, const char *fmt, ...)
 {
-    if (level < s_level) {
+    if (level < s_level && level != ZPS_LOG_ERROR) {
         return;
     }
     struct timeval tv;
@@ -72,6 +93,18 @@ void zps_log(zps_log_level level, const char *fmt, ...)
     va_start(ap, fmt);
     vsnprintf(msg, sizeof msg, fmt, ap);
     va_end(ap);
+    if (level == ZPS_LOG_ERROR) {
+        size_t n = strnlen(msg, sizeof s_last_error - 1);
+        memcpy(s_last_error, msg, n);
+        s_last_error[n] = '\0';
+        if (level < s_level) {
+            return;
+        }
+    }
+    if (s_hook) {
+        s_hook(s_hook_arg, (int)level, msg);
+        return;
+    }
     char ts[64];
     snprintf(ts, sizeof ts, "%04d-%02d-%02dT%02d:%02d:%02d.%03ldZ", tm.tm_year + 1900,
              tm.tm_mon + 1, tm.tm_mday, tm.tm_hour, tm.tm_min, tm.tm_sec,

@@ -17,6 +17,14 @@ typedef enum zps_log_level {
 } zps_log_level;
 
 void zps_log_set_name(const char *name);
+// A sink instead of stderr (libzps's zps_set_log_hook): msg is the message
+// alone, without time stamp or name; fn NULL restores stderr.
+typedef void (*zps_log_hook)(void *arg, int level, const char *msg);
+void zps_log_set_hook(zps_log_hook fn, void *arg);
+// The last ERROR message this thread logged (even below the level), "" after
+// zps_log_clear_last_error: the sentence libzps's zps_errmsg gives.
+const char *zps_log_last_error(void);
+void zps_log_clear_last_error(void);
 void zps_log_set_level(zps_log_level level);
 // --log-json: each line one JSON object {"ts","level","proc","pid","msg"},
 // for collectors that parse fields instead of text.

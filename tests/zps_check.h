@@ -21,5 +21,6 @@ Suite *zps_suite_plans(void);
 Suite *zps_suite_member(void);
 Suite *zps_suite_msgtab(void);
 Suite *zps_suite_layout(void);
+Suite *zps_suite_client(void);
 
 #endif

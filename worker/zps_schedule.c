@@ -15,7 +15,7 @@ void zps_schedule_add_plan(zps_schedule *s, uint32_t gen, uint64_t effective_ste
     (void)zps_plans_add(&s->plans, gen, effective_step, plan); // an older one is ignored
 }
 
-void zps_schedule_add_extra(zps_schedule *s, uint64_t step, zps_work work)
+void zps_schedule_add_extra(zps_schedule *s, uint64_t step, zps_piece work)
 {
     for (int i = 0; i < s->n_extras; i++) {
         if (s->extras[i].step == step && s->extras[i].work.offset == work.offset) {
@@ -29,18 +29,18 @@ void zps_schedule_add_extra(zps_schedule *s, uint64_t step, zps_work work)
     }
 }
 
-int zps_schedule_take(zps_schedule *s, uint64_t step, zps_work *out, int max)
+int zps_schedule_take(zps_schedule *s, uint64_t step, zps_piece *out, int max)
 {
     int n = 0;
     const zps_plan_gen *g = zps_plans_at(&s->plans, step);
     const zps_plan_slice *mine = g ? zps_plan_find(&g->plan, s->rank) : NULL;
     if (mine && n < max) {
-        out[n++] = (zps_work){.offset = mine->offset, .count = mine->count, .gen = g->gen};
+        out[n++] = (zps_piece){.offset = mine->offset, .count = mine->count, .gen = g->gen};
     }
     return n + zps_schedule_take_extras(s, step, out + n, max - n);
 }
 
-int zps_schedule_take_extras(zps_schedule *s, uint64_t step, zps_work *out, int max)
+int zps_schedule_take_extras(zps_schedule *s, uint64_t step, zps_piece *out, int max)
 {
     int n = 0;
     for (int i = 0; i < s->n_extras;) {

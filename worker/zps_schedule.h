@@ -16,17 +16,17 @@
 #define ZPS_SCHEDULE_EXTRAS 64
 
 // One slice to compute, and the generation its pushes carry.
-typedef struct zps_work {
+typedef struct zps_piece {
     uint32_t offset, count; // [offset, offset + count) of the global batch
     uint32_t gen;           // plan generation in force at its step
-} zps_work;
+} zps_piece;
 
 typedef struct zps_schedule {
     uint32_t rank;                                   // this worker's rank
     zps_plans plans;                                 // generations still in use
     struct {
         uint64_t step;                               // step the slice belongs to
-        zps_work work;                               // the slice
+        zps_piece work;                               // the slice
     } extras[ZPS_SCHEDULE_EXTRAS];                   // handed over, not yet computed
     int n_extras;
 } zps_schedule;
@@ -37,13 +37,13 @@ void zps_schedule_init(zps_schedule *s, uint32_t rank);
 void zps_schedule_add_plan(zps_schedule *s, uint32_t gen, uint64_t effective_step,
                            const zps_plan *plan);
 // Records a slice of `step` handed to this worker (ignored if already known).
-void zps_schedule_add_extra(zps_schedule *s, uint64_t step, zps_work work);
+void zps_schedule_add_extra(zps_schedule *s, uint64_t step, zps_piece work);
 // The slices to compute at `step` (own slice first, then extras), at most
 // max; removes the extras it returns.
-int zps_schedule_take(zps_schedule *s, uint64_t step, zps_work *out, int max);
+int zps_schedule_take(zps_schedule *s, uint64_t step, zps_piece *out, int max);
 // Only the extras of `step` (a plan arriving mid-step adds work to the
 // step, never repeats the own slice already pushed).
-int zps_schedule_take_extras(zps_schedule *s, uint64_t step, zps_work *out, int max);
+int zps_schedule_take_extras(zps_schedule *s, uint64_t step, zps_piece *out, int max);
 // Drops extras of steps before `step` (they were completed by others), and
 // the plans no step from `step` on uses.
 void zps_schedule_forget_before(zps_schedule *s, uint64_t step);

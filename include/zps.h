@@ -1,0 +1,248 @@
+/* zps.h - libzps, the worker side of zps as a library: the public C API.
+ *
+ * Any training code can be a zps worker. The caller keeps its model and its
+ * training loop; libzps does everything between the caller's compute and the
+ * wire: joining, plans, reassigned and speculative pieces, rollbacks,
+ * rejoining, heartbeats, CURVE, pushing buckets while backward runs.
+ *
+ *     zps_client *c = zps_client_new("tcp://host:5555");
+ *     zps_connect(c); zps_join(c);                 // the job: model, batch, ...
+ *     zps_set_params(c, params, n);                // where new parameters land
+ *     zps_set_dataset(c, n_train, n_test);         // optional: indices, evaluation
+ *     zps_work w;
+ *     for (;;) {
+ *         int r = zps_next_work(c, &w);
+ *         if (r == ZPS_NEXT_WORK) {                // train piece w of step w.step
+ *             if (zps_work_start(c, &w) != ZPS_OK) continue;  // skipped: over already
+ *             ...forward, backward; per final bucket b: zps_push_bucket(c, &w, b, grad, loss);
+ *             zps_work_done(c, &w);
+ *         } else if (r == ZPS_NEXT_EVAL) {         // test records [offset, offset + count)
+ *             zps_eval_done(c, &w, correct, loss_sum);
+ *         } else if (r == ZPS_NEXT_ROLLBACK || r == ZPS_NEXT_REJOINED) {
+ *             continue;                            // params hold the step to go on from
+ *         } else break;                            // DONE, OVER, STOPPED, ERROR
+ *     }
+ *     zps_leave(c); zps_client_destroy(&c);
+ *
+ * Rules: one thread drives a client; every call returns a code (zps_err, or
+ * a zps_next for zps_next_work) and zps_errmsg gives the last failure's
+ * sentence. The library never exits and never writes to stdout; it logs
+ * through zps_set_log_hook (default: one line per message on stderr). No
+ * struct layout here changes within a major version: zps_work only gains
+ * fields out of its reserved tail. */
+#ifndef ZPS_H
+#define ZPS_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+#define ZPS_VERSION_MAJOR 1
+#define ZPS_VERSION_MINOR 0
+#define ZPS_VERSION_PATCH 0
+#define ZPS_VERSION (ZPS_VERSION_MAJOR * 10000 + ZPS_VERSION_MINOR * 100 + ZPS_VERSION_PATCH)
+
+// The library's version at run time (ZPS_VERSION of the build that made it);
+// each pointer may be NULL.
+int zps_version(int *major, int *minor, int *patch);
+
+// ---------------------------------------------------------------------------
+// Errors. The values never change; new codes are added before ZPS_ECOUNT_.
+// (The same enum as zps's own common/zps_err.h, which guards it alike.)
+#ifndef ZPS_ERR_H
+#define ZPS_ERR_H
+typedef enum zps_err {
+    ZPS_OK = 0,      // not an error
+    ZPS_EINVAL,      // bad argument or configuration
+    ZPS_EPROTO,      // malformed message from a peer
+    ZPS_EVERSION,    // peer speaks another protocol version
+    ZPS_EJOB,        // message belongs to another job
+    ZPS_ERANGE,      // offset, count or index out of bounds
+    ZPS_ESTALE,      // step or generation is not the current one
+    ZPS_ENOENT,      // unknown member, file or name
+    ZPS_EDUP,        // duplicate of something already counted
+    ZPS_ESTATE,      // message not allowed in the current state
+    ZPS_ENOMEM,      // allocation failed
+    ZPS_EIO,         // file or socket I/O failed
+    ZPS_ETIMEDOUT,   // a bounded wait ran out
+    ZPS_ECLOSED,     // peer or job is gone
+    ZPS_EAGAIN,      // not yet: hold the message and try again later
+    ZPS_ECOUNT_      // number of codes, not an error
+} zps_err;
+
+// Short, stable text for an error code (borrowed, never NULL).
+const char *zps_strerror(zps_err err);
+#endif
+
+// ---------------------------------------------------------------------------
+// Logging: process-wide, like sqlite3_config(SQLITE_CONFIG_LOG).
+
+enum { ZPS_LOG_LEVEL_DEBUG = 0, ZPS_LOG_LEVEL_INFO, ZPS_LOG_LEVEL_WARN, ZPS_LOG_LEVEL_ERROR };
+
+// Receives every log message at or above the level (level: ZPS_LOG_LEVEL_*;
+// msg: one line without a newline, borrowed for the call). Called from the
+// thread that logs, which may be the library's heartbeat thread.
+typedef void (*zps_log_fn)(void *arg, int level, const char *msg);
+
+// Sends log messages to fn instead of stderr; fn NULL restores stderr.
+void zps_set_log_hook(zps_log_fn fn, void *arg);
+// Messages below level (ZPS_LOG_LEVEL_*) are dropped; default INFO.
+void zps_set_log_level(int level);
+
+// ---------------------------------------------------------------------------
+// The client.
+
+typedef struct zps_client zps_client;
+
+// A client of the job whose coordinator (shard 0) is at endpoint
+// ("tcp://host:port"); nothing is sent yet. Caller owns the result
+// (zps_client_destroy); NULL when memory or a ZeroMQ context runs out.
+zps_client *zps_client_new(const char *coordinator);
+// Closes the connections (a queued BYE still goes out within the linger)
+// and frees; NULLs *c. Afterwards no gradient buffer is referenced.
+void zps_client_destroy(zps_client **c);
+
+// The last failure's code and one-line reason (borrowed, until the next
+// failing call); "" and ZPS_OK when nothing failed.
+const char *zps_errmsg(const zps_client *c);
+zps_err zps_errcode(const zps_client *c);
+
+typedef enum zps_opt {
+    ZPS_OPT_DEVICE = 1,       // str: what this worker computes on, for the job's tables ("cpu")
+    ZPS_OPT_SHARE,            // int: fixed samples of each global batch; 0 (default): split
+    ZPS_OPT_TIMEOUT_MS,       // int: leave when the coordinator is silent this long (60000)
+    ZPS_OPT_JOIN_TIMEOUT_MS,  // int: bound on waiting for the job to start (600000)
+    ZPS_OPT_HEARTBEAT_MS,     // int: heartbeat interval (1000)
+    ZPS_OPT_SNDBUF,           // int: TCP send buffer per shard connection; 0 (default): the OS's
+} zps_opt;
+
+// Options, before zps_connect. ZPS_EINVAL for an unknown option or a value
+// out of range; a string is copied.
+zps_err zps_client_set_int(zps_client *c, zps_opt opt, int64_t value);
+zps_err zps_client_set_str(zps_client *c, zps_opt opt, const char *value);
+// CurveZMQ: this worker's secret key file and the servers' public key file
+// (zps-ctl keygen), read now: ZPS_ENOENT (no such file) or ZPS_EINVAL (not a
+// key), with the reason.
+zps_err zps_client_set_curve(zps_client *c, const char *secret_file, const char *server_key_file);
+
+// Asks the client to leave: every wait returns within a poll interval and
+// zps_next_work answers ZPS_NEXT_STOPPED. Async-signal-safe: may be called
+// from a signal handler.
+void zps_client_stop(zps_client *c);
+
+// Connects to the coordinator. ZPS_EIO when the endpoint is unusable.
+zps_err zps_connect(zps_client *c);
+// Says HELLO until the coordinator admits this worker and sends the job
+// (bounded by ZPS_OPT_JOIN_TIMEOUT_MS). ZPS_ECLOSED: the job is over, or
+// zps_client_stop was called; anything else: refused or failed, see zps_errmsg.
+zps_err zps_join(zps_client *c);
+
+// ---------------------------------------------------------------------------
+// The job, after zps_join.
+
+typedef enum zps_info {
+    ZPS_INFO_JOB_ID = 1,      // the job's id
+    ZPS_INFO_RANK,            // this worker's rank (may change on rejoining)
+    ZPS_INFO_SEED,            // the job's seed
+    ZPS_INFO_GLOBAL_BATCH,    // B, samples of each step's global batch
+    ZPS_INFO_TOTAL_STEPS,     // the job's steps
+    ZPS_INFO_STEPS_PER_EPOCH, // steps of one pass over the data
+    ZPS_INFO_START_STEP,      // the step this worker began at
+    ZPS_INFO_STEP,            // the step being computed
+    ZPS_INFO_N_PARAMS,        // P, floats of the flat parameter vector
+    ZPS_INFO_N_BUCKETS,       // buckets of the gradient (zps_bucket_range)
+} zps_info;
+enum { ZPS_INFO_MODEL = 100, ZPS_INFO_DATASET }; // strings, for zps_info_str
+
+// A number of the job; 0 for an unknown key or before zps_join.
+uint64_t zps_info_u64(const zps_client *c, int key);
+// The model ("mlp:784-128-10", "flat:P") or dataset name: borrowed, valid
+// until the client is destroyed; "" before zps_join.
+const char *zps_info_str(const zps_client *c, int key);
+// Bucket b's range [*lo, *hi) of the flat vector; buckets tile it, in
+// backward order of the layers (the last layer's first). ZPS_ERANGE.
+zps_err zps_bucket_range(const zps_client *c, int bucket, uint64_t *lo, uint64_t *hi);
+
+// The caller's parameter buffer, n = ZPS_INFO_N_PARAMS floats, borrowed
+// until destroy. The library writes a step's parameters into it only when
+// all of them arrived and no piece of the step before is still computed
+// (they arrive in a buffer of its own): between zps_next_work calls the
+// buffer holds the parameters of the piece handed out.
+zps_err zps_set_params(zps_client *c, float *params, size_t n);
+// Declares the dataset the job's global-batch permutation runs over: with
+// it, work items carry their dataset indices and the end of every epoch
+// asks for evaluation items. Its steps per epoch must be the job's (ZPS_EINVAL).
+zps_err zps_set_dataset(zps_client *c, uint32_t n_train, uint32_t n_test);
+
+// ---------------------------------------------------------------------------
+// Work.
+
+typedef enum zps_work_kind {
+    ZPS_WORK_TRAIN = 1, // train samples [offset, offset + count) of step's global batch
+    ZPS_WORK_EVAL,      // evaluate test records [offset, offset + count)
+} zps_work_kind;
+
+// A work item: filled by zps_next_work, passed back to the calls below.
+typedef struct zps_work {
+    uint32_t kind;            // zps_work_kind
+    uint32_t id;              // the library's, for checking
+    uint64_t step;            // the step the piece belongs to
+    uint64_t epoch;           // its epoch (step / steps per epoch)
+    uint32_t offset, count;   // the piece of the global batch (EVAL: of the test set)
+    const uint32_t *indices;  // TRAIN with a dataset: count train indices; borrowed
+                              // until the next zps_next_work; else NULL
+    double data_ms;           // set by the caller: ms spent loading it (metrics)
+    uint64_t reserved_[6];    // future fields; zero
+} zps_work;
+
+typedef enum zps_next {
+    ZPS_NEXT_ERROR = -1,  // failed: zps_errcode, zps_errmsg; the client is spent
+    ZPS_NEXT_WORK = 1,    // *out: a piece to train, on the parameters in the buffer
+    ZPS_NEXT_EVAL,        // *out: test records to evaluate (zps_eval_done)
+    ZPS_NEXT_ROLLBACK,    // the job went on at another step (a shard back from its
+                          // checkpoint, or this worker catching up): the buffer holds it
+    ZPS_NEXT_REJOINED,    // handed on (evicted while paused) and admitted again, or
+                          // admitted anew (a JOB answering a HELLO said again):
+                          // another member, whose ZPS_INFO_RANK may differ
+    ZPS_NEXT_DONE,        // the job's last step is over: final parameters in the buffer
+    ZPS_NEXT_OVER,        // the job ended without this worker
+    ZPS_NEXT_STOPPED,     // zps_client_stop was called
+} zps_next;
+
+// The next thing to do, waiting for it as long as the job lives (every
+// wait bounded by ZPS_OPT_TIMEOUT_MS of silence and logged every few
+// seconds). Several pieces of a step come one after the other when the
+// coordinator hands this worker a reassigned or speculative piece; one may
+// come while the next step's parameters are awaited, and is computed on
+// the parameters of its step, still in the buffer. The gradient buffer of
+// the last pushes must not change before this returns.
+int zps_next_work(zps_client *c, zps_work *out);
+
+// Just before computing TRAIN item w (after loading its data): ZPS_OK to
+// compute it; ZPS_EAGAIN when its step was done without this worker during
+// a long pause: skip it, and zps_next_work catches up.
+zps_err zps_work_start(zps_client *c, const zps_work *w);
+// Pushes bucket b of w's mean gradient over its samples, grad being the
+// whole flat gradient (P floats; the bucket's range is read, zero-copy:
+// unchanged until the next zps_next_work), with the piece's mean loss.
+// Call it as soon as the bucket is final, in any order, once per bucket.
+zps_err zps_push_bucket(zps_client *c, const zps_work *w, int bucket, const float *grad,
+                        float loss);
+// w is computed and every bucket pushed; the first failed push's code.
+zps_err zps_work_done(zps_client *c, const zps_work *w);
+// EVAL item w: of its count records, `correct` were classified right and
+// their losses sum to loss_sum. Sent to the coordinator.
+zps_err zps_eval_done(zps_client *c, const zps_work *w, uint32_t correct, double loss_sum);
+
+// Leaves the job: BYE at the step reached (after ZPS_NEXT_DONE: the end of
+// the job), so the coordinator hands this worker's share on at once.
+zps_err zps_leave(zps_client *c);
+
+#ifdef __cplusplus
+}
+#endif
+
+#endif

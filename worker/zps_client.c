@@ -1,0 +1,1293 @@
+/* zps_client.c - libzps: the worker side of zps behind include/zps.h.
+ *
+ * The work loop turned inside out, over the wire client (zps_conn.c): what
+ * zps-worker's loop did between two computes is a phase of zps_next_work,
+ * which returns whenever the caller has something to compute and picks up
+ * where it left off on the next call. Here live the job (plans, the
+ * schedule, the parameters arriving bucket by bucket), what each refusal
+ * makes the worker do, what the coordinator's answer to "where is the
+ * job" means, catching up and rejoining. Every wait is bounded and says
+ * what it waits for. */
+#include "include/zps.h"
+
+#include <errno.h>
+#include <inttypes.h>
+#include <signal.h>
+#include <stdarg.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+#include <unistd.h>
+
+#include "common/zps_clock.h"
+#include "common/zps_curve.h"
+#include "common/zps_dtype.h"
+#include "common/zps_err.h"
+#include "common/zps_log.h"
+#include "common/zps_model.h"
+#include "common/zps_plan.h"
+#include "common/zps_wire.h"
+#include "worker/zps_conn.h"
+#include "worker/zps_heartbeat.h"
+#include "worker/zps_sampler.h"
+#include "worker/zps_schedule.h"
+
+_Static_assert(ZPS_ECOUNT_ == 15, "include/zps.h and common/zps_err.h must agree");
+_Static_assert(ZPS_LOG_LEVEL_ERROR == (int)ZPS_LOG_ERROR, "log levels must agree");
+
+#define ZPS_CLIENT_WAIT_LOG_MS 5000.0
+#define ZPS_CLIENT_LATE_STEPS 2.0      // a slice not begun this many usual steps in: ask first
+#define ZPS_CLIENT_ASK_MS 500          // bound on the coordinator's answer to that
+#define ZPS_CLIENT_ASK_EVERY_MS 1000.0 // waiting for parameters: ask where the job is this often
+#define ZPS_CLIENT_RETRY_MS 20         // first wait before sending a "not yet" message again
+#define ZPS_CLIENT_RETRY_MAX_MS 1000   // longest such wait (doubling)
+#define ZPS_CLIENT_QUEUE (1 + ZPS_SCHEDULE_EXTRAS)
+
+// Where zps_next_work picks up.
+typedef enum s_phase {
+    P_NEW,        // joined; the first call starts heartbeats and pulls
+    P_STEP,       // step t begins
+    P_COMPUTE,    // handing out step t's pieces
+    P_WAIT,       // waiting for wait_step's parameters (handing out late pieces)
+    P_EVAL,       // handing out the evaluation of the epoch's end
+    P_START_OVER, // after a rollback or catching up: pull rollback_to's parameters
+    P_DONE,       // the last step is over
+    P_OVER,       // ended: stopped, over, or failed
+} s_phase;
+
+// What a wait for parameters was for.
+typedef enum s_after {
+    A_JOIN,       // the first parameters
+    A_STEP,       // those after step t
+    A_START_OVER, // those of rollback_to
+} s_after;
+
+struct zps_client {
+    zps_conn conn;                                 // the wire: sockets, identity, heartbeat
+    int timeout_ms;                                // the coordinator's silence ends the job
+    int join_timeout_ms;                           // bound on waiting for the job
+    zps_err errcode;                               // the last failure
+    char errmsg[256];                              // its sentence
+    // The job.
+    bool joined;                                   // a JOB was taken
+    uint32_t global_batch;                         // B
+    uint64_t seed, total_steps, steps_per_epoch, start_step;
+    char model_name[256], dataset_name[256];       // from JOB
+    zps_model_spec model;
+    zps_dtype dtype;                               // tensors on the wire
+    zps_schedule schedule;                         // what to compute at each step
+    // Buffers.
+    float *params;                                 // borrowed: the caller's parameters
+    float *next;                                   // owned: parameters of the next step, arriving
+    uint8_t *wire;                                 // owned: gradient in a 16-bit wire dtype
+    zps_wire_ref grad_ref;                         // the caller's gradient still held by ZeroMQ
+    bool has_data;                                 // zps_set_dataset called
+    zps_sampler sampler;                           // owned
+    uint64_t n_test;                               // test records (64 bits: n_test * offset)
+    // The piece handed out.
+    uint32_t work_id;                              // its id
+    bool handed;                                   // a piece is out; its outcome not yet taken
+    bool skip;                                     // zps_work_start said skip it
+    uint64_t cur_step;                             // its step
+    zps_piece cur_work;                            // its slice
+    double step_t0;                                // when it was handed out
+    zps_err push_err;                              // its first failed push
+    // Pieces to hand out.
+    uint64_t queue_step;                           // their step
+    zps_piece queue[ZPS_CLIENT_QUEUE];
+    int n_queue, queue_pos;
+    uint64_t eval_epoch;                           // the evaluation to hand out
+    uint32_t eval_lo[ZPS_CLIENT_QUEUE], eval_hi[ZPS_CLIENT_QUEUE];
+    int n_eval, eval_pos;
+    // The loop.
+    s_phase phase;
+    s_after after;                                 // of the wait in progress
+    bool training;                                 // past the first parameters
+    bool rejoined;                                 // another member since the last start-over
+    uint64_t t;                                    // the step in progress
+    uint64_t wait_step;                            // the step whose parameters are awaited
+    int n_step_work;                               // pieces of step t
+    double t2;                                     // when the wait after step t began
+    bool wait_begun;                               // the wait's state below is set
+    double wait_start, next_log, next_beat;        // of the wait
+    double train_start;                            // when training began
+    uint64_t rollback_to;                          // step to start over from
+    double params_ms;                              // when the current parameters were taken
+    double usual_step_ms;                          // running mean of the time between those
+    uint64_t done_step;                            // the step of the slices below
+    zps_piece done[ZPS_CLIENT_QUEUE];              // the slices computed of it, pieces too
+    int n_done;
+    double sum_data_ms, sum_compute_ms, sum_wait_ms; // per-step phases, summed
+    uint64_t timed_steps;                          // steps in those sums
+    uint64_t stopped_at;                           // the step a stop interrupted
+    double pull_again_ms[ZPS_CONN_MAX_SHARDS];   // when to send a refused PULL again (0: no)
+    int retry_ms;                                  // the next "not yet" backoff
+    double redo_ms;                                // when to compute refused pushes again (0: no)
+    double next_ask_ms;                            // next "where is the job" while waiting
+    double answered_ms;                            // the coordinator's last answer to that
+    bool rejoin;                                   // handed on by the coordinator: HELLO again
+    uint64_t ahead_of;                             // the job's step at the last ask, if behind us
+    bool job_over;                                 // the coordinator said the job is over
+};
+
+// ---------------------------------------------------------------------------
+// Errors: a code, and the sentence that was logged for it.
+
+static zps_err s_fail(zps_client *c, zps_err err)
+{
+    const char *line = zps_log_last_error();
+    c->errcode = err;
+    snprintf(c->errmsg, sizeof c->errmsg, "%s", *line ? line : zps_strerror(err));
+    return err;
+}
+
+static zps_err s_einval(zps_client *c, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
+static zps_err s_einval(zps_client *c, const char *fmt, ...)
+{
+    va_list ap;
+    va_start(ap, fmt);
+    vsnprintf(c->errmsg, sizeof c->errmsg, fmt, ap);
+    va_end(ap);
+    c->errcode = ZPS_EINVAL;
+    return ZPS_EINVAL;
+}
+
+static void s_begin(zps_client *c)
+{
+    zps_log_clear_last_error();
+    c->errcode = ZPS_OK;
+    c->errmsg[0] = '\0';
+}
+
+// ---------------------------------------------------------------------------
+// Replies: bounded waits that say what they wait for.
+
+// ---------------------------------------------------------------------------
+// Joining: HELLO, JOB.
+
+// A plan (and extras) from JOB or PLAN: into the schedule.
+static zps_err s_take_plan(zps_client *c, Zps__Slice *const *slices, size_t n_slices,
+                           uint32_t gen, uint64_t effective, Zps__Extra *const *extras,
+                           size_t n_extras)
+{
+    zps_plan plan;
+    if (zps_plan_from_wire(slices, n_slices, c->global_batch, &plan) != ZPS_OK) {
+        zps_log_error("the coordinator sent an inconsistent plan (generation %u)", gen);
+        return ZPS_EPROTO;
+    }
+    zps_schedule_add_plan(&c->schedule, gen, effective, &plan);
+    for (size_t i = 0; i < n_extras; i++) {
+        const Zps__Extra *e = extras[i];
+        if (e->rank == c->conn.rank && e->count > 0 && e->count <= c->global_batch &&
+            e->offset <= c->global_batch - e->count) {
+            zps_schedule_add_extra(&c->schedule, e->step,
+                                   (zps_piece){.offset = e->offset, .count = e->count,
+                                               .gen = e->generation});
+            zps_log_info("handed slice [%u, %u) of step %llu", e->offset, e->offset + e->count,
+                         (unsigned long long)e->step);
+        }
+    }
+    return ZPS_OK;
+}
+
+static zps_err s_take_job(zps_client *c, const Zps__Header *h)
+{
+    const Zps__Job *job = h->job;
+    zps_model_spec model;
+    if (!job || zps_model_parse(job->model, &model) != ZPS_OK ||
+        !zps_dtype_valid((int)job->wire_dtype) || job->steps_per_epoch == 0 ||
+        job->global_batch == 0) {
+        zps_log_error("the coordinator sent a job without a usable model or wire dtype");
+        return ZPS_EPROTO;
+    }
+    if (c->joined && (h->job_id != c->conn.job_id || (zps_dtype)job->wire_dtype != c->dtype ||
+                      job->seed != c->seed || job->global_batch != c->global_batch)) {
+        // Joining again: the model, data and buffers of before must fit.
+        zps_log_error("joining again, the coordinator gave another job (%016llx)",
+                      (unsigned long long)h->job_id);
+        return ZPS_EPROTO;
+    }
+    c->model = model;
+    c->dtype = (zps_dtype)job->wire_dtype;
+    c->conn.job_id = h->job_id;
+    c->conn.rank = job->rank;
+    c->conn.member_id = job->member_id;
+    c->seed = job->seed;
+    c->global_batch = job->global_batch;
+    c->total_steps = job->total_steps;
+    c->steps_per_epoch = job->steps_per_epoch;
+    c->start_step = job->start_step;
+    snprintf(c->model_name, sizeof c->model_name, "%s", job->model ? job->model : "");
+    snprintf(c->dataset_name, sizeof c->dataset_name, "%s", job->dataset ? job->dataset : "");
+    zps_schedule_init(&c->schedule, c->conn.rank);
+    zps_err err = s_take_plan(c, job->plan, job->n_plan, job->generation, job->plan_effective,
+                              job->extras, job->n_extras);
+    if (err != ZPS_OK) {
+        return err;
+    }
+    char name[32];
+    snprintf(name, sizeof name, "worker[%u]", c->conn.rank);
+    zps_log_set_name(name);
+    zps_log_info("job %016llx: rank %u from step %llu, global batch %u, model %s, dataset %s",
+                 (unsigned long long)c->conn.job_id, c->conn.rank, (unsigned long long)c->start_step,
+                 c->global_batch, job->model, job->dataset);
+    err = zps_conn_take_shards(&c->conn, job, &c->model);
+    c->joined = c->joined || err == ZPS_OK;
+    return err;
+}
+
+// HELLO until the JOB comes; the job's end said so sets job_over.
+static zps_err s_hello_until_job(zps_client *c, zps_wire_msg *m)
+{
+    zps_err err = zps_conn_hello_until_job(&c->conn, c->join_timeout_ms, m);
+    if (err == ZPS_ECLOSED && !c->conn.stop) {
+        c->job_over = true;
+    }
+    return err;
+}
+
+// The member a JOB names, taken while training: its heartbeat, and the
+// loop starts over at the JOB's step (zps_next_work says ZPS_NEXT_REJOINED).
+static zps_err s_become(zps_client *c, const Zps__Header *h)
+{
+    zps_heartbeat_stop(&c->conn.heartbeat);
+    zps_err err = s_take_job(c, h);
+    if (err != ZPS_OK) {
+        return err;
+    }
+    zps_conn_beat(&c->conn);
+    c->rollback_to = c->start_step;
+    c->done_step = UINT64_MAX;
+    c->rejoined = true;
+    return ZPS_OK;
+}
+
+// Handed on by the coordinator (evicted while paused, or its slices given
+// away while it could not answer): HELLO again, as a new member, with the
+// model, data and buffers already here; the loop goes on at the step the
+// JOB names.
+static zps_err s_rejoin(zps_client *c)
+{
+    c->rejoin = false;
+    zps_heartbeat_stop(&c->conn.heartbeat); // the old member is silent while HELLO waits
+    zps_wire_msg m = {0};
+    zps_err err = s_hello_until_job(c, &m);
+    if (err == ZPS_OK) {
+        err = s_become(c, m.hdr);
+    }
+    zps_wire_msg_fini(&m);
+    return err;
+}
+
+// A JOB while training: the answer to a HELLO said again after a pause
+// long enough that the member the first JOB named was evicted since, so
+// the coordinator admitted this socket anew. The newer JOB is the member
+// the coordinator knows; it is taken as on a rejoin. A copy of the JOB in
+// hand changes nothing.
+static zps_err s_take_late_job(zps_client *c, const Zps__Header *h)
+{
+    if (!h->job || h->job->member_id == c->conn.member_id) {
+        return ZPS_OK;
+    }
+    zps_log_warn("rank %u was admitted again, as rank %u (a HELLO said again during a pause): "
+                 "going on as that member", c->conn.rank, h->job->rank);
+    zps_err err = s_become(c, h);
+    return err == ZPS_OK ? ZPS_EAGAIN : err;
+}
+
+// ---------------------------------------------------------------------------
+// Parameters: bounded waits for every bucket of every shard.
+
+// Queues the pieces of step - 1 handed to this worker (or refused "not
+// yet"): computed at once, on the parameters of step - 1, which stay in
+// place until the wait is over.
+static void s_queue_extras(zps_client *c, uint64_t step)
+{
+    if (step == 0) {
+        return;
+    }
+    if (c->queue_pos >= c->n_queue) {
+        c->n_queue = c->queue_pos = 0;
+    }
+    c->queue_step = step - 1;
+    c->n_queue += zps_schedule_take_extras(&c->schedule, step - 1, c->queue + c->n_queue,
+                                           ZPS_CLIENT_QUEUE - c->n_queue);
+}
+
+// When to send a refused message again: the backoff now, doubled for the
+// next refusal up to ZPS_CLIENT_RETRY_MAX_MS (a bucket taken resets it).
+static double s_backoff(zps_client *c)
+{
+    double at = zps_clock_ms() + c->retry_ms;
+    c->retry_ms = c->retry_ms * 2 < ZPS_CLIENT_RETRY_MAX_MS ? c->retry_ms * 2
+                                                            : ZPS_CLIENT_RETRY_MAX_MS;
+    return at;
+}
+
+// A refusal from shard i while waiting for `step`'s parameters. "Not yet"
+// sends the same again after a bounded backoff: a PULL as it was, a PUSH
+// by computing its piece again (the gradient buffer has moved on; the
+// compute is deterministic, so the piece gives the same gradient). "Lost"
+// asks the coordinator at once where the job is.
+static zps_err s_on_refusal(zps_client *c, int i, uint64_t step, const Zps__Header *h)
+{
+    switch (zps_conn_judge(h, c->conn.shards[i].endpoint)) {
+    case ZPS_CONN_RETRY: {
+        double at = s_backoff(c);
+        if (h->refused == ZPS__MSG_TYPE__PULL) {
+            c->pull_again_ms[i] = at;
+        } else if (h->refused == ZPS__MSG_TYPE__PUSH && step > 0 && h->step == step - 1 &&
+                   h->samples > 0 && h->samples <= c->global_batch &&
+                   h->batch_offset <= c->global_batch - h->samples) {
+            zps_schedule_add_extra(&c->schedule, h->step,
+                                   (zps_piece){.offset = h->batch_offset, .count = h->samples,
+                                               .gen = h->generation});
+            c->redo_ms = at;
+        }
+        return ZPS_OK;
+    }
+    case ZPS_CONN_LOST:
+        // A PULL refused as from an unknown member may be a joiner's that
+        // overtook the plan naming it: asked again, after asking the
+        // coordinator, which says whether this worker was handed on.
+        c->next_ask_ms = 0;
+        if (h->refused == ZPS__MSG_TYPE__PULL) {
+            c->pull_again_ms[i] = s_backoff(c);
+        }
+        return ZPS_OK;
+    case ZPS_CONN_OVER:
+        c->job_over = true;
+        return ZPS_ECLOSED;
+    default:
+        return ZPS_ECLOSED;
+    }
+}
+
+// Checks a PARAMS message from shard i against what step `step` expects
+// and drops its bucket into the next step's buffer.
+static zps_err s_take_bucket(zps_client *c, int i, uint64_t step, const zps_wire_msg *m)
+{
+    zps_conn_shard *sc = &c->conn.shards[i];
+    const Zps__Header *h = m->hdr;
+    char why[160] = "";
+    int b = -1;
+    if (h->type == ZPS__MSG_TYPE__ERROR) {
+        return s_on_refusal(c, i, step, h);
+    }
+    if (h->type == ZPS__MSG_TYPE__PARAMS && h->step < step) {
+        return ZPS_OK; // a late answer for a step already over: nothing to take
+    }
+    if (h->type == ZPS__MSG_TYPE__PARAMS && h->step > step) {
+        // Either the job went on without this worker (its slices handed on
+        // while it stalled), or these are from before a rollback, queued
+        // while it was away: only the coordinator knows which. Asked now;
+        // the answer says whether to catch up (s_where_is_job).
+        c->next_ask_ms = 0;
+        return ZPS_OK;
+    }
+    if (i == 0 && h->type == ZPS__MSG_TYPE__JOB) {
+        return s_take_late_job(c, h);
+    }
+    if (h->type != ZPS__MSG_TYPE__PARAMS || h->step != step) {
+        snprintf(why, sizeof why, "%s for step %llu, expected PARAMS for step %llu",
+                 zps_wire_type_name(h->type), (unsigned long long)h->step,
+                 (unsigned long long)step);
+    } else if (zps_wire_check_tensor(m, (int)c->dtype, sc->lo, sc->hi, why, sizeof why) ==
+               ZPS_OK) {
+        for (int k = 0; k < sc->n_buckets; k++) {
+            if (sc->buckets[k].lo == h->offset && sc->buckets[k].hi == h->offset + h->count) {
+                b = k;
+            }
+        }
+        if (b >= 0 && zps_bucket_set_has(&sc->received, b)) {
+            // A second answer (to a pull and a push both): the same values.
+            return ZPS_OK;
+        }
+        if (b < 0) {
+            snprintf(why, sizeof why, "[%llu, +%llu) is not one of the shard's buckets",
+                     (unsigned long long)h->offset, (unsigned long long)h->count);
+        }
+    }
+    if (b < 0) {
+        zps_log_error("%s sent bad parameters: %s", sc->endpoint, why);
+        return ZPS_EPROTO;
+    }
+    // Into the next step's buffer: the current parameters must stay whole
+    // until the step is over, in case a slice of it is handed to us.
+    float *dst = c->next + h->offset;
+    size_t esize = zps_dtype_size(c->dtype);
+    for (int f = 0; f < m->n_frames; f++) {
+        zmq_msg_t *frame = (zmq_msg_t *)&m->frames[f];
+        size_t len = zmq_msg_size(frame) / esize;
+        zps_dtype_to_f32(c->dtype, zmq_msg_data(frame), dst, len);
+        dst += len;
+    }
+    zps_bucket_set_add(&sc->received, b);
+    c->retry_ms = ZPS_CLIENT_RETRY_MS;
+    return ZPS_OK;
+}
+
+static bool s_shard_received(const zps_conn_shard *sc)
+{
+    return zps_bucket_set_full(&sc->received, sc->n_buckets);
+}
+
+static bool s_all_received(const zps_client *c)
+{
+    for (int i = 0; i < c->conn.n_shards; i++) {
+        if (!s_shard_received(&c->conn.shards[i])) {
+            return false;
+        }
+    }
+    return true;
+}
+
+// A message from shard i while waiting for parameters: a bucket of them,
+// or (from the coordinator) a new plan, maybe with slices of the step in
+// progress to compute right away.
+static zps_err s_take_message(zps_client *c, int i, uint64_t step, const zps_wire_msg *m)
+{
+    const Zps__Header *h = m->hdr;
+    if (i == 0 && h->type == ZPS__MSG_TYPE__ROLLBACK && h->plan) {
+        // A shard came back from its checkpoint: start over from its step.
+        const Zps__Plan *p = h->plan;
+        zps_log_warn("rolling back to step %llu (plan %u)", (unsigned long long)h->step,
+                     p->generation);
+        zps_schedule_forget_before(&c->schedule, UINT64_MAX);
+        zps_err err = s_take_plan(c, p->slices, p->n_slices, p->generation, p->effective_step,
+                                  p->extras, p->n_extras);
+        c->rollback_to = h->step;
+        return err == ZPS_OK ? ZPS_EAGAIN : err;
+    }
+    if (i != 0 || h->type != ZPS__MSG_TYPE__PLAN || !h->plan) {
+        return s_take_bucket(c, i, step, m);
+    }
+    const Zps__Plan *p = h->plan;
+    zps_log_info("plan %u from step %llu: %zu members", p->generation,
+                 (unsigned long long)p->effective_step, p->n_slices);
+    zps_err err = s_take_plan(c, p->slices, p->n_slices, p->generation, p->effective_step,
+                              p->extras, p->n_extras);
+    if (err == ZPS_OK) {
+        s_queue_extras(c, step);
+    }
+    return err;
+}
+
+static zps_err s_pull(zps_client *c, uint64_t step)
+{
+    zps_err err = ZPS_OK;
+    for (int i = 0; err == ZPS_OK && i < c->conn.n_shards; i++) {
+        err = zps_conn_pull(&c->conn, i, step);
+    }
+    return err;
+}
+
+// Waited long for `step`'s parameters: where is the job? The worker goes
+// on waiting while the job lives and it is a member; catches up when the
+// job went past the step without it; joins again when it was handed on
+// (evicted while paused, or its slice given away); ends when the job is
+// over or the coordinator stays silent for the timeout. The log says which.
+static zps_err s_where_is_job(zps_client *c, uint64_t step)
+{
+    double now = zps_clock_ms();
+    c->next_ask_ms = now + ZPS_CLIENT_ASK_EVERY_MS;
+    zps_wire_msg m;
+    if (zps_conn_ask(&c->conn, ZPS_CLIENT_ASK_MS, &m) != ZPS_OK) {
+        if (now - c->answered_ms > c->timeout_ms) {
+            zps_log_error("the coordinator at %s has not answered for %.0f s: leaving the job",
+                          c->conn.shards[0].endpoint, (now - c->answered_ms) / 1e3);
+            return ZPS_ETIMEDOUT;
+        }
+        return ZPS_OK;
+    }
+    c->answered_ms = now;
+    const Zps__Status *st = m.hdr->status;
+    uint64_t at = st->steps_done_all; // a step is over once every shard completed it
+    zps_err err = ZPS_OK;
+    if (st->state && strcmp(st->state, "done") == 0) {
+        zps_log_warn("the job is over (step %llu of %llu) without this worker's last step: "
+                     "leaving it", (unsigned long long)at, (unsigned long long)st->total_steps);
+        c->job_over = true;
+        err = ZPS_ECLOSED;
+    } else if (st->asker == ZPS__MEMBER_STATE__MEMBER_GONE ||
+               st->asker == ZPS__MEMBER_STATE__MEMBER_UNKNOWN) {
+        zps_log_warn("rank %u was handed on by the coordinator (it is at step %llu): joining "
+                     "the job again", c->conn.rank, (unsigned long long)at);
+        c->rejoin = true;
+        err = ZPS_EAGAIN;
+    } else if (st->asker == ZPS__MEMBER_STATE__MEMBER_ACTIVE && at > step) {
+        zps_log_warn("step %llu is over without this worker (the coordinator is at step %llu): "
+                     "catching up there", (unsigned long long)step, (unsigned long long)at);
+        c->rollback_to = at;
+        err = ZPS_EAGAIN;
+    } else if (st->asker == ZPS__MEMBER_STATE__MEMBER_ACTIVE && at + 1 < step &&
+               at == c->ahead_of) {
+        // Parameters of `step` need step - 1 done. Seen twice (a shard's
+        // STEP_DONE may lag once), the job is behind this worker: it went
+        // on in a timeline a rollback ended. Back to the job's step.
+        zps_log_warn("waiting for step %llu while the job is at step %llu: going back there",
+                     (unsigned long long)step, (unsigned long long)at);
+        c->rollback_to = at;
+        err = ZPS_EAGAIN;
+    } else {
+        zps_log_info("waiting for step %llu parameters: the coordinator is at step %llu (%s), "
+                     "this worker %s", (unsigned long long)step, (unsigned long long)at,
+                     st->state ? st->state : "?",
+                     st->asker == ZPS__MEMBER_STATE__MEMBER_JOINING ? "joining" : "active");
+    }
+    c->ahead_of = at + 1 < step ? at : UINT64_MAX;
+    zps_wire_msg_fini(&m);
+    return err;
+}
+
+// The poll timeout: the next "not yet" to send again, or the poll interval.
+static long s_poll_ms(const zps_client *c, double now)
+{
+    double next = now + ZPS_CONN_POLL_MS;
+    for (int i = 0; i < c->conn.n_shards; i++) {
+        next = c->pull_again_ms[i] > 0 && c->pull_again_ms[i] < next ? c->pull_again_ms[i] : next;
+    }
+    next = c->redo_ms > 0 && c->redo_ms < next ? c->redo_ms : next;
+    next = c->next_ask_ms < next ? c->next_ask_ms : next;
+    return next > now ? (long)(next - now) + 1 : 0;
+}
+
+// What is due while waiting: refused PULLs and pushes sent again, and,
+// after a long wait, the question where the job is.
+static zps_err s_due(zps_client *c, uint64_t step, double now)
+{
+    zps_err err = ZPS_OK;
+    for (int i = 0; err == ZPS_OK && i < c->conn.n_shards; i++) {
+        if (c->pull_again_ms[i] > 0 && now >= c->pull_again_ms[i]) {
+            c->pull_again_ms[i] = 0;
+            err = zps_conn_pull(&c->conn, i, step);
+        }
+    }
+    if (err == ZPS_OK && c->redo_ms > 0 && now >= c->redo_ms) {
+        c->redo_ms = 0;
+        s_queue_extras(c, step);
+    }
+    if (err == ZPS_OK && now >= c->next_ask_ms) {
+        err = s_where_is_job(c, step);
+    }
+    return err;
+}
+
+static bool s_queued(const zps_client *c)
+{
+    return c->queue_pos < c->n_queue;
+}
+
+// Receives every bucket of every shard for wait_step, then makes them the
+// caller's parameters. Returns ZPS_OK with pieces queued when some of the
+// step before are to be computed first (the next call goes on waiting),
+// ZPS_OK with none when the parameters are in place. The wait has no
+// fixed end while the job lives: after a while the coordinator is asked
+// where the job is, and the worker goes on waiting, catches up, joins
+// again, or ends (the job is over, or the coordinator stayed silent for
+// the timeout).
+static zps_err s_wait(zps_client *c)
+{
+    uint64_t step = c->wait_step;
+    zmq_pollitem_t items[ZPS_CONN_MAX_SHARDS];
+    for (int i = 0; i < c->conn.n_shards; i++) {
+        items[i] = (zmq_pollitem_t){.socket = c->conn.shards[i].sock, .events = ZMQ_POLLIN};
+    }
+    if (!c->wait_begun) {
+        c->wait_begun = true;
+        for (int i = 0; i < c->conn.n_shards; i++) {
+            c->conn.shards[i].received = (zps_bucket_set){0};
+        }
+        c->wait_start = zps_clock_ms();
+        c->next_log = c->wait_start + ZPS_CLIENT_WAIT_LOG_MS;
+        c->next_beat = c->wait_start + c->conn.heartbeat_ms;
+        double ask_after = 4 * c->usual_step_ms > ZPS_CLIENT_ASK_EVERY_MS ? 4 * c->usual_step_ms
+                                                                            : ZPS_CLIENT_ASK_EVERY_MS;
+        c->next_ask_ms = c->wait_start + ask_after;
+        c->answered_ms = c->wait_start;
+    }
+    while (!s_all_received(c) || s_queued(c)) {
+        if (s_queued(c)) {
+            return ZPS_OK;
+        }
+        if (c->conn.stop) {
+            return ZPS_ECLOSED;
+        }
+        int rc = zmq_poll(items, c->conn.n_shards, s_poll_ms(c, zps_clock_ms()));
+        if (rc < 0 && errno != EINTR) {
+            zps_log_error("zmq_poll on the shard sockets: %s", zmq_strerror(errno));
+            return ZPS_EIO;
+        }
+        for (int i = 0; rc > 0 && i < c->conn.n_shards; i++) {
+            if (!(items[i].revents & ZMQ_POLLIN)) {
+                continue;
+            }
+            zps_wire_msg m;
+            zps_err err = zps_wire_recv(c->conn.shards[i].sock, false, &m);
+            if (err == ZPS_OK) {
+                err = s_take_message(c, i, step, &m);
+            }
+            zps_wire_msg_fini(&m);
+            if (err != ZPS_OK && err != ZPS_ETIMEDOUT) {
+                return err;
+            }
+        }
+        double now = zps_clock_ms();
+        zps_err err = s_due(c, step, now);
+        if (err != ZPS_OK) {
+            return err;
+        }
+        if (now > c->next_beat) {
+            // From the main socket too: a restarted coordinator learns from
+            // it where this worker's replies go.
+            Zps__Header h;
+            zps_wire_header_init(&h, ZPS__MSG_TYPE__HEARTBEAT);
+            h.flags = 1;
+            (void)zps_conn_send(&c->conn, 0, &h, NULL, 0, NULL);
+            c->next_beat = now + c->conn.heartbeat_ms;
+        }
+        if (now > c->next_log) {
+            for (int i = 0; i < c->conn.n_shards; i++) {
+                if (!s_shard_received(&c->conn.shards[i])) {
+                    zps_log_info("waiting %.0f s for step %llu parameters from shard %d (%s)",
+                                 (now - c->wait_start) / 1e3, (unsigned long long)step, i,
+                                 c->conn.shards[i].endpoint);
+                }
+            }
+            c->next_log = now + ZPS_CLIENT_WAIT_LOG_MS;
+        }
+    }
+    for (int i = 0; i < c->conn.n_shards; i++) {
+        c->pull_again_ms[i] = 0;
+    }
+    c->redo_ms = 0;
+    memcpy(c->params, c->next, c->model.n_params * sizeof(float));
+    zps_schedule_forget_before(&c->schedule, step);
+    double now = zps_clock_ms();
+    if (c->params_ms > 0) {
+        double d = now - c->params_ms;
+        c->usual_step_ms = c->usual_step_ms > 0 ? 0.9 * c->usual_step_ms + 0.1 * d : d;
+    }
+    c->params_ms = now;
+    return ZPS_OK;
+}
+
+// Whether `step` is over without this worker: true after a pause (a stall,
+// a swap storm) so long that the coordinator handed this worker's slice on
+// and moved past the step. Then the slice is not computed (the others'
+// copy counted), and the worker goes on at the step in progress, or at
+// the one after it when speculation handed its slice of the step in
+// progress to others too (the coordinator says so): otherwise nobody else
+// computes that slice, and the step would wait for it for good. Only a
+// slice begun ZPS_CLIENT_LATE_STEPS usual steps after its parameters came
+// asks.
+static bool s_step_over(zps_client *c, uint64_t step)
+{
+    double waited = zps_clock_ms() - c->params_ms;
+    if (!c->conn.ask || c->usual_step_ms <= 0 || waited < ZPS_CLIENT_LATE_STEPS * c->usual_step_ms) {
+        return false;
+    }
+    zps_wire_msg m;
+    if (zps_conn_ask(&c->conn, ZPS_CLIENT_ASK_MS, &m) != ZPS_OK) {
+        return false; // no answer in time: compute it
+    }
+    uint64_t at = m.hdr->status->steps_done_all; // over once every shard completed it
+    uint64_t covered = m.hdr->status->asker_covered;
+    bool gone = m.hdr->status->asker == ZPS__MEMBER_STATE__MEMBER_GONE;
+    zps_wire_msg_fini(&m);
+    if (gone) {
+        zps_log_warn("rank %u was handed on by the coordinator during a pause of %.0f ms: "
+                     "joining the job again", c->conn.rank, waited);
+        c->rejoin = true;
+        return true;
+    }
+    if (at <= step) {
+        return false; // still open: compute it
+    }
+    // The step in progress too, if speculation handed this worker's slice
+    // of it to others: computing it beside them would only slow them.
+    uint64_t next = covered > at ? at + 1 : at;
+    c->rollback_to = next < c->total_steps ? next : c->total_steps;
+    zps_log_warn("step %llu was done without this worker (%.0f ms late; the coordinator is at "
+                 "step %llu): rejoining at step %llu", (unsigned long long)step, waited,
+                 (unsigned long long)at, (unsigned long long)c->rollback_to);
+    return true;
+}
+
+// Pushes [lo, hi) of grad, of the piece handed out, to shard i.
+static zps_err s_push(zps_client *c, int i, uint64_t lo, uint64_t hi, const float *grad,
+                      float loss, double data_ms)
+{
+    return zps_conn_push(&c->conn, i, c->cur_step, &c->cur_work, lo, hi, c->dtype, grad, c->wire,
+                         loss, (float)data_ms, (float)(zps_clock_ms() - c->step_t0 - data_ms),
+                         &c->grad_ref);
+}
+
+// One line for benchmarks: where a step's time went, on this worker.
+static void s_log_timing(const zps_client *c, double wall_ms)
+{
+    double n = c->timed_steps ? (double)c->timed_steps : 1.0;
+    double step = wall_ms / n;
+    zps_log_info("timing: %.3f ms/step over %llu steps: data %.3f, compute %.3f, "
+                 "push and wait for parameters %.3f ms (%.1f%% of the step)",
+                 step, (unsigned long long)c->timed_steps, c->sum_data_ms / n,
+                 c->sum_compute_ms / n, c->sum_wait_ms / n,
+                 step > 0 ? 100.0 * c->sum_wait_ms / n / step : 0.0);
+}
+
+// ---------------------------------------------------------------------------
+// The public API: the handle.
+
+int zps_version(int *major, int *minor, int *patch)
+{
+    if (major) {
+        *major = ZPS_VERSION_MAJOR;
+    }
+    if (minor) {
+        *minor = ZPS_VERSION_MINOR;
+    }
+    if (patch) {
+        *patch = ZPS_VERSION_PATCH;
+    }
+    return ZPS_VERSION;
+}
+
+void zps_set_log_hook(zps_log_fn fn, void *arg)
+{
+    zps_log_set_hook(fn, arg);
+}
+
+void zps_set_log_level(int level)
+{
+    if (level >= ZPS_LOG_LEVEL_DEBUG && level <= ZPS_LOG_LEVEL_ERROR) {
+        zps_log_set_level((zps_log_level)level);
+    }
+}
+
+zps_client *zps_client_new(const char *coordinator)
+{
+    if (!coordinator || strlen(coordinator) >= sizeof ((zps_conn_shard *)0)->endpoint) {
+        return NULL;
+    }
+    zps_client *c = calloc(1, sizeof *c);
+    if (!c) {
+        return NULL;
+    }
+    c->timeout_ms = 60000;
+    c->join_timeout_ms = 600000;
+    c->done_step = UINT64_MAX;
+    c->ahead_of = UINT64_MAX;
+    c->retry_ms = ZPS_CLIENT_RETRY_MS;
+    if (zps_conn_init(&c->conn, coordinator) != ZPS_OK) {
+        free(c);
+        return NULL;
+    }
+    return c;
+}
+
+void zps_client_destroy(zps_client **cp)
+{
+    zps_client *c = *cp;
+    if (!c) {
+        return;
+    }
+    zps_conn_fini(&c->conn); // first: ZeroMQ lets go of the caller's gradient
+    free(c->wire);
+    free(c->next);
+    zps_sampler_fini(&c->sampler);
+    free(c);
+    *cp = NULL;
+}
+
+const char *zps_errmsg(const zps_client *c)
+{
+    return c ? c->errmsg : "no client";
+}
+
+zps_err zps_errcode(const zps_client *c)
+{
+    return c ? c->errcode : ZPS_EINVAL;
+}
+
+zps_err zps_client_set_int(zps_client *c, zps_opt opt, int64_t v)
+{
+    s_begin(c);
+    int *dst = NULL;
+    int64_t lo = 0, hi = 0;
+    switch (opt) {
+    case ZPS_OPT_SHARE:
+        if (v < 0 || v > (1 << 24)) {
+            return s_einval(c, "share %lld: 0..%d samples", (long long)v, 1 << 24);
+        }
+        c->conn.share = (uint32_t)v;
+        return ZPS_OK;
+    case ZPS_OPT_TIMEOUT_MS: dst = &c->timeout_ms; lo = 100; hi = 86400000; break;
+    case ZPS_OPT_JOIN_TIMEOUT_MS: dst = &c->join_timeout_ms; lo = 100; hi = 86400000; break;
+    case ZPS_OPT_HEARTBEAT_MS: dst = &c->conn.heartbeat_ms; lo = 10; hi = 3600000; break;
+    case ZPS_OPT_SNDBUF: dst = &c->conn.sndbuf; lo = 0; hi = 1L << 30; break;
+    default: return s_einval(c, "option %d is not a number option", (int)opt);
+    }
+    if (v < lo || v > hi) {
+        return s_einval(c, "option %d: %lld is not in %lld..%lld", (int)opt, (long long)v,
+                        (long long)lo, (long long)hi);
+    }
+    *dst = (int)v;
+    return ZPS_OK;
+}
+
+zps_err zps_client_set_str(zps_client *c, zps_opt opt, const char *v)
+{
+    s_begin(c);
+    if (opt != ZPS_OPT_DEVICE) {
+        return s_einval(c, "option %d is not a text option", (int)opt);
+    }
+    if (!v || strlen(v) >= sizeof c->conn.device) {
+        return s_einval(c, "device: up to %zu characters", sizeof c->conn.device - 1);
+    }
+    snprintf(c->conn.device, sizeof c->conn.device, "%s", v);
+    return ZPS_OK;
+}
+
+zps_err zps_client_set_curve(zps_client *c, const char *secret_file, const char *server_key_file)
+{
+    s_begin(c);
+    if (!secret_file || !server_key_file) {
+        return s_einval(c, "a CURVE secret key goes with the servers' public key");
+    }
+    zps_err err = zps_curve_load(&c->conn.curve, secret_file, server_key_file);
+    return err == ZPS_OK ? ZPS_OK : s_fail(c, err);
+}
+
+void zps_client_stop(zps_client *c)
+{
+    if (c) {
+        c->conn.stop = 1;
+    }
+}
+
+zps_err zps_connect(zps_client *c)
+{
+    s_begin(c);
+    zps_err err = zps_conn_connect(&c->conn);
+    if (err != ZPS_OK) {
+        return s_fail(c, err);
+    }
+    return ZPS_OK;
+}
+
+zps_err zps_join(zps_client *c)
+{
+    s_begin(c);
+    if (!c->conn.shards[0].sock || c->joined) {
+        return s_einval(c, c->joined ? "joined already" : "zps_connect first");
+    }
+    zps_wire_msg m = {0};
+    zps_err err = s_hello_until_job(c, &m);
+    if (err == ZPS_OK && m.hdr->type != ZPS__MSG_TYPE__JOB) {
+        zps_log_error("expected JOB, got %s", zps_wire_type_name(m.hdr->type));
+        err = ZPS_EPROTO;
+    }
+    if (err == ZPS_OK) {
+        err = s_take_job(c, m.hdr);
+    }
+    zps_wire_msg_fini(&m);
+    return err == ZPS_OK ? ZPS_OK : s_fail(c, err);
+}
+
+uint64_t zps_info_u64(const zps_client *c, int key)
+{
+    if (!c || !c->joined) {
+        return 0;
+    }
+    switch (key) {
+    case ZPS_INFO_JOB_ID: return c->conn.job_id;
+    case ZPS_INFO_RANK: return c->conn.rank;
+    case ZPS_INFO_SEED: return c->seed;
+    case ZPS_INFO_GLOBAL_BATCH: return c->global_batch;
+    case ZPS_INFO_TOTAL_STEPS: return c->total_steps;
+    case ZPS_INFO_STEPS_PER_EPOCH: return c->steps_per_epoch;
+    case ZPS_INFO_START_STEP: return c->start_step;
+    case ZPS_INFO_STEP: return c->t;
+    case ZPS_INFO_N_PARAMS: return c->model.n_params;
+    case ZPS_INFO_N_BUCKETS: return (uint64_t)zps_model_n_buckets(&c->model);
+    default: return 0;
+    }
+}
+
+const char *zps_info_str(const zps_client *c, int key)
+{
+    if (!c || !c->joined) {
+        return "";
+    }
+    return key == ZPS_INFO_MODEL ? c->model_name : key == ZPS_INFO_DATASET ? c->dataset_name : "";
+}
+
+zps_err zps_bucket_range(const zps_client *c, int bucket, uint64_t *lo, uint64_t *hi)
+{
+    if (!c->joined || bucket < 0 || bucket >= zps_model_n_buckets(&c->model)) {
+        return ZPS_ERANGE;
+    }
+    zps_model_bucket(&c->model, bucket, lo, hi);
+    return ZPS_OK;
+}
+
+zps_err zps_set_params(zps_client *c, float *params, size_t n)
+{
+    s_begin(c);
+    if (!c->joined || !params || n != c->model.n_params) {
+        return s_einval(c, "the parameter buffer must hold the model's %zu floats (join first)",
+                        c->joined ? c->model.n_params : 0);
+    }
+    if ((c->dtype != ZPS_DTYPE_F32 && !c->wire &&
+         !(c->wire = malloc(c->model.n_params * zps_dtype_size(c->dtype)))) ||
+        (!c->next && !(c->next = malloc(c->model.n_params * sizeof(float))))) {
+        zps_log_error("cannot allocate the wire and parameter buffers");
+        return s_fail(c, ZPS_ENOMEM);
+    }
+    c->params = params;
+    return ZPS_OK;
+}
+
+zps_err zps_set_dataset(zps_client *c, uint32_t n_train, uint32_t n_test)
+{
+    s_begin(c);
+    if (!c->joined) {
+        return s_einval(c, "join first");
+    }
+    zps_sampler_fini(&c->sampler);
+    c->has_data = false;
+    zps_err err = zps_sampler_init(&c->sampler, c->seed, n_train, c->global_batch);
+    if (err != ZPS_OK) {
+        return s_fail(c, err);
+    }
+    if (c->sampler.steps_per_epoch != c->steps_per_epoch) {
+        zps_log_error("my dataset gives %llu steps per epoch, the job %llu",
+                      (unsigned long long)c->sampler.steps_per_epoch,
+                      (unsigned long long)c->steps_per_epoch);
+        return s_fail(c, ZPS_EINVAL);
+    }
+    c->has_data = true;
+    c->n_test = n_test;
+    return ZPS_OK;
+}
+
+// ---------------------------------------------------------------------------
+// The public API: work.
+
+// Ends the loop for err: stopped, over, or failed (logged as the step's).
+static int s_end(zps_client *c, zps_err err)
+{
+    c->phase = P_OVER;
+    c->handed = false;
+    if (c->conn.stop) {
+        if (c->training) {
+            zps_log_info("stopped by signal at step %llu: leaving the job",
+                         (unsigned long long)c->t);
+        }
+        c->stopped_at = c->training ? c->t : 0;
+        s_fail(c, ZPS_ECLOSED);
+        return ZPS_NEXT_STOPPED;
+    }
+    if (c->job_over) {
+        s_fail(c, ZPS_ECLOSED);
+        return ZPS_NEXT_OVER;
+    }
+    if (c->training) {
+        zps_log_error("step %llu failed: %s", (unsigned long long)c->t, zps_strerror(err));
+    }
+    s_fail(c, err);
+    return ZPS_NEXT_ERROR;
+}
+
+// Hands out the next queued piece.
+static int s_hand_out(zps_client *c, zps_work *out)
+{
+    zps_piece p = c->queue[c->queue_pos++];
+    uint64_t step = c->queue_step;
+    // ZeroMQ may still hold the last push's frames of the gradient buffer.
+    zps_err err = zps_wire_ref_wait(&c->grad_ref, c->timeout_ms);
+    if (err != ZPS_OK) {
+        return s_end(c, err);
+    }
+    const uint32_t *idx = NULL;
+    if (c->has_data && !(idx = zps_sampler_slice(&c->sampler, step, p.offset, p.count))) {
+        return s_end(c, ZPS_EINVAL);
+    }
+    c->cur_step = step;
+    c->cur_work = p;
+    c->push_err = ZPS_OK;
+    c->skip = false;
+    c->handed = true;
+    c->step_t0 = zps_clock_ms();
+    *out = (zps_work){.kind = ZPS_WORK_TRAIN, .id = ++c->work_id, .step = step,
+                      .epoch = step / c->steps_per_epoch, .offset = p.offset, .count = p.count,
+                      .indices = idx};
+    return ZPS_NEXT_WORK;
+}
+
+// Starts waiting for `step`'s parameters (asking for them first if pull).
+static zps_err s_start_wait(zps_client *c, uint64_t step, s_after after, bool pull)
+{
+    c->phase = P_WAIT;
+    c->after = after;
+    c->wait_step = step;
+    c->wait_begun = false;
+    c->n_queue = c->queue_pos = 0;
+    return pull ? s_pull(c, step) : ZPS_OK;
+}
+
+// The wait for parameters ended with err. Returns 0 to go on, or what
+// zps_next_work returns.
+static int s_wait_over(zps_client *c, zps_err err)
+{
+    c->wait_begun = false;
+    c->n_queue = c->queue_pos = 0;
+    if (c->after == A_STEP) {
+        c->sum_wait_ms += zps_clock_ms() - c->t2;
+        c->timed_steps++;
+    }
+    if (err == ZPS_EAGAIN) {
+        c->phase = P_START_OVER;
+        return 0;
+    }
+    if (err != ZPS_OK) {
+        return s_end(c, err);
+    }
+    if (!c->training) {
+        c->training = true;
+        c->train_start = zps_clock_ms();
+    }
+    if (c->after == A_JOIN) {
+        c->t = c->wait_step;
+        c->phase = P_STEP;
+        return 0;
+    }
+    if (c->after == A_START_OVER) {
+        c->t = c->wait_step;
+        c->phase = P_STEP;
+        bool rejoined = c->rejoined;
+        c->rejoined = false;
+        return rejoined ? ZPS_NEXT_REJOINED : ZPS_NEXT_ROLLBACK;
+    }
+    // Step t is over: at an epoch's end (and the job's), the test set is
+    // split as the step was: whoever computed samples [a, b) of the global
+    // batch B evaluates records [n a / B, n b / B). The slices tile the
+    // batch, so the ranges tile the test set, a worker's share of it
+    // follows its share of the batch, and the pieces of a late slice carry
+    // the evaluation of its owner, who may have been away then.
+    uint64_t t = c->t;
+    bool epoch_end = (t + 1) % c->steps_per_epoch == 0;
+    c->n_eval = c->eval_pos = 0;
+    if (c->has_data && (epoch_end || t + 1 == c->total_steps) && c->done_step == t) {
+        uint64_t B = c->global_batch;
+        for (int i = 0; i < c->n_done; i++) {
+            c->eval_lo[c->n_eval] = (uint32_t)(c->n_test * c->done[i].offset / B);
+            c->eval_hi[c->n_eval++] =
+                (uint32_t)(c->n_test * (c->done[i].offset + c->done[i].count) / B);
+        }
+        c->eval_epoch = t / c->steps_per_epoch;
+    }
+    c->phase = P_EVAL;
+    return 0;
+}
+
+int zps_next_work(zps_client *c, zps_work *out)
+{
+    s_begin(c);
+    if (!c->params && c->phase == P_NEW) {
+        s_einval(c, "zps_set_params first");
+        return ZPS_NEXT_ERROR;
+    }
+    // The outcome of the piece handed out last.
+    zps_err piece_err = ZPS_OK;
+    if (c->handed) {
+        c->handed = false;
+        piece_err = c->skip ? ZPS_EAGAIN : c->push_err;
+    }
+    for (;;) {
+        if (c->conn.stop && c->phase != P_DONE && c->phase != P_OVER) {
+            return s_end(c, ZPS_ECLOSED);
+        }
+        zps_err err = ZPS_OK;
+        int r = 0;
+        switch (c->phase) {
+        case P_NEW:
+            zps_conn_beat(&c->conn);
+            zps_conn_open_ask(&c->conn);
+            c->t = c->start_step;
+            err = s_start_wait(c, c->start_step, A_JOIN, true);
+            if (err != ZPS_OK) {
+                return s_end(c, err);
+            }
+            break;
+        case P_STEP:
+            if (c->t >= c->total_steps) {
+                s_log_timing(c, zps_clock_ms() - c->train_start);
+                c->phase = P_DONE;
+                return ZPS_NEXT_DONE;
+            }
+            c->n_queue = zps_schedule_take(&c->schedule, c->t, c->queue, ZPS_CLIENT_QUEUE);
+            c->queue_pos = 0;
+            c->queue_step = c->t;
+            c->n_step_work = c->n_queue;
+            c->phase = P_COMPUTE;
+            break;
+        case P_COMPUTE:
+            if (piece_err == ZPS_EAGAIN) {
+                c->phase = P_START_OVER; // its step was over: catch up
+                piece_err = ZPS_OK;
+                break;
+            }
+            if (piece_err != ZPS_OK) {
+                return s_end(c, piece_err);
+            }
+            if (s_queued(c)) {
+                return s_hand_out(c, out);
+            }
+            // Nothing to compute (a member only from the next step on): ask.
+            c->t2 = zps_clock_ms();
+            err = s_start_wait(c, c->t + 1, A_STEP, c->n_step_work == 0);
+            if (err != ZPS_OK && (r = s_wait_over(c, err)) != 0) {
+                return r;
+            }
+            break;
+        case P_WAIT:
+            err = piece_err;
+            piece_err = ZPS_OK;
+            if (err == ZPS_OK) {
+                err = s_wait(c);
+            }
+            if (err == ZPS_OK && s_queued(c)) {
+                return s_hand_out(c, out);
+            }
+            if ((r = s_wait_over(c, err)) != 0) {
+                return r;
+            }
+            break;
+        case P_EVAL:
+            if (c->eval_pos < c->n_eval) {
+                int k = c->eval_pos++;
+                *out = (zps_work){.kind = ZPS_WORK_EVAL, .id = ++c->work_id, .step = c->t,
+                                  .epoch = c->eval_epoch, .offset = c->eval_lo[k],
+                                  .count = c->eval_hi[k] - c->eval_lo[k]};
+                return ZPS_NEXT_EVAL;
+            }
+            c->t++;
+            c->phase = P_STEP;
+            break;
+        case P_START_OVER:
+            if (c->rejoin) {
+                if ((err = s_rejoin(c)) != ZPS_OK) {
+                    return s_end(c, err);
+                }
+            }
+            c->t = c->rollback_to;
+            err = s_start_wait(c, c->rollback_to, A_START_OVER, true);
+            if (err != ZPS_OK && (r = s_wait_over(c, err)) != 0) {
+                return r;
+            }
+            break;
+        case P_DONE:
+            return ZPS_NEXT_DONE;
+        case P_OVER:
+            s_einval(c, "the client's loop has ended");
+            return ZPS_NEXT_ERROR;
+        }
+    }
+}
+
+// The piece w handed out last, or NULL (ZPS_EINVAL set).
+static bool s_is_current(zps_client *c, const zps_work *w, uint32_t kind)
+{
+    if (!w || w->id != c->work_id || w->kind != kind || (kind == ZPS_WORK_TRAIN && !c->handed)) {
+        s_einval(c, "not the work item handed out last");
+        return false;
+    }
+    return true;
+}
+
+zps_err zps_work_start(zps_client *c, const zps_work *w)
+{
+    s_begin(c);
+    if (!s_is_current(c, w, ZPS_WORK_TRAIN)) {
+        return ZPS_EINVAL;
+    }
+    if (s_step_over(c, w->step)) {
+        c->skip = true;
+        return ZPS_EAGAIN;
+    }
+    return ZPS_OK;
+}
+
+zps_err zps_push_bucket(zps_client *c, const zps_work *w, int bucket, const float *grad,
+                        float loss)
+{
+    if (!s_is_current(c, w, ZPS_WORK_TRAIN)) {
+        return ZPS_EINVAL;
+    }
+    if (bucket < 0 || bucket >= zps_model_n_buckets(&c->model) || !grad) {
+        return s_einval(c, "bucket %d: the model has %d", bucket, zps_model_n_buckets(&c->model));
+    }
+    uint64_t blo, bhi;
+    zps_model_bucket(&c->model, bucket, &blo, &bhi);
+    for (int i = 0; c->push_err == ZPS_OK && i < c->conn.n_shards; i++) {
+        uint64_t lo = blo > c->conn.shards[i].lo ? blo : c->conn.shards[i].lo;
+        uint64_t hi = bhi < c->conn.shards[i].hi ? bhi : c->conn.shards[i].hi;
+        if (lo < hi) {
+            c->push_err = s_push(c, i, lo, hi, grad, loss, w->data_ms);
+        }
+    }
+    return c->push_err == ZPS_OK ? ZPS_OK : s_fail(c, c->push_err);
+}
+
+zps_err zps_work_done(zps_client *c, const zps_work *w)
+{
+    if (!s_is_current(c, w, ZPS_WORK_TRAIN)) {
+        return ZPS_EINVAL;
+    }
+    if (c->done_step != w->step) {
+        c->done_step = w->step;
+        c->n_done = 0;
+    }
+    if (c->n_done < ZPS_CLIENT_QUEUE) {
+        c->done[c->n_done++] = c->cur_work;
+    }
+    c->sum_data_ms += w->data_ms;
+    c->sum_compute_ms += zps_clock_ms() - c->step_t0 - w->data_ms;
+    return c->push_err == ZPS_OK ? ZPS_OK : s_fail(c, c->push_err);
+}
+
+zps_err zps_eval_done(zps_client *c, const zps_work *w, uint32_t correct, double loss_sum)
+{
+    s_begin(c);
+    if (!s_is_current(c, w, ZPS_WORK_EVAL)) {
+        return ZPS_EINVAL;
+    }
+    Zps__Eval ev = ZPS__EVAL__INIT;
+    ev.epoch = w->epoch;
+    ev.correct = correct;
+    ev.loss_sum = loss_sum;
+    ev.count = w->count;
+    ev.offset = w->offset;
+    Zps__Header h;
+    zps_wire_header_init(&h, ZPS__MSG_TYPE__EVAL);
+    h.eval = &ev;
+    zps_log_debug("epoch %llu: %u of %u test records right", (unsigned long long)w->epoch,
+                  correct, w->count);
+    zps_err err = zps_conn_send(&c->conn, 0, &h, NULL, 0, NULL);
+    return err == ZPS_OK ? ZPS_OK : s_fail(c, err);
+}
+
+zps_err zps_leave(zps_client *c)
+{
+    s_begin(c);
+    if (!c->conn.job_id) {
+        return ZPS_OK;
+    }
+    Zps__Header h;
+    zps_wire_header_init(&h, ZPS__MSG_TYPE__BYE);
+    h.step = c->phase == P_DONE ? c->total_steps : c->stopped_at;
+    zps_err err = zps_conn_send(&c->conn, 0, &h, NULL, 0, NULL);
+    return err == ZPS_OK ? ZPS_OK : s_fail(c, err);
+}

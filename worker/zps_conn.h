@@ -1,0 +1,108 @@
+/* zps_conn.h - libzps's wire client: one worker's connections to a job.
+ *
+ * The coordinator's socket (shard 0) and one per other shard, a second
+ * socket to the coordinator for STATUS questions only, the heartbeat
+ * thread; sending with this member's identity, bounded waits for a reply
+ * that say what they wait for, the one place every refusal is judged,
+ * HELLO until the job comes, PULL, PUSH and the question where the job
+ * is. It knows nothing of steps in progress: the work loop
+ * (zps_client.c) decides what to send when. */
+#ifndef ZPS_CONN_H
+#define ZPS_CONN_H
+
+#include <signal.h>
+#include <stdbool.h>
+#include <stdint.h>
+
+#include "common/zps_curve.h"
+#include "common/zps_dtype.h"
+#include "common/zps_err.h"
+#include "common/zps_model.h"
+#include "common/zps_wire.h"
+#include "worker/zps_heartbeat.h"
+#include "worker/zps_schedule.h"
+
+#define ZPS_CONN_MAX_SHARDS 64
+#define ZPS_CONN_POLL_MS 1000 // receive timeout of the sockets: every wait wakes this often
+
+typedef struct zps_conn_shard {
+    void *sock;                                 // owned (shard 0: the coordinator's socket)
+    char endpoint[256];                         // for log lines
+    uint64_t lo, hi;                            // its range
+    int n_buckets;                              // buckets of the range
+    zps_bucket buckets[ZPS_MODEL_MAX_BUCKETS];  // as the shard sees them
+    zps_bucket_set received;                    // buckets of parameters in this step
+} zps_conn_shard;
+
+typedef struct zps_conn {
+    char device[64];                            // for HELLO
+    uint32_t share;                             // for HELLO
+    int sndbuf;                                 // TCP send buffer, 0: the OS's
+    int heartbeat_ms;                           // heartbeat interval
+    zps_curve curve;                            // CURVE keys, if on
+    volatile sig_atomic_t stop;                 // set: every wait returns ZPS_ECLOSED
+    void *ctx;                                  // owned
+    zps_conn_shard shards[ZPS_CONN_MAX_SHARDS]; // shards[0] is the coordinator
+    int n_shards;
+    void *ask;                                  // owned: DEALER to the coordinator, STATUS only
+    zps_heartbeat *heartbeat;                   // owned
+    uint64_t job_id;                            // identity on the wire, from JOB
+    uint32_t rank;
+    uint64_t member_id;
+} zps_conn;
+
+// How the worker takes a refusal.
+typedef enum zps_conn_verdict {
+    ZPS_CONN_RETRY, // "not yet": send the same again after a bounded backoff
+    ZPS_CONN_LOST,  // this worker may have been handed on: ask the coordinator
+    ZPS_CONN_OVER,  // the job is over
+    ZPS_CONN_FINAL, // refused for good: the worker ends
+} zps_conn_verdict;
+
+// A ZeroMQ context and the coordinator's endpoint; nothing connected yet.
+zps_err zps_conn_init(zps_conn *n, const char *coordinator);
+// Closes every socket, stops the heartbeat, terminates the context (a
+// queued BYE still goes out within the linger). Safe on zeroed memory.
+void zps_conn_fini(zps_conn *n);
+// Connects the coordinator's socket; ZPS_EIO (logged) when it cannot.
+zps_err zps_conn_connect(zps_conn *n);
+
+// Every ERROR reply is judged here, once, and logged with what it refused.
+zps_conn_verdict zps_conn_judge(const Zps__Header *h, const char *from);
+// Receives the next message on sock into m, waiting at most timeout_ms and
+// logging every few seconds (a wait over 3 s that runs out, too). An ERROR
+// is judged: "not yet" returns ZPS_EAGAIN, the end of the job ZPS_ECLOSED,
+// anything else its code; a refusal of a push or pull (of before: what is
+// awaited here is something else) is skipped, unless the job is over.
+zps_err zps_conn_await(zps_conn *n, void *sock, const char *what, const char *endpoint,
+                       int timeout_ms, zps_wire_msg *m);
+// Sends h (with this member's identity) to shard i; logs a failure.
+zps_err zps_conn_send(zps_conn *n, int shard, Zps__Header *h, const void *payload, size_t bytes,
+                      zps_wire_ref *ref);
+
+// HELLO until the job is given, within join_timeout_ms: a coordinator
+// recovering from a restart answers "again" until it admits, and one
+// restarted since forgot the HELLO, said again every 3 s. m holds the
+// last message received, whatever the result: the caller finishes it.
+zps_err zps_conn_hello_until_job(zps_conn *n, int join_timeout_ms, zps_wire_msg *m);
+// The shards of JOB: their ranges and buckets of the model, connected
+// (a connection of before to the same endpoint serves).
+zps_err zps_conn_take_shards(zps_conn *n, const Zps__Job *job, const zps_model_spec *model);
+// The heartbeat thread, from this member's identity (again after a rejoin).
+void zps_conn_beat(zps_conn *n);
+// The STATUS socket, connected early so a question need not wait for a
+// handshake; without it (logged) the worker does not ask.
+void zps_conn_open_ask(zps_conn *n);
+// Asks the coordinator for STATUS as this member, on the STATUS socket,
+// bounded by timeout_ms; m is a STATUS_REPLY with its status on ZPS_OK.
+zps_err zps_conn_ask(zps_conn *n, int timeout_ms, zps_wire_msg *m);
+// PULL of step's parameters from shard i.
+zps_err zps_conn_pull(zps_conn *n, int i, uint64_t step);
+// PUSH of [lo, hi) of grad, piece p's mean gradient of step, to shard i,
+// zero-copy (converted into wire first for a 16-bit dtype); ref is held
+// by ZeroMQ until the frames are sent.
+zps_err zps_conn_push(zps_conn *n, int i, uint64_t step, const zps_piece *p, uint64_t lo,
+                      uint64_t hi, zps_dtype dtype, const float *grad, uint8_t *wire, float loss,
+                      float data_ms, float compute_ms, zps_wire_ref *ref);
+
+#endif

@@ -1,0 +1,250 @@
+/* zps_train.c - zps-worker's training loop over libzps's public API. */
+#include "worker/zps_train.h"
+
+#include <inttypes.h>
+#include <math.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+
+#include "common/zps_clock.h"
+#include "common/zps_dataset.h"
+#include "common/zps_log.h"
+#include "common/zps_model.h"
+#include "common/zps_rng.h"
+#include "worker/zps_backend.h"
+
+#define ZPS_TRAIN_EVAL_CHUNK 1024u
+#define ZPS_TRAIN_CALIBRATE 20 // --slowdown: computes that fix the time per sample
+
+struct zps_train {
+    zps_train_opts opts;      // flags
+    zps_client *c;            // borrowed
+    zps_model_spec model;     // the job's
+    zps_backend *be;          // owned: the model's compute
+    zps_dataset *data;        // owned, NULL for a flat model
+    float *x;                 // owned: (max(B, eval chunk), inputs)
+    uint32_t *labels;         // owned: same rows
+    uint32_t *eval_idx;       // owned: ZPS_TRAIN_EVAL_CHUNK indices
+    const zps_work *cur;      // borrowed: the piece being computed, for the bucket hook
+    uint64_t fault_step;      // the step the injected pauses were last drawn for
+    double ms_per_sample;     // --slowdown: own compute per sample
+    int n_calib;              // computes it was measured on
+};
+
+// The backend finished a bucket's gradient: push it while backward goes on.
+static void s_on_bucket(void *arg, int bucket)
+{
+    zps_train *t = arg;
+    if (!t->opts.no_overlap) {
+        (void)zps_push_bucket(t->c, t->cur, bucket, zps_backend_grads(t->be),
+                              zps_backend_loss(t->be));
+    }
+}
+
+static bool s_setup_data(zps_train *t, uint32_t rows)
+{
+    zps_dataset_spec ds;
+    if (zps_dataset_parse(zps_info_str(t->c, ZPS_INFO_DATASET), &ds) != ZPS_OK) {
+        return false;
+    }
+    uint32_t dim = zps_model_inputs(&t->model);
+    t->data = zps_dataset_open(&ds, t->opts.cache_dir, zps_info_u64(t->c, ZPS_INFO_SEED), dim,
+                               zps_model_classes(&t->model));
+    if (!t->data || zps_set_dataset(t->c, zps_dataset_size(t->data, ZPS_SPLIT_TRAIN),
+                                    zps_dataset_size(t->data, ZPS_SPLIT_TEST)) != ZPS_OK) {
+        return false;
+    }
+    t->x = malloc((size_t)rows * (dim ? dim : 1) * sizeof(float));
+    t->labels = malloc(rows * sizeof(uint32_t));
+    t->eval_idx = malloc(ZPS_TRAIN_EVAL_CHUNK * sizeof(uint32_t));
+    if (!t->x || !t->labels || !t->eval_idx) {
+        zps_log_error("cannot allocate batch buffers (%u rows)", rows);
+        return false;
+    }
+    return true;
+}
+
+zps_train *zps_train_new(zps_client *c, const zps_train_opts *opts)
+{
+    zps_train *t = calloc(1, sizeof *t);
+    if (!t) {
+        zps_log_error("out of memory");
+        return NULL;
+    }
+    t->opts = *opts;
+    t->c = c;
+    t->fault_step = UINT64_MAX;
+    if (zps_model_parse(zps_info_str(c, ZPS_INFO_MODEL), &t->model) != ZPS_OK) {
+        goto fail;
+    }
+    // Any slice of the batch may be handed to this worker.
+    uint32_t B = (uint32_t)zps_info_u64(c, ZPS_INFO_GLOBAL_BATCH);
+    uint32_t rows = B > ZPS_TRAIN_EVAL_CHUNK ? B : ZPS_TRAIN_EVAL_CHUNK;
+    t->be = zps_backend_new(opts->device, opts->gpu_math, &t->model, rows,
+                            zps_info_u64(c, ZPS_INFO_SEED) ^ zps_info_u64(c, ZPS_INFO_RANK));
+    if (!t->be) {
+        goto fail;
+    }
+    zps_backend_set_bucket_hook(t->be, s_on_bucket, t);
+    if (zps_set_params(c, zps_backend_params(t->be), t->model.n_params) != ZPS_OK) {
+        goto fail;
+    }
+    if (zps_backend_uses_data(t->be) && !s_setup_data(t, rows)) {
+        goto fail;
+    }
+    return t;
+fail:
+    zps_train_destroy(&t);
+    return NULL;
+}
+
+void zps_train_destroy(zps_train **tp)
+{
+    zps_train *t = *tp;
+    if (!t) {
+        return;
+    }
+    zps_backend_destroy(&t->be);
+    zps_dataset_destroy(&t->data);
+    free(t->x);
+    free(t->labels);
+    free(t->eval_idx);
+    free(t);
+    *tp = NULL;
+}
+
+const float *zps_train_params(const zps_train *t, size_t *n_params)
+{
+    *n_params = t->model.n_params;
+    return zps_backend_params(t->be);
+}
+
+static void s_sleep_ms(double ms)
+{
+    if (ms > 0) {
+        struct timespec ts = {(time_t)(ms / 1000), (long)(fmod(ms, 1000.0) * 1e6)};
+        nanosleep(&ts, NULL);
+    }
+}
+
+// --slowdown: the time per sample is the least of the first
+// ZPS_TRAIN_CALIBRATE computes, then fixed: this host at its best, warm
+// and uncontended. A slower machine's speed is steady; a running mean
+// would follow this host's contention (3 workers on 2 cores compute slower
+// together than alone) and multiply it by F - 1, and a split made by
+// throughput would be wrong as soon as it is used. The least, not the
+// median: at 43 samples a slice one compute here takes 1-6 x the least,
+// and their median is twice it.
+static void s_calibrate(zps_train *t, double per_sample)
+{
+    if (t->n_calib == ZPS_TRAIN_CALIBRATE) {
+        return;
+    }
+    if (t->n_calib == 0 || per_sample < t->ms_per_sample) {
+        t->ms_per_sample = per_sample;
+    }
+    t->n_calib++;
+}
+
+// Fault injection for tests and demos (--slowdown, --stall-prob): the
+// pause comes before the compute, so a slowed worker pushes late. A slowed
+// worker waits (F - 1) x its time per sample (s_calibrate) x the samples.
+// Whether a step pauses is drawn from the seed and the step alone, once a
+// step, so one --stall-seed pauses at the same steps in every run that
+// computes them (a worker whose late slices were handed on skips steps);
+// the log names each pause's step.
+static void s_inject_faults(zps_train *t, uint64_t step, uint32_t samples)
+{
+    if (t->opts.slowdown > 1.0) {
+        s_sleep_ms((t->opts.slowdown - 1.0) * t->ms_per_sample * samples);
+    }
+    if (t->opts.stall_prob <= 0 || step == t->fault_step) {
+        return;
+    }
+    t->fault_step = step;
+    zps_rng rng;
+    zps_rng_seed(&rng, t->opts.fault_seed, step);
+    if (zps_rng_uniform(&rng) < t->opts.stall_prob) {
+        zps_log_info("step %" PRIu64 ": injected stall of %d ms", step, t->opts.stall_ms);
+        s_sleep_ms(t->opts.stall_ms);
+    }
+}
+
+// Computes piece w on the current parameters and pushes its gradient bucket
+// by bucket. ZPS_OK also when the client said to skip it.
+static zps_err s_compute(zps_train *t, zps_work *w)
+{
+    double t0 = zps_clock_ms();
+    if (t->data) {
+        zps_err err = zps_dataset_gather(t->data, ZPS_SPLIT_TRAIN, w->indices, w->count, t->x,
+                                         t->labels);
+        if (err != ZPS_OK) {
+            return err;
+        }
+    }
+    w->data_ms = zps_clock_ms() - t0;
+    s_inject_faults(t, w->step, w->count);
+    if (zps_work_start(t->c, w) != ZPS_OK) {
+        return ZPS_OK; // its step is over: the client catches up
+    }
+    t->cur = w;
+    float loss;
+    double tc = zps_clock_ms();
+    zps_err err = zps_backend_train_step(t->be, t->x, t->labels, w->count, &loss);
+    s_calibrate(t, (zps_clock_ms() - tc) / (w->count ? w->count : 1));
+    int n_buckets = (int)zps_info_u64(t->c, ZPS_INFO_N_BUCKETS);
+    for (int b = 0; err == ZPS_OK && t->opts.no_overlap && b < n_buckets; b++) {
+        (void)zps_push_bucket(t->c, w, b, zps_backend_grads(t->be), zps_backend_loss(t->be));
+    }
+    if (err == ZPS_OK) {
+        err = zps_work_done(t->c, w);
+    }
+    t->cur = NULL;
+    return err;
+}
+
+// Evaluates test records [offset, offset + count) of w.
+static zps_err s_evaluate(zps_train *t, const zps_work *w)
+{
+    uint32_t correct = 0;
+    double loss_sum = 0;
+    uint32_t lo = w->offset, hi = w->offset + w->count;
+    for (uint32_t start = lo; start < hi; start += ZPS_TRAIN_EVAL_CHUNK) {
+        uint32_t n = hi - start < ZPS_TRAIN_EVAL_CHUNK ? hi - start : ZPS_TRAIN_EVAL_CHUNK;
+        for (uint32_t i = 0; i < n; i++) {
+            t->eval_idx[i] = start + i;
+        }
+        zps_err err = zps_dataset_gather(t->data, ZPS_SPLIT_TEST, t->eval_idx, n, t->x,
+                                         t->labels);
+        if (err == ZPS_OK) {
+            err = zps_backend_evaluate(t->be, t->x, t->labels, n, &correct, &loss_sum);
+        }
+        if (err != ZPS_OK) {
+            return err;
+        }
+    }
+    return zps_eval_done(t->c, w, correct, loss_sum);
+}
+
+int zps_train_run(zps_train *t)
+{
+    for (;;) {
+        zps_work w;
+        int r = zps_next_work(t->c, &w);
+        if (r == ZPS_NEXT_WORK) {
+            zps_err err = s_compute(t, &w);
+            if (err != ZPS_OK) {
+                zps_log_error("step %llu failed: %s", (unsigned long long)w.step,
+                              zps_strerror(err));
+                return ZPS_NEXT_ERROR;
+            }
+        } else if (r == ZPS_NEXT_EVAL) {
+            if (s_evaluate(t, &w) != ZPS_OK) {
+                return ZPS_NEXT_ERROR;
+            }
+        } else if (r != ZPS_NEXT_ROLLBACK && r != ZPS_NEXT_REJOINED) {
+            return r;
+        }
+    }
+}
