@@ -112,9 +112,10 @@ WORKER_OBJ := $(call obj,$(WORKER_SRC))
 # archive and as a shared library with a versioned soname whose exports are
 # the public API alone (worker/libzps.map). zps-worker links the archive;
 # its training loop and backends (the "user code") are not in the library.
-LIBZPS_SRC := $(PROTO_C) $(addprefix common/,zps_curve.c zps_dtype.c zps_err.c zps_log.c \
-	zps_model.c zps_plan.c zps_plans.c zps_wire.c) \
-	$(addprefix worker/,zps_client.c zps_conn.c zps_heartbeat.c zps_sampler.c zps_schedule.c)
+LIBZPS_SRC := $(PROTO_C) $(addprefix common/,zps_curve.c zps_dtype.c zps_err.c zps_layout.c \
+	zps_log.c zps_model.c zps_plan.c zps_plans.c zps_wire.c) \
+	$(addprefix worker/,zps_client.c zps_conn.c zps_decl.c zps_heartbeat.c zps_sampler.c \
+	zps_schedule.c)
 LIBZPS_OBJ := $(call obj,$(LIBZPS_SRC))
 LIBZPS_PIC := $(patsubst $(B)/obj/%,$(B)/pic/%,$(LIBZPS_OBJ))
 ZPS_SO_MAJOR := 1
@@ -124,10 +125,11 @@ LIBZPS_LIBS := $(shell pkg-config --libs libzmq libprotobuf-c 2>/dev/null) -lm -
 ZPS_WORKER_OBJ := $(call obj,worker/main.c worker/zps_train.c worker/zps_backend.c worker/zps_cpu.c)
 
 BINS := $(BIN)/zps-server $(BIN)/zps-worker $(BIN)/zps-ctl
+EXAMPLES := $(BIN)/tanh_mlp
 TESTS := $(B)/tests/check_unit $(B)/tests/check_integration
 
 .PHONY: all deps test-deps demo test test-unit test-integration test-fuzz-replay test-deploy bench clean
-all: $(BINS) $(CUDA_TARGETS) $(B)/libzps.a $(LIBZPS_SO)
+all: $(BINS) $(CUDA_TARGETS) $(B)/libzps.a $(LIBZPS_SO) $(EXAMPLES)
 
 # zps_backend.c looks for the plugin only in a CUDA build; the stamp
 # rebuilds it when CUDA= changes between two makes.
@@ -189,6 +191,13 @@ $(B)/libzps.a: $(LIBZPS_OBJ)
 $(B)/%.a:
 	@rm -f $@
 	ar rcs $@ $^
+
+# The examples (examples/) know the public header alone: -Iinclude, not -I.
+$(BIN)/tanh_mlp: examples/tanh_mlp.c include/zps.h $(B)/libzps.a
+	@mkdir -p $(BIN)
+	$(CC) -std=c11 -D_GNU_SOURCE $(OPT) -g -Wall -Wextra -Werror $(SAN_CFLAGS) -Iinclude \
+		$(shell pkg-config --cflags openblas) $(CFLAGS) -o $@ $< $(B)/libzps.a \
+		$(LIBZPS_LIBS) $(shell pkg-config --libs openblas) -lm $(LDLIBS)
 
 $(BIN)/zps-server: $(B)/obj/server/main.o $(B)/libzps_server.a $(B)/libzps_common.a
 $(BIN)/zps-worker: $(ZPS_WORKER_OBJ) $(B)/libzps.a $(B)/libzps_common.a

@@ -133,6 +133,20 @@ zps_err zps_client_set_curve(zps_client *c, const char *secret_file, const char 
 // from a signal handler.
 void zps_client_stop(zps_client *c);
 
+// A model the job's server does not know (zps-server --model external):
+// declared before zps_join, tensor by tensor, in the order they lie in the
+// flat parameter vector (PyTorch: model.parameters()), fp32. The first
+// admitted worker's declaration is the job's; every later worker's must be
+// the same, or zps_join is refused with the first tensor that differs.
+// Names are unique, 1..127 printable characters without spaces; ndim
+// 0..8, each dimension at least 1. ZPS_EINVAL with the reason.
+zps_err zps_declare_tensor(zps_client *c, const char *name, int ndim, const int64_t *shape);
+// With a declared model, the dataset the job's global-batch permutation
+// runs over (every worker declares the same; the server's --dataset
+// size:N may fix n_train): work items then carry dataset indices, as after
+// zps_set_dataset, which a declared model's caller need not call.
+zps_err zps_declare_dataset(zps_client *c, uint32_t n_train, uint32_t n_test);
+
 // Connects to the coordinator. ZPS_EIO when the endpoint is unusable.
 zps_err zps_connect(zps_client *c);
 // Says HELLO until the coordinator admits this worker and sends the job
@@ -167,7 +181,10 @@ const char *zps_info_str(const zps_client *c, int key);
 zps_err zps_bucket_range(const zps_client *c, int bucket, uint64_t *lo, uint64_t *hi);
 
 // The caller's parameter buffer, n = ZPS_INFO_N_PARAMS floats, borrowed
-// until destroy. The library writes a step's parameters into it only when
+// until destroy. With a declared model, rank 0 of a job's first start
+// (ZPS_INFO_RANK 0, ZPS_INFO_START_STEP 0) sends what the buffer holds at
+// the first zps_next_work as the job's initial values, as Horovod's
+// broadcast_parameters(root_rank=0): every worker then trains from them. The library writes a step's parameters into it only when
 // all of them arrived and no piece of the step before is still computed
 // (they arrive in a buffer of its own): between zps_next_work calls the
 // buffer holds the parameters of the piece handed out.
@@ -236,6 +253,15 @@ zps_err zps_work_done(zps_client *c, const zps_work *w);
 // EVAL item w: of its count records, `correct` were classified right and
 // their losses sum to loss_sum. Sent to the coordinator.
 zps_err zps_eval_done(zps_client *c, const zps_work *w, uint32_t correct, double loss_sum);
+
+// The train indices of [offset, offset + count) of step's global batch as
+// every zps job orders its data: epoch e is one permutation of [0, n_train)
+// seeded by (seed, e), step t the (t mod S)-th run of global_batch indices
+// of epoch t / S, S = n_train / global_batch. What one process training on
+// the global batch sees (a single-process reference, a data loader); the
+// indices of a work item are these. out holds count; ZPS_EINVAL, ZPS_ENOMEM.
+zps_err zps_batch_indices(uint64_t seed, uint32_t n_train, uint32_t global_batch, uint64_t step,
+                          uint32_t offset, uint32_t count, uint32_t *out);
 
 // Leaves the job: BYE at the step reached (after ZPS_NEXT_DONE: the end of
 // the job), so the coordinator hands this worker's share on at once.

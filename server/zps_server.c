@@ -866,7 +866,11 @@ static zps_err s_read_up(s_server *srv)
 {
     zps_wire_msg m;
     zps_err err = zps_wire_recv(srv->up, false, &m);
-    if (err == ZPS_OK && m.hdr->type == ZPS__MSG_TYPE__ERROR) {
+    if (err == ZPS_OK && m.hdr->type == ZPS__MSG_TYPE__ERROR &&
+        m.hdr->error_code == ZPS_EAGAIN) {
+        // An external model not declared yet: the REGISTER is said again.
+        zps_log_info("the coordinator: not yet: %s", m.hdr->error ? m.hdr->error : "");
+    } else if (err == ZPS_OK && m.hdr->type == ZPS__MSG_TYPE__ERROR) {
         zps_log_error("the coordinator refused this shard: %s", m.hdr->error);
         err = srv->shard ? ZPS_OK : ZPS_ECLOSED; // late refusals of a REGISTER do not matter
     } else if (err == ZPS_OK && m.hdr->type == ZPS__MSG_TYPE__ASSIGN && !srv->shard) {

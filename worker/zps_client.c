@@ -24,11 +24,13 @@
 #include "common/zps_curve.h"
 #include "common/zps_dtype.h"
 #include "common/zps_err.h"
+#include "common/zps_layout.h"
 #include "common/zps_log.h"
 #include "common/zps_model.h"
 #include "common/zps_plan.h"
 #include "common/zps_wire.h"
 #include "worker/zps_conn.h"
+#include "worker/zps_decl.h"
 #include "worker/zps_heartbeat.h"
 #include "worker/zps_sampler.h"
 #include "worker/zps_schedule.h"
@@ -129,6 +131,10 @@ struct zps_client {
     bool rejoin;                                   // handed on by the coordinator: HELLO again
     uint64_t ahead_of;                             // the job's step at the last ask, if behind us
     bool job_over;                                 // the coordinator said the job is over
+    // A declared model (--model external).
+    zps_decl decl;                                 // what HELLO declares
+    bool send_init;                                // rank 0 of a first start: send INIT
+    double init_again_ms[ZPS_CONN_MAX_SHARDS];     // when to send a refused INIT again (0: no)
 };
 
 // ---------------------------------------------------------------------------
@@ -195,7 +201,12 @@ static zps_err s_take_job(zps_client *c, const Zps__Header *h)
 {
     const Zps__Job *job = h->job;
     zps_model_spec model;
-    if (!job || zps_model_parse(job->model, &model) != ZPS_OK ||
+    char why[256] = "";
+    if (job && job->layout && zps_layout_check(job->layout, why, sizeof why) == ZPS_OK) {
+        zps_layout_model(job->layout, &model); // declared by the workers
+    }
+    if (!job || why[0] || (!job->layout && zps_model_parse(job->model, &model) != ZPS_OK) ||
+        (zps_decl_any(&c->decl) && !job->layout) ||
         !zps_dtype_valid((int)job->wire_dtype) || job->steps_per_epoch == 0 ||
         job->global_batch == 0) {
         zps_log_error("the coordinator sent a job without a usable model or wire dtype");
@@ -218,6 +229,7 @@ static zps_err s_take_job(zps_client *c, const Zps__Header *h)
     c->total_steps = job->total_steps;
     c->steps_per_epoch = job->steps_per_epoch;
     c->start_step = job->start_step;
+    c->send_init = job->send_init && job->layout;
     snprintf(c->model_name, sizeof c->model_name, "%s", job->model ? job->model : "");
     snprintf(c->dataset_name, sizeof c->dataset_name, "%s", job->dataset ? job->dataset : "");
     zps_schedule_init(&c->schedule, c->conn.rank);
@@ -332,6 +344,14 @@ static double s_backoff(zps_client *c)
 // asks the coordinator at once where the job is.
 static zps_err s_on_refusal(zps_client *c, int i, uint64_t step, const Zps__Header *h)
 {
+    if (h->refused == ZPS__MSG_TYPE__INIT &&
+        (h->error_code == ZPS_EAGAIN || h->error_code == ZPS_ESTATE)) {
+        // A shard not assigned yet (or restarting): its values again, later.
+        zps_log_info("%s: not ready for the initial values (%s); sending them again",
+                     c->conn.shards[i].endpoint, h->error ? h->error : "");
+        c->init_again_ms[i] = s_backoff(c);
+        return ZPS_OK;
+    }
     switch (zps_conn_judge(h, c->conn.shards[i].endpoint)) {
     case ZPS_CONN_RETRY: {
         double at = s_backoff(c);
@@ -542,11 +562,33 @@ static zps_err s_where_is_job(zps_client *c, uint64_t step)
 }
 
 // The poll timeout: the next "not yet" to send again, or the poll interval.
+// Rank 0 of a declared model's first start: the caller's buffer, as it is
+// now, becomes the job's initial values on every shard. They arrive back
+// as step 0's parameters, like everyone's: the buffer is not written
+// before all of them are in.
+static zps_err s_send_init(zps_client *c)
+{
+    if (!c->send_init || c->start_step != 0) {
+        return ZPS_OK;
+    }
+    c->send_init = false;
+    zps_log_info("rank 0: sending the initial values of %zu parameters to %d shards",
+                 c->model.n_params, c->conn.n_shards);
+    zps_err err = ZPS_OK;
+    for (int i = 0; err == ZPS_OK && i < c->conn.n_shards; i++) {
+        err = zps_conn_send_init(&c->conn, i, c->params);
+    }
+    return err;
+}
+
 static long s_poll_ms(const zps_client *c, double now)
 {
     double next = now + ZPS_CONN_POLL_MS;
     for (int i = 0; i < c->conn.n_shards; i++) {
         next = c->pull_again_ms[i] > 0 && c->pull_again_ms[i] < next ? c->pull_again_ms[i] : next;
+    }
+    for (int i = 0; i < c->conn.n_shards; i++) {
+        next = c->init_again_ms[i] > 0 && c->init_again_ms[i] < next ? c->init_again_ms[i] : next;
     }
     next = c->redo_ms > 0 && c->redo_ms < next ? c->redo_ms : next;
     next = c->next_ask_ms < next ? c->next_ask_ms : next;
@@ -562,6 +604,10 @@ static zps_err s_due(zps_client *c, uint64_t step, double now)
         if (c->pull_again_ms[i] > 0 && now >= c->pull_again_ms[i]) {
             c->pull_again_ms[i] = 0;
             err = zps_conn_pull(&c->conn, i, step);
+        }
+        if (err == ZPS_OK && c->init_again_ms[i] > 0 && now >= c->init_again_ms[i]) {
+            c->init_again_ms[i] = 0;
+            err = zps_conn_send_init(&c->conn, i, c->params);
         }
     }
     if (err == ZPS_OK && c->redo_ms > 0 && now >= c->redo_ms) {
@@ -779,10 +825,12 @@ zps_client *zps_client_new(const char *coordinator)
     c->done_step = UINT64_MAX;
     c->ahead_of = UINT64_MAX;
     c->retry_ms = ZPS_CLIENT_RETRY_MS;
+    zps_decl_init(&c->decl);
     if (zps_conn_init(&c->conn, coordinator) != ZPS_OK) {
         free(c);
         return NULL;
     }
+    c->conn.decl = &c->decl;
     return c;
 }
 
@@ -796,6 +844,7 @@ void zps_client_destroy(zps_client **cp)
     free(c->wire);
     free(c->next);
     zps_sampler_fini(&c->sampler);
+    zps_decl_fini(&c->decl);
     free(c);
     *cp = NULL;
 }
@@ -882,6 +931,13 @@ zps_err zps_join(zps_client *c)
     if (!c->conn.shards[0].sock || c->joined) {
         return s_einval(c, c->joined ? "joined already" : "zps_connect first");
     }
+    char why[256];
+    if (zps_decl_any(&c->decl) && zps_layout_check(&c->decl.layout, why, sizeof why) != ZPS_OK) {
+        return s_einval(c, "the declared model: %s", why);
+    }
+    if (zps_decl_any(&c->decl) && !c->decl.has_dataset) {
+        return s_einval(c, "a declared model needs its dataset declared (zps_declare_dataset)");
+    }
     zps_wire_msg m = {0};
     zps_err err = s_hello_until_job(c, &m);
     if (err == ZPS_OK && m.hdr->type != ZPS__MSG_TYPE__JOB) {
@@ -892,7 +948,37 @@ zps_err zps_join(zps_client *c)
         err = s_take_job(c, m.hdr);
     }
     zps_wire_msg_fini(&m);
+    if (err == ZPS_OK && c->decl.has_dataset) {
+        return zps_set_dataset(c, c->decl.n_train, c->decl.n_test);
+    }
     return err == ZPS_OK ? ZPS_OK : s_fail(c, err);
+}
+
+zps_err zps_declare_tensor(zps_client *c, const char *name, int ndim, const int64_t *shape)
+{
+    s_begin(c);
+    if (c->joined) {
+        return s_einval(c, "a model is declared before zps_join");
+    }
+    char why[256];
+    zps_err err = zps_decl_tensor(&c->decl, name, ndim, shape, why, sizeof why);
+    if (err == ZPS_EINVAL) {
+        return s_einval(c, "%s", why);
+    }
+    return err == ZPS_OK ? ZPS_OK : s_fail(c, err);
+}
+
+zps_err zps_declare_dataset(zps_client *c, uint32_t n_train, uint32_t n_test)
+{
+    s_begin(c);
+    char why[128];
+    if (c->joined) {
+        return s_einval(c, "a dataset is declared before zps_join");
+    }
+    if (zps_decl_dataset(&c->decl, n_train, n_test, why, sizeof why) != ZPS_OK) {
+        return s_einval(c, "%s", why);
+    }
+    return ZPS_OK;
 }
 
 uint64_t zps_info_u64(const zps_client *c, int key)
@@ -1115,6 +1201,9 @@ int zps_next_work(zps_client *c, zps_work *out)
         case P_NEW:
             zps_conn_beat(&c->conn);
             zps_conn_open_ask(&c->conn);
+            if ((err = s_send_init(c)) != ZPS_OK) {
+                return s_end(c, err);
+            }
             c->t = c->start_step;
             err = s_start_wait(c, c->start_step, A_JOIN, true);
             if (err != ZPS_OK) {
@@ -1277,6 +1366,25 @@ zps_err zps_eval_done(zps_client *c, const zps_work *w, uint32_t correct, double
                   correct, w->count);
     zps_err err = zps_conn_send(&c->conn, 0, &h, NULL, 0, NULL);
     return err == ZPS_OK ? ZPS_OK : s_fail(c, err);
+}
+
+zps_err zps_batch_indices(uint64_t seed, uint32_t n_train, uint32_t global_batch, uint64_t step,
+                          uint32_t offset, uint32_t count, uint32_t *out)
+{
+    if (!out || global_batch == 0 || offset > global_batch || count > global_batch - offset) {
+        return ZPS_EINVAL;
+    }
+    zps_sampler s = {0};
+    zps_err err = zps_sampler_init(&s, seed, n_train, global_batch);
+    const uint32_t *idx = err == ZPS_OK ? zps_sampler_slice(&s, step, offset, count) : NULL;
+    if (err == ZPS_OK && !idx) {
+        err = ZPS_ENOMEM;
+    }
+    if (idx) {
+        memcpy(out, idx, count * sizeof *out);
+    }
+    zps_sampler_fini(&s);
+    return err;
 }
 
 zps_err zps_leave(zps_client *c)

@@ -123,6 +123,11 @@ static zps_err s_hello(zps_conn *n)
     hello.device = n->device;
     hello.share = n->share;
     hello.pid = (uint32_t)getpid();
+    if (n->decl && zps_decl_any(n->decl)) {
+        hello.layout = (Zps__Layout *)&n->decl->layout;
+        hello.n_train = n->decl->n_train;
+        hello.n_test = n->decl->n_test;
+    }
     Zps__Header h;
     zps_wire_header_init(&h, ZPS__MSG_TYPE__HELLO);
     h.hello = &hello;
@@ -281,6 +286,22 @@ zps_err zps_conn_ask(zps_conn *n, int timeout_ms, zps_wire_msg *m)
     if (err == ZPS_OK && (m->hdr->type != ZPS__MSG_TYPE__STATUS_REPLY || !m->hdr->status)) {
         zps_wire_msg_fini(m);
         err = ZPS_EPROTO;
+    }
+    return err;
+}
+
+zps_err zps_conn_send_init(zps_conn *n, int i, const float *params)
+{
+    const zps_conn_shard *sc = &n->shards[i];
+    zps_err err = ZPS_OK;
+    for (int b = 0; err == ZPS_OK && b < sc->n_buckets; b++) {
+        Zps__Header h;
+        zps_wire_header_init(&h, ZPS__MSG_TYPE__INIT);
+        h.shard = (uint32_t)i;
+        h.offset = sc->buckets[b].lo;
+        h.count = sc->buckets[b].hi - sc->buckets[b].lo;
+        h.dtype = ZPS__DTYPE__F32; // initial values keep every bit, whatever the wire dtype
+        err = zps_conn_send(n, i, &h, params + h.offset, h.count * sizeof(float), NULL);
     }
     return err;
 }

@@ -19,6 +19,7 @@
 #include "common/zps_err.h"
 #include "common/zps_model.h"
 #include "common/zps_wire.h"
+#include "worker/zps_decl.h"
 #include "worker/zps_heartbeat.h"
 #include "worker/zps_schedule.h"
 
@@ -37,6 +38,7 @@ typedef struct zps_conn_shard {
 typedef struct zps_conn {
     char device[64];                            // for HELLO
     uint32_t share;                             // for HELLO
+    const zps_decl *decl;                       // borrowed, for HELLO: a declared model, or NULL
     int sndbuf;                                 // TCP send buffer, 0: the OS's
     int heartbeat_ms;                           // heartbeat interval
     zps_curve curve;                            // CURVE keys, if on
@@ -96,6 +98,9 @@ void zps_conn_open_ask(zps_conn *n);
 // Asks the coordinator for STATUS as this member, on the STATUS socket,
 // bounded by timeout_ms; m is a STATUS_REPLY with its status on ZPS_OK.
 zps_err zps_conn_ask(zps_conn *n, int timeout_ms, zps_wire_msg *m);
+// INIT of shard i's range of params (rank 0's initial values of a declared
+// model), a bucket at a time, copied.
+zps_err zps_conn_send_init(zps_conn *n, int i, const float *params);
 // PULL of step's parameters from shard i.
 zps_err zps_conn_pull(zps_conn *n, int i, uint64_t step);
 // PUSH of [lo, hi) of grad, piece p's mean gradient of step, to shard i,
