@@ -1403,6 +1403,21 @@ static void s_on_undeclared(s_server *srv, zps_wire_msg *m)
     s_dispatch_coord(srv, m);
 }
 
+// --dataset size:N of an external model: N train records, 1..2^32-1.
+static zps_err s_parse_size(const char *text, uint32_t *n)
+{
+    char *end;
+    errno = 0;
+    unsigned long long v = strncmp(text, "size:", 5) == 0 && text[5] >= '0' && text[5] <= '9'
+                               ? strtoull(text + 5, &end, 10)
+                               : 0;
+    if (v == 0 || v > UINT32_MAX || errno || *end) {
+        return ZPS_EINVAL;
+    }
+    *n = (uint32_t)v;
+    return ZPS_OK;
+}
+
 // Shard 0: the job from the flags, then the coordinator and this shard's
 // range; for an external model, those once the model is declared.
 static int s_setup_coordinator(s_server *srv)
@@ -1418,8 +1433,7 @@ static int s_setup_coordinator(s_server *srv)
         return 2;
     }
     if (strcmp(o->model, "external") == 0) {
-        if (o->dataset && (sscanf(o->dataset, "size:%u", &srv->size_train) != 1 ||
-                           srv->size_train == 0)) {
+        if (o->dataset && s_parse_size(o->dataset, &srv->size_train) != ZPS_OK) {
             zps_log_error("--dataset %s: an external model's dataset is size:N (train "
                           "records), or declared by the workers", o->dataset);
             return 2;

@@ -66,7 +66,7 @@ zps_err zps_decl_tensor(zps_decl *d, const char *name, int ndim, const int64_t *
     }
     if (d->layout.n_tensors == d->cap) {
         size_t cap = d->cap ? 2 * d->cap : 16;
-        Zps__Tensor **grown = realloc(d->tensors, cap * sizeof *grown);
+        Zps__Tensor **grown = realloc(d->tensors, cap * sizeof(Zps__Tensor *));
         if (!grown) {
             snprintf(why, len, "out of memory");
             return ZPS_ENOMEM;
