@@ -1275,6 +1275,8 @@ static int s_start_coordinator(s_server *srv, uint32_t n_train, uint32_t n_test,
     if (o->resume && s_resume_coordinator(srv) != ZPS_OK) {
         snprintf(why, len, "--resume: no valid checkpoint and job state in %s",
                  o->checkpoint_dir);
+        zps_coord_destroy(&srv->coord); // a declaration refused for it changes nothing
+        zps_shard_destroy(&srv->shard);
         return 2;
     }
     zps_log_info("listening on %s: model %s (%zu parameters), dataset %s (%u train, %u test), "
