@@ -77,6 +77,15 @@ static zps_model_spec s_model(void)
     return m;
 }
 
+// The plan of s_slice_offset, generation 1 from step 0.
+static void s_add_plan(zps_shard *s)
+{
+    zps_plan plan = {.global_batch = 40, .n = 2};
+    plan.slices[0] = (zps_plan_slice){.rank = 0, .member_id = 11, .offset = 0, .count = 10};
+    plan.slices[1] = (zps_plan_slice){.rank = 1, .member_id = 22, .offset = 10, .count = 30};
+    zps_shard_add_plan(s, 1, 0, &plan);
+}
+
 // Shard `index` of [lo, hi) on batch 40 with the plan of s_slice_offset.
 static zps_shard *s_shard_of(const zps_model_spec *model, uint32_t index, uint64_t lo,
                              uint64_t hi, zps_dtype dtype, float momentum)
@@ -87,10 +96,7 @@ static zps_shard *s_shard_of(const zps_model_spec *model, uint32_t index, uint64
                                    .schedule = ZPS_LR_CONSTANT}};
     zps_shard *s = zps_shard_new(&cfg);
     ck_assert_ptr_nonnull(s);
-    zps_plan plan = {.global_batch = 40, .n = 2};
-    plan.slices[0] = (zps_plan_slice){.rank = 0, .member_id = 11, .offset = 0, .count = 10};
-    plan.slices[1] = (zps_plan_slice){.rank = 1, .member_id = 22, .offset = 10, .count = 30};
-    zps_shard_add_plan(s, 1, 0, &plan);
+    s_add_plan(s);
     return s;
 }
 
@@ -291,10 +297,7 @@ START_TEST(test_shard_waits_for_initial_values_then_serves_them)
                          .optim = {.lr = 0.5f, .schedule = ZPS_LR_CONSTANT}};
     zps_shard *s = zps_shard_new(&cfg);
     ck_assert_ptr_nonnull(s);
-    zps_plan plan = {.global_batch = 40, .n = 2};
-    plan.slices[0] = (zps_plan_slice){.rank = 0, .member_id = 11, .offset = 0, .count = 10};
-    plan.slices[1] = (zps_plan_slice){.rank = 1, .member_id = 22, .offset = 10, .count = 30};
-    zps_shard_add_plan(s, 1, 0, &plan);
+    s_add_plan(s);
     const float *v;
     int ready;
     float init[HI - LO] = {1, 2, 3, 4, 5}, g[HI - LO] = {0};
@@ -379,10 +382,7 @@ static zps_shard *s_optim_shard(const zps_model_spec *model, zps_optim_kind kind
                                    .schedule = ZPS_LR_COSINE, .total_steps = 10}};
     zps_shard *s = zps_shard_new(&cfg);
     ck_assert_ptr_nonnull(s);
-    zps_plan plan = {.global_batch = 40, .n = 2};
-    plan.slices[0] = (zps_plan_slice){.rank = 0, .member_id = 11, .offset = 0, .count = 10};
-    plan.slices[1] = (zps_plan_slice){.rank = 1, .member_id = 22, .offset = 10, .count = 30};
-    zps_shard_add_plan(s, 1, 0, &plan);
+    s_add_plan(s);
     return s;
 }
 
