@@ -17,7 +17,7 @@ typedef struct s_layout {
     Zps__Tensor t[S_MAX];
     Zps__Tensor *ptrs[S_MAX];
     uint64_t shapes[S_MAX][2];
-    char names[S_MAX][16];
+    char names[S_MAX][24]; // "t" and a size_t
 } s_layout;
 
 static void s_make(s_layout *s, size_t n, const char *const *names, const uint64_t *sizes)
