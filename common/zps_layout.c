@@ -246,24 +246,3 @@ void zps_layout_model(const Zps__Layout *l, zps_model_spec *out)
         size *= 2;
     }
 }
-
-Zps__Layout *zps_layout_copy(const Zps__Layout *l)
-{
-    size_t n = zps__layout__get_packed_size(l);
-    uint8_t *buf = malloc(n ? n : 1);
-    if (!buf) {
-        return NULL;
-    }
-    zps__layout__pack(l, buf);
-    Zps__Layout *copy = zps__layout__unpack(NULL, n, buf);
-    free(buf);
-    return copy;
-}
-
-void zps_layout_free(Zps__Layout **l)
-{
-    if (*l) {
-        zps__layout__free_unpacked(*l, NULL);
-        *l = NULL;
-    }
-}

@@ -47,8 +47,4 @@ bool zps_layout_differs(const Zps__Layout *ours, const Zps__Layout *theirs, char
 // Shards cut them once more at their range's ends (zps_model_range_buckets).
 void zps_layout_model(const Zps__Layout *l, zps_model_spec *out);
 
-// A copy of l that the caller owns (zps_layout_free), or NULL without memory.
-Zps__Layout *zps_layout_copy(const Zps__Layout *l);
-void zps_layout_free(Zps__Layout **l);
-
 #endif

@@ -151,20 +151,6 @@ START_TEST(test_layout_differs_names_the_first_tensor_that_differs)
 }
 END_TEST
 
-START_TEST(test_layout_copy_is_the_same_layout)
-{
-    static s_layout a;
-    uint64_t sizes[] = {3, 5};
-    s_make(&a, 2, NULL, sizes);
-    Zps__Layout *c = zps_layout_copy(&a.l);
-    ck_assert_ptr_nonnull(c);
-    char why[128];
-    ck_assert(!zps_layout_differs(&a.l, c, why, sizeof why));
-    zps_layout_free(&c);
-    ck_assert_ptr_null(c);
-}
-END_TEST
-
 Suite *zps_suite_layout(void)
 {
     Suite *s = suite_create("layout");
@@ -173,7 +159,6 @@ Suite *zps_suite_layout(void)
     tcase_add_test(tc, test_layout_never_makes_more_than_the_most_buckets);
     tcase_add_test(tc, test_layout_check_refuses_what_cannot_be_a_model);
     tcase_add_test(tc, test_layout_differs_names_the_first_tensor_that_differs);
-    tcase_add_test(tc, test_layout_copy_is_the_same_layout);
     suite_add_tcase(s, tc);
     return s;
 }
