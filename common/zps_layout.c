@@ -195,6 +195,37 @@ bool zps_layout_differs(const Zps__Layout *ours, const Zps__Layout *theirs, char
     return false;
 }
 
+bool zps_layout_differs_mlp(const zps_model_spec *m, const Zps__Layout *l, char *why,
+                            size_t len)
+{
+    size_t want = 2 * (size_t)m->n_layers;
+    for (size_t i = 0; i < want && i < l->n_tensors; i++) {
+        const zps_layer_spec *ls = &m->layers[i / 2];
+        const Zps__Tensor *t = l->tensors[i];
+        bool weight = i % 2 == 0;
+        if (t->n_shape != (weight ? 2u : 1u) || t->shape[0] != ls->out ||
+            (weight && t->shape[1] != ls->in)) {
+            char sb[96], sa[48];
+            s_shape_text(t, sb, sizeof sb);
+            if (weight) {
+                snprintf(sa, sizeof sa, "[%u, %u]", ls->out, ls->in);
+            } else {
+                snprintf(sa, sizeof sa, "[%u]", ls->out);
+            }
+            snprintf(why, len, "tensor %zu differs: %s has layer %zu's %s %s there, declared "
+                               "'%.*s' %s", i, m->text, i / 2, weight ? "weight" : "bias", sa,
+                     ZPS_LAYOUT_MAX_NAME, t->name ? t->name : "", sb);
+            return true;
+        }
+    }
+    if (l->n_tensors != want) {
+        snprintf(why, len, "%s is %zu tensors (weight and bias of %d layers), %zu declared",
+                 m->text, want, m->n_layers, l->n_tensors);
+        return true;
+    }
+    return false;
+}
+
 // Appends the bucket [lo, hi) (cuts run downwards: bucket i is
 // [cuts[i+1], cuts[i])); false when there are too many.
 static bool s_cut(zps_model_spec *m, uint64_t lo)

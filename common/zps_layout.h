@@ -38,6 +38,14 @@ uint64_t zps_layout_digest(const Zps__Layout *l);
 bool zps_layout_differs(const Zps__Layout *ours, const Zps__Layout *theirs, char *why,
                         size_t len);
 
+// False when a declared layout is built-in MLP m's flat layout: for each
+// layer in forward order its weight (out, in), then its bias (out), as
+// torch's nn.Sequential of nn.Linear declares them. The names are the
+// declarer's own; only the shapes and their order count. True with why
+// naming the first tensor that differs.
+bool zps_layout_differs_mlp(const zps_model_spec *m, const Zps__Layout *l, char *why,
+                            size_t len);
+
 // The model spec of a checked layout: kind ZPS_MODEL_EXTERNAL, its text
 // "external:<digest>" (what checkpoints name), P, and the bucket cuts. A
 // bucket is one tensor, or neighbouring small tensors grouped up to about

@@ -1027,18 +1027,24 @@ static bool s_declared_differs(const zps_coord *c, const Zps__Hello *hello, char
                                size_t len)
 {
     if (!c->cfg.layout) {
-        if (hello->layout) {
+        if (!hello->layout) {
+            return false;
+        }
+        if (!c->cfg.spec || c->cfg.spec->kind != ZPS_MODEL_MLP) {
             snprintf(why, len, "this job trains %s: it takes no model declared by a worker",
                      c->cfg.model);
+            return true;
         }
-        return hello->layout != NULL;
-    }
-    if (!hello->layout) {
+        // A worker of its own code (libzps) with the built-in MLP's layout.
+        if (zps_layout_differs_mlp(c->cfg.spec, hello->layout, why, len)) {
+            return true;
+        }
+    } else if (!hello->layout) {
         snprintf(why, len, "this job's model is declared by its workers (--model external): "
                            "this worker declared none");
         return true;
     }
-    if (zps_layout_digest(hello->layout) != zps_layout_digest(c->cfg.layout) &&
+    if (c->cfg.layout && zps_layout_digest(hello->layout) != zps_layout_digest(c->cfg.layout) &&
         zps_layout_differs(c->cfg.layout, hello->layout, why, len)) {
         return true;
     }

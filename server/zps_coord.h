@@ -13,6 +13,7 @@
 
 #include "common/zps_dtype.h"
 #include "common/zps_err.h"
+#include "common/zps_model.h"
 #include "common/zps_optim.h"
 #include "common/zps_plan.h"
 #include "common/zps_wire.h"
@@ -21,9 +22,11 @@ typedef struct zps_coord_cfg {
     const char *model;            // borrowed: model spec text ("external": declared)
     const char *dataset;          // borrowed: dataset spec text ("size:N" when declared)
     // --model external: the layout the first worker declared, which every
-    // HELLO must declare too, with the same dataset sizes. NULL otherwise:
-    // a HELLO that declares a model is refused.
+    // HELLO must declare too, with the same dataset sizes. NULL otherwise.
     const Zps__Layout *layout;    // borrowed
+    // A built-in MLP takes a HELLO that declares its layout (a torch
+    // worker's nn.Sequential): zps_layout_differs_mlp. Borrowed; may be NULL.
+    const zps_model_spec *spec;
     uint32_t n_train;             // the train records declared with it
     uint64_t seed;                // job seed
     uint32_t global_batch;        // B

@@ -1260,7 +1260,8 @@ static int s_start_coordinator(s_server *srv, uint32_t n_train, uint32_t n_test,
     }
     zps_coord_cfg cc = {
         .model = srv->declared ? "external" : o->model, .dataset = srv->dataset,
-        .layout = srv->declared ? srv->declared->layout : NULL, .n_train = n_train,
+        .layout = srv->declared ? srv->declared->layout : NULL, .spec = &srv->model,
+        .n_train = n_train,
         .seed = o->seed, .global_batch = o->global_batch, .total_steps = srv->total_steps,
         .steps_per_epoch = spe, .n_test = n_test, .workers = o->workers,
         .n_params = srv->model.n_params, .shards = o->shards, .optim = cfg.optim,

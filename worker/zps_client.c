@@ -206,10 +206,17 @@ static zps_err s_take_job(zps_client *c, const Zps__Header *h)
         zps_layout_model(job->layout, &model); // declared by the workers
     }
     if (!job || why[0] || (!job->layout && zps_model_parse(job->model, &model) != ZPS_OK) ||
-        (zps_decl_any(&c->decl) && !job->layout) ||
         !zps_dtype_valid((int)job->wire_dtype) || job->steps_per_epoch == 0 ||
         job->global_batch == 0) {
         zps_log_error("the coordinator sent a job without a usable model or wire dtype");
+        return ZPS_EPROTO;
+    }
+    // A declaration joins a built-in job only as that MLP's flat layout.
+    if (zps_decl_any(&c->decl) && !job->layout &&
+        (model.kind != ZPS_MODEL_MLP ||
+         zps_layout_differs_mlp(&model, &c->decl.layout, why, sizeof why))) {
+        zps_log_error("the job's model %s is not the one declared%s%s", job->model,
+                      why[0] ? ": " : "", why);
         return ZPS_EPROTO;
     }
     if (c->joined && (h->job_id != c->conn.job_id || (zps_dtype)job->wire_dtype != c->dtype ||

@@ -1,0 +1,124 @@
+"""_lib.py - libzps (include/zps.h) through ctypes, in ABI mode.
+
+Nothing here is compiled against Python or torch: the declarations below
+mirror include/zps.h, whose layout does not change within a major version,
+so one package works with any torch and any Python 3. ctypes releases the
+GIL around every call, so a call that waits lets other Python threads run.
+
+Where the library is found, first match wins:
+  1. $ZPS_LIB, a path to libzps.so.1;
+  2. bin/libzps.so.1 of the source tree this package lies in (make);
+  3. the loader's search path (make install, ldconfig).
+"""
+import ctypes
+import os
+
+SO_MAJOR = 1
+
+
+class Work(ctypes.Structure):
+    """struct zps_work."""
+
+    _fields_ = [
+        ("kind", ctypes.c_uint32),
+        ("id", ctypes.c_uint32),
+        ("step", ctypes.c_uint64),
+        ("epoch", ctypes.c_uint64),
+        ("offset", ctypes.c_uint32),
+        ("count", ctypes.c_uint32),
+        ("indices", ctypes.POINTER(ctypes.c_uint32)),
+        ("data_ms", ctypes.c_double),
+        ("reserved_", ctypes.c_uint64 * 6),
+    ]
+
+
+# enum zps_err
+OK, EINVAL, EPROTO, EVERSION, EJOB, ERANGE, ESTALE, ENOENT, EDUP, ESTATE, ENOMEM, EIO, \
+    ETIMEDOUT, ECLOSED, EAGAIN = range(15)
+# enum zps_next
+NEXT_ERROR, NEXT_WORK, NEXT_EVAL, NEXT_ROLLBACK, NEXT_REJOINED, NEXT_DONE, NEXT_OVER, \
+    NEXT_STOPPED = -1, 1, 2, 3, 4, 5, 6, 7
+WORK_TRAIN, WORK_EVAL = 1, 2
+# enum zps_opt
+OPT_DEVICE, OPT_SHARE, OPT_TIMEOUT_MS, OPT_JOIN_TIMEOUT_MS, OPT_HEARTBEAT_MS, OPT_SNDBUF = \
+    range(1, 7)
+# enum zps_info
+INFO_JOB_ID, INFO_RANK, INFO_SEED, INFO_GLOBAL_BATCH, INFO_TOTAL_STEPS, INFO_STEPS_PER_EPOCH, \
+    INFO_START_STEP, INFO_STEP, INFO_N_PARAMS, INFO_N_BUCKETS = range(1, 11)
+INFO_MODEL, INFO_DATASET = 100, 101
+LOG_DEBUG, LOG_INFO, LOG_WARN, LOG_ERROR = range(4)
+
+_P = ctypes.c_void_p
+_U32 = ctypes.c_uint32
+_U64 = ctypes.c_uint64
+_I64 = ctypes.c_int64
+_INT = ctypes.c_int
+_STR = ctypes.c_char_p
+_WORK = ctypes.POINTER(Work)
+_FLOATS = ctypes.c_void_p  # float *, passed as an address (a tensor's data_ptr)
+
+# name: (result, argument types)
+_SIGNATURES = {
+    "zps_version": (_INT, [ctypes.POINTER(_INT)] * 3),
+    "zps_strerror": (_STR, [_INT]),
+    "zps_set_log_level": (None, [_INT]),
+    "zps_client_new": (_P, [_STR]),
+    "zps_client_destroy": (None, [ctypes.POINTER(_P)]),
+    "zps_errmsg": (_STR, [_P]),
+    "zps_errcode": (_INT, [_P]),
+    "zps_client_set_int": (_INT, [_P, _INT, _I64]),
+    "zps_client_set_str": (_INT, [_P, _INT, _STR]),
+    "zps_client_set_curve": (_INT, [_P, _STR, _STR]),
+    "zps_client_stop": (None, [_P]),
+    "zps_declare_tensor": (_INT, [_P, _STR, _INT, ctypes.POINTER(_I64)]),
+    "zps_declare_dataset": (_INT, [_P, _U32, _U32]),
+    "zps_connect": (_INT, [_P]),
+    "zps_join": (_INT, [_P]),
+    "zps_info_u64": (_U64, [_P, _INT]),
+    "zps_info_str": (_STR, [_P, _INT]),
+    "zps_bucket_range": (_INT, [_P, _INT, ctypes.POINTER(_U64), ctypes.POINTER(_U64)]),
+    "zps_set_params": (_INT, [_P, _FLOATS, ctypes.c_size_t]),
+    "zps_set_dataset": (_INT, [_P, _U32, _U32]),
+    "zps_next_work": (_INT, [_P, _WORK]),
+    "zps_work_start": (_INT, [_P, _WORK]),
+    "zps_push_bucket": (_INT, [_P, _WORK, _INT, _FLOATS, ctypes.c_float]),
+    "zps_work_done": (_INT, [_P, _WORK]),
+    "zps_eval_done": (_INT, [_P, _WORK, _U32, ctypes.c_double]),
+    "zps_batch_indices": (_INT, [_U64, _U32, _U32, _U64, _U32, _U32, ctypes.POINTER(_U32)]),
+    "zps_leave": (_INT, [_P]),
+}
+
+
+def _candidates():
+    env = os.environ.get("ZPS_LIB")
+    if env:
+        return [env]
+    tree = os.path.join(os.path.dirname(__file__), "..", "..", "bin", f"libzps.so.{SO_MAJOR}")
+    return [os.path.normpath(tree), f"libzps.so.{SO_MAJOR}"]
+
+
+def _load():
+    tried = []
+    for path in _candidates():
+        if os.path.sep in path and not os.path.exists(path):
+            tried.append(f"{path} (no such file)")
+            continue
+        try:
+            lib = ctypes.CDLL(path)
+        except OSError as e:
+            tried.append(f"{path} ({e})")
+            continue
+        for name, (res, args) in _SIGNATURES.items():
+            fn = getattr(lib, name)
+            fn.restype = res
+            fn.argtypes = args
+        major = _INT()
+        lib.zps_version(ctypes.byref(major), None, None)
+        if major.value != SO_MAJOR:
+            raise ImportError(f"{path} is libzps {major.value}, this package speaks {SO_MAJOR}")
+        return lib
+    raise ImportError("libzps not found: run make in the source tree, make install, or set "
+                      "ZPS_LIB to libzps.so.1; tried " + "; ".join(tried))
+
+
+lib = _load()

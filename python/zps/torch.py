@@ -1,0 +1,497 @@
+"""zps.torch - a PyTorch model as a worker of a zps job.
+
+    import zps.torch as zt
+    run = zt.Run("tcp://host:5555", model, dataset_size=len(train_set))
+    for work in run:                       # a piece of a step's global batch
+        x, y = collate(train_set, work.indices)
+        work.backward(loss_fn(model(x), y))   # the mean loss over the piece
+    run.close()                            # model: the job's final parameters
+
+What Run does to the model, and why:
+- Its parameters (model.parameters(), in that order) become views of one
+  flat fp32 vector, the job's layout; libzps writes each step's parameters
+  into it in place, so no copy is made per step. Rank 0's values at the
+  start are the job's initial ones (Horovod's broadcast_parameters).
+- Their .grad become views of one flat gradient, and a hook on each
+  parameter's gradient accumulator pushes a bucket the moment the last
+  parameter in it is final, so the wire works while the earlier layers'
+  backward still runs (DDP's and Horovod's overlap).
+- The shards' optimizer (zps-server --optimizer) is the job's: the user's
+  own torch optimizer is not used.
+- Buffers and randomness are each worker's own: Run warns, naming the
+  module, where a model has them (BatchNorm, torch.nn.Dropout); Dropout of
+  this module draws its masks from (seed, step, sample) instead, so a
+  piece's masks do not depend on how the global batch is split.
+- Ctrl-C leaves the job (BYE: the others take this worker's share), and
+  every wait is bounded (timeout=, join_timeout=).
+"""
+import atexit
+import ctypes
+import os
+import select
+import signal
+import threading
+import time
+import warnings
+
+import numpy as np
+import torch
+
+from . import BadArgument, Client, ZpsError, _lib
+from ._lib import lib
+
+__all__ = ["Run", "Work", "Dropout", "ZpsWarning", "global_batch_indices", "sample_context"]
+
+
+class ZpsWarning(UserWarning):
+    """Something of the model that zps's promise does not cover."""
+
+
+def global_batch_indices(dataset_size, global_batch, seed, step):
+    """The dataset indices one process training on the global batch takes
+    at step (a LongTensor of global_batch): the data order of every zps job."""
+    out = (ctypes.c_uint32 * global_batch)()
+    err = lib.zps_batch_indices(seed, dataset_size, global_batch, step, 0, global_batch, out)
+    if err != _lib.OK:
+        raise BadArgument(err, f"global_batch_indices(dataset_size={dataset_size}, "
+                               f"global_batch={global_batch}, step={step}): needs "
+                               f"1 <= global_batch <= dataset_size")
+    return torch.from_numpy(np.frombuffer(out, dtype=np.uint32).astype(np.int64))
+
+
+# ---------------------------------------------------------------- sampling
+
+_context = threading.local()
+
+
+class sample_context:
+    """Within it, zps.torch.Dropout draws the masks of (seed, step, indices):
+    what Run sets for each piece, for a single process to do the same."""
+
+    def __init__(self, seed, step, indices):
+        self.value = (int(seed), int(step), indices)
+
+    def __enter__(self):
+        self.prior = getattr(_context, "value", None)
+        _context.value = self.value
+        return self
+
+    def __exit__(self, *exc):
+        _context.value = self.prior
+
+
+def _mix(*words):
+    """splitmix64 over the words: a seed per (seed, step, sample)."""
+    h = 0
+    for w in words:
+        h = (h ^ (int(w) & 0xFFFFFFFFFFFFFFFF)) + 0x9E3779B97F4A7C15 & 0xFFFFFFFFFFFFFFFF
+        h = (h ^ (h >> 30)) * 0xBF58476D1CE4E5B9 & 0xFFFFFFFFFFFFFFFF
+        h = (h ^ (h >> 27)) * 0x94D049BB133111EB & 0xFFFFFFFFFFFFFFFF
+        h ^= h >> 31
+    return h & 0x7FFFFFFFFFFFFFFF
+
+
+class Dropout(torch.nn.Module):
+    """torch.nn.Dropout whose mask of each sample is drawn from (the job's
+    seed, the step, the sample's dataset index): the same whichever worker
+    computes the sample, as one process would. Needs a piece (inside a Run's
+    loop) or a sample_context."""
+
+    def __init__(self, p=0.5, salt=0):
+        super().__init__()
+        if not 0.0 <= p < 1.0:
+            raise BadArgument(_lib.EINVAL, f"Dropout p={p}: in [0, 1)")
+        self.p = p
+        self.salt = salt  # tells two Dropout modules of one model apart
+
+    def forward(self, x):
+        if not self.training or self.p == 0.0:
+            return x
+        ctx = getattr(_context, "value", None)
+        if ctx is None:
+            raise BadArgument(_lib.EINVAL, "zps.torch.Dropout outside a piece: train inside a "
+                                           "zt.Run loop or a zt.sample_context(seed, step, "
+                                           "indices)")
+        seed, step, indices = ctx
+        if len(indices) != x.shape[0]:
+            raise BadArgument(_lib.EINVAL, f"zps.torch.Dropout: {x.shape[0]} rows for "
+                                           f"{len(indices)} samples")
+        keep = torch.empty(x.shape, dtype=x.dtype)
+        g = torch.Generator()
+        for row, i in enumerate(indices.tolist()):
+            g.manual_seed(_mix(seed, step, i, self.salt))
+            keep[row] = torch.rand(x.shape[1:], generator=g) >= self.p
+        return x * keep.to(x.device) / (1.0 - self.p)
+
+
+# ---------------------------------------------------------------- Ctrl-C
+
+class _Interrupts:
+    """Makes Ctrl-C stop a libzps wait: the main thread sits in C, where
+    Python's handler cannot run until the call returns, so Python's wakeup
+    fd (written by its C-level handler) wakes a thread that calls
+    zps_client_stop; the call returns, and KeyboardInterrupt follows. Where
+    the wakeup fd is taken (asyncio) or this is not the main thread, a wait
+    ends on its own bounds instead."""
+
+    def __init__(self, client):
+        self.client = client
+        self.thread = None
+        if threading.current_thread() is not threading.main_thread():
+            return
+        self.r, self.w = os.pipe()
+        os.set_blocking(self.r, False)
+        os.set_blocking(self.w, False)
+        prior = signal.set_wakeup_fd(self.w, warn_on_full_buffer=False)
+        if prior != -1:
+            signal.set_wakeup_fd(prior)
+            os.close(self.r)
+            os.close(self.w)
+            return
+        self.quit_r, self.quit_w = os.pipe()
+        self.thread = threading.Thread(target=self._watch, name="zps-interrupts", daemon=True)
+        self.thread.start()
+
+    def _watch(self):
+        while True:
+            ready, _, _ = select.select([self.r, self.quit_r], [], [])
+            if self.quit_r in ready:
+                return
+            try:
+                got = os.read(self.r, 64)
+            except BlockingIOError:
+                continue
+            if signal.SIGINT in got:
+                self.client.stop()
+
+    def close(self):
+        if self.thread is None:
+            return
+        if threading.current_thread() is threading.main_thread():
+            signal.set_wakeup_fd(-1)
+        os.write(self.quit_w, b"q")
+        self.thread.join(timeout=5)
+        for fd in (self.r, self.w, self.quit_r, self.quit_w):
+            os.close(fd)
+        self.thread = None
+
+
+# ---------------------------------------------------------------- the run
+
+class Work:
+    """A piece of a step: train the samples `indices` (a LongTensor into
+    the dataset) on the parameters now in the model, then backward(loss)."""
+
+    __slots__ = ("_run", "_w", "_done", "step", "epoch", "offset", "count", "indices")
+
+    def __init__(self, run, w, indices):
+        self._run = run
+        self._w = w
+        self._done = False
+        self.step = w.step
+        self.epoch = w.epoch
+        self.offset = w.offset
+        self.count = w.count
+        self.indices = indices
+
+    def backward(self, loss):
+        """loss: the mean over this piece's samples, as one writes it for a
+        batch. Runs loss.backward(), pushing each bucket once it is final."""
+        self._run._backward(self, loss)
+
+    def __repr__(self):
+        return f"Work(step={self.step}, offset={self.offset}, count={self.count})"
+
+
+def _check_model(model):
+    named = list(model.named_parameters())
+    if not named:
+        raise BadArgument(_lib.EINVAL, "the model has no parameters")
+    for name, p in named:
+        if p.dtype != torch.float32 or p.device.type != "cpu":
+            raise BadArgument(_lib.EINVAL, f"parameter {name} is {p.dtype} on {p.device}: zps "
+                                           f"trains float32 parameters on the CPU")
+    return named
+
+
+def _warn_uncovered(model):
+    for name, mod in model.named_modules():
+        name = name or type(mod).__name__
+        bufs = [b for b, _ in mod.named_buffers(recurse=False)]
+        if bufs:
+            what = (" BatchNorm in training mode normalises over a piece, not the global batch, "
+                    "so its gradient is not one process's;"
+                    if isinstance(mod, torch.nn.modules.batchnorm._BatchNorm) else "")
+            warnings.warn(f"zps: module '{name}' ({type(mod).__name__}) keeps buffers "
+                          f"{', '.join(bufs)}: zps averages parameters only;{what} each "
+                          f"worker's buffers come from its own pieces and stay its own",
+                          ZpsWarning, stacklevel=3)
+        if isinstance(mod, torch.nn.modules.dropout._DropoutNd):
+            warnings.warn(f"zps: module '{name}' ({type(mod).__name__}) draws its masks from "
+                          f"this process's generator, so they depend on how the global batch "
+                          f"is split; zps.torch.Dropout draws them from (seed, step, sample)",
+                          ZpsWarning, stacklevel=3)
+
+
+class Run:
+    """This process's part in the zps job whose coordinator is at
+    `coordinator`, training `model` (its parameters, float32 on the CPU).
+
+    dataset_size: train records (the job's global-batch order runs over
+    them); test_size and evaluate(offset, count) -> (correct, loss_sum):
+    the test records an epoch's end asks a worker to evaluate. share:
+    samples of each global batch (None: the job splits). timeout: leave when
+    the coordinator is silent this long (s); join_timeout: the bound on
+    waiting for the job to start (s). curve: (secret key file, servers'
+    public key file), see zps-ctl keygen.
+
+    Joins on creation: raises Refused, TimedOut, JobGone, TransportError
+    (all ZpsError) with the library's reason. The first call that waits is
+    bounded the same way."""
+
+    def __init__(self, coordinator, model, dataset_size, share=None, test_size=0,
+                 evaluate=None, timeout=60.0, join_timeout=600.0, heartbeat=None, curve=None,
+                 sndbuf=None, device="torch-cpu"):
+        named = _check_model(model)
+        self.model = model
+        self.evaluate = evaluate
+        self.done = False
+        self._closed = False
+        self._joined = False
+        self._left = False
+        self._hooks = []
+        self._work = None
+        self._hook_error = None
+        self.timing = {"pieces": 0, "python_s": 0.0, "wait_s": 0.0, "backward_s": 0.0,
+                       "lib_s": 0.0}
+        self._client = Client(coordinator)
+        self._interrupts = None
+        try:
+            self._setup(named, dataset_size, test_size, share, timeout, join_timeout, heartbeat,
+                        curve, sndbuf, device)
+        except BaseException:
+            self._client.close()
+            raise
+        _warn_uncovered(model)
+        atexit.register(self.close)
+
+    def _setup(self, named, dataset_size, test_size, share, timeout, join_timeout, heartbeat,
+               curve, sndbuf, device):
+        c = self._client
+        c.set("device", device)
+        c.set("timeout_ms", int(timeout * 1000))
+        c.set("join_timeout_ms", int(join_timeout * 1000))
+        if share:
+            c.set("share", share)
+        if heartbeat:
+            c.set("heartbeat_ms", int(heartbeat * 1000))
+        if sndbuf:
+            c.set("sndbuf", sndbuf)
+        if curve:
+            c.set_curve(*curve)
+        for name, p in named:
+            c.declare_tensor(name, list(p.shape))
+        c.declare_dataset(dataset_size, test_size)
+        self._flatten([p for _, p in named])
+        c.connect()
+        self._interrupts = _Interrupts(c)
+        c.join()
+        self._joined = True
+        n = c.info("n_params")
+        if n != self._flat.numel():
+            raise BadArgument(_lib.EINVAL, f"the job's model has {n} parameters, this one "
+                                           f"{self._flat.numel()}")
+        c.set_params(self._flat.data_ptr(), n)
+        self._buckets(named)
+
+    def _flatten(self, params):
+        """The parameters and their .grad as views of one flat vector each."""
+        n = sum(p.numel() for p in params)
+        self._flat = torch.empty(n, dtype=torch.float32)
+        self._gflat = torch.zeros(n, dtype=torch.float32)
+        self._params, self._ranges, self._grads = params, [], []
+        at = 0
+        with torch.no_grad():
+            for p in params:
+                k = p.numel()
+                self._flat[at:at + k].copy_(p.reshape(-1))
+                p.data = self._flat[at:at + k].view_as(p)
+                g = self._gflat[at:at + k].view_as(p)
+                p.grad = g
+                self._grads.append(g)
+                self._ranges.append((at, at + k))
+                at += k
+
+    def _buckets(self, named):
+        """Which buckets each parameter lies in, and a hook on its gradient
+        accumulator that counts it final."""
+        c = self._client
+        self._bucket_ranges = [c.bucket_range(b) for b in range(c.info("n_buckets"))]
+        self._param_buckets = []
+        self._need = [0] * len(self._bucket_ranges)
+        for i, (lo, hi) in enumerate(self._ranges):
+            bs = [b for b, (blo, bhi) in enumerate(self._bucket_ranges) if blo < hi and lo < bhi]
+            self._param_buckets.append(bs)
+            if self._params[i].requires_grad:
+                for b in bs:
+                    self._need[b] += 1
+                acc = self._params[i].expand_as(self._params[i]).grad_fn.next_functions[0][0]
+                acc.register_hook(self._final_hook(i))
+                self._hooks.append(acc)  # the accumulator lives as long as the hook is wanted
+
+    def _final_hook(self, i):
+        def hook(*_):
+            if self._work is None:
+                return  # a backward of the caller's own, not a piece's
+            t = time.perf_counter()
+            try:
+                for b in self._param_buckets[i]:
+                    self._pending[b] -= 1
+                    if self._pending[b] == 0:
+                        self._push(b)
+            except ZpsError as e:
+                self._hook_error = self._hook_error or e
+            self._hook_s += time.perf_counter() - t
+        return hook
+
+    def _push(self, b):
+        self._pushed[b] = True
+        t = time.perf_counter()
+        self._client.push_bucket(self._work._w, b, self._gflat.data_ptr(), self._loss)
+        self._lib_s += time.perf_counter() - t
+
+    # Properties of the job, after joining.
+    @property
+    def rank(self):
+        return self._client.info("rank")
+
+    @property
+    def seed(self):
+        return self._client.info("seed")
+
+    @property
+    def global_batch(self):
+        return self._client.info("global_batch")
+
+    @property
+    def total_steps(self):
+        return self._client.info("total_steps")
+
+    @property
+    def step(self):
+        return self._client.info("step")
+
+    def info(self, name):
+        """Any of zps.Client.info's names: job_id, steps_per_epoch, model, ..."""
+        return self._client.info(name)
+
+    def __iter__(self):
+        c = self._client
+        w = _lib.Work()
+        seed = self.seed
+        try:
+            while not self._closed:
+                t = time.perf_counter()
+                r = c.next_work(w)
+                self.timing["wait_s"] += time.perf_counter() - t
+                if r == _lib.NEXT_WORK:
+                    if not c.work_start(w):
+                        continue
+                    work = Work(self, w, self._indices(w))
+                    with sample_context(seed, w.step, work.indices):
+                        yield work
+                    if not work._done:
+                        raise BadArgument(_lib.EINVAL, f"the piece of step {w.step} was not "
+                                                       f"computed: call work.backward(loss)")
+                elif r == _lib.NEXT_EVAL:
+                    self._evaluate(w)
+                elif r == _lib.NEXT_DONE:
+                    self.done = True
+                    return
+                elif r in (_lib.NEXT_OVER, _lib.NEXT_STOPPED):
+                    return
+                # ROLLBACK, REJOINED: the model holds the step to go on from
+        except BaseException:
+            self._leave()  # Ctrl-C or a failure: BYE, the others take the share
+            raise
+
+    def _indices(self, w):
+        if not w.indices:
+            return None
+        a = np.ctypeslib.as_array(w.indices, shape=(w.count,))
+        return torch.from_numpy(a.astype(np.int64))
+
+    def _evaluate(self, w):
+        if self.evaluate is None:
+            raise BadArgument(_lib.EINVAL, f"the job asks for test records [{w.offset}, "
+                                           f"{w.offset + w.count}) to be evaluated: give Run "
+                                           f"evaluate=fn(offset, count) -> (correct, loss_sum)")
+        correct, loss_sum = self.evaluate(w.offset, w.count)
+        self._client.eval_done(w, int(correct), float(loss_sum))
+
+    def _backward(self, work, loss):
+        if work._run is not self or work._done or self._work is not None:
+            raise BadArgument(_lib.EINVAL, "work.backward: once per piece, inside its iteration")
+        t0 = time.perf_counter()
+        self._loss = float(loss.detach())
+        self._gflat.zero_()
+        for p, g in zip(self._params, self._grads):
+            if p.grad is None or p.grad.data_ptr() != g.data_ptr():
+                p.grad = g  # the caller's zero_grad(set_to_none=True) undid it
+        self._pending = list(self._need)
+        self._pushed = [False] * len(self._need)
+        self._hook_s = self._lib_s = 0.0
+        self._work = work
+        try:
+            t1 = time.perf_counter()
+            loss.backward()
+            t2 = time.perf_counter()
+            if self._hook_error:
+                raise self._hook_error
+            for b, pushed in enumerate(self._pushed):
+                if not pushed:
+                    self._push(b)  # parameters the loss does not depend on: zeros
+            t3 = time.perf_counter()
+            self._client.work_done(work._w)
+            self._lib_s += time.perf_counter() - t3
+        finally:
+            self._work = None
+            self._hook_error = None
+        work._done = True
+        # backward_s: torch's; lib_s: libzps's pushes (the wire's share of
+        # the step); python_s: this module's own cost, hooks included.
+        tm = self.timing
+        tm["pieces"] += 1
+        tm["backward_s"] += t2 - t1 - self._hook_s
+        tm["lib_s"] += self._lib_s
+        tm["python_s"] += time.perf_counter() - t0 - (t2 - t1) + self._hook_s - self._lib_s
+
+    def _leave(self):
+        if self._joined and not self._left and not self._closed:
+            self._left = True
+            try:
+                self._client.leave()
+            except ZpsError as e:
+                warnings.warn(f"zps: leaving the job: {e}", ZpsWarning, stacklevel=2)
+
+    def stop(self):
+        """From any thread: the loop ends soon (zps_client_stop)."""
+        self._client.stop()
+
+    def close(self):
+        """Leaves the job (BYE at the step reached, or the end of the job)
+        and frees the client; the model keeps the last parameters. Idempotent."""
+        if self._closed:
+            return
+        if self._interrupts:
+            self._interrupts.close()
+        self._leave()
+        self._closed = True
+        self._client.close()
+        atexit.unregister(self.close)
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        self.close()
