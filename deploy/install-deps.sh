@@ -1,8 +1,10 @@
 #!/usr/bin/env bash
 # Installs the Debian packages zps builds and runs with, and only those that
 # are missing: a machine that has them all is left untouched (no apt-get).
-# --test adds what only the tests use (make test), --ci also what the checks
-# of .ci/run need beyond make test, so that make demo stays lean.
+# --python adds what the Python package (python/zps) needs, --test what
+# only the tests use (make test, the Python package's tests included), --ci
+# also what the checks of .ci/run need beyond make test, so that make demo
+# stays lean. torch is made to run on OpenBLAS, not the reference BLAS.
 set -euo pipefail
 
 pkgs=(
@@ -17,8 +19,14 @@ pkgs=(
   dataset-fashion-mnist                # the demo's and tests' data
   libmicrohttpd-dev                    # zps-server --http: /metrics and /status
 )
+if [ "${1:-}" = --python ] || [ "${1:-}" = --test ] || [ "${1:-}" = --ci ]; then
+  pkgs+=(
+    python3-torch python3-numpy        # zps.torch: PyTorch models as zps workers
+  )
+fi
 if [ "${1:-}" = --test ] || [ "${1:-}" = --ci ]; then
   pkgs+=(
+    python3-pytest                     # tests/python: the Python package's tests
     tcpdump                            # the security test captures loopback traffic
     prometheus                         # promtool checks /metrics (the server is never run)
     shellcheck                         # tests/deploy: the shell scripts of deploy/ and the tests
@@ -44,14 +52,33 @@ for p in "${pkgs[@]}"; do
     missing+=("$p")
   fi
 done
-[ ${#missing[@]} -eq 0 ] && exit 0
-
-echo "install-deps: installing ${missing[*]}"
 sudo=()
-if [ "$(id -u)" -ne 0 ]; then
-  command -v sudo >/dev/null || { echo "install-deps: not root and no sudo; install: ${missing[*]}" >&2; exit 1; }
-  sudo=(sudo)
+as_root() {
+  if [ "$(id -u)" -ne 0 ] && [ ${#sudo[@]} -eq 0 ]; then
+    command -v sudo >/dev/null || { echo "install-deps: not root and no sudo; run: $*" >&2; exit 1; }
+    sudo=(sudo)
+  fi
+  "${sudo[@]}" "$@"
+}
+
+# torch links libblas.so.3, which Debian's alternatives point at OpenBLAS
+# when it is installed (priority 100 over the reference BLAS's 10), unless
+# an administrator set another: then torch's matrix products run several
+# times slower. Checked: update-alternatives --query libblas.so.3-x86_64-linux-gnu.
+openblas_for_torch() {
+  local alt=libblas.so.3-x86_64-linux-gnu
+  local want=/usr/lib/x86_64-linux-gnu/openblas-pthread/libblas.so.3
+  [ -e "$want" ] || return 0
+  if [ "$(update-alternatives --query "$alt" 2>/dev/null | sed -n 's/^Value: //p')" != "$want" ]; then
+    echo "install-deps: pointing $alt at OpenBLAS (torch's BLAS)"
+    as_root update-alternatives --set "$alt" "$want"
+  fi
+}
+
+if [ ${#missing[@]} -ne 0 ]; then
+  echo "install-deps: installing ${missing[*]}"
+  export DEBIAN_FRONTEND=noninteractive
+  as_root apt-get update -qq
+  as_root apt-get install -y -qq --no-install-recommends "${missing[@]}"
 fi
-export DEBIAN_FRONTEND=noninteractive
-"${sudo[@]}" apt-get update -qq
-"${sudo[@]}" apt-get install -y -qq --no-install-recommends "${missing[@]}"
+case "${1:-}" in --python | --test | --ci) openblas_for_torch ;; esac

@@ -175,9 +175,12 @@ zps_err zps_conn_hello_until_job(zps_conn *n, int join_timeout_ms, zps_wire_msg 
             continue;
         }
         if (err == ZPS_ETIMEDOUT) {
+            // A CURVE handshake the server refuses is silent on the wire.
             zps_log_error("gave up after %.0f s waiting for the job to start from %s (the join "
-                          "timeout: ZPS_OPT_JOIN_TIMEOUT_MS, zps-worker's --join-timeout-ms)",
-                          join_timeout_ms / 1e3, n->shards[0].endpoint);
+                          "timeout: ZPS_OPT_JOIN_TIMEOUT_MS, zps-worker's --join-timeout-ms)%s",
+                          join_timeout_ms / 1e3, n->shards[0].endpoint,
+                          n->curve.on ? "; with CURVE, is this worker's public key among the "
+                                        "server's --authorized-keys?" : "");
         }
         if (err != ZPS_EAGAIN || zps_clock_ms() + ZPS_CONN_POLL_MS > deadline || n->stop) {
             return err; // m: the caller finishes it, whatever it holds

@@ -37,7 +37,7 @@ import warnings
 import numpy as np
 import torch
 
-from . import BadArgument, Client, ZpsError, _lib
+from . import BadArgument, Client, JobGone, TimedOut, ZpsError, _lib
 from ._lib import lib
 
 __all__ = ["Run", "Work", "Dropout", "ZpsWarning", "global_batch_indices", "sample_context"]
@@ -255,6 +255,7 @@ class Run:
         named = _check_model(model)
         self.model = model
         self.evaluate = evaluate
+        self._timeout = timeout
         self.done = False
         self._closed = False
         self._joined = False
@@ -392,7 +393,11 @@ class Run:
         try:
             while not self._closed:
                 t = time.perf_counter()
-                r = c.next_work(w)
+                try:
+                    r = c.next_work(w)
+                except TimedOut as e:  # the one wait of a run: its servers are gone
+                    raise JobGone(e.code, f"the job's servers were silent for "
+                                          f"{self._timeout:g} s: {e.reason}") from None
                 self.timing["wait_s"] += time.perf_counter() - t
                 if r == _lib.NEXT_WORK:
                     if not c.work_start(w):
@@ -422,6 +427,9 @@ class Run:
         return torch.from_numpy(a.astype(np.int64))
 
     def _evaluate(self, w):
+        if w.count == 0:  # a job without test records still ends its epochs so
+            self._client.eval_done(w, 0, 0.0)
+            return
         if self.evaluate is None:
             raise BadArgument(_lib.EINVAL, f"the job asks for test records [{w.offset}, "
                                            f"{w.offset + w.count}) to be evaluated: give Run "
