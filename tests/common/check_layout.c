@@ -151,6 +151,54 @@ START_TEST(test_layout_differs_names_the_first_tensor_that_differs)
 }
 END_TEST
 
+// A torch nn.Sequential(Linear(4, 3), ReLU(), Linear(3, 2)): W (out, in),
+// then b, per layer, named as torch names them.
+static void s_sequential(s_layout *s, uint64_t first_out)
+{
+    static const char *names[] = {"0.weight", "0.bias", "2.weight", "2.bias"};
+    uint64_t shapes[4][2] = {{first_out, 4}, {first_out, 0}, {2, 3}, {2, 0}};
+    uint64_t sizes[4] = {0};
+    s_make(s, 4, names, sizes);
+    for (int i = 0; i < 4; i++) {
+        s->shapes[i][0] = shapes[i][0];
+        s->shapes[i][1] = shapes[i][1];
+        s->t[i].n_shape = i % 2 ? 1 : 2;
+    }
+}
+
+START_TEST(test_layout_of_a_torch_sequential_is_the_builtin_mlps)
+{
+    zps_model_spec m;
+    ck_assert_int_eq(zps_model_parse("mlp:4-3-2", &m), ZPS_OK);
+    static s_layout s;
+    s_sequential(&s, 3);
+    char why[256] = "";
+    ck_assert(!zps_layout_differs_mlp(&m, &s.l, why, sizeof why));
+    ck_assert_uint_eq(zps_layout_n_params(&s.l), m.n_params);
+}
+END_TEST
+
+START_TEST(test_layout_differs_from_the_builtin_mlp_naming_the_layer)
+{
+    zps_model_spec m;
+    ck_assert_int_eq(zps_model_parse("mlp:4-3-2", &m), ZPS_OK);
+    static s_layout s;
+    s_sequential(&s, 5); // Linear(4, 5): another width
+    char why[256] = "";
+    ck_assert(zps_layout_differs_mlp(&m, &s.l, why, sizeof why));
+    ck_assert_str_eq(why, "tensor 0 differs: mlp:4-3-2 has layer 0's weight [3, 4] there, "
+                          "declared '0.weight' [5, 4]");
+    s_sequential(&s, 3);
+    s.shapes[0][0] = 4; // transposed: (in, out) is not nn.Linear's (out, in)
+    s.shapes[0][1] = 3;
+    ck_assert(zps_layout_differs_mlp(&m, &s.l, why, sizeof why));
+    s_sequential(&s, 3);
+    s.l.n_tensors = 3; // the last bias missing
+    ck_assert(zps_layout_differs_mlp(&m, &s.l, why, sizeof why));
+    ck_assert_str_eq(why, "mlp:4-3-2 is 4 tensors (weight and bias of 2 layers), 3 declared");
+}
+END_TEST
+
 Suite *zps_suite_layout(void)
 {
     Suite *s = suite_create("layout");
@@ -159,6 +207,8 @@ Suite *zps_suite_layout(void)
     tcase_add_test(tc, test_layout_never_makes_more_than_the_most_buckets);
     tcase_add_test(tc, test_layout_check_refuses_what_cannot_be_a_model);
     tcase_add_test(tc, test_layout_differs_names_the_first_tensor_that_differs);
+    tcase_add_test(tc, test_layout_of_a_torch_sequential_is_the_builtin_mlps);
+    tcase_add_test(tc, test_layout_differs_from_the_builtin_mlp_naming_the_layer);
     suite_add_tcase(s, tc);
     return s;
 }
