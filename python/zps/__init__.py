@@ -156,6 +156,8 @@ class Client:
     def info(self, name):
         """A number of the job (job_id, rank, seed, global_batch, ...) or
         model, dataset (strings)."""
+        if not self._c:
+            raise BadArgument(_lib.EINVAL, f"{name}: the client is closed")
         if name in ("model", "dataset"):
             key = _lib.INFO_MODEL if name == "model" else _lib.INFO_DATASET
             return lib.zps_info_str(self._c, key).decode()

@@ -496,6 +496,7 @@ class Run:
         self._leave()
         self._closed = True
         self._client.close()
+        self._hooks = []  # the accumulators; their hooks do nothing once closed
         atexit.unregister(self.close)
 
     def __enter__(self):
