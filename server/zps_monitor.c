@@ -7,17 +7,32 @@
 
 #include "common/zps_log.h"
 
-// A rank lagging more than this share of the median step, with a floor,
-// in most of the last steps, is a straggler.
-#define ZPS_MONITOR_LAG_REL 0.5
+// A rank holds a step back when the step waited for it (it arrived last,
+// later than the next one by more than the floor) and it is slow against
+// its peers: its time per sample over the recent steps at least SLOW_REL
+// times the others' and beyond their noise (s_slow). Not against a share
+// of the step: of two equal workers on shared cores one always arrives
+// last, by a few ms. It is flagged when it held back most of the recent
+// steps, and cleared when it held back few; a flag, once changed, stays
+// for DWELL steps, so the log says at most one change per rank in that many.
+#define ZPS_MONITOR_SLOW_REL 1.3
+#define ZPS_MONITOR_NOISE_K 3.0
 #define ZPS_MONITOR_LAG_FLOOR_MS 2.0
-#define ZPS_MONITOR_RECENT 10
-#define ZPS_MONITOR_FLAG_AT 7   // late steps of the recent ones to be flagged ...
-#define ZPS_MONITOR_CLEAR_AT 2  // ... and at most this many to be cleared (no flapping)
+// Paces over the last PACE_STEPS: on loaded shared cores the scheduler
+// starves one of two equal workers for 10-20 steps, then the other (paces
+// of 0.15 and 0.25 ms a sample, turn about), which a shorter window takes
+// for a slow worker.
+#define ZPS_MONITOR_PACE_STEPS 30
+#define ZPS_MONITOR_RECENT 20     // steps whose holding back counts ...
+#define ZPS_MONITOR_FLAG_SHARE 0.6  // ... flagged when it held back this share of them
+#define ZPS_MONITOR_FLAG_MIN 6      // and at least this many (the first steps) ...
+#define ZPS_MONITOR_CLEAR_SHARE 0.15 // ... cleared at most this share (no flapping)
+#define ZPS_MONITOR_DWELL 10
 
 typedef struct s_sample {
     float lag_ms, compute_ms; // of one step
     uint32_t samples;
+    bool held;                // the step waited for this rank, a slow one
 } s_sample;
 
 typedef struct s_rank {
@@ -28,6 +43,8 @@ typedef struct s_rank {
     s_sample ring[ZPS_MONITOR_WINDOW];   // closed steps, newest at (n - 1) % WINDOW
     uint64_t n;                          // records ever closed
     bool straggler;
+    uint64_t changed_at;                 // n when the flag last changed
+    uint64_t seen;                       // the last step it pushed for
 } s_rank;
 
 struct zps_monitor {
@@ -99,38 +116,130 @@ double zps_monitor_step_quantile(const zps_monitor *m, double q)
     return v[(size_t)fmin((double)(n - 1), floor(q * (double)n))];
 }
 
-static void s_update_flag(zps_monitor *m, s_rank *r, uint32_t rank)
+static double s_median(double *v, size_t n)
 {
-    double limit = fmax(ZPS_MONITOR_LAG_REL * zps_monitor_step_quantile(m, 0.5),
-                        ZPS_MONITOR_LAG_FLOOR_MS);
-    uint64_t recent = r->n < ZPS_MONITOR_RECENT ? r->n : ZPS_MONITOR_RECENT;
-    int late = 0;
+    qsort(v, n, sizeof v[0], s_cmp);
+    return n % 2 ? v[n / 2] : 0.5 * (v[n / 2 - 1] + v[n / 2]);
+}
+
+// The rank's ms of compute per sample over its recent steps: the median
+// (a pause of one step moves it little) and the median distance from it,
+// its noise. False if unknown.
+static bool s_pace(const s_rank *r, double *median, double *noise)
+{
+    uint64_t recent = r->n < ZPS_MONITOR_PACE_STEPS ? r->n : ZPS_MONITOR_PACE_STEPS;
+    double v[ZPS_MONITOR_PACE_STEPS];
+    size_t n = 0;
     for (uint64_t k = 0; k < recent; k++) {
-        late += r->ring[(r->n - 1 - k) % ZPS_MONITOR_WINDOW].lag_ms > limit;
+        const s_sample *x = &r->ring[(r->n - 1 - k) % ZPS_MONITOR_WINDOW];
+        if (x->samples > 0) {
+            v[n++] = x->compute_ms / x->samples;
+        }
     }
-    bool flag = r->straggler ? late > ZPS_MONITOR_CLEAR_AT : late >= ZPS_MONITOR_FLAG_AT;
-    if (flag != r->straggler) {
-        zps_log_warn("rank %u %s a straggler: late by more than %.1f ms in %d of the last %llu "
-                     "steps", rank, flag ? "is" : "is no longer", limit, late,
-                     (unsigned long long)recent);
+    if (n == 0) {
+        return false;
     }
+    *median = s_median(v, n);
+    for (size_t k = 0; k < n; k++) {
+        v[k] = fabs(v[k] - *median);
+    }
+    *noise = s_median(v, n);
+    return true;
+}
+
+// Whether rank `rank` is slow against the other ranks seen in the recent
+// steps (false without any): SLOW_REL times their median pace, and further
+// from it than NOISE_K times their noise, so that on loaded shared cores,
+// where equal workers' paces scatter, scatter is not taken for slowness.
+static bool s_slow(const zps_monitor *m, uint32_t rank, uint64_t step)
+{
+    double own, own_noise, paces[ZPS_MAX_MEMBERS], noise = 0;
+    if (!s_pace(&m->ranks[rank], &own, &own_noise)) {
+        return false;
+    }
+    size_t n = 0;
+    for (uint32_t i = 0; i < ZPS_MAX_MEMBERS; i++) {
+        const s_rank *r = &m->ranks[i];
+        double pace, scatter;
+        if (i != rank && r->n > 0 && r->seen + ZPS_MONITOR_PACE_STEPS > step &&
+            s_pace(r, &pace, &scatter)) {
+            paces[n++] = pace;
+            noise = fmax(noise, scatter);
+        }
+    }
+    if (n == 0) {
+        return false;
+    }
+    double peers = s_median(paces, n);
+    return own >= ZPS_MONITOR_SLOW_REL * peers && own - peers > ZPS_MONITOR_NOISE_K * noise;
+}
+
+static void s_update_flag(s_rank *r, uint32_t rank)
+{
+    uint64_t recent = r->n < ZPS_MONITOR_RECENT ? r->n : ZPS_MONITOR_RECENT;
+    int held = 0;
+    for (uint64_t k = 0; k < recent; k++) {
+        held += r->ring[(r->n - 1 - k) % ZPS_MONITOR_WINDOW].held;
+    }
+    bool flag = r->straggler ? held > ZPS_MONITOR_CLEAR_SHARE * (double)recent
+                             : held >= ZPS_MONITOR_FLAG_MIN &&
+                                   held >= ZPS_MONITOR_FLAG_SHARE * (double)recent;
+    if (flag == r->straggler || (r->changed_at && r->n < r->changed_at + ZPS_MONITOR_DWELL)) {
+        return;
+    }
+    zps_log_warn("rank %u %s a straggler: the step waited for it, %.1fx slower than its peers "
+                 "per sample or more, in %d of the last %llu steps", rank,
+                 flag ? "is" : "is no longer", ZPS_MONITOR_SLOW_REL, held,
+                 (unsigned long long)recent);
     r->straggler = flag;
+    r->changed_at = r->n;
+}
+
+// The rank the step waited for: the last to arrive, later than the next
+// by more than the floor; ZPS_MAX_MEMBERS if none.
+static uint32_t s_waited_for(const zps_monitor *m, uint64_t step)
+{
+    uint32_t last = ZPS_MAX_MEMBERS;
+    double last_ms = -INFINITY, next_ms = -INFINITY;
+    for (uint32_t i = 0; i < ZPS_MAX_MEMBERS; i++) {
+        const s_rank *r = &m->ranks[i];
+        if (r->step != step) {
+            continue;
+        }
+        if (r->last_ms > last_ms) {
+            next_ms = last_ms;
+            last = i;
+            last_ms = r->last_ms;
+        } else if (r->last_ms > next_ms) {
+            next_ms = r->last_ms;
+        }
+    }
+    return last_ms - next_ms > ZPS_MONITOR_LAG_FLOOR_MS ? last : ZPS_MAX_MEMBERS;
 }
 
 void zps_monitor_step_done(zps_monitor *m, uint64_t step, double step_ms, FILE *json)
 {
     m->step_ms[m->n_steps++ % ZPS_MONITOR_WINDOW] = step_ms;
+    uint32_t waited = s_waited_for(m, step);
+    for (uint32_t i = 0; i < ZPS_MAX_MEMBERS; i++) {
+        s_rank *r = &m->ranks[i];
+        if (r->step == step) {
+            r->ring[r->n++ % ZPS_MONITOR_WINDOW] = (s_sample){
+                .lag_ms = (float)(r->last_ms - m->first_ms), .compute_ms = r->compute_ms,
+                .samples = r->samples};
+            r->seen = step;
+        }
+    }
     bool first = true;
     for (uint32_t i = 0; i < ZPS_MAX_MEMBERS; i++) {
         s_rank *r = &m->ranks[i];
         if (r->step != step) {
             continue;
         }
-        s_sample *s = &r->ring[r->n++ % ZPS_MONITOR_WINDOW];
-        *s = (s_sample){.lag_ms = (float)(r->last_ms - m->first_ms),
-                        .compute_ms = r->compute_ms, .samples = r->samples};
+        s_sample *s = &r->ring[(r->n - 1) % ZPS_MONITOR_WINDOW];
+        s->held = i == waited && s_slow(m, i, step);
         r->step = UINT64_MAX;
-        s_update_flag(m, r, i);
+        s_update_flag(r, i);
         if (json) {
             fprintf(json, "%s{\"rank\":%u,\"lag_ms\":%.3f,\"compute_ms\":%.3f,\"samples\":%u}",
                     first ? "" : ",", i, s->lag_ms, s->compute_ms, s->samples);

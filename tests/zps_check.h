@@ -22,5 +22,6 @@ Suite *zps_suite_member(void);
 Suite *zps_suite_msgtab(void);
 Suite *zps_suite_layout(void);
 Suite *zps_suite_client(void);
+Suite *zps_suite_monitor(void);
 
 #endif

@@ -60,6 +60,31 @@ static pid_t s_worker(zps_procs *ps, const char *ep, const char *log, const char
     return zps_procs_start(ps, "zps-worker", log, args);
 }
 
+// The flag /status shows for the slowed worker (rank, pid) is the one of
+// /metrics, zps-ctl top and the log: one detector, four views of it.
+static void s_check_flag_agrees(zps_procs *ps, const char *ep, const char *metrics, int rank,
+                                pid_t pid)
+{
+    char want[96];
+    const char *line = strstr(metrics, "zps_worker_straggler{rank=\"");
+    for (; line; line = strstr(line + 1, "zps_worker_straggler{rank=\"")) {
+        int r;
+        const char *value = strstr(line, "} ");
+        if (sscanf(line, "zps_worker_straggler{rank=\"%d\"", &r) == 1 && value) {
+            ck_assert_msg(atof(value + 2) == (r == rank ? 1.0 : 0.0),
+                          "/metrics: rank %d's zps_worker_straggler is %s", r, value + 2);
+        }
+    }
+    const char *args[] = {"top", ep, "--iterations", "1", NULL};
+    pid_t ctl = zps_procs_start(ps, "zps-ctl", "top.out", args);
+    ck_assert_int_eq(zps_procs_wait(ps, ctl, 10000), 0);
+    snprintf(want, sizeof want, " %u  STRAGGLER", (unsigned)pid);
+    ck_assert_msg(zps_procs_log_has(ps, "top.out", want), "zps-ctl top lacks '%s'", want);
+    ck_assert_int_eq(zps_procs_log_count(ps, "top.out", "STRAGGLER"), 1);
+    snprintf(want, sizeof want, "rank %d is a straggler", rank);
+    ck_assert_msg(zps_procs_log_has(ps, "server.log", want), "the server log lacks '%s'", want);
+}
+
 START_TEST(test_http_metrics_pass_promtool_and_status_names_the_straggler)
 {
     zps_procs ps;
@@ -77,6 +102,7 @@ START_TEST(test_http_metrics_pass_promtool_and_status_names_the_straggler)
 
     // /status: JSON, and the slowed worker flagged within a bounded wait.
     bool flagged = false, parsed = false;
+    json_int_t slow_rank = -1;
     double deadline = zps_clock_ms() + 60000;
     while (!flagged && zps_clock_ms() < deadline) {
         char *body = s_get(port, "/status");
@@ -89,8 +115,11 @@ START_TEST(test_http_metrics_pass_promtool_and_status_names_the_straggler)
             json_t *m;
             json_array_foreach(json_object_get(st, "members"), i, m)
             {
-                flagged = flagged || (json_is_true(json_object_get(m, "straggler")) &&
-                                      json_integer_value(json_object_get(m, "pid")) == slow);
+                if (json_is_true(json_object_get(m, "straggler")) &&
+                    json_integer_value(json_object_get(m, "pid")) == slow) {
+                    flagged = true;
+                    slow_rank = json_integer_value(json_object_get(m, "rank"));
+                }
             }
             json_decref(st);
         }
@@ -106,6 +135,7 @@ START_TEST(test_http_metrics_pass_promtool_and_status_names_the_straggler)
     ck_assert_ptr_nonnull(metrics);
     ck_assert_ptr_nonnull(strstr(metrics, "zps_worker_lag_seconds{rank=\"0\""));
     ck_assert_ptr_nonnull(strstr(metrics, "zps_worker_lag_seconds{rank=\"1\""));
+    s_check_flag_agrees(&ps, ep, metrics, (int)slow_rank, slow);
     FILE *f = fopen(zps_procs_path(&ps, "metrics.txt"), "w");
     fputs(metrics, f);
     fclose(f);

