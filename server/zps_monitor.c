@@ -133,7 +133,7 @@ static bool s_pace(const s_rank *r, double *median, double *noise)
     for (uint64_t k = 0; k < recent; k++) {
         const s_sample *x = &r->ring[(r->n - 1 - k) % ZPS_MONITOR_WINDOW];
         if (x->samples > 0) {
-            v[n++] = x->compute_ms / x->samples;
+            v[n++] = (double)x->compute_ms / (double)x->samples;
         }
     }
     if (n == 0) {
