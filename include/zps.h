@@ -138,6 +138,9 @@ void zps_client_stop(zps_client *c);
 // flat parameter vector (PyTorch: model.parameters()), fp32. The first
 // admitted worker's declaration is the job's; every later worker's must be
 // the same, or zps_join is refused with the first tensor that differs.
+// A job of the built-in MLP (mlp:D0-...-Dk) admits a declaration of its
+// flat layout too: per layer the weight (out, in), then the bias, as
+// torch's nn.Sequential of nn.Linear; the names are the worker's own.
 // Names are unique, 1..127 printable characters without spaces; ndim
 // 0..8, each dimension at least 1. ZPS_EINVAL with the reason.
 zps_err zps_declare_tensor(zps_client *c, const char *name, int ndim, const int64_t *shape);
