@@ -271,6 +271,8 @@ class Run:
             self._setup(named, dataset_size, test_size, share, timeout, join_timeout, heartbeat,
                         curve, sndbuf, device)
         except BaseException:
+            if self._interrupts:
+                self._interrupts.close()  # Python's wakeup fd back as it was
             self._client.close()
             raise
         _warn_uncovered(model)

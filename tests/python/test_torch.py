@@ -109,6 +109,14 @@ def test_a_server_gone_mid_run_ends_the_loop_with_job_gone(procs):
     run.close()
 
 
+def test_a_refused_run_gives_python_its_wakeup_fd_back(procs):
+    import signal as sig
+    s = tiny_server(procs, "--dataset", f"size:{N}")
+    with pytest.raises(zps.Refused):
+        zt.Run(s.endpoint, tiny(), dataset_size=N + 1, join_timeout=30)
+    assert sig.set_wakeup_fd(-1) == -1  # nothing of the failed Run is left set
+
+
 def test_a_bad_coordinator_address_fails_at_once():
     t = time.monotonic()
     with pytest.raises(zps.TransportError):
