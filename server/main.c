@@ -220,7 +220,8 @@ static const zps_opts_row s_table[] = {
      .help = "shards > 0: where workers reach this shard (needed when --listen is 0.0.0.0)",
      .offset = offsetof(s_flags, srv.advertise), .ctype = ZPS_OPTS_C_STR},
     {.name = "sndbuf", .kind = ZPS_OPTS_INT, .metavar = "BYTES", .def = "0: the OS's",
-     .help = "TCP send buffer of each connection (README: Running on a cluster)",
+     .help = "TCP send buffer of each connection, 0 or 4096..1073741824 bytes (README: "
+             "Running on a cluster)",
      .offset = offsetof(s_flags, srv.sndbuf), .ctype = ZPS_OPTS_C_INT,
      .lo = 4096, .hi = 1 << 30, .or_zero = true},
     {.name = "log-level", .kind = ZPS_OPTS_CUSTOM, .metavar = "LEVEL", .def = "info",

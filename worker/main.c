@@ -148,7 +148,8 @@ static const zps_opts_row s_table[] = {
      .offset = offsetof(s_opts, heartbeat_ms), .ctype = ZPS_OPTS_C_INT,
      .lo = 10, .hi = 3600000},
     {.name = "sndbuf", .kind = ZPS_OPTS_INT, .metavar = "BYTES", .def = "0: the OS's",
-     .help = "TCP send buffer of each shard connection (README: Running on a cluster)",
+     .help = "TCP send buffer of each shard connection, 0 or 4096..1073741824 bytes "
+             "(README: Running on a cluster)",
      .offset = offsetof(s_opts, sndbuf), .ctype = ZPS_OPTS_C_INT,
      .lo = 4096, .hi = 1 << 30, .or_zero = true},
     {.name = "slowdown", .kind = ZPS_OPTS_REAL, .metavar = "F",
