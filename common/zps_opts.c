@@ -27,7 +27,11 @@ bool zps_opts_env_name(const char *flag, char *out, size_t len)
         return false;
     }
     for (char *p = out + 4; *p; p++) {
-        *p = *p == '-' ? '_' : (char)toupper((unsigned char)*p);
+        if (*p == '-') {
+            *p = '_';
+        } else {
+            *p = (char)toupper((unsigned char)*p);
+        }
     }
     return true;
 }
