@@ -10,6 +10,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include <strings.h>
+#include <unistd.h>
 
 #include "common/zps_log.h"
 
@@ -63,7 +64,12 @@ bool zps_opts_read_real(const char *text, double lo, double hi, double *out)
 
 bool zps_opts_log_level(const char *text, void *field)
 {
-    return zps_log_parse_level(text, (zps_log_level *)field);
+    zps_log_level *level = field;
+    if (!zps_log_parse_level(text, level)) {
+        return false;
+    }
+    zps_log_set_level(*level);
+    return true;
 }
 
 // A switch's word: 1 on, 0 off, -1 neither.
@@ -305,6 +311,16 @@ zps_err zps_opts_parse(const zps_opts_prog *prog, char **envp, int argc, char **
     free(longopts);
     free(seen);
     return err;
+}
+
+int zps_opts_parse_main(const zps_opts_prog *prog, int argc, char **argv, void *dst,
+                        bool *given)
+{
+    bool exit_now;
+    if (zps_opts_parse(prog, environ, argc, argv, dst, given, &exit_now) != ZPS_OK) {
+        return 2;
+    }
+    return exit_now ? 0 : -1;
 }
 
 bool zps_opts_given(const zps_opts_prog *prog, const bool *given, const char *name)

@@ -85,6 +85,12 @@ bool zps_opts_env_name(const char *flag, char *out, size_t len);
 zps_err zps_opts_parse(const zps_opts_prog *prog, char **envp, int argc, char **argv, void *dst,
                        bool *given, bool *exit_now);
 
+// zps_opts_parse for a daemon's main, with the process's environment:
+// returns -1 to go on, or the exit status of a process that ends here (0
+// after --help or --flags-markdown, 2 after a refusal, said in one line).
+int zps_opts_parse_main(const zps_opts_prog *prog, int argc, char **argv, void *dst,
+                        bool *given);
+
 // Whether the row named `name` got a value (given as zps_opts_parse filled
 // it). False for a name that is no row.
 bool zps_opts_given(const zps_opts_prog *prog, const bool *given, const char *name);
@@ -100,7 +106,9 @@ void zps_opts_markdown(const zps_opts_prog *prog, FILE *f);
 bool zps_opts_read_int(const char *text, long long lo, long long hi, long long *out);
 bool zps_opts_read_real(const char *text, double lo, double hi, double *out);
 
-// A CUSTOM reader both daemons use: --log-level into a zps_log_level.
+// A CUSTOM reader both daemons use: --log-level into a zps_log_level,
+// which it also sets as the log's level at once (so that what the rest of
+// the parse logs is already filtered by it).
 bool zps_opts_log_level(const char *text, void *field);
 
 #endif

@@ -18,7 +18,7 @@
 // applies itself.
 typedef struct s_flags {
     zps_server_opts srv;     // what zps_server_run takes
-    zps_log_level log_level; // --log-level, applied if given
+    zps_log_level log_level; // --log-level (zps_opts_log_level applies it)
     bool log_json;           // --log-json
 } s_flags;
 
@@ -330,15 +330,9 @@ static int s_parse_flags(int argc, char **argv, s_flags *f)
         .log_level = ZPS_LOG_INFO,
     };
     bool given[sizeof s_table / sizeof s_table[0]] = {false};
-    bool exit_now;
-    if (zps_opts_parse(&s_prog, environ, argc, argv, f, given, &exit_now) != ZPS_OK) {
-        return 2;
-    }
-    if (exit_now) {
-        return 0;
-    }
-    if (zps_opts_given(&s_prog, given, "log-level")) {
-        zps_log_set_level(f->log_level);
+    int status = zps_opts_parse_main(&s_prog, argc, argv, f, given);
+    if (status >= 0) {
+        return status;
     }
     if (f->log_json) {
         zps_log_set_json(true);

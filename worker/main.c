@@ -53,7 +53,7 @@ typedef struct s_opts {
     bool stall_seed_set;      // --stall-seed given (else the pid draws)
     const char *pid_file;     // for supervisors, or NULL
     int sndbuf;               // TCP send buffer of the shard sockets (0: the OS's)
-    zps_log_level log_level;  // --log-level, applied if given
+    zps_log_level log_level;  // --log-level (zps_opts_log_level applies it)
     bool log_json;            // --log-json
 } s_opts;
 
@@ -201,15 +201,9 @@ static int s_parse_opts(int argc, char **argv, s_opts *o, char *cache_buf, size_
     *o = (s_opts){.device = "cpu", .threads = 1, .timeout_ms = 60000, .join_timeout_ms = 600000,
                   .heartbeat_ms = 1000, .log_level = ZPS_LOG_INFO};
     bool given[sizeof s_table / sizeof s_table[0]] = {false};
-    bool exit_now;
-    if (zps_opts_parse(&s_prog, environ, argc, argv, o, given, &exit_now) != ZPS_OK) {
-        return 2;
-    }
-    if (exit_now) {
-        return 0;
-    }
-    if (zps_opts_given(&s_prog, given, "log-level")) {
-        zps_log_set_level(o->log_level);
+    int status = zps_opts_parse_main(&s_prog, argc, argv, o, given);
+    if (status >= 0) {
+        return status;
     }
     if (o->log_json) {
         zps_log_set_json(true);

@@ -76,6 +76,18 @@ static const zps_opts_prog s_prog = {
 
 static char *s_noenv[] = {NULL};
 
+// What write (zps_opts_usage or zps_opts_markdown) writes for prog; caller frees.
+static char *s_written(void (*write)(const zps_opts_prog *, FILE *), const zps_opts_prog *prog)
+{
+    char *out;
+    size_t len;
+    FILE *f = open_memstream(&out, &len);
+    ck_assert_ptr_nonnull(f);
+    write(prog, f);
+    fclose(f);
+    return out;
+}
+
 // Parses argv (NULL-terminated) with envp into *cfg (zeroed first).
 static zps_err s_parse(char **envp, char **argv, s_cfg *cfg, bool *given, bool *exit_now)
 {
@@ -121,15 +133,23 @@ static const char *s_capture_end(s_capture *c)
     return text;
 }
 
+// What argv's parse writes to fd; its result in *err and *exit_now.
+static const char *s_parse_output(char **envp, char **argv, int fd, zps_err *err,
+                                  bool *exit_now)
+{
+    s_cfg cfg;
+    s_capture c;
+    s_capture_start(&c, fd);
+    *err = s_parse(envp, argv, &cfg, NULL, exit_now);
+    return s_capture_end(&c);
+}
+
 // The one line argv's parse prints, which must fail.
 static const char *s_refusal(char **envp, char **argv)
 {
-    s_cfg cfg;
+    zps_err err;
     bool exit_now;
-    s_capture c;
-    s_capture_start(&c, STDERR_FILENO);
-    zps_err err = s_parse(envp, argv, &cfg, NULL, &exit_now);
-    const char *text = s_capture_end(&c);
+    const char *text = s_parse_output(envp, argv, STDERR_FILENO, &err, &exit_now);
     ck_assert_int_eq(err, ZPS_EINVAL);
     ck_assert_msg(!exit_now, "a refusal is not an exit 0");
     const char *nl = strchr(text, '\n');
@@ -290,12 +310,9 @@ static const char s_usage_want[] =
 START_TEST(test_opts_help_prints_the_usage_from_the_table)
 {
     char *argv[] = {"prog", "--n", "2", "--help", "--n", "bad", NULL};
-    s_cfg cfg;
+    zps_err err;
     bool exit_now;
-    s_capture c;
-    s_capture_start(&c, STDOUT_FILENO);
-    zps_err err = s_parse(s_noenv, argv, &cfg, NULL, &exit_now);
-    const char *text = s_capture_end(&c);
+    const char *text = s_parse_output(s_noenv, argv, STDOUT_FILENO, &err, &exit_now);
     ck_assert_int_eq(err, ZPS_OK);
     ck_assert(exit_now);
     ck_assert_str_eq(text, s_usage_want);
@@ -313,12 +330,7 @@ START_TEST(test_opts_usage_wraps_long_help)
          .ctype = ZPS_OPTS_C_BOOL},
     };
     zps_opts_prog prog = {.name = "p", .synopsis = "usage: p\n", .opts = rows, .n_opts = 2};
-    char *out;
-    size_t len;
-    FILE *f = open_memstream(&out, &len);
-    ck_assert_ptr_nonnull(f);
-    zps_opts_usage(&prog, f);
-    fclose(f);
+    char *out = s_written(zps_opts_usage, &prog);
     ck_assert_str_eq(out, "usage: p\n"
                           "  --a-rather-long-flag-name VALUE\n"
                           "       one two three four five six seven eight nine ten eleven twelve "
@@ -333,12 +345,7 @@ END_TEST
 
 START_TEST(test_opts_markdown_rows_from_the_table)
 {
-    char *out;
-    size_t len;
-    FILE *f = open_memstream(&out, &len);
-    ck_assert_ptr_nonnull(f);
-    zps_opts_markdown(&s_prog, f);
-    fclose(f);
+    char *out = s_written(zps_opts_markdown, &s_prog);
     ck_assert_str_eq(out, "| flag | default | meaning |\n"
                           "|---|---|---|\n"
                           "| `--name NAME` | anna | who |\n"
@@ -352,18 +359,40 @@ START_TEST(test_opts_markdown_rows_from_the_table)
                           "| `--d X` |  | a double |\n"
                           "| `--level LEVEL` | info | log level |\n"
                           "| `--even E` |  | an even number |\n");
-    free(out);
     // The hidden flag prints the same to stdout and ends the program.
     char *argv[] = {"prog", "--flags-markdown", NULL};
-    s_cfg cfg;
+    zps_err err;
     bool exit_now;
-    s_capture c;
-    s_capture_start(&c, STDOUT_FILENO);
-    ck_assert_int_eq(s_parse(s_noenv, argv, &cfg, NULL, &exit_now), ZPS_OK);
-    const char *text = s_capture_end(&c);
+    const char *text = s_parse_output(s_noenv, argv, STDOUT_FILENO, &err, &exit_now);
+    ck_assert_int_eq(err, ZPS_OK);
     ck_assert(exit_now);
-    ck_assert_str_eq(text + strlen(text) - strlen("| `--even E` |  | an even number |\n"),
-                     "| `--even E` |  | an even number |\n");
+    ck_assert_str_eq(text, out);
+    free(out);
+}
+END_TEST
+
+START_TEST(test_opts_parse_main_gives_the_exit_status)
+{
+    unsetenv("ZPS_N");
+    s_cfg cfg = {0};
+    char *ok[] = {"prog", "--n", "4", NULL};
+    ck_assert_int_eq(zps_opts_parse_main(&s_prog, 3, ok, &cfg, NULL), -1);
+    ck_assert_int_eq(cfg.n, 4);
+    setenv("ZPS_N", "6", 1);
+    char *bare[] = {"prog", NULL};
+    ck_assert_int_eq(zps_opts_parse_main(&s_prog, 1, bare, &cfg, NULL), -1);
+    ck_assert_int_eq(cfg.n, 6);
+    s_capture c;
+    s_capture_start(&c, STDERR_FILENO);
+    char *bad[] = {"prog", "--n", "0", NULL};
+    int bad_status = zps_opts_parse_main(&s_prog, 3, bad, &cfg, NULL);
+    (void)s_capture_end(&c);
+    ck_assert_int_eq(bad_status, 2);
+    s_capture_start(&c, STDOUT_FILENO);
+    char *help[] = {"prog", "--help", NULL};
+    int help_status = zps_opts_parse_main(&s_prog, 2, help, &cfg, NULL);
+    ck_assert_str_eq(s_capture_end(&c), s_usage_want);
+    ck_assert_int_eq(help_status, 0);
 }
 END_TEST
 
@@ -414,6 +443,7 @@ Suite *zps_suite_opts(void)
     tcase_add_test(tc, test_opts_help_prints_the_usage_from_the_table);
     tcase_add_test(tc, test_opts_usage_wraps_long_help);
     tcase_add_test(tc, test_opts_markdown_rows_from_the_table);
+    tcase_add_test(tc, test_opts_parse_main_gives_the_exit_status);
     tcase_add_test_raise_signal(tc, test_opts_row_whose_type_cannot_hold_its_range_is_a_bug,
                                 SIGABRT);
     tcase_add_test(tc, test_opts_number_readers_hold_their_ranges);
