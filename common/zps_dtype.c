@@ -67,7 +67,6 @@ zps_err zps_dtype_parse(const char *text, zps_dtype *out)
             return ZPS_OK;
         }
     }
-    zps_log_error("dtype '%s': expected fp32, bf16 or fp16", text);
     return ZPS_EINVAL;
 }
 

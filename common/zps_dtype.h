@@ -36,8 +36,9 @@ size_t zps_dtype_size(zps_dtype d);
 // Whether d (as it came off the wire) names an element type.
 bool zps_dtype_valid(int d);
 
-// Parses "fp32" | "bf16" | "fp16" (a config or command-line value); logs and
-// returns ZPS_EINVAL on anything else, leaving *out untouched.
+// Parses "fp32" | "bf16" | "fp16" (a config or command-line value); returns
+// ZPS_EINVAL, unlogged (the flag table says it), on anything else, leaving
+// *out untouched.
 zps_err zps_dtype_parse(const char *text, zps_dtype *out);
 
 // "fp32", "bf16", "fp16" (the names zps_dtype_parse takes); "invalid" otherwise.

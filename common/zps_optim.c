@@ -22,7 +22,6 @@ zps_err zps_optim_parse_kind(const char *name, zps_optim_kind *out)
             return ZPS_OK;
         }
     }
-    zps_log_error("--optimizer '%s': expected sgd, adam or adamw", name);
     return ZPS_EINVAL;
 }
 
@@ -77,6 +76,7 @@ zps_err zps_optim_check(const char *name, const zps_optim_cfg *cfg)
 {
     zps_optim_kind kind;
     if (zps_optim_parse_kind(name, &kind) != ZPS_OK) {
+        zps_log_error("--optimizer '%s': expected sgd, adam or adamw", name);
         return ZPS_EINVAL;
     }
     if (kind != cfg->kind) {
@@ -94,7 +94,6 @@ zps_err zps_optim_parse_schedule(const char *text, zps_lr_schedule *out)
     } else if (strcmp(text, "cosine") == 0) {
         *out = ZPS_LR_COSINE;
     } else {
-        zps_log_error("lr schedule '%s': expected constant or cosine", text);
         return ZPS_EINVAL;
     }
     return ZPS_OK;

@@ -46,7 +46,8 @@ typedef struct zps_optim_cfg {
 #define ZPS_OPTIM_BETA2 0.999
 #define ZPS_OPTIM_EPS 1e-8
 
-// "sgd", "adam" or "adamw" into *out; ZPS_EINVAL (logged) otherwise.
+// "sgd", "adam" or "adamw" into *out; ZPS_EINVAL otherwise, unlogged: the
+// flag table (zps_opts) says it in its own line.
 zps_err zps_optim_parse_kind(const char *name, zps_optim_kind *out);
 // The name of a kind ("?" for a number that is none).
 const char *zps_optim_name(zps_optim_kind kind);
@@ -62,6 +63,7 @@ zps_err zps_optim_validate(const zps_optim_cfg *cfg);
 // zps_optim_validate, after checking that name is the name of cfg->kind
 // (the flags set both).
 zps_err zps_optim_check(const char *name, const zps_optim_cfg *cfg);
+// "constant" or "cosine" into *out; ZPS_EINVAL, unlogged, otherwise.
 zps_err zps_optim_parse_schedule(const char *text, zps_lr_schedule *out);
 
 // The learning rate used by the update of step `step` (0-based).

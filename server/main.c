@@ -1,365 +1,285 @@
-/* main.c - zps-server's flags. The process itself is zps_server.c. */
+/* main.c - zps-server's flags: their table (common/zps_opts.h reads it,
+ * prints the usage and the README's table from it) and the checks that
+ * relate several of them. The process itself is zps_server.c. */
 #include <errno.h>
 #include <float.h>
 #include <limits.h>
-#include <getopt.h>
+#include <stddef.h>
 #include <stdio.h>
 #include <stdlib.h>
-#include <string.h>
 #include <unistd.h>
 
-#include "common/zps_flags.h"
 #include "common/zps_log.h"
+#include "common/zps_opts.h"
 #include "common/zps_plan.h"
 #include "server/zps_server.h"
 
-typedef zps_server_opts s_opts;
+// What the flags set: the server's options, and the log's, which main
+// applies itself.
+typedef struct s_flags {
+    zps_server_opts srv;     // what zps_server_run takes
+    zps_log_level log_level; // --log-level (zps_opts_log_level applies it)
+    bool log_json;           // --log-json
+} s_flags;
 
-static void s_usage(FILE *f)
+// ---------------------------------------------------------------------------
+// The readers of the flags that are not a plain number or string.
+
+static bool s_parse_optimizer(const char *text, void *field)
 {
-    fprintf(f,
-            "usage: zps-server [options]                      (shard 0, the coordinator)\n"
-            "       zps-server --shard I --shards N --coordinator ENDPOINT [--listen ...]\n"
-            "  --shard I --shards N   this process serves shard I of N (default 0 of 1)\n"
-            "  --coordinator ENDPOINT shards 1..N-1: where shard 0 listens\n"
-            "  --listen ENDPOINT      bind here (default tcp://127.0.0.1:5555; port * picks one)\n"
-            "  --endpoint-file FILE   write the bound endpoint here once listening\n"
-            "  --workers N            workers to admit before step 0 (default 1)\n"
-            "  --model SPEC           mlp:D0-D1-...-Dk (default mlp:784-512-512-10), flat:P, or\n"
-            "                         external: declared by the workers (libzps), rank 0's\n"
-            "                         initial values\n"
-            "  --dataset SPEC         fashion-mnist[:DIR] or synthetic:N (default fashion-mnist);\n"
-            "                         external models: size:N fixes the train records the\n"
-            "                         workers must declare (default: the first worker's)\n"
-            "  --global-batch B       samples per step over all workers (default 128)\n"
-            "  --epochs E | --steps S run length (default 10 epochs)\n"
-            "  --optimizer NAME       sgd (default), adam or adamw, as torch.optim's\n"
-            "  --lr X                 peak learning rate (sgd 0.05; adam, adamw 0.001)\n"
-            "  --momentum X           sgd: momentum (0.9); --nesterov: Nesterov's\n"
-            "  --weight-decay X       sgd, adam: L2 added to the gradient (0); adamw:\n"
-            "                         decoupled, p -= lr * X * p (0.01)\n"
-            "  --betas B1,B2          adam, adamw: moment decay rates in [0, 1) (0.9,0.999)\n"
-            "  --eps X                adam, adamw: added to the denominator, > 0 (1e-8)\n"
-            "  --lr-schedule NAME     constant or cosine (default cosine, to 0 at the end)\n"
-            "  --warmup-steps N       linear warm-up (default 0)\n"
-            "  --seed N               init and data order (default 0)\n"
-            "  --worker-timeout-ms MS evict a worker silent this long (default 10000)\n"
-            "  --stall-warn-ms MS     while a step waits, say for whom this often (default 5000)\n"
-            "  --sndbuf BYTES         TCP send buffer per connection (default: the OS's); see\n"
-            "                         README, Running on a cluster\n"
-            "  --adaptive-split       shares follow each worker's measured throughput\n"
-            "  --speculate-after X    once half a step's slices are in, hand a missing one X\n"
-            "                         median steps later (at once if none of it came) to the\n"
-            "                         finished workers too, in pieces; the first copy counts\n"
-            "  --http HOST:PORT       /healthz and /readyz (any shard); shard 0 also /metrics\n"
-            "                         (Prometheus) and /status (JSON)\n"
-            "  --checkpoint-every K   shards checkpoint every K steps (shard 0 sets it for all)\n"
-            "  --checkpoint-dir DIR   where this shard keeps its checkpoints\n"
-            "  --resume               restart from this shard's newest valid checkpoint\n"
-            "  --curve-secret FILE    CurveZMQ: this server's secret key (zps-ctl keygen)\n"
-            "  --authorized-keys DIR  CurveZMQ: the workers' public keys (*.pub); SIGHUP re-reads\n"
-            "                         every list\n"
-            "  --shard-keys DIR       CurveZMQ: the shards' public keys (this server's own key\n"
-            "                         is one without being listed)\n"
-            "  --operator-keys DIR    CurveZMQ: keys that may only ask for STATUS (zps-ctl)\n"
-            "  --server-key FILE      shards > 0: the coordinator's public key (default: own)\n"
-            "  --require-curve        refuse to start without CurveZMQ\n"
-            "  --wire-dtype T         fp32, bf16 or fp16 for tensors on the wire (default fp32)\n"
-            "  --metrics-log FILE     JSON lines: one per step, one per evaluation\n"
-            "  --advertise ENDPOINT   shards > 0: where workers reach this shard (default: the\n"
-            "                         bound endpoint; needed when --listen is 0.0.0.0)\n"
-            "  --log-level LEVEL      debug, info, warn, error (default info)\n"
-            "  --log-json             log lines as JSON objects\n"
-            "  --pid-file FILE        write this process's pid there while it runs\n"
-            "Every flag may come from the environment instead: --some-flag X as\n"
-            "ZPS_SOME_FLAG=X, a switch as ZPS_SOME_FLAG=1. The command line wins.\n"
-            "SIGTERM or SIGINT: the shard stops at once, writes a checkpoint of the last\n"
-            "finished step if --checkpoint-dir is set, and exits 0.\n");
+    return zps_optim_parse_kind(text, (zps_optim_kind *)field) == ZPS_OK;
 }
 
-static bool s_parse_u64(const char *flag, const char *text, uint64_t *out)
+static bool s_parse_schedule(const char *text, void *field)
 {
-    long long v;
-    bool ok = zps_flags_int("zps-server", flag, text, 0, LLONG_MAX, &v);
-    *out = ok ? (uint64_t)v : *out;
-    return ok;
+    return zps_optim_parse_schedule(text, (zps_lr_schedule *)field) == ZPS_OK;
 }
 
-// Every real flag of the server (--lr, --momentum, --weight-decay,
-// --speculate-after) is >= 0: a negative one is refused here, in one line.
-static bool s_parse_float(const char *flag, const char *text, float *out)
+static bool s_parse_dtype(const char *text, void *field)
 {
-    double v;
-    bool ok = zps_flags_real("zps-server", flag, text, 0, FLT_MAX, &v);
-    *out = ok ? (float)v : *out;
-    return ok;
+    return zps_dtype_parse(text, (zps_dtype *)field) == ZPS_OK;
 }
 
-// --betas B1,B2: two numbers in [0, 1), as torch.optim.Adam accepts them.
-static bool s_parse_betas(const char *text, zps_optim_cfg *optim)
+// --betas B1,B2 into the optimizer's cfg: two numbers in [0, 1), as
+// torch.optim.Adam accepts them.
+static bool s_parse_betas(const char *text, void *field)
 {
+    zps_optim_cfg *optim = field;
     char *end;
     errno = 0;
     double b1 = strtod(text, &end);
     bool ok = errno == 0 && end != text && *end == ',';
     double b2 = ok ? strtod(end + 1, &end) : 0;
     ok = ok && errno == 0 && *end == '\0' && b1 >= 0 && b1 < 1 && b2 >= 0 && b2 < 1;
-    if (!ok) {
-        fprintf(stderr, "zps-server: --betas: '%s' is not two numbers in [0, 1) separated by a "
-                        "comma (e.g. 0.9,0.999)\n", text);
+    if (ok) {
+        optim->beta1 = b1;
+        optim->beta2 = b2;
+    }
+    return ok;
+}
+
+// --eps: any float32-sized number that stays positive as a float32, since
+// the shard adds it in float32.
+static bool s_parse_eps(const char *text, void *field)
+{
+    double eps;
+    if (!zps_opts_read_real(text, -FLT_MAX, FLT_MAX, &eps) || !((float)eps > 0)) {
         return false;
     }
-    optim->beta1 = b1;
-    optim->beta2 = b2;
+    *(double *)field = eps;
     return true;
 }
 
-// The optimizer's flags, as given on the command line or in the environment.
-enum { G_LR, G_MOMENTUM, G_NESTEROV, G_WD, G_BETAS, G_EPS, G_OPTIM_FLAGS };
+// ---------------------------------------------------------------------------
+// The table. Every real flag of the server (--lr, --momentum,
+// --weight-decay, --speculate-after) is >= 0.
+
+static const zps_opts_row s_table[] = {
+    {.name = "shard", .kind = ZPS_OPTS_INT, .metavar = "I", .def = "0",
+     .help = "this process serves shard I of --shards",
+     .offset = offsetof(s_flags, srv.shard), .ctype = ZPS_OPTS_C_U32,
+     .lo = 0, .hi = ZPS_MAX_SHARDS - 1},
+    {.name = "shards", .kind = ZPS_OPTS_INT, .metavar = "N", .def = "1",
+     .help = "shard processes in the job",
+     .offset = offsetof(s_flags, srv.shards), .ctype = ZPS_OPTS_C_U32,
+     .lo = 1, .hi = ZPS_MAX_SHARDS},
+    {.name = "coordinator", .kind = ZPS_OPTS_STRING, .metavar = "ENDPOINT",
+     .help = "shards 1..N-1: where shard 0 listens (shard 0 refuses it)",
+     .offset = offsetof(s_flags, srv.coordinator), .ctype = ZPS_OPTS_C_STR},
+    {.name = "listen", .kind = ZPS_OPTS_STRING, .metavar = "ENDPOINT",
+     .def = "tcp://127.0.0.1:5555",
+     .help = "ZeroMQ endpoint to bind; tcp://HOST:* picks a free port",
+     .offset = offsetof(s_flags, srv.listen), .ctype = ZPS_OPTS_C_STR},
+    {.name = "endpoint-file", .kind = ZPS_OPTS_STRING, .metavar = "FILE",
+     .help = "write the bound endpoint there once listening (for scripts)",
+     .offset = offsetof(s_flags, srv.endpoint_file), .ctype = ZPS_OPTS_C_STR},
+    {.name = "workers", .kind = ZPS_OPTS_INT, .metavar = "N", .def = "1",
+     .help = "members to admit before step 0",
+     .offset = offsetof(s_flags, srv.workers), .ctype = ZPS_OPTS_C_U32,
+     .lo = 1, .hi = ZPS_MAX_MEMBERS},
+    {.name = "model", .kind = ZPS_OPTS_STRING, .metavar = "SPEC", .def = "mlp:784-512-512-10",
+     .help = "mlp:D0-D1-...-Dk: Linear layers with ReLU between them; flat:P: a benchmark "
+             "model of P parameters whose gradient costs nothing; external: declared by the "
+             "workers (libzps), rank 0's initial values (README: Your own model in C)",
+     .offset = offsetof(s_flags, srv.model), .ctype = ZPS_OPTS_C_STR},
+    {.name = "dataset", .kind = ZPS_OPTS_STRING, .metavar = "SPEC", .def = "fashion-mnist",
+     .help = "fashion-mnist[:DIR] or synthetic:N; with --model external, size:N fixes the "
+             "train records the workers must declare (else the first worker's count holds)",
+     .offset = offsetof(s_flags, srv.dataset), .ctype = ZPS_OPTS_C_STR},
+    {.name = "global-batch", .kind = ZPS_OPTS_INT, .metavar = "B", .def = "128",
+     .help = "samples per step over all workers",
+     .offset = offsetof(s_flags, srv.global_batch), .ctype = ZPS_OPTS_C_U32,
+     .lo = 1, .hi = 1 << 24},
+    {.name = "epochs", .kind = ZPS_OPTS_INT, .metavar = "E", .def = "10",
+     .help = "run length in epochs, unless --steps is given",
+     .offset = offsetof(s_flags, srv.epochs), .ctype = ZPS_OPTS_C_U64,
+     .lo = 0, .hi = LLONG_MAX},
+    {.name = "steps", .kind = ZPS_OPTS_INT, .metavar = "S",
+     .help = "run length in steps; wins over --epochs",
+     .offset = offsetof(s_flags, srv.steps), .ctype = ZPS_OPTS_C_U64,
+     .lo = 0, .hi = LLONG_MAX},
+    {.name = "optimizer", .kind = ZPS_OPTS_CUSTOM, .metavar = "sgd|adam|adamw", .def = "sgd",
+     .help = "torch.optim.SGD, Adam or AdamW semantics (README: Optimizers)",
+     .offset = offsetof(s_flags, srv.optim.kind), .ctype = ZPS_OPTS_C_PARSER,
+     .parse = s_parse_optimizer, .accepts = "sgd, adam or adamw"},
+    {.name = "lr", .kind = ZPS_OPTS_REAL, .metavar = "X", .def = "sgd 0.05; adam, adamw 0.001",
+     .help = "peak learning rate",
+     .offset = offsetof(s_flags, srv.optim.lr), .ctype = ZPS_OPTS_C_FLOAT,
+     .real_lo = 0, .real_hi = FLT_MAX},
+    {.name = "momentum", .kind = ZPS_OPTS_REAL, .metavar = "X", .def = "0.9",
+     .help = "sgd only: momentum",
+     .offset = offsetof(s_flags, srv.optim.momentum), .ctype = ZPS_OPTS_C_FLOAT,
+     .real_lo = 0, .real_hi = FLT_MAX},
+    {.name = "nesterov", .kind = ZPS_OPTS_SWITCH,
+     .help = "sgd only: Nesterov momentum",
+     .offset = offsetof(s_flags, srv.optim.nesterov), .ctype = ZPS_OPTS_C_BOOL},
+    {.name = "weight-decay", .kind = ZPS_OPTS_REAL, .metavar = "X", .def = "0; adamw 0.01",
+     .help = "sgd, adam: L2 added to the gradient; adamw: decoupled, p -= lr * X * p",
+     .offset = offsetof(s_flags, srv.optim.weight_decay), .ctype = ZPS_OPTS_C_FLOAT,
+     .real_lo = 0, .real_hi = FLT_MAX},
+    {.name = "betas", .kind = ZPS_OPTS_CUSTOM, .metavar = "B1,B2", .def = "0.9,0.999",
+     .help = "adam, adamw only: the moment decay rates, each in [0, 1)",
+     .offset = offsetof(s_flags, srv.optim), .ctype = ZPS_OPTS_C_PARSER,
+     .parse = s_parse_betas,
+     .accepts = "two numbers in [0, 1) separated by a comma (e.g. 0.9,0.999)"},
+    {.name = "eps", .kind = ZPS_OPTS_CUSTOM, .metavar = "X", .def = "1e-8",
+     .help = "adam, adamw only: added to the denominator, > 0",
+     .offset = offsetof(s_flags, srv.optim.eps), .ctype = ZPS_OPTS_C_PARSER,
+     .parse = s_parse_eps, .accepts = "a positive float32 number"},
+    {.name = "lr-schedule", .kind = ZPS_OPTS_CUSTOM, .metavar = "constant|cosine",
+     .def = "cosine", .help = "the learning rate per step; cosine decays to 0 at the end",
+     .offset = offsetof(s_flags, srv.optim.schedule), .ctype = ZPS_OPTS_C_PARSER,
+     .parse = s_parse_schedule, .accepts = "constant or cosine"},
+    {.name = "warmup-steps", .kind = ZPS_OPTS_INT, .metavar = "N", .def = "0",
+     .help = "linear warm-up to the peak learning rate",
+     .offset = offsetof(s_flags, srv.optim.warmup_steps), .ctype = ZPS_OPTS_C_U64,
+     .lo = 0, .hi = LLONG_MAX},
+    {.name = "seed", .kind = ZPS_OPTS_INT, .metavar = "N", .def = "0",
+     .help = "initialisation and data order",
+     .offset = offsetof(s_flags, srv.seed), .ctype = ZPS_OPTS_C_U64,
+     .lo = 0, .hi = LLONG_MAX},
+    {.name = "wire-dtype", .kind = ZPS_OPTS_CUSTOM, .metavar = "fp32|bf16|fp16", .def = "fp32",
+     .help = "gradients and parameters on the wire",
+     .offset = offsetof(s_flags, srv.wire_dtype), .ctype = ZPS_OPTS_C_PARSER,
+     .parse = s_parse_dtype, .accepts = "fp32, bf16 or fp16"},
+    {.name = "worker-timeout-ms", .kind = ZPS_OPTS_INT, .metavar = "MS", .def = "10000",
+     .help = "evict a worker silent this long",
+     .offset = offsetof(s_flags, srv.worker_timeout_ms), .ctype = ZPS_OPTS_C_DOUBLE,
+     .lo = 100, .hi = LLONG_MAX},
+    {.name = "stall-warn-ms", .kind = ZPS_OPTS_INT, .metavar = "MS", .def = "5000",
+     .help = "while a step waits, say for whom this often (README: Watching a run)",
+     .offset = offsetof(s_flags, srv.stall_warn_ms), .ctype = ZPS_OPTS_C_DOUBLE,
+     .lo = 10, .hi = LLONG_MAX},
+    {.name = "adaptive-split", .kind = ZPS_OPTS_SWITCH,
+     .help = "shares follow each worker's measured throughput",
+     .offset = offsetof(s_flags, srv.adaptive_split), .ctype = ZPS_OPTS_C_BOOL},
+    {.name = "speculate-after", .kind = ZPS_OPTS_REAL, .metavar = "X", .def = "0: off",
+     .help = "once half a step's slices are in, hand a missing one X median steps later (at "
+             "once if none of it came) to the finished workers too, in pieces; the first copy "
+             "counts",
+     .offset = offsetof(s_flags, srv.speculate_after), .ctype = ZPS_OPTS_C_DOUBLE,
+     .real_lo = 0, .real_hi = FLT_MAX},
+    {.name = "http", .kind = ZPS_OPTS_STRING, .metavar = "HOST:PORT",
+     .help = "/healthz and /readyz (any shard); shard 0 also /metrics (Prometheus) and /status "
+             "(JSON)",
+     .offset = offsetof(s_flags, srv.http), .ctype = ZPS_OPTS_C_STR},
+    {.name = "checkpoint-every", .kind = ZPS_OPTS_INT, .metavar = "K", .def = "0: never",
+     .help = "shards checkpoint every K steps (shard 0 sets it for all; README: Failures)",
+     .offset = offsetof(s_flags, srv.checkpoint_every), .ctype = ZPS_OPTS_C_U64,
+     .lo = 0, .hi = LLONG_MAX},
+    {.name = "checkpoint-dir", .kind = ZPS_OPTS_STRING, .metavar = "DIR",
+     .help = "where this shard keeps its checkpoints",
+     .offset = offsetof(s_flags, srv.checkpoint_dir), .ctype = ZPS_OPTS_C_STR},
+    {.name = "resume", .kind = ZPS_OPTS_SWITCH,
+     .help = "restart from this shard's newest valid checkpoint",
+     .offset = offsetof(s_flags, srv.resume), .ctype = ZPS_OPTS_C_BOOL},
+    {.name = "curve-secret", .kind = ZPS_OPTS_STRING, .metavar = "FILE",
+     .help = "CurveZMQ: this server's secret key (zps-ctl keygen; README: Security)",
+     .offset = offsetof(s_flags, srv.curve_secret), .ctype = ZPS_OPTS_C_STR},
+    {.name = "authorized-keys", .kind = ZPS_OPTS_STRING, .metavar = "DIR",
+     .help = "CurveZMQ: the workers' public keys (*.pub); SIGHUP re-reads every list",
+     .offset = offsetof(s_flags, srv.authorized_keys), .ctype = ZPS_OPTS_C_STR},
+    {.name = "shard-keys", .kind = ZPS_OPTS_STRING, .metavar = "DIR",
+     .help = "CurveZMQ: the shards' public keys (this server's own key is one without being "
+             "listed)",
+     .offset = offsetof(s_flags, srv.shard_keys), .ctype = ZPS_OPTS_C_STR},
+    {.name = "operator-keys", .kind = ZPS_OPTS_STRING, .metavar = "DIR",
+     .help = "CurveZMQ: keys that may only ask for STATUS (zps-ctl)",
+     .offset = offsetof(s_flags, srv.operator_keys), .ctype = ZPS_OPTS_C_STR},
+    {.name = "server-key", .kind = ZPS_OPTS_STRING, .metavar = "FILE", .def = "its own",
+     .help = "shards > 0: the coordinator's public key",
+     .offset = offsetof(s_flags, srv.server_key), .ctype = ZPS_OPTS_C_STR},
+    {.name = "require-curve", .kind = ZPS_OPTS_SWITCH,
+     .help = "refuse to start without CurveZMQ",
+     .offset = offsetof(s_flags, srv.require_curve), .ctype = ZPS_OPTS_C_BOOL},
+    {.name = "metrics-log", .kind = ZPS_OPTS_STRING, .metavar = "FILE",
+     .help = "JSON lines: one per step, one per evaluation",
+     .offset = offsetof(s_flags, srv.metrics_log), .ctype = ZPS_OPTS_C_STR},
+    {.name = "advertise", .kind = ZPS_OPTS_STRING, .metavar = "ENDPOINT",
+     .def = "the bound endpoint",
+     .help = "shards > 0: where workers reach this shard (needed when --listen is 0.0.0.0)",
+     .offset = offsetof(s_flags, srv.advertise), .ctype = ZPS_OPTS_C_STR},
+    {.name = "sndbuf", .kind = ZPS_OPTS_INT, .metavar = "BYTES", .def = "0: the OS's",
+     .help = "TCP send buffer of each connection, 0 or 4096..1073741824 bytes (README: "
+             "Running on a cluster)",
+     .offset = offsetof(s_flags, srv.sndbuf), .ctype = ZPS_OPTS_C_INT,
+     .lo = 4096, .hi = 1 << 30, .or_zero = true},
+    {.name = "log-level", .kind = ZPS_OPTS_CUSTOM, .metavar = "LEVEL", .def = "info",
+     .help = "debug, info, warn or error",
+     .offset = offsetof(s_flags, log_level), .ctype = ZPS_OPTS_C_PARSER,
+     .parse = zps_opts_log_level, .accepts = "debug, info, warn or error"},
+    {.name = "log-json", .kind = ZPS_OPTS_SWITCH,
+     .help = "log lines as JSON objects",
+     .offset = offsetof(s_flags, log_json), .ctype = ZPS_OPTS_C_BOOL},
+    {.name = "pid-file", .kind = ZPS_OPTS_STRING, .metavar = "FILE",
+     .help = "write this process's pid there while it runs",
+     .offset = offsetof(s_flags, srv.pid_file), .ctype = ZPS_OPTS_C_STR},
+};
+
+static const zps_opts_prog s_prog = {
+    .name = "zps-server",
+    .synopsis = "usage: zps-server [options]                      (shard 0, the coordinator)\n"
+                "       zps-server --shard I --shards N --coordinator ENDPOINT [--listen ...]\n",
+    .epilogue = "SIGTERM or SIGINT: the shard stops at once, writes a checkpoint of the last\n"
+                "finished step if --checkpoint-dir is set, and exits 0.\n",
+    .opts = s_table,
+    .n_opts = sizeof s_table / sizeof s_table[0],
+};
+
+// ---------------------------------------------------------------------------
+// What relates several flags.
 
 // The optimizer's flags against the optimizer: another one's are refused
 // (torch's constructors refuse them too), and what was not given takes
 // torch's defaults for Adam and AdamW (lr 1e-3; AdamW's weight decay 1e-2).
-static bool s_check_optim_flags(s_opts *o, const bool *given)
+static bool s_check_optim_flags(zps_server_opts *o, const bool *given)
 {
+    o->optimizer = zps_optim_name(o->optim.kind);
     bool sgd = o->optim.kind == ZPS_OPTIM_SGD;
-    if (sgd && (given[G_BETAS] || given[G_EPS])) {
+    if (sgd && (zps_opts_given(&s_prog, given, "betas") ||
+                zps_opts_given(&s_prog, given, "eps"))) {
         fprintf(stderr, "zps-server: --betas and --eps are Adam's and AdamW's; --optimizer sgd "
                         "takes --momentum and --nesterov\n");
         return false;
     }
-    if (!sgd && (given[G_MOMENTUM] || given[G_NESTEROV])) {
+    if (!sgd && (zps_opts_given(&s_prog, given, "momentum") ||
+                 zps_opts_given(&s_prog, given, "nesterov"))) {
         fprintf(stderr, "zps-server: --momentum and --nesterov are SGD's; --optimizer %s takes "
                         "--betas and --eps\n", o->optimizer);
         return false;
     }
-    if (!sgd && !given[G_LR]) {
+    if (!sgd && !zps_opts_given(&s_prog, given, "lr")) {
         o->optim.lr = 1e-3f;
     }
-    if (o->optim.kind == ZPS_OPTIM_ADAMW && !given[G_WD]) {
+    if (o->optim.kind == ZPS_OPTIM_ADAMW && !zps_opts_given(&s_prog, given, "weight-decay")) {
         o->optim.weight_decay = 1e-2f;
     }
     return true;
 }
 
-static bool s_parse_opts(int argc, char **argv, s_opts *o)
+// CURVE's files, checkpoints, and a shard's place in the job.
+static bool s_check_pairs(const zps_server_opts *o)
 {
-    enum { O_LISTEN = 256, O_WORKERS, O_MODEL, O_DATASET, O_BATCH, O_EPOCHS, O_STEPS, O_OPTIM,
-           O_LR, O_MOMENTUM, O_NESTEROV, O_WD, O_SCHED, O_WARMUP, O_SEED, O_METRICS, O_LOG,
-           O_ENDPOINT_FILE, O_SHARD, O_SHARDS, O_COORD, O_DTYPE, O_WTIMEOUT, O_CKPT_EVERY, O_CKPT_DIR, O_RESUME, O_CURVE_SECRET, O_AUTH_KEYS,
-           O_SERVER_KEY, O_REQUIRE_CURVE, O_SHARD_KEYS, O_OPERATOR_KEYS, O_STALL_WARN, O_SNDBUF,
-           O_ADAPTIVE, O_SPECULATE, O_HTTP, O_ADVERTISE, O_LOG_JSON, O_PID_FILE, O_BETAS, O_EPS,
-           O_HELP };
-    static const struct option longopts[] = {
-        {"listen", required_argument, 0, O_LISTEN},
-        {"workers", required_argument, 0, O_WORKERS},
-        {"model", required_argument, 0, O_MODEL},
-        {"dataset", required_argument, 0, O_DATASET},
-        {"global-batch", required_argument, 0, O_BATCH},
-        {"epochs", required_argument, 0, O_EPOCHS},
-        {"steps", required_argument, 0, O_STEPS},
-        {"optimizer", required_argument, 0, O_OPTIM},
-        {"lr", required_argument, 0, O_LR},
-        {"momentum", required_argument, 0, O_MOMENTUM},
-        {"nesterov", no_argument, 0, O_NESTEROV},
-        {"weight-decay", required_argument, 0, O_WD},
-        {"betas", required_argument, 0, O_BETAS},
-        {"eps", required_argument, 0, O_EPS},
-        {"lr-schedule", required_argument, 0, O_SCHED},
-        {"warmup-steps", required_argument, 0, O_WARMUP},
-        {"seed", required_argument, 0, O_SEED},
-        {"metrics-log", required_argument, 0, O_METRICS},
-        {"log-level", required_argument, 0, O_LOG},
-        {"endpoint-file", required_argument, 0, O_ENDPOINT_FILE},
-        {"shard", required_argument, 0, O_SHARD},
-        {"shards", required_argument, 0, O_SHARDS},
-        {"coordinator", required_argument, 0, O_COORD},
-        {"wire-dtype", required_argument, 0, O_DTYPE},
-        {"worker-timeout-ms", required_argument, 0, O_WTIMEOUT},
-        {"checkpoint-every", required_argument, 0, O_CKPT_EVERY},
-        {"checkpoint-dir", required_argument, 0, O_CKPT_DIR},
-        {"resume", no_argument, 0, O_RESUME},
-        {"curve-secret", required_argument, 0, O_CURVE_SECRET},
-        {"authorized-keys", required_argument, 0, O_AUTH_KEYS},
-        {"shard-keys", required_argument, 0, O_SHARD_KEYS},
-        {"operator-keys", required_argument, 0, O_OPERATOR_KEYS},
-        {"server-key", required_argument, 0, O_SERVER_KEY},
-        {"require-curve", no_argument, 0, O_REQUIRE_CURVE},
-        {"stall-warn-ms", required_argument, 0, O_STALL_WARN},
-        {"sndbuf", required_argument, 0, O_SNDBUF},
-        {"adaptive-split", no_argument, 0, O_ADAPTIVE},
-        {"speculate-after", required_argument, 0, O_SPECULATE},
-        {"http", required_argument, 0, O_HTTP},
-        {"advertise", required_argument, 0, O_ADVERTISE},
-        {"log-json", no_argument, 0, O_LOG_JSON},
-        {"pid-file", required_argument, 0, O_PID_FILE},
-        {"help", no_argument, 0, O_HELP},
-        {0, 0, 0, 0},
-    };
-    char **args;
-    if (zps_flags_from_env("zps-server", longopts, environ, argc, argv, &argc, &args) != ZPS_OK) {
-        return false;
-    }
-    argv = args;
-    *o = (s_opts){
-        .listen = "tcp://127.0.0.1:5555",
-        .workers = 1,
-        .model = "mlp:784-512-512-10",
-        .dataset = NULL, // fashion-mnist, or for an external model the workers'
-        .global_batch = 128,
-        .epochs = 10,
-        .optimizer = "sgd",
-        .optim = {.lr = 0.05f, .momentum = 0.9f, .schedule = ZPS_LR_COSINE,
-                  .beta1 = ZPS_OPTIM_BETA1, .beta2 = ZPS_OPTIM_BETA2, .eps = ZPS_OPTIM_EPS},
-        .shards = 1,
-        .wire_dtype = ZPS_DTYPE_F32,
-        .worker_timeout_ms = 10000,
-        .stall_warn_ms = 5000,
-    };
-    uint64_t v = 0;
-    bool optim_given[G_OPTIM_FLAGS] = {false};
-    int c;
-    while ((c = getopt_long(argc, argv, "", longopts, NULL)) != -1) {
-        bool ok = true;
-        switch (c) {
-        case O_LISTEN: o->listen = optarg; break;
-        case O_WORKERS:
-            ok = s_parse_u64("--workers", optarg, &v) && v >= 1 && v <= ZPS_MAX_MEMBERS;
-            o->workers = (uint32_t)v;
-            if (!ok) {
-                fprintf(stderr, "zps-server: --workers must be 1..%d\n", ZPS_MAX_MEMBERS);
-            }
-            break;
-        case O_MODEL: o->model = optarg; break;
-        case O_DATASET: o->dataset = optarg; break;
-        case O_BATCH:
-            ok = s_parse_u64("--global-batch", optarg, &v) && v >= 1 && v <= (1u << 24);
-            o->global_batch = (uint32_t)v;
-            break;
-        case O_EPOCHS: ok = s_parse_u64("--epochs", optarg, &o->epochs); break;
-        case O_STEPS: ok = s_parse_u64("--steps", optarg, &o->steps); break;
-        case O_OPTIM:
-            o->optimizer = optarg;
-            ok = zps_optim_parse_kind(optarg, &o->optim.kind) == ZPS_OK;
-            break;
-        case O_LR:
-            ok = s_parse_float("--lr", optarg, &o->optim.lr);
-            optim_given[G_LR] = true;
-            break;
-        case O_MOMENTUM:
-            ok = s_parse_float("--momentum", optarg, &o->optim.momentum);
-            optim_given[G_MOMENTUM] = true;
-            break;
-        case O_NESTEROV:
-            o->optim.nesterov = true;
-            optim_given[G_NESTEROV] = true;
-            break;
-        case O_WD:
-            ok = s_parse_float("--weight-decay", optarg, &o->optim.weight_decay);
-            optim_given[G_WD] = true;
-            break;
-        case O_BETAS:
-            ok = s_parse_betas(optarg, &o->optim);
-            optim_given[G_BETAS] = true;
-            break;
-        case O_EPS: {
-            double eps = 0;
-            ok = zps_flags_real("zps-server", "--eps", optarg, -FLT_MAX, FLT_MAX, &eps);
-            if (ok && !((float)eps > 0)) {
-                fprintf(stderr, "zps-server: --eps: '%s' is not a positive float32 number\n",
-                        optarg);
-                ok = false;
-            }
-            o->optim.eps = eps;
-            optim_given[G_EPS] = true;
-            break;
-        }
-        case O_SCHED: ok = zps_optim_parse_schedule(optarg, &o->optim.schedule) == ZPS_OK; break;
-        case O_WARMUP: ok = s_parse_u64("--warmup-steps", optarg, &o->optim.warmup_steps); break;
-        case O_SEED: ok = s_parse_u64("--seed", optarg, &o->seed); break;
-        case O_METRICS: o->metrics_log = optarg; break;
-        case O_ENDPOINT_FILE: o->endpoint_file = optarg; break;
-        case O_SHARD:
-            ok = s_parse_u64("--shard", optarg, &v) && v < ZPS_MAX_SHARDS;
-            o->shard = (uint32_t)v;
-            break;
-        case O_SHARDS:
-            ok = s_parse_u64("--shards", optarg, &v) && v >= 1 && v <= ZPS_MAX_SHARDS;
-            o->shards = (uint32_t)v;
-            break;
-        case O_COORD: o->coordinator = optarg; break;
-        case O_DTYPE: ok = zps_dtype_parse(optarg, &o->wire_dtype) == ZPS_OK; break;
-        case O_CKPT_EVERY: ok = s_parse_u64("--checkpoint-every", optarg, &o->checkpoint_every); break;
-        case O_CKPT_DIR: o->checkpoint_dir = optarg; break;
-        case O_RESUME: o->resume = true; break;
-        case O_CURVE_SECRET: o->curve_secret = optarg; break;
-        case O_AUTH_KEYS: o->authorized_keys = optarg; break;
-        case O_SHARD_KEYS: o->shard_keys = optarg; break;
-        case O_OPERATOR_KEYS: o->operator_keys = optarg; break;
-        case O_SERVER_KEY: o->server_key = optarg; break;
-        case O_REQUIRE_CURVE: o->require_curve = true; break;
-        case O_ADAPTIVE: o->adaptive_split = true; break;
-        case O_HTTP: o->http = optarg; break;
-        case O_ADVERTISE: o->advertise = optarg; break;
-        case O_LOG_JSON: zps_log_set_json(true); break;
-        case O_PID_FILE: o->pid_file = optarg; break;
-        case O_SPECULATE: {
-            float f = 0;
-            ok = s_parse_float("--speculate-after", optarg, &f) && f >= 0;
-            o->speculate_after = f;
-            break;
-        }
-        case O_STALL_WARN:
-            ok = s_parse_u64("--stall-warn-ms", optarg, &v) && v >= 10;
-            o->stall_warn_ms = (double)v;
-            break;
-        case O_SNDBUF:
-            ok = s_parse_u64("--sndbuf", optarg, &v);
-            if (ok && v != 0 && (v < 4096 || v > 1u << 30)) {
-                fprintf(stderr, "zps-server: --sndbuf: '%s' is not 0 or 4096..%u bytes\n", optarg,
-                        1u << 30);
-                ok = false;
-            }
-            o->sndbuf = (int)v;
-            break;
-        case O_WTIMEOUT:
-            ok = s_parse_u64("--worker-timeout-ms", optarg, &v) && v >= 100;
-            o->worker_timeout_ms = (double)v;
-            break;
-        case O_LOG: {
-            zps_log_level lvl;
-            ok = zps_log_parse_level(optarg, &lvl);
-            if (ok) {
-                zps_log_set_level(lvl);
-            } else {
-                fprintf(stderr, "zps-server: --log-level: debug, info, warn or error\n");
-            }
-            break;
-        }
-        case O_HELP: s_usage(stdout); exit(0);
-        default: ok = false; break;
-        }
-        if (!ok) {
-            s_usage(stderr);
-            free(args);
-            return false;
-        }
-    }
-    bool extra = optind < argc;
-    if (extra) {
-        fprintf(stderr, "zps-server: unexpected argument '%s'\n", argv[optind]);
-    }
-    free(args);
-    if (extra) {
-        return false;
-    }
-    if (!s_check_optim_flags(o, optim_given)) {
-        return false;
-    }
-    if (o->global_batch == 0) {
-        fprintf(stderr, "zps-server: --global-batch must be 1..%u\n", 1u << 24);
-        return false;
-    }
     if (!o->curve_secret != !o->authorized_keys) {
         fprintf(stderr, "zps-server: --curve-secret and --authorized-keys go together\n");
         return false;
@@ -387,11 +307,45 @@ static bool s_parse_opts(int argc, char **argv, s_opts *o)
     return true;
 }
 
+// The flags into *f. Returns -1 to run, or the exit status of a process
+// that ends here: 0 after --help, 2 after a refusal (said in one line).
+static int s_parse_flags(int argc, char **argv, s_flags *f)
+{
+    *f = (s_flags){
+        .srv = {
+            .listen = "tcp://127.0.0.1:5555",
+            .workers = 1,
+            .model = "mlp:784-512-512-10",
+            .dataset = NULL, // fashion-mnist, or for an external model the workers'
+            .global_batch = 128,
+            .epochs = 10,
+            .optimizer = "sgd",
+            .optim = {.lr = 0.05f, .momentum = 0.9f, .schedule = ZPS_LR_COSINE,
+                      .beta1 = ZPS_OPTIM_BETA1, .beta2 = ZPS_OPTIM_BETA2, .eps = ZPS_OPTIM_EPS},
+            .shards = 1,
+            .wire_dtype = ZPS_DTYPE_F32,
+            .worker_timeout_ms = 10000,
+            .stall_warn_ms = 5000,
+        },
+        .log_level = ZPS_LOG_INFO,
+    };
+    bool given[sizeof s_table / sizeof s_table[0]] = {false};
+    int status = zps_opts_parse_main(&s_prog, argc, argv, f, given);
+    if (status >= 0) {
+        return status;
+    }
+    if (f->log_json) {
+        zps_log_set_json(true);
+    }
+    return s_check_optim_flags(&f->srv, given) && s_check_pairs(&f->srv) ? -1 : 2;
+}
+
 int main(int argc, char **argv)
 {
-    s_opts o;
-    if (!s_parse_opts(argc, argv, &o)) {
-        return 2;
+    s_flags f;
+    int status = s_parse_flags(argc, argv, &f);
+    if (status >= 0) {
+        return status;
     }
-    return zps_server_run(&o);
+    return zps_server_run(&f.srv);
 }

@@ -9,7 +9,7 @@ int main(void)
     Suite *(*suites[])(void) = {
         zps_suite_model,   zps_suite_optim,   zps_suite_wire, zps_suite_idx,
         zps_suite_dataset, zps_suite_sampler, zps_suite_cpu,  zps_suite_cuda, zps_suite_shard,
-        zps_suite_dtype,   zps_suite_ckpt,    zps_suite_flags, zps_suite_coord, zps_suite_msgtab,
+        zps_suite_dtype,   zps_suite_ckpt,    zps_suite_opts, zps_suite_coord, zps_suite_msgtab,
         zps_suite_plans,   zps_suite_member,  zps_suite_client, zps_suite_layout,
         zps_suite_monitor,
     };

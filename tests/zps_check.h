@@ -15,7 +15,7 @@ Suite *zps_suite_cuda(void);
 Suite *zps_suite_shard(void);
 Suite *zps_suite_dtype(void);
 Suite *zps_suite_ckpt(void);
-Suite *zps_suite_flags(void);
+Suite *zps_suite_opts(void);
 Suite *zps_suite_coord(void);
 Suite *zps_suite_plans(void);
 Suite *zps_suite_member(void);

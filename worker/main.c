@@ -7,11 +7,11 @@
  * of the job to the exit status. Signals stop the client. */
 #include <cblas.h>
 #include <errno.h>
-#include <getopt.h>
 #include <inttypes.h>
 #include <limits.h>
 #include <math.h>
 #include <signal.h>
+#include <stddef.h>
 #include <time.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -23,9 +23,9 @@
 #include "common/zps_curve.h"
 #include "common/zps_dataset.h"
 #include "common/zps_dtype.h"
-#include "common/zps_flags.h"
 #include "common/zps_log.h"
 #include "common/zps_model.h"
+#include "common/zps_opts.h"
 #include "common/zps_pidfile.h"
 #include "include/zps.h"
 #include "worker/zps_backend.h"
@@ -53,6 +53,8 @@ typedef struct s_opts {
     bool stall_seed_set;      // --stall-seed given (else the pid draws)
     const char *pid_file;     // for supervisors, or NULL
     int sndbuf;               // TCP send buffer of the shard sockets (0: the OS's)
+    zps_log_level log_level;  // --log-level (zps_opts_log_level applies it)
+    bool log_json;            // --log-json
 } s_opts;
 
 // SIGTERM or SIGINT: every wait of the client returns within a poll
@@ -95,168 +97,122 @@ static zps_err s_save_params(const zps_train *t, const char *path)
 // ---------------------------------------------------------------------------
 // Flags and start-up.
 
-static void s_usage(FILE *f)
+static bool s_parse_gpu_math(const char *text, void *field)
 {
-    fprintf(f,
-            "usage: zps-worker --coordinator ENDPOINT [options]\n"
-            "  --coordinator ENDPOINT  shard 0, e.g. tcp://127.0.0.1:5555 (required)\n"
-            "  --device cpu|cuda[:N]   compute backend (default cpu); cuda needs a CUDA build\n"
-            "  --gpu-math fp32|tf32|bf16  what cuBLAS may use on a GPU (default fp32; tf32\n"
-            "                          and bf16 use tensor cores, fp32 accumulate, see README)\n"
-            "  --check-device          check that --device can compute here, then exit\n"
-            "                          (0: it can; 2: it cannot, and why)\n"
-            "  --share N               ask for N samples of each global batch (default: split)\n"
-            "  --save-params FILE      write the final flat parameters (float32 LE)\n"
-            "  --threads N             OpenBLAS threads (default 1)\n"
-            "  --cache-dir DIR         decompressed datasets (default ~/.cache/zps)\n"
-            "  --timeout-ms MS         leave the job when the coordinator stays silent this\n"
-            "                          long (default 60000); while it answers, wait\n"
-            "  --join-timeout-ms MS    bound on waiting for the job to start (default 600000)\n"
-            "  --no-overlap            push after backward instead of during it (benchmarks)\n"
-            "  --heartbeat-ms MS       heartbeat interval to the coordinator (default 1000)\n"
-            "  --sndbuf BYTES          TCP send buffer per shard connection (default: the OS's)\n"
-            "  --slowdown F            fault injection: compute takes F times longer\n"
-            "  --stall-prob P --stall-ms M  fault injection: pause M ms with chance P a step\n"
-            "  --stall-seed N          fault injection: which steps pause (default: from the pid)\n"
-            "  --curve-secret FILE     CurveZMQ: this worker's secret key (zps-ctl keygen)\n"
-            "  --server-key FILE       CurveZMQ: the servers' public key\n"
-            "  --log-level LEVEL       debug, info, warn, error (default info)\n"
-            "  --log-json              log lines as JSON objects\n"
-            "  --pid-file FILE         write this process's pid there while it runs\n"
-            "Every flag may come from the environment instead: --some-flag X as\n"
-            "ZPS_SOME_FLAG=X, a switch as ZPS_SOME_FLAG=1. The command line wins.\n"
-            "SIGTERM or SIGINT: the worker leaves the job (BYE) and exits 0.\n");
+    return zps_backend_parse_gpu_math(text, (zps_gpu_math *)field);
 }
 
-static bool s_parse_int(const char *flag, const char *text, long lo, long hi, long *out)
-{
-    long long v;
-    bool ok = zps_flags_int("zps-worker", flag, text, lo, hi, &v);
-    *out = ok ? (long)v : *out;
-    return ok;
-}
+static const zps_opts_row s_table[] = {
+    {.name = "coordinator", .kind = ZPS_OPTS_STRING, .metavar = "ENDPOINT",
+     .help = "shard 0, e.g. tcp://127.0.0.1:5555 (required: everything else comes from the "
+             "server)",
+     .offset = offsetof(s_opts, coordinator), .ctype = ZPS_OPTS_C_STR},
+    {.name = "device", .kind = ZPS_OPTS_STRING, .metavar = "cpu|cuda[:N]", .def = "cpu",
+     .help = "compute backend; cuda needs a CUDA build (README: GPU workers)",
+     .offset = offsetof(s_opts, device), .ctype = ZPS_OPTS_C_STR},
+    {.name = "gpu-math", .kind = ZPS_OPTS_CUSTOM, .metavar = "fp32|tf32|bf16", .def = "fp32",
+     .help = "what cuBLAS may use on a GPU; tf32 and bf16 use tensor cores, fp32 accumulate",
+     .offset = offsetof(s_opts, gpu_math), .ctype = ZPS_OPTS_C_PARSER,
+     .parse = s_parse_gpu_math, .accepts = "fp32, tf32 or bf16"},
+    {.name = "check-device", .kind = ZPS_OPTS_SWITCH,
+     .help = "check that --device can compute here, then exit (0: it can; 2: it cannot, and "
+             "why)",
+     .offset = offsetof(s_opts, check_device), .ctype = ZPS_OPTS_C_BOOL},
+    {.name = "share", .kind = ZPS_OPTS_INT, .metavar = "N", .def = "split",
+     .help = "ask for N samples of each global batch; members without one split the rest "
+             "evenly, lower ranks taking the remainder",
+     .offset = offsetof(s_opts, share), .ctype = ZPS_OPTS_C_U32, .lo = 1, .hi = 1 << 24},
+    {.name = "save-params", .kind = ZPS_OPTS_STRING, .metavar = "FILE",
+     .help = "write the final flat parameters (float32 LE)",
+     .offset = offsetof(s_opts, save_params), .ctype = ZPS_OPTS_C_STR},
+    {.name = "threads", .kind = ZPS_OPTS_INT, .metavar = "N", .def = "1",
+     .help = "OpenBLAS threads",
+     .offset = offsetof(s_opts, threads), .ctype = ZPS_OPTS_C_INT, .lo = 1, .hi = 256},
+    {.name = "cache-dir", .kind = ZPS_OPTS_STRING, .metavar = "DIR", .def = "~/.cache/zps",
+     .help = "decompressed datasets ($XDG_CACHE_HOME/zps where that is set)",
+     .offset = offsetof(s_opts, cache_dir), .ctype = ZPS_OPTS_C_STR},
+    {.name = "timeout-ms", .kind = ZPS_OPTS_INT, .metavar = "MS", .def = "60000",
+     .help = "leave the job when the coordinator stays silent this long; while it answers, "
+             "wait",
+     .offset = offsetof(s_opts, timeout_ms), .ctype = ZPS_OPTS_C_INT,
+     .lo = 100, .hi = 86400000},
+    {.name = "join-timeout-ms", .kind = ZPS_OPTS_INT, .metavar = "MS", .def = "600000",
+     .help = "bound on waiting for the job to start",
+     .offset = offsetof(s_opts, join_timeout_ms), .ctype = ZPS_OPTS_C_INT,
+     .lo = 100, .hi = 86400000},
+    {.name = "no-overlap", .kind = ZPS_OPTS_SWITCH,
+     .help = "push after backward instead of during it (benchmarks)",
+     .offset = offsetof(s_opts, no_overlap), .ctype = ZPS_OPTS_C_BOOL},
+    {.name = "heartbeat-ms", .kind = ZPS_OPTS_INT, .metavar = "MS", .def = "1000",
+     .help = "heartbeat interval to the coordinator",
+     .offset = offsetof(s_opts, heartbeat_ms), .ctype = ZPS_OPTS_C_INT,
+     .lo = 10, .hi = 3600000},
+    {.name = "sndbuf", .kind = ZPS_OPTS_INT, .metavar = "BYTES", .def = "0: the OS's",
+     .help = "TCP send buffer of each shard connection, 0 or 4096..1073741824 bytes "
+             "(README: Running on a cluster)",
+     .offset = offsetof(s_opts, sndbuf), .ctype = ZPS_OPTS_C_INT,
+     .lo = 4096, .hi = 1 << 30, .or_zero = true},
+    {.name = "slowdown", .kind = ZPS_OPTS_REAL, .metavar = "F",
+     .help = "fault injection: compute takes F times longer",
+     .offset = offsetof(s_opts, slowdown), .ctype = ZPS_OPTS_C_DOUBLE,
+     .real_lo = 1, .real_hi = 1000},
+    {.name = "stall-prob", .kind = ZPS_OPTS_REAL, .metavar = "P",
+     .help = "fault injection: the chance of a pause of --stall-ms a step",
+     .offset = offsetof(s_opts, stall_prob), .ctype = ZPS_OPTS_C_DOUBLE,
+     .real_lo = 0, .real_hi = 1},
+    {.name = "stall-ms", .kind = ZPS_OPTS_INT, .metavar = "M",
+     .help = "fault injection: the length of a pause",
+     .offset = offsetof(s_opts, stall_ms), .ctype = ZPS_OPTS_C_INT, .lo = 0, .hi = 3600000},
+    {.name = "stall-seed", .kind = ZPS_OPTS_INT, .metavar = "N", .def = "from the pid",
+     .help = "fault injection: which steps pause (README: Watching a run)",
+     .offset = offsetof(s_opts, stall_seed), .ctype = ZPS_OPTS_C_U64,
+     .lo = 0, .hi = LLONG_MAX},
+    {.name = "curve-secret", .kind = ZPS_OPTS_STRING, .metavar = "FILE",
+     .help = "CurveZMQ: this worker's secret key (zps-ctl keygen; README: Security)",
+     .offset = offsetof(s_opts, curve_secret), .ctype = ZPS_OPTS_C_STR},
+    {.name = "server-key", .kind = ZPS_OPTS_STRING, .metavar = "FILE",
+     .help = "CurveZMQ: the servers' public key",
+     .offset = offsetof(s_opts, server_key), .ctype = ZPS_OPTS_C_STR},
+    {.name = "log-level", .kind = ZPS_OPTS_CUSTOM, .metavar = "LEVEL", .def = "info",
+     .help = "debug, info, warn or error",
+     .offset = offsetof(s_opts, log_level), .ctype = ZPS_OPTS_C_PARSER,
+     .parse = zps_opts_log_level, .accepts = "debug, info, warn or error"},
+    {.name = "log-json", .kind = ZPS_OPTS_SWITCH,
+     .help = "log lines as JSON objects",
+     .offset = offsetof(s_opts, log_json), .ctype = ZPS_OPTS_C_BOOL},
+    {.name = "pid-file", .kind = ZPS_OPTS_STRING, .metavar = "FILE",
+     .help = "write this process's pid there while it runs",
+     .offset = offsetof(s_opts, pid_file), .ctype = ZPS_OPTS_C_STR},
+};
 
-static bool s_parse_real(const char *flag, const char *text, double lo, double hi, double *out)
-{
-    return zps_flags_real("zps-worker", flag, text, lo, hi, out);
-}
+static const zps_opts_prog s_prog = {
+    .name = "zps-worker",
+    .synopsis = "usage: zps-worker --coordinator ENDPOINT [options]\n",
+    .epilogue = "SIGTERM or SIGINT: the worker leaves the job (BYE) and exits 0.\n",
+    .opts = s_table,
+    .n_opts = sizeof s_table / sizeof s_table[0],
+};
 
-static bool s_parse_opts(int argc, char **argv, s_opts *o, char *cache_buf, size_t cache_len)
+// The flags into *o, its cache directory (when not given) in cache_buf.
+// Returns -1 to run, or the exit status of a process that ends here: 0
+// after --help, 2 after a refusal (said in one line).
+static int s_parse_opts(int argc, char **argv, s_opts *o, char *cache_buf, size_t cache_len)
 {
-    enum { O_COORD = 256, O_DEVICE, O_SHARE, O_SAVE, O_THREADS, O_CACHE, O_TIMEOUT, O_JOIN,
-           O_NO_OVERLAP, O_HEARTBEAT, O_CURVE_SECRET, O_SERVER_KEY, O_SLOWDOWN, O_STALL_PROB, O_STALL_SEED, O_SNDBUF,
-           O_STALL_MS, O_LOG, O_LOG_JSON, O_PID_FILE, O_GPU_MATH, O_CHECK_DEVICE, O_HELP };
-    static const struct option longopts[] = {
-        {"coordinator", required_argument, 0, O_COORD},
-        {"device", required_argument, 0, O_DEVICE},
-        {"gpu-math", required_argument, 0, O_GPU_MATH},
-        {"check-device", no_argument, 0, O_CHECK_DEVICE},
-        {"share", required_argument, 0, O_SHARE},
-        {"save-params", required_argument, 0, O_SAVE},
-        {"threads", required_argument, 0, O_THREADS},
-        {"cache-dir", required_argument, 0, O_CACHE},
-        {"timeout-ms", required_argument, 0, O_TIMEOUT},
-        {"join-timeout-ms", required_argument, 0, O_JOIN},
-        {"no-overlap", no_argument, 0, O_NO_OVERLAP},
-        {"heartbeat-ms", required_argument, 0, O_HEARTBEAT},
-        {"curve-secret", required_argument, 0, O_CURVE_SECRET},
-        {"server-key", required_argument, 0, O_SERVER_KEY},
-        {"slowdown", required_argument, 0, O_SLOWDOWN},
-        {"stall-prob", required_argument, 0, O_STALL_PROB},
-        {"stall-ms", required_argument, 0, O_STALL_MS},
-        {"stall-seed", required_argument, 0, O_STALL_SEED},
-        {"sndbuf", required_argument, 0, O_SNDBUF},
-        {"log-level", required_argument, 0, O_LOG},
-        {"log-json", no_argument, 0, O_LOG_JSON},
-        {"pid-file", required_argument, 0, O_PID_FILE},
-        {"help", no_argument, 0, O_HELP},
-        {0, 0, 0, 0},
-    };
-    char **args;
-    if (zps_flags_from_env("zps-worker", longopts, environ, argc, argv, &argc, &args) != ZPS_OK) {
-        return false;
-    }
-    argv = args;
     *o = (s_opts){.device = "cpu", .threads = 1, .timeout_ms = 60000, .join_timeout_ms = 600000,
-                  .heartbeat_ms = 1000};
-    long v = 0;
-    int c;
-    while ((c = getopt_long(argc, argv, "", longopts, NULL)) != -1) {
-        bool ok = true;
-        switch (c) {
-        case O_COORD: o->coordinator = optarg; break;
-        case O_DEVICE: o->device = optarg; break;
-        case O_GPU_MATH:
-            ok = zps_backend_parse_gpu_math(optarg, &o->gpu_math);
-            if (!ok) {
-                fprintf(stderr, "zps-worker: --gpu-math: fp32, tf32 or bf16\n");
-            }
-            break;
-        case O_CHECK_DEVICE: o->check_device = true; break;
-        case O_SHARE: ok = s_parse_int("--share", optarg, 1, 1 << 24, &v); o->share = (uint32_t)v; break;
-        case O_SAVE: o->save_params = optarg; break;
-        case O_THREADS: ok = s_parse_int("--threads", optarg, 1, 256, &v); o->threads = (int)v; break;
-        case O_CACHE: o->cache_dir = optarg; break;
-        case O_TIMEOUT: ok = s_parse_int("--timeout-ms", optarg, 100, 86400000, &v); o->timeout_ms = (int)v; break;
-        case O_JOIN: ok = s_parse_int("--join-timeout-ms", optarg, 100, 86400000, &v); o->join_timeout_ms = (int)v; break;
-        case O_NO_OVERLAP: o->no_overlap = true; break;
-        case O_CURVE_SECRET: o->curve_secret = optarg; break;
-        case O_SERVER_KEY: o->server_key = optarg; break;
-        case O_SLOWDOWN: ok = s_parse_real("--slowdown", optarg, 1.0, 1000.0, &o->slowdown); break;
-        case O_STALL_PROB: ok = s_parse_real("--stall-prob", optarg, 0.0, 1.0, &o->stall_prob); break;
-        case O_STALL_MS:
-            ok = s_parse_int("--stall-ms", optarg, 0, 3600000, &v);
-            o->stall_ms = (int)v;
-            break;
-        case O_STALL_SEED:
-            ok = s_parse_int("--stall-seed", optarg, 0, LONG_MAX, &v);
-            o->stall_seed = (uint64_t)v;
-            o->stall_seed_set = true;
-            break;
-        case O_HEARTBEAT:
-            ok = s_parse_int("--heartbeat-ms", optarg, 10, 3600000, &v);
-            o->heartbeat_ms = (int)v;
-            break;
-        case O_SNDBUF:
-            ok = s_parse_int("--sndbuf", optarg, 0, 1L << 30, &v);
-            if (ok && v != 0 && v < 4096) {
-                fprintf(stderr, "zps-worker: --sndbuf: '%s' is not 0 or 4096..%ld bytes\n", optarg,
-                        1L << 30);
-                ok = false;
-            }
-            o->sndbuf = (int)v;
-            break;
-        case O_LOG: {
-            zps_log_level lvl;
-            ok = zps_log_parse_level(optarg, &lvl);
-            if (ok) {
-                zps_log_set_level(lvl);
-            } else {
-                fprintf(stderr, "zps-worker: --log-level: debug, info, warn or error\n");
-            }
-            break;
-        }
-        case O_LOG_JSON: zps_log_set_json(true); break;
-        case O_PID_FILE: o->pid_file = optarg; break;
-        case O_HELP: s_usage(stdout); exit(0);
-        default: ok = false; break;
-        }
-        if (!ok) {
-            s_usage(stderr);
-            free(args);
-            return false;
-        }
+                  .heartbeat_ms = 1000, .log_level = ZPS_LOG_INFO};
+    bool given[sizeof s_table / sizeof s_table[0]] = {false};
+    int status = zps_opts_parse_main(&s_prog, argc, argv, o, given);
+    if (status >= 0) {
+        return status;
     }
-    bool extra = optind < argc;
-    if (extra || (!o->coordinator && !o->check_device)) {
-        fprintf(stderr, extra ? "zps-worker: unexpected argument '%s'\n"
-                              : "zps-worker: --coordinator is required%s\n",
-                extra ? argv[optind] : "");
-        s_usage(stderr);
-        free(args);
-        return false;
+    if (o->log_json) {
+        zps_log_set_json(true);
     }
-    free(args);
+    o->stall_seed_set = zps_opts_given(&s_prog, given, "stall-seed");
+    if (!o->coordinator && !o->check_device) {
+        fprintf(stderr, "zps-worker: --coordinator is required\n");
+        return 2;
+    }
     if (!o->cache_dir) {
         const char *xdg = getenv("XDG_CACHE_HOME"), *home = getenv("HOME");
         if (xdg && *xdg) {
@@ -266,7 +222,7 @@ static bool s_parse_opts(int argc, char **argv, s_opts *o, char *cache_buf, size
         }
         o->cache_dir = cache_buf;
     }
-    return true;
+    return -1;
 }
 
 // The client, with the flags' options; NULL (logged) on failure.
@@ -296,8 +252,9 @@ int main(int argc, char **argv)
     zps_log_set_name("worker");
     s_opts o;
     char cache_dir[4096]; // o points into it
-    if (!s_parse_opts(argc, argv, &o, cache_dir, sizeof cache_dir)) {
-        return 2;
+    int status = s_parse_opts(argc, argv, &o, cache_dir, sizeof cache_dir);
+    if (status >= 0) {
+        return status;
     }
     if (!zps_backend_supports(o.device)) {
         return 2;
