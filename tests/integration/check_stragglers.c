@@ -443,7 +443,10 @@ static uint64_t s_flagged_at(zps_procs *ps, const char *tag, const char *slowdow
     snprintf(server, sizeof server, "%s-server", tag);
     snprintf(fast, sizeof fast, "%s-fast", tag);
     snprintf(slow, sizeof slow, "%s-slow", tag);
-    const char *args[] = {"--workers", "2", "--steps", "80", NULL};
+    char metrics[48];
+    snprintf(metrics, sizeof metrics, "%s.jsonl", tag);
+    const char *args[] = {"--workers", "2", "--steps", "80", "--metrics-log",
+                          zps_procs_path(ps, metrics), NULL};
     pid_t s;
     char ep[256];
     snprintf(ep, sizeof ep, "%s", zps_procs_start_server(ps, server, &s, args, 10000));
