@@ -2,7 +2,7 @@
 computation as one process on the global batch, with unlike shares, with
 AdamW, with a worker killed, with a C zps-worker in the job, and Ctrl-C.
 
-Compared over 30-60 steps, at learning rates where this CNN is not yet
+Compared over 30-40 steps, at learning rates where this CNN is not yet
 chaotic there: a last-bit difference of the gradient's summation order
 (one piece of 64 or three of 21) grows with every ReLU and max-pool that
 flips, and at SGD's lr 0.05 it reaches 1e-5..1e-3 in 30 steps in one torch
