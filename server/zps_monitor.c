@@ -128,7 +128,7 @@ static double s_median(double *v, size_t n)
 static bool s_pace(const s_rank *r, double *median, double *noise)
 {
     uint64_t recent = r->n < ZPS_MONITOR_PACE_STEPS ? r->n : ZPS_MONITOR_PACE_STEPS;
-    double v[ZPS_MONITOR_PACE_STEPS];
+    double v[ZPS_MONITOR_PACE_STEPS] = {0};
     size_t n = 0;
     for (uint64_t k = 0; k < recent; k++) {
         const s_sample *x = &r->ring[(r->n - 1 - k) % ZPS_MONITOR_WINDOW];
@@ -155,7 +155,7 @@ static bool s_pace(const s_rank *r, double *median, double *noise)
 // small; what they cannot tell apart is said at the equal-workers test.
 static bool s_slow(const zps_monitor *m, uint32_t rank, uint64_t step)
 {
-    double own, own_noise, paces[ZPS_MAX_MEMBERS], noise = 0;
+    double own, own_noise, paces[ZPS_MAX_MEMBERS] = {0}, noise = 0;
     if (!s_pace(&m->ranks[rank], &own, &own_noise)) {
         return false;
     }
