@@ -18,10 +18,11 @@
 #define ZPS_MONITOR_SLOW_REL 1.2
 #define ZPS_MONITOR_NOISE_K 1.0
 #define ZPS_MONITOR_LAG_FLOOR_MS 2.0
-// Paces over the last PACE_STEPS: on loaded shared cores the scheduler
-// starves one of two equal workers for 10-20 steps, then the other (paces
-// of 0.15 and 0.25 ms a sample, turn about), which a shorter window takes
-// for a slow worker.
+// Paces over the last PACE_STEPS, so that a pause of a few steps is not
+// slowness. (On shared cores the scheduler also starves one of two equal
+// workers for 20-70 steps, then the other: 0.36 against 0.23 ms a sample,
+// steady; no window that still flags a 1.5x worker within 30 steps can
+// tell that apart, see check_stragglers.c.)
 #define ZPS_MONITOR_PACE_STEPS 30
 #define ZPS_MONITOR_RECENT 20     // steps whose holding back counts ...
 #define ZPS_MONITOR_FLAG_SHARE 0.6  // ... flagged when it held back this share of them
