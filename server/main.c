@@ -100,7 +100,7 @@ static const zps_opts_row s_table[] = {
     {.name = "model", .kind = ZPS_OPTS_STRING, .metavar = "SPEC", .def = "mlp:784-512-512-10",
      .help = "mlp:D0-D1-...-Dk: Linear layers with ReLU between them; flat:P: a benchmark "
              "model of P parameters whose gradient costs nothing; external: declared by the "
-             "workers (libzps), rank 0's initial values (README: Your own model in C)",
+             "workers (libzps), rank 0's initial values (docs/library.md)",
      .offset = offsetof(s_flags, srv.model), .ctype = ZPS_OPTS_C_STR},
     {.name = "dataset", .kind = ZPS_OPTS_STRING, .metavar = "SPEC", .def = "fashion-mnist",
      .help = "fashion-mnist[:DIR] or synthetic:N; with --model external, size:N fixes the "
@@ -119,7 +119,7 @@ static const zps_opts_row s_table[] = {
      .offset = offsetof(s_flags, srv.steps), .ctype = ZPS_OPTS_C_U64,
      .lo = 0, .hi = LLONG_MAX},
     {.name = "optimizer", .kind = ZPS_OPTS_CUSTOM, .metavar = "sgd|adam|adamw", .def = "sgd",
-     .help = "torch.optim.SGD, Adam or AdamW semantics (README: Optimizers)",
+     .help = "torch.optim.SGD, Adam or AdamW semantics (docs/optimizers.md)",
      .offset = offsetof(s_flags, srv.optim.kind), .ctype = ZPS_OPTS_C_PARSER,
      .parse = s_parse_optimizer, .accepts = "sgd, adam or adamw"},
     {.name = "lr", .kind = ZPS_OPTS_REAL, .metavar = "X", .def = "sgd 0.05; adam, adamw 0.001",
@@ -167,7 +167,7 @@ static const zps_opts_row s_table[] = {
      .offset = offsetof(s_flags, srv.worker_timeout_ms), .ctype = ZPS_OPTS_C_DOUBLE,
      .lo = 100, .hi = LLONG_MAX},
     {.name = "stall-warn-ms", .kind = ZPS_OPTS_INT, .metavar = "MS", .def = "5000",
-     .help = "while a step waits, say for whom this often (README: Watching a run)",
+     .help = "while a step waits, say for whom this often (docs/stragglers.md)",
      .offset = offsetof(s_flags, srv.stall_warn_ms), .ctype = ZPS_OPTS_C_DOUBLE,
      .lo = 10, .hi = LLONG_MAX},
     {.name = "adaptive-split", .kind = ZPS_OPTS_SWITCH,
@@ -184,7 +184,7 @@ static const zps_opts_row s_table[] = {
              "(JSON)",
      .offset = offsetof(s_flags, srv.http), .ctype = ZPS_OPTS_C_STR},
     {.name = "checkpoint-every", .kind = ZPS_OPTS_INT, .metavar = "K", .def = "0: never",
-     .help = "shards checkpoint every K steps (shard 0 sets it for all; README: Failures)",
+     .help = "shards checkpoint every K steps (shard 0 sets it for all; docs/failures.md)",
      .offset = offsetof(s_flags, srv.checkpoint_every), .ctype = ZPS_OPTS_C_U64,
      .lo = 0, .hi = LLONG_MAX},
     {.name = "checkpoint-dir", .kind = ZPS_OPTS_STRING, .metavar = "DIR",
@@ -194,7 +194,7 @@ static const zps_opts_row s_table[] = {
      .help = "restart from this shard's newest valid checkpoint",
      .offset = offsetof(s_flags, srv.resume), .ctype = ZPS_OPTS_C_BOOL},
     {.name = "curve-secret", .kind = ZPS_OPTS_STRING, .metavar = "FILE",
-     .help = "CurveZMQ: this server's secret key (zps-ctl keygen; README: Security)",
+     .help = "CurveZMQ: this server's secret key (zps-ctl keygen; docs/security.md)",
      .offset = offsetof(s_flags, srv.curve_secret), .ctype = ZPS_OPTS_C_STR},
     {.name = "authorized-keys", .kind = ZPS_OPTS_STRING, .metavar = "DIR",
      .help = "CurveZMQ: the workers' public keys (*.pub); SIGHUP re-reads every list",
@@ -220,8 +220,8 @@ static const zps_opts_row s_table[] = {
      .help = "shards > 0: where workers reach this shard (needed when --listen is 0.0.0.0)",
      .offset = offsetof(s_flags, srv.advertise), .ctype = ZPS_OPTS_C_STR},
     {.name = "sndbuf", .kind = ZPS_OPTS_INT, .metavar = "BYTES", .def = "0: the OS's",
-     .help = "TCP send buffer of each connection, 0 or 4096..1073741824 bytes (README: "
-             "Running on a cluster)",
+     .help = "TCP send buffer of each connection, 0 or 4096..1073741824 bytes "
+             "(docs/running.md)",
      .offset = offsetof(s_flags, srv.sndbuf), .ctype = ZPS_OPTS_C_INT,
      .lo = 4096, .hi = 1 << 30, .or_zero = true},
     {.name = "log-level", .kind = ZPS_OPTS_CUSTOM, .metavar = "LEVEL", .def = "info",
