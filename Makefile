@@ -280,7 +280,7 @@ test-fuzz-replay: $(FUZZ_REPLAY)
 test-deploy: $(BINS)
 	ZPS_BIN_DIR=$(CURDIR)/$(BIN) bash tests/deploy/run.sh
 
-# The README's flag tables, rewritten from the daemons' own (--flags-markdown);
+# The flag tables of docs/running.md, rewritten from the daemons' own (--flags-markdown);
 # test-deploy's readme_flags fails while they differ.
 .PHONY: readme-flags
 readme-flags: $(BINS)

@@ -11,7 +11,7 @@
 #
 # zps runs twice: with the OS's TCP send buffers, and with --sndbuf BYTES
 # on every shard and worker (small buffers keep the W flows into a shard's
-# link and the S flows out of a worker's fair; README, Running on a cluster).
+# link and the S flows out of a worker's fair; docs/running.md, "Send buffers on shared links").
 #
 # Lower bound for the parameter server: each worker's link carries its
 # gradient out and the parameters in, 4P bytes each way at once, so a step

@@ -2,7 +2,7 @@
 loopback, each wait bounded, each process killed by its pid at the end.
 
 The binaries come from $ZPS_BIN_DIR (make test sets it) or bin/ of this
-tree; the package from python/ (PYTHONPATH=python, as the README says).
+tree; the package from python/ (PYTHONPATH=python, as docs/pytorch.md says).
 """
 import os
 import signal

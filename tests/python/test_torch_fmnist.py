@@ -7,7 +7,7 @@ chaotic there: a last-bit difference of the gradient's summation order
 (one piece of 64 or three of 21) grows with every ReLU and max-pool that
 flips, and at SGD's lr 0.05 it reaches 1e-5..1e-3 in 30 steps in one torch
 process alone (split in pieces as zps splits it). At lr 0.01 it stays at
-1e-7, so the 1e-5 bound tests zps, not the chaos. See the README.
+1e-7, so the 1e-5 bound tests zps, not the chaos. See docs/pytorch.md.
 """
 import json
 import os
