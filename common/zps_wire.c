@@ -339,6 +339,26 @@ zps_err zps_wire_send(void *sock, zmq_msg_t *route, const Zps__Header *h, const 
     return s_send_parts(sock, parts, n);
 }
 
+zps_err zps_wire_send_packed(void *sock, zmq_msg_t *route, const void *hdr, size_t len)
+{
+    zmq_msg_t parts[2];
+    int n = 0;
+    if (route) {
+        ZPS_ASSERT(zmq_msg_init(&parts[n]) == 0);
+        ZPS_ASSERT(zmq_msg_copy(&parts[n], route) == 0);
+        n++;
+    }
+    if (zmq_msg_init_size(&parts[n], len) != 0) {
+        for (int k = 0; k < n; k++) {
+            ZPS_ASSERT(zmq_msg_close(&parts[k]) == 0);
+        }
+        zps_log_warn("could not build a message of %zu bytes to send", len);
+        return ZPS_ENOMEM;
+    }
+    memcpy(zmq_msg_data(&parts[n]), hdr, len);
+    return s_send_parts(sock, parts, n + 1);
+}
+
 zps_err zps_wire_send_error(void *sock, zmq_msg_t *route, uint64_t job_id, uint64_t step,
                             zps_err code, const char *why)
 {

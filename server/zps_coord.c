@@ -18,6 +18,7 @@
 #include "server/zps_member.h"
 #include "server/zps_monitor.h"
 #include "server/zps_msgtab.h"
+#include "server/zps_outbox.h"
 #include "server/zps_token.h"
 
 #define ZPS_COORD_PROGRESS_MS 2000.0
@@ -121,6 +122,12 @@ struct zps_coord {
     zps_log_limit refusals;             // bounds the lines refused messages cause
 };
 
+// The coordinator's clock: the monotonic one, or the test's (cfg.clock_ms).
+static double s_now(const zps_coord *c)
+{
+    return c->cfg.clock_ms ? c->cfg.clock_ms() : zps_clock_ms();
+}
+
 zps_coord *zps_coord_new(const zps_coord_cfg *cfg)
 {
     zps_coord *c = calloc(1, sizeof *c);
@@ -205,16 +212,16 @@ const char *zps_coord_member_host(const zps_coord *c, uint32_t rank)
     return rank < c->n_members ? c->members[rank].host : "?";
 }
 
-static void s_refuse(zps_coord *c, void *sock, zps_wire_msg *m, zps_err err, const char *why)
+static void s_refuse(zps_coord *c, zps_outbox *out, zps_wire_msg *m, zps_err err, const char *why)
 {
     uint64_t left_out;
     // Anyone may send a HELLO or a REGISTER: their refusals must not flood the log.
-    if (zps_log_limit_pass(&c->refusals, zps_clock_ms(), &left_out)) {
+    if (zps_log_limit_pass(&c->refusals, s_now(c), &left_out)) {
         zps_log_warn("refused a %s from %s: %s%s", zps_wire_type_name(m->hdr ? (int)m->hdr->type : -1),
                      m->peer[0] ? m->peer : "?", why,
                      left_out ? " (and more refusals, not logged)" : "");
     }
-    (void)zps_wire_send_error(sock, &m->route, c->job_id, c->steps_done, err, why);
+    (void)zps_outbox_add_error(out, &m->route, c->job_id, c->steps_done, err, why);
 }
 
 // ---------------------------------------------------------------------------
@@ -262,7 +269,7 @@ static void s_plan_to_wire(const zps_plan *plan, const s_member *only, Zps__Slic
 // JOB to a worker (its rank and id, and the step it starts at) or ASSIGN
 // to a shard (every id, and the optimizer): the same Job message, told
 // apart by `to_shard`.
-static void s_send_job(zps_coord *c, void *sock, zmq_msg_t *route, Zps__MsgType type,
+static void s_send_job(zps_coord *c, zps_outbox *out, zmq_msg_t *route, Zps__MsgType type,
                        s_member *mem, uint64_t shard_token)
 {
     const zps_plan_gen *g = s_newest(c);
@@ -341,20 +348,20 @@ static void s_send_job(zps_coord *c, void *sock, zmq_msg_t *route, Zps__MsgType 
     h.job = &job;
     if (mem) {
         mem->has_job = true;
-        mem->last_seen_ms = zps_clock_ms(); // its heartbeats start once it has the job
+        mem->last_seen_ms = s_now(c); // its heartbeats start once it has the job
     }
-    if (zps_wire_send(sock, route, &h, NULL, 0, NULL) != ZPS_OK) {
-        zps_log_error("could not send the job to %s", mem ? mem->host : "a shard");
+    if (zps_outbox_add(out, route, &h) != ZPS_OK) {
+        zps_log_error("could not queue the job for %s", mem ? mem->host : "a shard");
     }
 }
 
-static void s_start_workers(zps_coord *c, void *sock)
+static void s_start_workers(zps_coord *c, zps_outbox *out)
 {
     c->state = S_TRAINING;
-    c->started_ms = zps_clock_ms();
+    c->started_ms = s_now(c);
     c->next_log_ms = c->started_ms + ZPS_COORD_PROGRESS_MS;
     for (uint32_t i = 0; i < c->n_members; i++) {
-        s_send_job(c, sock, &c->members[i].route, ZPS__MSG_TYPE__JOB, &c->members[i], 0);
+        s_send_job(c, out, &c->members[i].route, ZPS__MSG_TYPE__JOB, &c->members[i], 0);
     }
     zps_log_info("job %016llx: %u workers, %u shards, %llu steps (%llu per epoch), model %s, "
                  "wire %s",
@@ -536,7 +543,7 @@ static bool s_hand_orphans(zps_coord *c, bool *woke_joiner)
 // The newest generation, with the handed-over slices, to every other shard
 // and every worker that has its job (its own id only): as a PLAN, or as a
 // ROLLBACK to `step`.
-static void s_broadcast(zps_coord *c, void *sock, Zps__MsgType type, uint64_t step)
+static void s_broadcast(zps_coord *c, zps_outbox *out, Zps__MsgType type, uint64_t step)
 {
     const zps_plan_gen *g = s_newest(c);
     Zps__Slice slices[ZPS_MAX_MEMBERS];
@@ -562,24 +569,24 @@ static void s_broadcast(zps_coord *c, void *sock, Zps__MsgType type, uint64_t st
     h.plan = &plan;
     s_plan_to_wire(&g->plan, NULL, slices, slice_ptrs);
     for (uint32_t i = 1; i < c->cfg.shards; i++) {
-        (void)zps_wire_send(sock, &c->shards[i].route, &h, NULL, 0, NULL);
+        (void)zps_outbox_add(out, &c->shards[i].route, &h);
     }
     for (uint32_t i = 0; i < c->n_members; i++) {
         s_member *mem = &c->members[i];
         if (zps_member_live(&mem->life) && mem->has_job && mem->route_known) {
             s_plan_to_wire(&g->plan, mem, slices, slice_ptrs);
-            (void)zps_wire_send(sock, &mem->route, &h, NULL, 0, NULL);
+            (void)zps_outbox_add(out, &mem->route, &h);
         }
     }
 }
 
 // JOB to the active members that do not have theirs yet (joiners).
-static void s_send_new_jobs(zps_coord *c, void *sock)
+static void s_send_new_jobs(zps_coord *c, zps_outbox *out)
 {
     for (uint32_t i = 0; i < c->n_members; i++) {
         s_member *mem = &c->members[i];
         if (mem->life.state == ZPS_MEMBER_ACTIVE && !mem->has_job && mem->route_known) {
-            s_send_job(c, sock, &mem->route, ZPS__MSG_TYPE__JOB, mem, 0);
+            s_send_job(c, out, &mem->route, ZPS__MSG_TYPE__JOB, mem, 0);
         }
     }
 }
@@ -593,7 +600,7 @@ static bool s_commit(zps_coord *c, uint64_t effective);
 // has not begun to send (no one can have computed it, and its PLAN
 // reaches every worker before those parameters do); the joiner gets its
 // JOB, its pieces in it.
-static void s_reassign(zps_coord *c, void *sock)
+static void s_reassign(zps_coord *c, zps_outbox *out)
 {
     bool woke = false;
     bool handed = s_hand_orphans(c, &woke);
@@ -601,10 +608,10 @@ static void s_reassign(zps_coord *c, void *sock)
         handed = s_commit(c, c->released + 1) || handed;
     }
     if (handed) {
-        s_broadcast(c, sock, ZPS__MSG_TYPE__PLAN, 0);
+        s_broadcast(c, out, ZPS__MSG_TYPE__PLAN, 0);
     }
     if (woke) {
-        s_send_new_jobs(c, sock);
+        s_send_new_jobs(c, out);
     }
 }
 
@@ -661,28 +668,28 @@ static bool s_commit(zps_coord *c, uint64_t effective)
     return true;
 }
 
-void zps_coord_release(zps_coord *c, void *sock, uint64_t step)
+void zps_coord_release(zps_coord *c, zps_outbox *out, uint64_t step)
 {
     c->released = step > c->released ? step : c->released;
     if (c->state != S_TRAINING || !c->pending || step >= c->cfg.total_steps) {
         return;
     }
     if (s_commit(c, step)) {
-        s_broadcast(c, sock, ZPS__MSG_TYPE__PLAN, 0);
-        s_send_new_jobs(c, sock);
+        s_broadcast(c, out, ZPS__MSG_TYPE__PLAN, 0);
+        s_send_new_jobs(c, out);
     }
 }
 
 // A member left or fell silent: its pieces of the steps in progress go to
 // others at once, and the plan without it comes at the next boundary.
-static void s_depart(zps_coord *c, void *sock, s_member *mem, zps_member_exit why)
+static void s_depart(zps_coord *c, zps_outbox *out, s_member *mem, zps_member_exit why)
 {
     if (zps_member_depart(&mem->life, why) != ZPS_OK) {
         return;
     }
     if (c->state == S_TRAINING && why != ZPS_EXIT_FINISHED) {
         s_note_change(c);
-        s_reassign(c, sock);
+        s_reassign(c, out);
         if (s_live_members(c) == 0) {
             zps_log_warn("step %llu cannot complete: no live worker; waiting for workers to join",
                          (unsigned long long)s_global_done(c));
@@ -690,13 +697,13 @@ static void s_depart(zps_coord *c, void *sock, s_member *mem, zps_member_exit wh
     }
 }
 
-static void s_evict(zps_coord *c, void *sock, s_member *mem, double now_ms)
+static void s_evict(zps_coord *c, zps_outbox *out, s_member *mem, double now_ms)
 {
     c->evictions++;
     zps_log_warn("evicted rank %u (%s, pid %u, %s): silent for %.1f s [%llu evictions]",
                  mem->rank, mem->host, mem->pid, mem->device, (now_ms - mem->last_seen_ms) / 1e3,
                  (unsigned long long)c->evictions);
-    s_depart(c, sock, mem, ZPS_EXIT_EVICTED);
+    s_depart(c, out, mem, ZPS_EXIT_EVICTED);
 }
 
 static s_member *s_member_by_id(zps_coord *c, uint64_t member_id)
@@ -709,31 +716,31 @@ static s_member *s_member_by_id(zps_coord *c, uint64_t member_id)
     return NULL;
 }
 
-static void s_try_recover(zps_coord *c, void *sock, bool deadline_passed);
-static zps_err s_rollback(zps_coord *c, void *sock, uint64_t step, uint32_t shard);
+static void s_try_recover(zps_coord *c, zps_outbox *out, bool deadline_passed);
+static zps_err s_rollback(zps_coord *c, zps_outbox *out, uint64_t step, uint32_t shard);
 
 // Heartbeats from a worker's main socket (flag 1) also say where its
 // replies go: after a coordinator restart that is how routes come back.
-zps_err zps_coord_on_heartbeat(zps_coord *c, void *sock, zps_wire_msg *m)
+zps_err zps_coord_on_heartbeat(zps_coord *c, zps_outbox *out, zps_wire_msg *m)
 {
     s_member *mem = s_member_by_id(c, m->hdr->member_id);
     if (!mem || !zps_member_live(&mem->life)) {
         return ZPS_ENOENT;
     }
-    mem->last_seen_ms = zps_clock_ms();
+    mem->last_seen_ms = s_now(c);
     if ((m->hdr->flags & 1u) && !mem->route_known) {
         zps_wire_route_close(&mem->route);
         zps_wire_route_copy(&mem->route, &m->route);
         mem->route_known = true;
         zps_log_info("rank %u (%s) is back", mem->rank, mem->host);
-        s_try_recover(c, sock, false);
+        s_try_recover(c, out, false);
     }
     return ZPS_OK;
 }
 
 // RECOVERING: once every shard and live worker called back (or the wait
 // ran out for the workers), everyone rolls back to the restored step.
-static void s_try_recover(zps_coord *c, void *sock, bool deadline_passed)
+static void s_try_recover(zps_coord *c, zps_outbox *out, bool deadline_passed)
 {
     if (c->state != S_RECOVERING) {
         return;
@@ -756,7 +763,7 @@ static void s_try_recover(zps_coord *c, void *sock, bool deadline_passed)
                          mem->host);
         }
     }
-    if (s_rollback(c, sock, c->steps_done, 0) != ZPS_OK) {
+    if (s_rollback(c, out, c->steps_done, 0) != ZPS_OK) {
         zps_log_error("cannot roll back to the restored step %llu; still recovering",
                       (unsigned long long)c->steps_done);
     }
@@ -826,7 +833,7 @@ uint32_t zps_coord_generation(const zps_coord *c, uint64_t *effective)
 
 // Every member and shard is here: fix the plan, give the other shards
 // their ranges, and start the workers once every shard serves.
-static zps_err s_start(zps_coord *c, void *sock)
+static zps_err s_start(zps_coord *c, zps_outbox *out)
 {
     if (c->n_members < c->cfg.workers || c->n_registered < c->cfg.shards) {
         return ZPS_OK;
@@ -855,10 +862,10 @@ static zps_err s_start(zps_coord *c, void *sock)
     }
     c->state = S_ASSIGNING;
     for (uint32_t i = 1; i < c->cfg.shards; i++) {
-        s_send_job(c, sock, &c->shards[i].route, ZPS__MSG_TYPE__ASSIGN, NULL, c->shards[i].token);
+        s_send_job(c, out, &c->shards[i].route, ZPS__MSG_TYPE__ASSIGN, NULL, c->shards[i].token);
     }
     if (c->n_ready == c->cfg.shards) {
-        s_start_workers(c, sock);
+        s_start_workers(c, out);
     }
     return ZPS_OK;
 }
@@ -869,7 +876,7 @@ static zps_err s_start(zps_coord *c, void *sock)
 // active from `step`), and the steps after it replayed. Shard 0 restores
 // first (cfg.restore): a rollback it cannot follow is refused, with nothing
 // changed and nothing sent, and the job goes on.
-static zps_err s_rollback(zps_coord *c, void *sock, uint64_t step, uint32_t shard)
+static zps_err s_rollback(zps_coord *c, zps_outbox *out, uint64_t step, uint32_t shard)
 {
     zps_err err;
     if (c->cfg.restore && (err = c->cfg.restore(c->cfg.restore_arg, step)) != ZPS_OK) {
@@ -899,8 +906,8 @@ static zps_err s_rollback(zps_coord *c, void *sock, uint64_t step, uint32_t shar
     }
     c->rollback_pending = true;
     c->rollback_step = step;
-    s_broadcast(c, sock, ZPS__MSG_TYPE__ROLLBACK, step);
-    s_send_new_jobs(c, sock);
+    s_broadcast(c, out, ZPS__MSG_TYPE__ROLLBACK, step);
+    s_send_new_jobs(c, out);
     return ZPS_OK;
 }
 
@@ -927,7 +934,7 @@ static void s_take_public_key(s_shard_peer *sp, const Zps__Register *r)
 
 // A shard registers again while training: it crashed and restarted. It
 // gets its assignment again and says which step it restored (READY).
-static zps_err s_shard_restarted(zps_coord *c, void *sock, zps_wire_msg *m, s_shard_peer *sp)
+static zps_err s_shard_restarted(zps_coord *c, zps_outbox *out, zps_wire_msg *m, s_shard_peer *sp)
 {
     const Zps__Register *r = m->hdr->registration;
     zps_wire_route_close(&sp->route);
@@ -937,11 +944,11 @@ static zps_err s_shard_restarted(zps_coord *c, void *sock, zps_wire_msg *m, s_sh
     sp->ready = false;
     zps_log_warn("shard %u at %s restarted%s; assigning its range again", r->index, sp->endpoint,
                  r->resume ? " from its checkpoint" : " without --resume");
-    s_send_job(c, sock, &sp->route, ZPS__MSG_TYPE__ASSIGN, NULL, sp->token);
+    s_send_job(c, out, &sp->route, ZPS__MSG_TYPE__ASSIGN, NULL, sp->token);
     return ZPS_OK;
 }
 
-zps_err zps_coord_on_register(zps_coord *c, void *sock, zps_wire_msg *m)
+zps_err zps_coord_on_register(zps_coord *c, zps_outbox *out, zps_wire_msg *m)
 {
     const Zps__Register *r = m->hdr->registration;
     if (!r || r->shards != c->cfg.shards || r->index == 0 || r->index >= c->cfg.shards ||
@@ -949,7 +956,7 @@ zps_err zps_coord_on_register(zps_coord *c, void *sock, zps_wire_msg *m)
         char why[160];
         snprintf(why, sizeof why, "REGISTER must name a shard 1..%u of %u and its endpoint",
                  c->cfg.shards - 1, c->cfg.shards);
-        s_refuse(c, sock, m, ZPS_EINVAL, why);
+        s_refuse(c, out, m, ZPS_EINVAL, why);
         return ZPS_EINVAL;
     }
     s_shard_peer *sp = &c->shards[r->index];
@@ -962,15 +969,15 @@ zps_err zps_coord_on_register(zps_coord *c, void *sock, zps_wire_msg *m)
             s_take_public_key(sp, r);
             sp->registered = sp->ready = true;
             zps_log_info("shard %u at %s is back", r->index, sp->endpoint);
-            s_try_recover(c, sock, false);
+            s_try_recover(c, out, false);
         }
         return ZPS_OK;
     }
     if (c->state == S_TRAINING && sp->registered) {
-        return s_shard_restarted(c, sock, m, sp);
+        return s_shard_restarted(c, out, m, sp);
     }
     if (c->state != S_WAITING) {
-        s_refuse(c, sock, m, ZPS_ESTATE, "the job has started; shards cannot join it yet");
+        s_refuse(c, out, m, ZPS_ESTATE, "the job has started; shards cannot join it yet");
         return ZPS_ESTATE;
     }
     if (sp->registered) {
@@ -985,10 +992,10 @@ zps_err zps_coord_on_register(zps_coord *c, void *sock, zps_wire_msg *m)
     zps_log_info("shard %u at %s registered: [%llu, %llu) (%u of %u shards)", r->index,
                  sp->endpoint, (unsigned long long)sp->lo, (unsigned long long)sp->hi,
                  c->n_registered, c->cfg.shards);
-    return s_start(c, sock);
+    return s_start(c, out);
 }
 
-zps_err zps_coord_on_ready(zps_coord *c, void *sock, zps_wire_msg *m)
+zps_err zps_coord_on_ready(zps_coord *c, zps_outbox *out, zps_wire_msg *m)
 {
     uint32_t i = m->hdr->shard;
     if (c->state == S_TRAINING && i > 0 && i < c->cfg.shards && !c->shards[i].ready) {
@@ -1000,7 +1007,7 @@ zps_err zps_coord_on_ready(zps_coord *c, void *sock, zps_wire_msg *m)
                           (unsigned long long)c->steps_done);
             return ZPS_ESTALE;
         }
-        zps_err err = s_rollback(c, sock, m->hdr->step, i);
+        zps_err err = s_rollback(c, out, m->hdr->step, i);
         c->shards[i].ready = err == ZPS_OK;
         return err;
     }
@@ -1010,7 +1017,7 @@ zps_err zps_coord_on_ready(zps_coord *c, void *sock, zps_wire_msg *m)
     }
     c->shards[i].ready = true;
     if (++c->n_ready == c->cfg.shards) {
-        s_start_workers(c, sock);
+        s_start_workers(c, out);
     }
     return ZPS_OK;
 }
@@ -1057,21 +1064,21 @@ static bool s_declared_differs(const zps_coord *c, const Zps__Hello *hello, char
     return false;
 }
 
-zps_err zps_coord_on_hello(zps_coord *c, void *sock, zps_wire_msg *m)
+zps_err zps_coord_on_hello(zps_coord *c, zps_outbox *out, zps_wire_msg *m)
 {
     const Zps__Hello *hello = m->hdr->hello;
     if (!hello) {
-        s_refuse(c, sock, m, ZPS_EPROTO, "HELLO without a hello body");
+        s_refuse(c, out, m, ZPS_EPROTO, "HELLO without a hello body");
         return ZPS_EPROTO;
     }
     char why[320];
     if (s_declared_differs(c, hello, why, sizeof why)) {
-        s_refuse(c, sock, m, ZPS_EINVAL, why);
+        s_refuse(c, out, m, ZPS_EINVAL, why);
         return ZPS_EINVAL;
     }
     if (c->state == S_RECOVERING) {
         // Admitted once the members of before the restart are back or gone.
-        s_refuse(c, sock, m, ZPS_EAGAIN, "recovering from a restart: say HELLO again shortly");
+        s_refuse(c, out, m, ZPS_EAGAIN, "recovering from a restart: say HELLO again shortly");
         return ZPS_EAGAIN;
     }
     for (uint32_t i = 0; i < c->n_members; i++) {
@@ -1087,7 +1094,7 @@ zps_err zps_coord_on_hello(zps_coord *c, void *sock, zps_wire_msg *m)
     bool joining = c->state == S_TRAINING;
     if ((c->state != S_WAITING && !joining) || c->n_members == ZPS_MAX_MEMBERS ||
         (!joining && c->n_members == c->cfg.workers)) {
-        s_refuse(c, sock, m, ZPS_ESTATE, "the job admits no more workers now");
+        s_refuse(c, out, m, ZPS_ESTATE, "the job admits no more workers now");
         return ZPS_ESTATE;
     }
     uint64_t fixed = hello->share;
@@ -1103,12 +1110,12 @@ zps_err zps_coord_on_hello(zps_coord *c, void *sock, zps_wire_msg *m)
         snprintf(why, sizeof why,
                  "share %u does not fit: fixed shares would be %llu of global batch %u",
                  hello->share, (unsigned long long)fixed, c->cfg.global_batch);
-        s_refuse(c, sock, m, ZPS_EINVAL, why);
+        s_refuse(c, out, m, ZPS_EINVAL, why);
         return ZPS_EINVAL;
     }
     uint64_t member_id;
     if (zps_token_new(&member_id) != ZPS_OK) {
-        s_refuse(c, sock, m, ZPS_EAGAIN, "no member id could be drawn now; say HELLO again");
+        s_refuse(c, out, m, ZPS_EAGAIN, "no member id could be drawn now; say HELLO again");
         return ZPS_EAGAIN;
     }
     s_member *mem = &c->members[c->n_members];
@@ -1121,13 +1128,13 @@ zps_err zps_coord_on_hello(zps_coord *c, void *sock, zps_wire_msg *m)
     mem->pid = hello->pid;
     zps_member_admit(&mem->life);
     mem->route_known = true;
-    mem->last_seen_ms = zps_clock_ms();
+    mem->last_seen_ms = s_now(c);
     zps_wire_route_copy(&mem->route, &m->route);
     c->n_members++;
     if (!joining) {
         zps_log_info("worker %s pid %u (%s) admitted as rank %u (%u of %u)", mem->host, mem->pid,
                      mem->device, mem->rank, c->n_members, c->cfg.workers);
-        return s_start(c, sock);
+        return s_start(c, out);
     }
     // A member joins at the next step boundary, in the plan made there;
     // it gets its JOB then. Only if nobody else can compute the step in
@@ -1135,7 +1142,7 @@ zps_err zps_coord_on_hello(zps_coord *c, void *sock, zps_wire_msg *m)
     zps_log_info("worker %s pid %u (%s) joins as rank %u from the next step boundary",
                  mem->host, mem->pid, mem->device, mem->rank);
     s_note_change(c);
-    s_reassign(c, sock);
+    s_reassign(c, out);
     return ZPS_OK;
 }
 
@@ -1210,7 +1217,7 @@ zps_err zps_coord_on_eval(zps_coord *c, const zps_wire_msg *m)
     return ZPS_OK;
 }
 
-zps_err zps_coord_on_bye(zps_coord *c, void *sock, const zps_wire_msg *m)
+zps_err zps_coord_on_bye(zps_coord *c, zps_outbox *out, const zps_wire_msg *m)
 {
     uint32_t r = m->hdr->rank;
     if (r >= c->n_members || c->members[r].member_id != m->hdr->member_id) {
@@ -1225,11 +1232,11 @@ zps_err zps_coord_on_bye(zps_coord *c, void *sock, const zps_wire_msg *m)
         // Stopped by its supervisor: like an eviction, without the wait.
         zps_log_warn("rank %u (%s, pid %u) left at step %llu; the others take its share",
                      r, mem->host, mem->pid, (unsigned long long)m->hdr->step);
-        s_depart(c, sock, mem, ZPS_EXIT_LEFT);
+        s_depart(c, out, mem, ZPS_EXIT_LEFT);
         return ZPS_OK;
     }
     zps_log_info("rank %u (%s) finished", r, mem->host);
-    s_depart(c, sock, mem, ZPS_EXIT_FINISHED);
+    s_depart(c, out, mem, ZPS_EXIT_FINISHED);
     return ZPS_OK;
 }
 
@@ -1251,7 +1258,7 @@ static void s_member_to_wire(const s_member *s, Zps__Member *out)
     out->live = zps_member_live(&s->life);
 }
 
-void zps_coord_on_status(zps_coord *c, void *sock, zps_wire_msg *m, uint64_t step,
+void zps_coord_on_status(zps_coord *c, zps_outbox *out, zps_wire_msg *m, uint64_t step,
                          uint64_t bad_messages)
 {
     Zps__Member members[ZPS_MAX_MEMBERS];
@@ -1325,7 +1332,7 @@ void zps_coord_on_status(zps_coord *c, void *sock, zps_wire_msg *m, uint64_t ste
     h.job_id = c->job_id;
     h.step = step;
     h.status = &st;
-    (void)zps_wire_send(sock, &m->route, &h, NULL, 0, NULL);
+    (void)zps_outbox_add(out, &m->route, &h);
 }
 
 void zps_coord_step_done(zps_coord *c, uint64_t step, float loss, double step_ms,
@@ -1367,7 +1374,7 @@ void zps_coord_step_done(zps_coord *c, uint64_t step, float loss, double step_ms
     }
     if (c->steps_done >= c->cfg.total_steps) {
         c->state = S_DONE;
-        c->done_ms = zps_clock_ms();
+        c->done_ms = s_now(c);
         double secs = (c->done_ms - c->started_ms) / 1e3;
         zps_log_info("trained %llu steps in %.1f s (%.2f ms/step)",
                      (unsigned long long)c->steps_done, secs, 1e3 * secs / c->steps_done);
@@ -1407,7 +1414,7 @@ static void s_log_progress(zps_coord *c)
     c->n_step_ms = 0;
 }
 
-void zps_coord_tick(zps_coord *c, void *sock, double now_ms)
+void zps_coord_tick(zps_coord *c, zps_outbox *out, double now_ms)
 {
     // A joiner waits for its JOB, which comes at a step boundary, without
     // heartbeats: only a member with its job can fall silent.
@@ -1415,14 +1422,14 @@ void zps_coord_tick(zps_coord *c, void *sock, double now_ms)
         s_member *mem = &c->members[i];
         if (mem->life.state == ZPS_MEMBER_ACTIVE && mem->has_job &&
             now_ms - mem->last_seen_ms > c->cfg.worker_timeout_ms) {
-            s_evict(c, sock, mem, now_ms);
+            s_evict(c, out, mem, now_ms);
         }
     }
     for (uint32_t i = 0; c->state == S_DONE && i < c->n_members; i++) {
         s_member *mem = &c->members[i];
         if (mem->life.state == ZPS_MEMBER_JOINING) {
             // Admitted too late: the job ended before a boundary took it in.
-            zps_wire_send_error(sock, &mem->route, c->job_id, c->steps_done, ZPS_ECLOSED,
+            zps_outbox_add_error(out, &mem->route, c->job_id, c->steps_done, ZPS_ECLOSED,
                                 "the job is over");
             (void)zps_member_depart(&mem->life, ZPS_EXIT_LEFT);
         }
@@ -1433,7 +1440,7 @@ void zps_coord_tick(zps_coord *c, void *sock, double now_ms)
     switch (c->state) {
     case S_RECOVERING:
         if (now_ms > c->recover_deadline_ms) {
-            s_try_recover(c, sock, true);
+            s_try_recover(c, out, true);
         }
         if (c->state == S_RECOVERING) {
             zps_log_info("restarted at step %llu: waiting for shards and workers to call back",
@@ -1585,7 +1592,7 @@ zps_err zps_coord_resume(zps_coord *c, const char *dir, uint64_t step)
             mem->life = (zps_member_life){.state = ZPS_MEMBER_GONE, .exit = ZPS_EXIT_EVICTED};
         }
         mem->has_job = true;
-        mem->last_seen_ms = zps_clock_ms();
+        mem->last_seen_ms = s_now(c);
         ZPS_ASSERT(zmq_msg_init(&mem->route) == 0); // unknown until its heartbeat
     }
     zps__job_state__free_unpacked(st, NULL);
@@ -1611,7 +1618,7 @@ zps_err zps_coord_resume(zps_coord *c, const char *dir, uint64_t step)
     c->steps_done = step;
     c->released = step;
     c->state = S_RECOVERING;
-    c->recover_deadline_ms = zps_clock_ms() + c->cfg.worker_timeout_ms;
+    c->recover_deadline_ms = s_now(c) + c->cfg.worker_timeout_ms;
     zps_log_info("job %016llx resumed at step %llu: %u members, plan %u; waiting for them",
                  (unsigned long long)c->job_id, (unsigned long long)step, c->n_members, c->gen);
     return perr;
@@ -1704,7 +1711,7 @@ void zps_coord_adapt(zps_coord *c)
 
 // Hands [offset, offset + count) of `step` to member `mem` as an extra of
 // the plan it already has.
-static void s_send_speculation(zps_coord *c, void *sock, const zps_plan_gen *g, s_member *mem,
+static void s_send_speculation(zps_coord *c, zps_outbox *out, const zps_plan_gen *g, s_member *mem,
                                uint64_t step, uint32_t offset, uint32_t count)
 {
     s_extra e = {.step = step, .offset = offset, .count = count, .gen = g->gen,
@@ -1727,10 +1734,10 @@ static void s_send_speculation(zps_coord *c, void *sock, const zps_plan_gen *g, 
     h.job_id = c->job_id;
     h.generation = g->gen;
     h.plan = &p;
-    (void)zps_wire_send(sock, &mem->route, &h, NULL, 0, NULL);
+    (void)zps_outbox_add(out, &mem->route, &h);
 }
 
-bool zps_coord_speculate(zps_coord *c, void *sock, uint64_t step, uint32_t offset,
+bool zps_coord_speculate(zps_coord *c, zps_outbox *out, uint64_t step, uint32_t offset,
                          uint32_t count, uint32_t late_rank, const bool *helper)
 {
     const zps_plan_gen *g = zps_plans_at(&c->plans, step);
@@ -1753,7 +1760,7 @@ bool zps_coord_speculate(zps_coord *c, void *sock, uint64_t step, uint32_t offse
     for (uint32_t i = 0; i < k; i++) {
         uint32_t lo = offset + (uint32_t)((uint64_t)count * i / k);
         uint32_t hi = offset + (uint32_t)((uint64_t)count * (i + 1) / k);
-        s_send_speculation(c, sock, g, helpers[i], step, lo, hi - lo);
+        s_send_speculation(c, out, g, helpers[i], step, lo, hi - lo);
     }
     if (k > 0) {
         zps_log_info("step %llu: slice [%u, %u) of rank %u is late; also handed to %u "
