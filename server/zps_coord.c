@@ -1414,7 +1414,11 @@ static void s_log_progress(zps_coord *c)
     c->n_step_ms = 0;
 }
 
-void zps_coord_tick(zps_coord *c, zps_outbox *out, double now_ms)
+// The deadlines, checked at every tick (not behind the log's pace):
+// silent members are evicted, a recovery goes on without those that did
+// not call back, a member that does not finish after the last step is
+// given up, and a joiner admitted too late is told the job is over.
+static void s_check_deadlines(zps_coord *c, zps_outbox *out, double now_ms)
 {
     // A joiner waits for its JOB, which comes at a step boundary, without
     // heartbeats: only a member with its job can fall silent.
@@ -1425,35 +1429,39 @@ void zps_coord_tick(zps_coord *c, zps_outbox *out, double now_ms)
             s_evict(c, out, mem, now_ms);
         }
     }
+    if (c->state == S_RECOVERING && now_ms > c->recover_deadline_ms) {
+        s_try_recover(c, out, true);
+    }
     for (uint32_t i = 0; c->state == S_DONE && i < c->n_members; i++) {
         s_member *mem = &c->members[i];
         if (mem->life.state == ZPS_MEMBER_JOINING) {
             // Admitted too late: the job ended before a boundary took it in.
             zps_outbox_add_error(out, &mem->route, c->job_id, c->steps_done, ZPS_ECLOSED,
-                                "the job is over");
+                                 "the job is over");
             (void)zps_member_depart(&mem->life, ZPS_EXIT_LEFT);
+        } else if (mem->life.state == ZPS_MEMBER_ACTIVE &&
+                   now_ms - c->done_ms > ZPS_COORD_END_GRACE_MS) {
+            zps_log_warn("rank %u (%s) did not finish within %.0f s of the last step; "
+                         "giving up on it", i, mem->host, ZPS_COORD_END_GRACE_MS / 1e3);
+            (void)zps_member_depart(&mem->life, ZPS_EXIT_EVICTED);
+            zps_member_retire(&mem->life);
         }
     }
-    if (now_ms < c->next_log_ms) {
-        return;
-    }
+}
+
+// What the coordinator waits for, said every few seconds.
+static void s_log_waiting(zps_coord *c)
+{
     switch (c->state) {
     case S_RECOVERING:
-        if (now_ms > c->recover_deadline_ms) {
-            s_try_recover(c, out, true);
-        }
-        if (c->state == S_RECOVERING) {
-            zps_log_info("restarted at step %llu: waiting for shards and workers to call back",
-                         (unsigned long long)c->steps_done);
-        }
-        c->next_log_ms = now_ms + ZPS_COORD_WAIT_LOG_MS;
+        zps_log_info("restarted at step %llu: waiting for shards and workers to call back",
+                     (unsigned long long)c->steps_done);
         break;
     case S_WAITING:
         zps_log_info("waiting for %u more worker(s) to say HELLO and %u more shard(s) to "
                      "register (%u of %u workers, %u of %u shards)",
                      c->cfg.workers - c->n_members, c->cfg.shards - c->n_registered,
                      c->n_members, c->cfg.workers, c->n_registered, c->cfg.shards);
-        c->next_log_ms = now_ms + ZPS_COORD_WAIT_LOG_MS;
         break;
     case S_ASSIGNING:
         for (uint32_t i = 1; i < c->cfg.shards; i++) {
@@ -1462,7 +1470,6 @@ void zps_coord_tick(zps_coord *c, zps_outbox *out, double now_ms)
                              c->shards[i].endpoint);
             }
         }
-        c->next_log_ms = now_ms + ZPS_COORD_WAIT_LOG_MS;
         break;
     case S_TRAINING:
         if (s_live_members(c) == 0) {
@@ -1471,26 +1478,25 @@ void zps_coord_tick(zps_coord *c, zps_outbox *out, double now_ms)
                          (unsigned long long)s_global_done(c), c->cfg.endpoint);
         }
         s_log_progress(c);
-        c->next_log_ms = now_ms + ZPS_COORD_PROGRESS_MS;
         break;
     case S_DONE:
         for (uint32_t i = 0; i < c->n_members; i++) {
-            if (c->members[i].life.state != ZPS_MEMBER_ACTIVE) {
-                continue;
-            }
-            if (now_ms - c->done_ms > ZPS_COORD_END_GRACE_MS) {
-                zps_log_warn("rank %u (%s) did not finish within %.0f s of the last step; "
-                             "giving up on it", i, c->members[i].host,
-                             ZPS_COORD_END_GRACE_MS / 1e3);
-                (void)zps_member_depart(&c->members[i].life, ZPS_EXIT_EVICTED);
-                zps_member_retire(&c->members[i].life);
-            } else {
+            if (c->members[i].life.state == ZPS_MEMBER_ACTIVE) {
                 zps_log_info("run complete; waiting for rank %u (%s) to report and finish", i,
                              c->members[i].host);
             }
         }
-        c->next_log_ms = now_ms + ZPS_COORD_WAIT_LOG_MS;
         break;
+    }
+}
+
+void zps_coord_tick(zps_coord *c, zps_outbox *out, double now_ms)
+{
+    s_check_deadlines(c, out, now_ms);
+    if (now_ms >= c->next_log_ms) {
+        s_log_waiting(c);
+        c->next_log_ms = now_ms + (c->state == S_TRAINING ? ZPS_COORD_PROGRESS_MS
+                                                          : ZPS_COORD_WAIT_LOG_MS);
     }
 }
 

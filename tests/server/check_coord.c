@@ -672,6 +672,228 @@ START_TEST(test_coord_join_during_eviction_wakes_the_joiner_only_when_nobody_els
 }
 END_TEST
 
+START_TEST(test_coord_hello_whose_share_does_not_fit_is_refused_in_one_line_and_changes_nothing)
+{
+    mjob j;
+    s_members_setup(&j, 2);
+    ck_assert_int_eq(s_hello_share(&j, 0, 6), ZPS_OK);
+    ck_assert_int_eq(s_hello_share(&j, 1, 4), ZPS_EINVAL); // 6 + 4 > B = 8
+    Zps__Header *e = s_take(&j.w[1], ZPS__MSG_TYPE__ERROR);
+    ck_assert_ptr_nonnull(e);
+    ck_assert_int_eq(e->error_code, ZPS_EINVAL);
+    ck_assert_ptr_nonnull(strstr(e->error, "share 4 does not fit"));
+    zps__header__free_unpacked(e, NULL);
+    ck_assert_ptr_null(zps_coord_plan(j.c)); // still waiting for a second worker
+    ck_assert_uint_eq(zps_coord_at(j.c), ZPS_AT_WAITING);
+    // The same worker asking for what is left is admitted, and the job starts.
+    ck_assert_int_eq(s_hello_share(&j, 1, 2), ZPS_OK);
+    ck_assert_uint_eq(s_take_job_of(&j, 0), 0);
+    ck_assert_uint_eq(s_take_job_of(&j, 1), 0);
+    const zps_plan *p = zps_coord_plan(j.c);
+    ck_assert_uint_eq(p->n, 2);
+    ck_assert_uint_eq(p->slices[0].count, 6);
+    ck_assert_uint_eq(p->slices[1].count, 2);
+    s_members_teardown(&j);
+}
+END_TEST
+
+START_TEST(test_coord_bye_in_the_middle_hands_the_slice_on_and_replans_at_the_boundary)
+{
+    mjob j;
+    s_start_two(&j);
+    Zps__Header h;
+    zps_wire_header_init(&h, ZPS__MSG_TYPE__BYE);
+    h.rank = j.rank[1];
+    h.member_id = j.id[1];
+    h.step = 5;
+    zps_wire_msg m = s_from(&j.w[1], &h);
+    ck_assert_int_eq(zps_coord_on_bye(j.c, &j.out, &m), ZPS_OK);
+    s_msg_done(&m);
+    s_members_post(&j);
+    uint32_t gen = 0;
+    ck_assert_uint_eq(s_extras_to(&j, 0, 5, &gen), MB / 2); // rank 1's half of step 5
+    s_release(&j, 6);
+    ck_assert_uint_eq(zps_coord_plan(j.c)->n, 1);
+    ck_assert_uint_eq(zps_coord_plan(j.c)->slices[0].count, MB);
+    // A second BYE from it changes nothing.
+    m = s_from(&j.w[1], &h);
+    ck_assert_int_eq(zps_coord_on_bye(j.c, &j.out, &m), ZPS_OK);
+    s_msg_done(&m);
+    ck_assert_uint_eq(j.out.n, 0);
+    s_members_teardown(&j);
+}
+END_TEST
+
+// ---------------------------------------------------------------------------
+// Straggler policy: speculation and the adaptive split.
+
+START_TEST(test_coord_speculation_hands_a_late_slice_in_pieces_to_the_helpers_only)
+{
+    mjob j;
+    s_members_setup(&j, 3);
+    for (int i = 0; i < 3; i++) {
+        s_say_hello(&j, i);
+    }
+    for (int i = 0; i < 3; i++) {
+        ck_assert_uint_eq(s_take_job_of(&j, i), 0);
+    }
+    const zps_plan_slice *late = zps_plan_find(zps_coord_plan(j.c), j.rank[0]);
+    bool helper[ZPS_MAX_MEMBERS] = {false};
+    helper[j.rank[1]] = helper[j.rank[2]] = true;
+    ck_assert(zps_coord_speculate(j.c, &j.out, 0, late->offset, late->count, j.rank[0], helper));
+    s_members_post(&j);
+    uint32_t gen = 0, got1 = s_extras_to(&j, 1, 0, &gen), got2 = s_extras_to(&j, 2, 0, &gen);
+    ck_assert_uint_gt(got1, 0);
+    ck_assert_uint_gt(got2, 0);
+    ck_assert_uint_eq(got1 + got2, late->count); // the pieces tile the late slice
+    ck_assert_uint_eq(gen, 1);                    // the same plan: only extras are new
+    ck_assert_uint_eq(s_extras_to(&j, 0, 0, &gen), 0);
+    // Nobody to help: nothing is handed.
+    bool none[ZPS_MAX_MEMBERS] = {false};
+    ck_assert(!zps_coord_speculate(j.c, &j.out, 0, late->offset, late->count, j.rank[0], none));
+    ck_assert_uint_eq(j.out.n, 0);
+    s_members_teardown(&j);
+}
+END_TEST
+
+START_TEST(test_coord_adaptive_split_gives_shares_by_throughput_at_the_next_boundary)
+{
+    mjob j;
+    zps_coord_cfg cfg = s_members_cfg(2);
+    cfg.adaptive_split = true;
+    s_members_setup_cfg(&j, &cfg);
+    s_say_hello(&j, 0);
+    s_say_hello(&j, 1);
+    (void)s_take_job_of(&j, 0);
+    (void)s_take_job_of(&j, 1);
+    // Rank 0 computes 3 x as fast as rank 1, for 20 steps.
+    for (uint64_t t = 0; t < 20; t++) {
+        s_release(&j, t);
+        zps_coord_note_push(j.c, t, 0, MB / 2, 4.0f, s_clock_now + 4);
+        zps_coord_note_push(j.c, t, 1, MB / 2, 12.0f, s_clock_now + 12);
+        s_clock_now += 13;
+        j.counted[0] = j.counted[1] = MB / 2;
+        s_step_done_on(&j, t);
+        zps_coord_adapt(j.c);
+    }
+    ck_assert_uint_eq(zps_coord_plan(j.c)->slices[0].count, MB / 2); // not before the boundary
+    s_release(&j, 20);
+    const zps_plan *p = zps_coord_plan(j.c);
+    ck_assert_uint_eq(p->n, 2);
+    ck_assert_uint_eq(p->slices[0].count, 6);
+    ck_assert_uint_eq(p->slices[1].count, 2);
+    uint64_t effective;
+    ck_assert_uint_eq(zps_coord_generation(j.c, &effective), 2);
+    ck_assert_uint_eq(effective, 20);
+    s_members_teardown(&j);
+}
+END_TEST
+
+// ---------------------------------------------------------------------------
+// Recovery: a coordinator restarted from its saved job state.
+
+// A temporary directory, made for the test.
+static void s_tmpdir(char *dir, size_t len)
+{
+    snprintf(dir, len, "/tmp/zps-check-coord-XXXXXX");
+    ck_assert_ptr_nonnull(mkdtemp(dir));
+}
+
+static void s_rmdir(const char *dir)
+{
+    char cmd[128];
+    snprintf(cmd, sizeof cmd, "rm -rf '%s'", dir);
+    ck_assert_int_eq(system(cmd), 0);
+}
+
+// The job of s_start_two saved at step 5, and a new coordinator resumed
+// from it: RECOVERING until both workers call back.
+static void s_resumed_two(mjob *j, mjob *r, const char *dir)
+{
+    s_start_two(j);
+    ck_assert_int_eq(zps_coord_save(j->c, dir, 5), ZPS_OK);
+    zps_coord_cfg cfg = s_members_cfg(2);
+    s_members_setup_cfg(r, &cfg);
+    ck_assert_int_eq(zps_coord_resume(r->c, dir, 5), ZPS_OK);
+    ck_assert_uint_eq(zps_coord_at(r->c), ZPS_AT_RECOVERING);
+    ck_assert_uint_eq(zps_coord_job_id(r->c), zps_coord_job_id(j->c));
+    for (int i = 0; i < 2; i++) {
+        r->id[i] = j->id[i];
+        r->rank[i] = j->rank[i];
+    }
+}
+
+// Worker i's first heartbeat to the restarted coordinator, from its main
+// socket: the coordinator learns its route again.
+static void s_call_back(mjob *r, int i)
+{
+    Zps__Header h;
+    zps_wire_header_init(&h, ZPS__MSG_TYPE__HEARTBEAT);
+    h.member_id = r->id[i];
+    h.rank = r->rank[i];
+    h.flags = 1;
+    zps_wire_msg m = s_from(&r->w[i], &h);
+    ck_assert_int_eq(zps_coord_on_heartbeat(r->c, &r->out, &m), ZPS_OK);
+    s_msg_done(&m);
+    s_members_post(r);
+}
+
+START_TEST(test_coord_resumed_rolls_everyone_back_once_every_worker_called_back)
+{
+    char dir[64];
+    s_tmpdir(dir, sizeof dir);
+    mjob j, r;
+    s_resumed_two(&j, &r, dir);
+    // A newcomer waits while the members of before come back.
+    ck_assert_int_eq(s_hello_share(&r, 2, 0), ZPS_EAGAIN);
+    ck_assert(s_got(&r.w[2], ZPS__MSG_TYPE__ERROR));
+    s_call_back(&r, 0);
+    uint64_t step;
+    ck_assert(!zps_coord_take_rollback(r.c, &step)); // rank 1 not yet back
+    ck_assert(!s_got(&r.w[0], ZPS__MSG_TYPE__ROLLBACK));
+    s_call_back(&r, 1);
+    ck_assert(zps_coord_take_rollback(r.c, &step));
+    ck_assert_uint_eq(step, 5);
+    ck_assert_uint_eq(zps_coord_at(r.c), ZPS_AT_TRAINING);
+    for (int i = 0; i < 2; i++) {
+        Zps__Header *rb = s_take(&r.w[i], ZPS__MSG_TYPE__ROLLBACK);
+        ck_assert_msg(rb != NULL, "worker %d got no ROLLBACK", i);
+        ck_assert_uint_eq(rb->step, 5);
+        ck_assert_uint_gt(rb->plan->generation, 1000); // above any plan made before the crash
+        zps__header__free_unpacked(rb, NULL);
+    }
+    s_members_teardown(&r);
+    s_members_teardown(&j);
+    s_rmdir(dir);
+}
+END_TEST
+
+START_TEST(test_coord_resumed_evicts_a_worker_that_does_not_call_back_in_time)
+{
+    char dir[64];
+    s_tmpdir(dir, sizeof dir);
+    mjob j, r;
+    s_resumed_two(&j, &r, dir);
+    s_call_back(&r, 0);
+    for (int k = 0; k < 100 && zps_coord_at(r.c) == ZPS_AT_RECOVERING; k++) {
+        s_clock_now += 10; // past worker_timeout_ms within the loop
+        s_beat_of(&r, 0);
+        s_tick(&r);
+    }
+    ck_assert_uint_eq(zps_coord_at(r.c), ZPS_AT_TRAINING);
+    uint64_t step;
+    ck_assert(zps_coord_take_rollback(r.c, &step));
+    ck_assert_uint_eq(step, 5);
+    const zps_plan *p = zps_coord_plan(r.c);
+    ck_assert_uint_eq(p->n, 1); // the replay goes on with rank 0 alone
+    ck_assert_uint_eq(p->slices[0].rank, r.rank[0]);
+    ck_assert(s_got(&r.w[0], ZPS__MSG_TYPE__ROLLBACK));
+    s_members_teardown(&r);
+    s_members_teardown(&j);
+    s_rmdir(dir);
+}
+END_TEST
+
 Suite *zps_suite_coord(void)
 {
     Suite *s = suite_create("coord");
@@ -689,6 +911,16 @@ Suite *zps_suite_coord(void)
     tcase_add_test(mc, test_coord_two_joins_within_a_step_make_one_plan_at_the_boundary);
     tcase_add_test(mc, test_coord_eviction_during_a_join_hands_the_piece_to_an_active_member);
     tcase_add_test(mc, test_coord_join_during_eviction_wakes_the_joiner_only_when_nobody_else_can);
+    tcase_add_test(mc, test_coord_hello_whose_share_does_not_fit_is_refused_in_one_line_and_changes_nothing);
+    tcase_add_test(mc, test_coord_bye_in_the_middle_hands_the_slice_on_and_replans_at_the_boundary);
     suite_add_tcase(s, mc);
+    TCase *pc = tcase_create("policy");
+    tcase_add_test(pc, test_coord_speculation_hands_a_late_slice_in_pieces_to_the_helpers_only);
+    tcase_add_test(pc, test_coord_adaptive_split_gives_shares_by_throughput_at_the_next_boundary);
+    suite_add_tcase(s, pc);
+    TCase *rc = tcase_create("recovery");
+    tcase_add_test(rc, test_coord_resumed_rolls_everyone_back_once_every_worker_called_back);
+    tcase_add_test(rc, test_coord_resumed_evicts_a_worker_that_does_not_call_back_in_time);
+    suite_add_tcase(s, rc);
     return s;
 }
