@@ -359,15 +359,21 @@ zps_err zps_wire_send_packed(void *sock, zmq_msg_t *route, const void *hdr, size
     return s_send_parts(sock, parts, n + 1);
 }
 
+void zps_wire_error_header(Zps__Header *h, uint64_t job_id, uint64_t step, zps_err code,
+                           const char *why)
+{
+    zps_wire_header_init(h, ZPS__MSG_TYPE__ERROR);
+    h->job_id = job_id;
+    h->step = step;
+    h->error_code = (int32_t)code;
+    h->error = (char *)why;
+}
+
 zps_err zps_wire_send_error(void *sock, zmq_msg_t *route, uint64_t job_id, uint64_t step,
                             zps_err code, const char *why)
 {
     Zps__Header h;
-    zps_wire_header_init(&h, ZPS__MSG_TYPE__ERROR);
-    h.job_id = job_id;
-    h.step = step;
-    h.error_code = (int32_t)code;
-    h.error = (char *)why;
+    zps_wire_error_header(&h, job_id, step, code, why);
     return zps_wire_send(sock, route, &h, NULL, 0, NULL);
 }
 

@@ -61,11 +61,7 @@ zps_err zps_outbox_add_error(zps_outbox *o, zmq_msg_t *route, uint64_t job_id, u
                              zps_err code, const char *why)
 {
     Zps__Header h;
-    zps_wire_header_init(&h, ZPS__MSG_TYPE__ERROR);
-    h.job_id = job_id;
-    h.step = step;
-    h.error_code = (int32_t)code;
-    h.error = (char *)why;
+    zps_wire_error_header(&h, job_id, step, code, why);
     return zps_outbox_add(o, route, &h);
 }
 
