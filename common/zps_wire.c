@@ -339,15 +339,41 @@ zps_err zps_wire_send(void *sock, zmq_msg_t *route, const Zps__Header *h, const 
     return s_send_parts(sock, parts, n);
 }
 
+zps_err zps_wire_send_packed(void *sock, zmq_msg_t *route, const void *hdr, size_t len)
+{
+    zmq_msg_t parts[2];
+    int n = 0;
+    if (route) {
+        ZPS_ASSERT(zmq_msg_init(&parts[n]) == 0);
+        ZPS_ASSERT(zmq_msg_copy(&parts[n], route) == 0);
+        n++;
+    }
+    if (zmq_msg_init_size(&parts[n], len) != 0) {
+        for (int k = 0; k < n; k++) {
+            ZPS_ASSERT(zmq_msg_close(&parts[k]) == 0);
+        }
+        zps_log_warn("could not build a message of %zu bytes to send", len);
+        return ZPS_ENOMEM;
+    }
+    memcpy(zmq_msg_data(&parts[n]), hdr, len);
+    return s_send_parts(sock, parts, n + 1);
+}
+
+void zps_wire_error_header(Zps__Header *h, uint64_t job_id, uint64_t step, zps_err code,
+                           const char *why)
+{
+    zps_wire_header_init(h, ZPS__MSG_TYPE__ERROR);
+    h->job_id = job_id;
+    h->step = step;
+    h->error_code = (int32_t)code;
+    h->error = (char *)why;
+}
+
 zps_err zps_wire_send_error(void *sock, zmq_msg_t *route, uint64_t job_id, uint64_t step,
                             zps_err code, const char *why)
 {
     Zps__Header h;
-    zps_wire_header_init(&h, ZPS__MSG_TYPE__ERROR);
-    h.job_id = job_id;
-    h.step = step;
-    h.error_code = (int32_t)code;
-    h.error = (char *)why;
+    zps_wire_error_header(&h, job_id, step, code, why);
     return zps_wire_send(sock, route, &h, NULL, 0, NULL);
 }
 

@@ -94,6 +94,14 @@ void zps_wire_close(void **sock);
 zps_err zps_wire_send(void *sock, zmq_msg_t *route, const Zps__Header *h, const void *payload,
                       size_t bytes, zps_wire_ref *ref);
 
+// Sends a header packed already (zps__header__pack), without payload, as
+// zps_wire_send would send it: what an outbox (server/zps_outbox.h) holds.
+zps_err zps_wire_send_packed(void *sock, zmq_msg_t *route, const void *hdr, size_t len);
+
+// The ERROR that answers a refused message: code and one line (why is
+// borrowed by h), echoing its step.
+void zps_wire_error_header(Zps__Header *h, uint64_t job_id, uint64_t step, zps_err code,
+                           const char *why);
 // Answers a refused message with ERROR (code and one line), echoing its step.
 zps_err zps_wire_send_error(void *sock, zmq_msg_t *route, uint64_t job_id, uint64_t step,
                             zps_err code, const char *why);

@@ -17,6 +17,7 @@
 #include "common/zps_optim.h"
 #include "common/zps_plan.h"
 #include "common/zps_wire.h"
+#include "server/zps_outbox.h"
 
 typedef struct zps_coord_cfg {
     const char *model;            // borrowed: model spec text ("external": declared)
@@ -48,6 +49,7 @@ typedef struct zps_coord_cfg {
     // checkpoint) is refused and the job goes on. NULL: always possible.
     zps_err (*restore)(void *arg, uint64_t step);
     void *restore_arg;            // borrowed: passed to restore
+    double (*clock_ms)(void);     // NULL: zps_clock_ms (a test passes its own)
 } zps_coord_cfg;
 
 typedef struct zps_coord zps_coord;
@@ -63,17 +65,17 @@ const zps_plan *zps_coord_plan(const zps_coord *c);
 // True once the run is over and members said goodbye (or stopped answering).
 bool zps_coord_finished(const zps_coord *c);
 
-// Handlers for messages addressed to the coordinator; each answers on sock
-// (a ROUTER) when the message calls for an answer, and returns the reason it
+// Handlers for messages addressed to the coordinator; each queues its
+// answer in out when the message calls for one, and returns the reason it
 // refused the message, if it did (already answered with ERROR).
-zps_err zps_coord_on_hello(zps_coord *c, void *sock, zps_wire_msg *m);
-zps_err zps_coord_on_register(zps_coord *c, void *sock, zps_wire_msg *m);
-zps_err zps_coord_on_heartbeat(zps_coord *c, void *sock, zps_wire_msg *m);
-zps_err zps_coord_on_ready(zps_coord *c, void *sock, zps_wire_msg *m);
+zps_err zps_coord_on_hello(zps_coord *c, zps_outbox *out, zps_wire_msg *m);
+zps_err zps_coord_on_register(zps_coord *c, zps_outbox *out, zps_wire_msg *m);
+zps_err zps_coord_on_heartbeat(zps_coord *c, zps_outbox *out, zps_wire_msg *m);
+zps_err zps_coord_on_ready(zps_coord *c, zps_outbox *out, zps_wire_msg *m);
 zps_err zps_coord_on_eval(zps_coord *c, const zps_wire_msg *m);
-zps_err zps_coord_on_bye(zps_coord *c, void *sock, const zps_wire_msg *m);
+zps_err zps_coord_on_bye(zps_coord *c, zps_outbox *out, const zps_wire_msg *m);
 // bad_messages and step come from the shard(s), which the coordinator does not see.
-void zps_coord_on_status(zps_coord *c, void *sock, zps_wire_msg *m, uint64_t step,
+void zps_coord_on_status(zps_coord *c, zps_outbox *out, zps_wire_msg *m, uint64_t step,
                          uint64_t bad_messages);
 
 // STEP_DONE from a shard > 0: refused (ZPS_ESTALE, logged) for a step it
@@ -95,8 +97,8 @@ void zps_coord_step_done(zps_coord *c, uint64_t step, float loss, double step_ms
                          const uint32_t *counted);
 // Shard 0 is about to send the first parameters of `step`: the step
 // boundary. Membership changes since the last one take effect there, in
-// one new plan from `step` on, sent (on sock) before those parameters.
-void zps_coord_release(zps_coord *c, void *sock, uint64_t step);
+// one new plan from `step` on, queued in out: send it before those parameters.
+void zps_coord_release(zps_coord *c, zps_outbox *out, uint64_t step);
 // Shard `shard` has completed steps_done steps (from its STEP_DONE).
 void zps_coord_shard_done(zps_coord *c, uint32_t shard, uint64_t steps_done);
 // The newest plan generation and the step it holds from.
@@ -116,7 +118,7 @@ void zps_coord_adapt(zps_coord *c);
 // Speculation: also hand the slice [offset, offset + count) of `step`,
 // late, in pieces to the live members marked in `helper` (by rank). The
 // first copy of a sample counts. False if there is no such member.
-bool zps_coord_speculate(zps_coord *c, void *sock, uint64_t step, uint32_t offset,
+bool zps_coord_speculate(zps_coord *c, zps_outbox *out, uint64_t step, uint32_t offset,
                          uint32_t count, uint32_t late_rank, const bool *helper);
 // The median step time of the last steps (ms, 0 before any).
 double zps_coord_median_step_ms(const zps_coord *c);
@@ -136,9 +138,9 @@ void zps_coord_note_push(zps_coord *c, uint64_t step, uint32_t rank, uint32_t sa
 // Host and device of a rank, for log lines ("?" if unknown; borrowed).
 const char *zps_coord_member_device(const zps_coord *c, uint32_t rank);
 
-// Periodic work: evictions (and the new plan they make, sent on sock),
+// Periodic work: evictions (and the new plan they make, queued in out),
 // progress and waiting lines, the end-of-run deadline.
-void zps_coord_tick(zps_coord *c, void *sock, double now_ms);
+void zps_coord_tick(zps_coord *c, zps_outbox *out, double now_ms);
 
 // Host and device of a rank, for log lines ("?" if unknown; borrowed).
 const char *zps_coord_member_host(const zps_coord *c, uint32_t rank);

@@ -59,6 +59,7 @@ struct zps_server {
     char endpoint[256];                          // what sock is bound to
     zps_model_spec model;                        // the job's model
     zps_coord *coord;                            // owned: shard 0 only
+    zps_outbox out;                              // what the coordinator has to send on sock
     zps_shard *shard;                            // owned: shard 0 from the start, others once assigned
     uint64_t job_id;                             // shard > 0: from ASSIGN
     uint32_t global_batch;                       // B, from the job
@@ -170,6 +171,12 @@ static void s_refuse(s_server *srv, zps_wire_msg *m, zps_err err, const char *wh
 
 // The PARAMS header of bucket b for `step`; *data and *ref say where the
 // bucket's current wire values are.
+// Sends what the coordinator queued, in order, on shard 0's socket.
+static void s_flush_coord(s_server *srv)
+{
+    (void)zps_outbox_flush(&srv->out, srv->sock);
+}
+
 static void s_params_header(s_server *srv, int b, uint64_t step, Zps__Header *h,
                             const void **data, zps_wire_ref **ref)
 {
@@ -462,7 +469,8 @@ static void s_on_push(s_server *srv, zps_wire_msg *m)
     if (srv->coord && s_between_steps(srv)) {
         // The step boundary: the next step's plan goes out before its
         // first parameters (on the same socket, so it arrives first).
-        zps_coord_release(srv->coord, srv->sock, zps_shard_step(srv->shard) + 1);
+        zps_coord_release(srv->coord, &srv->out, zps_shard_step(srv->shard) + 1);
+        s_flush_coord(srv); // the new plan goes out before the parameters
         s_sync_coord_plan(srv);
     }
     zps_shard_apply(srv->shard, ready);
@@ -579,22 +587,23 @@ static void s_dispatch_coord(s_server *srv, zps_wire_msg *m)
         return;
     }
     switch (m->hdr->type) {
-    case ZPS__MSG_TYPE__HELLO: err = zps_coord_on_hello(srv->coord, srv->sock, m); break;
-    case ZPS__MSG_TYPE__REGISTER: err = zps_coord_on_register(srv->coord, srv->sock, m); break;
-    case ZPS__MSG_TYPE__READY: err = zps_coord_on_ready(srv->coord, srv->sock, m); break;
+    case ZPS__MSG_TYPE__HELLO: err = zps_coord_on_hello(srv->coord, &srv->out, m); break;
+    case ZPS__MSG_TYPE__REGISTER: err = zps_coord_on_register(srv->coord, &srv->out, m); break;
+    case ZPS__MSG_TYPE__READY: err = zps_coord_on_ready(srv->coord, &srv->out, m); break;
     case ZPS__MSG_TYPE__EVAL: err = zps_coord_on_eval(srv->coord, m); break;
-    case ZPS__MSG_TYPE__BYE: err = zps_coord_on_bye(srv->coord, srv->sock, m); break;
+    case ZPS__MSG_TYPE__BYE: err = zps_coord_on_bye(srv->coord, &srv->out, m); break;
     // A member's heartbeat after it was evicted or finished: its own, not a refusal.
-    case ZPS__MSG_TYPE__HEARTBEAT: (void)zps_coord_on_heartbeat(srv->coord, srv->sock, m); break;
+    case ZPS__MSG_TYPE__HEARTBEAT: (void)zps_coord_on_heartbeat(srv->coord, &srv->out, m); break;
     case ZPS__MSG_TYPE__STEP_DONE: err = zps_coord_on_step_done(srv->coord, m); break;
     case ZPS__MSG_TYPE__STATUS:
-        zps_coord_on_status(srv->coord, srv->sock, m, zps_shard_step(srv->shard),
+        zps_coord_on_status(srv->coord, &srv->out, m, zps_shard_step(srv->shard),
                             srv->bad_messages);
         break;
     default:
         s_refuse(srv, m, ZPS_EPROTO, "not a message for the coordinator");
         return;
     }
+    s_flush_coord(srv);
     srv->bad_messages += err != ZPS_OK;
     s_sync_coord_plan(srv);
 }
@@ -941,11 +950,12 @@ static void s_speculate(s_server *srv, double now)
         const zps_plan_slice *sl = &plan->slices[i];
         uint32_t r = sl->rank;
         if (!finished[r] && !srv->late_now[r] && (waited || !srv->pushed[r]) &&
-            zps_coord_speculate(srv->coord, srv->sock, step, sl->offset, sl->count, r,
+            zps_coord_speculate(srv->coord, &srv->out, step, sl->offset, sl->count, r,
                                 finished)) {
             srv->late_now[r] = true;
         }
     }
+    s_flush_coord(srv);
 }
 
 // At the start of a step: a rank that was late on the step before and sent
@@ -979,11 +989,12 @@ static void s_speculate_ahead(s_server *srv, uint64_t step)
     }
     for (uint32_t i = 0; i < plan->n; i++) {
         const zps_plan_slice *sl = &plan->slices[i];
-        if (late[sl->rank] && zps_coord_speculate(srv->coord, srv->sock, step, sl->offset,
+        if (late[sl->rank] && zps_coord_speculate(srv->coord, &srv->out, step, sl->offset,
                                                   sl->count, sl->rank, helper)) {
             srv->late_now[sl->rank] = true; // s_speculate need not hand it again
         }
     }
+    s_flush_coord(srv);
 }
 
 static void s_warn_stall(s_server *srv, double now)
@@ -1107,7 +1118,8 @@ static int s_loop(s_server *srv)
         }
         double now = zps_clock_ms();
         if (srv->coord) {
-            zps_coord_tick(srv->coord, srv->sock, now);
+            zps_coord_tick(srv->coord, &srv->out, now);
+            s_flush_coord(srv);
             s_sync_coord_plan(srv);
         } else if (srv->o->shard == 0) {
             if (now > srv->next_declare_log_ms) {
@@ -1616,7 +1628,8 @@ int zps_server_turn(zps_server *srv)
         s_replay_held(srv);
     }
     if (srv->coord) {
-        zps_coord_tick(srv->coord, srv->sock, zps_clock_ms());
+        zps_coord_tick(srv->coord, &srv->out, zps_clock_ms());
+        s_flush_coord(srv);
         s_sync_coord_plan(srv);
     }
     return n;
@@ -1678,6 +1691,7 @@ void zps_server_close(zps_server **srvp)
         zps_log_warn("zmq_ctx_term: %s", zmq_strerror(errno));
     }
     zps_coord_destroy(&srv->coord);
+    zps_outbox_fini(&srv->out);
     zps_shard_destroy(&srv->shard);
     if (srv->declared) { // after the coordinator, which borrows its layout
         zps__hello__free_unpacked(srv->declared, NULL);

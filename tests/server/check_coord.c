@@ -6,17 +6,19 @@
  * refused without changing anything. The metrics log shows the result.
  * Then its credentials and the requests it refuses: shard tokens with
  * ASSIGN, a rollback to a step in the future or to a checkpoint shard 0
- * does not have, a STEP_DONE ahead of what can be (over inproc sockets:
- * the coordinator answers on a ROUTER). Members coming and going within a
- * step: joins take effect together at the next step boundary, a joiner
- * never owns work of the step in progress unless nobody else can compute
- * it, an evicted member's pieces go to members active at that step. */
+ * does not have, a STEP_DONE ahead of what can be. Members coming and
+ * going within a step: joins take effect together at the next step
+ * boundary, a joiner never owns work of the step in progress unless nobody
+ * else can compute it, an evicted member's pieces go to members active at
+ * that step. Admission, recovery after a restart and speculation. No
+ * socket and no process: messages go in by hand, what the coordinator
+ * would send is read from its outbox, and time is the test's clock. */
 #include <stdio.h>
+#include <stdlib.h>
 #include <string.h>
+#include <unistd.h>
 #include <zmq.h>
-#include <time.h>
 
-#include "common/zps_clock.h"
 #include "server/zps_coord.h"
 #include "server/zps_msgtab.h"
 #include "tests/zps_check.h"
@@ -128,10 +130,107 @@ START_TEST(test_coord_eval_refuses_records_past_the_test_set_and_changes_nothing
 END_TEST
 
 // ---------------------------------------------------------------------------
+// Peers without sockets: each has a routing id, as shard 0's ROUTER would
+// give it, and a mailbox that s_post fills from the coordinator's outbox.
+
+#define BOX 64
+
+typedef struct peer {
+    zmq_msg_t route;
+    Zps__Header *box[BOX]; // owned: what the coordinator sent it, oldest first
+    int n;
+} peer;
+
+static double s_clock_now; // the test's clock, in ms
+
+static double s_clock(void)
+{
+    return s_clock_now;
+}
+
+static void s_peer_init(peer *p, const char *id)
+{
+    memset(p, 0, sizeof *p);
+    ck_assert_int_eq(zmq_msg_init_size(&p->route, strlen(id)), 0);
+    memcpy(zmq_msg_data(&p->route), id, strlen(id));
+}
+
+static void s_peer_fini(peer *p)
+{
+    for (int i = 0; i < p->n; i++) {
+        zps__header__free_unpacked(p->box[i], NULL);
+    }
+    zmq_msg_close(&p->route);
+}
+
+static bool s_is_route(zmq_msg_t *a, zmq_msg_t *b)
+{
+    return zmq_msg_size(a) == zmq_msg_size(b) &&
+           memcmp(zmq_msg_data(a), zmq_msg_data(b), zmq_msg_size(a)) == 0;
+}
+
+// Hands each message of the outbox to the peer it is routed to (every
+// message goes to one of peers[0..n)), and empties the outbox.
+static void s_post(zps_outbox *out, peer *const *peers, int n)
+{
+    for (size_t i = 0; i < out->n; i++) {
+        int k = 0;
+        while (k < n && !s_is_route(&out->msgs[i].route, &peers[k]->route)) {
+            k++;
+        }
+        ck_assert_msg(k < n, "a message to nobody of the test");
+        ck_assert_int_lt(peers[k]->n, BOX);
+        Zps__Header *h = zps_outbox_header(out, i);
+        ck_assert_ptr_nonnull(h);
+        peers[k]->box[peers[k]->n++] = h;
+    }
+    zps_outbox_clear(out);
+}
+
+// The oldest message of `type` in p's mailbox, taken out (older ones of
+// other types are dropped); NULL if none. The caller frees it.
+static Zps__Header *s_take(peer *p, Zps__MsgType type)
+{
+    while (p->n > 0) {
+        Zps__Header *h = p->box[0];
+        memmove(p->box, p->box + 1, (size_t)(p->n - 1) * sizeof p->box[0]);
+        p->n--;
+        if (h->type == type) {
+            return h;
+        }
+        zps__header__free_unpacked(h, NULL);
+    }
+    return NULL;
+}
+
+static bool s_got(peer *p, Zps__MsgType type)
+{
+    Zps__Header *h = s_take(p, type);
+    if (h) {
+        zps__header__free_unpacked(h, NULL);
+    }
+    return h != NULL;
+}
+
+// A message as the loop hands it to a handler: h, from p.
+static zps_wire_msg s_from(peer *p, Zps__Header *h)
+{
+    zps_wire_msg m = {.hdr = h, .has_route = true};
+    zps_wire_route_copy(&m.route, &p->route);
+    return m;
+}
+
+static void s_msg_done(zps_wire_msg *m)
+{
+    zps_wire_route_close(&m->route);
+}
+
+// ---------------------------------------------------------------------------
 // Credentials and refused requests: a 2-shard job with one worker.
 
 typedef struct job {
-    void *ctx, *router, *shard1, *worker; // the coordinator's socket, and its peers
+    peer shard1, worker;
+    zps_outbox out;
     zps_coord *c;
     zps_err restore_result;               // what shard 0 answers to a rollback
     int restores;                         // rollbacks it was asked for
@@ -146,30 +245,22 @@ static zps_err s_restore(void *arg, uint64_t step)
     return j->restore_result;
 }
 
-// Sends h from peer and hands what the coordinator's socket received to
-// its handler for h's type; returns the handler's verdict.
-static zps_err s_deliver(job *j, void *peer, Zps__Header *h)
+// h from `from` to its handler; what the coordinator sent goes to the
+// mailboxes. Returns the handler's verdict.
+static zps_err s_deliver(job *j, peer *from, Zps__Header *h)
 {
-    ck_assert_int_eq(zps_wire_send(peer, NULL, h, NULL, 0, NULL), ZPS_OK);
-    zps_wire_msg m;
-    ck_assert_int_eq(zps_wire_recv(j->router, true, &m), ZPS_OK);
+    zps_wire_msg m = s_from(from, h);
     zps_err err = ZPS_OK;
     switch (h->type) {
-    case ZPS__MSG_TYPE__REGISTER: err = zps_coord_on_register(j->c, j->router, &m); break;
-    case ZPS__MSG_TYPE__HELLO: err = zps_coord_on_hello(j->c, j->router, &m); break;
-    case ZPS__MSG_TYPE__READY: err = zps_coord_on_ready(j->c, j->router, &m); break;
+    case ZPS__MSG_TYPE__REGISTER: err = zps_coord_on_register(j->c, &j->out, &m); break;
+    case ZPS__MSG_TYPE__HELLO: err = zps_coord_on_hello(j->c, &j->out, &m); break;
+    case ZPS__MSG_TYPE__READY: err = zps_coord_on_ready(j->c, &j->out, &m); break;
     case ZPS__MSG_TYPE__STEP_DONE: err = zps_coord_on_step_done(j->c, &m); break;
     default: ck_abort_msg("no handler for type %d here", h->type);
     }
-    zps_wire_msg_fini(&m);
+    s_msg_done(&m);
+    s_post(&j->out, (peer *const[]){&j->shard1, &j->worker}, 2);
     return err;
-}
-
-// The next message a peer got, of the type expected; NULL if none came.
-static Zps__Header *s_next(void *peer, zps_wire_msg *m)
-{
-    zps_err err = zps_wire_recv(peer, false, m);
-    return err == ZPS_OK ? m->hdr : NULL;
 }
 
 static zps_err s_register(job *j, uint64_t token)
@@ -183,7 +274,7 @@ static zps_err s_register(job *j, uint64_t token)
     h.shard = 1;
     h.shard_token = token;
     h.registration = &reg;
-    return s_deliver(j, j->shard1, &h);
+    return s_deliver(j, &j->shard1, &h);
 }
 
 static zps_err s_ready(job *j, uint64_t step)
@@ -194,7 +285,7 @@ static zps_err s_ready(job *j, uint64_t step)
     h.shard = 1;
     h.shard_token = j->token;
     h.step = step;
-    return s_deliver(j, j->shard1, &h);
+    return s_deliver(j, &j->shard1, &h);
 }
 
 // Up to training: shard 1 registered, assigned (its token kept) and
@@ -202,18 +293,14 @@ static zps_err s_ready(job *j, uint64_t step)
 static void s_job_setup(job *j)
 {
     memset(j, 0, sizeof *j);
-    j->ctx = zmq_ctx_new();
-    j->router = zps_wire_socket(j->ctx, ZMQ_ROUTER, 1000);
-    j->shard1 = zps_wire_socket(j->ctx, ZMQ_DEALER, 300);
-    j->worker = zps_wire_socket(j->ctx, ZMQ_DEALER, 300);
-    ck_assert_int_eq(zmq_bind(j->router, "inproc://coord"), 0);
-    ck_assert_int_eq(zmq_connect(j->shard1, "inproc://coord"), 0);
-    ck_assert_int_eq(zmq_connect(j->worker, "inproc://coord"), 0);
+    s_peer_init(&j->shard1, "shard1");
+    s_peer_init(&j->worker, "worker");
+    zps_outbox_init(&j->out);
     zps_coord_cfg cfg = {.model = "mlp:4-3-2", .dataset = "synthetic:40", .seed = 1,
                          .global_batch = 8, .total_steps = 20, .steps_per_epoch = 5,
                          .n_test = N_TEST, .workers = 1, .worker_timeout_ms = 60000,
                          .n_params = 23, .shards = 2, .endpoint = "tcp://127.0.0.1:1",
-                         .restore = s_restore, .restore_arg = j};
+                         .restore = s_restore, .restore_arg = j, .clock_ms = s_clock};
     j->c = zps_coord_new(&cfg);
     ck_assert_ptr_nonnull(j->c);
     ck_assert_int_eq(s_register(j, 0), ZPS_OK);
@@ -223,32 +310,28 @@ static void s_job_setup(job *j)
     Zps__Header h;
     zps_wire_header_init(&h, ZPS__MSG_TYPE__HELLO);
     h.hello = &hello;
-    ck_assert_int_eq(s_deliver(j, j->worker, &h), ZPS_OK);
-    zps_wire_msg m;
-    Zps__Header *assign = s_next(j->shard1, &m);
+    ck_assert_int_eq(s_deliver(j, &j->worker, &h), ZPS_OK);
+    Zps__Header *assign = s_take(&j->shard1, ZPS__MSG_TYPE__ASSIGN);
     ck_assert_ptr_nonnull(assign);
-    ck_assert_int_eq(assign->type, ZPS__MSG_TYPE__ASSIGN);
     j->token = assign->job->shard_token;
-    zps_wire_msg_fini(&m);
+    zps__header__free_unpacked(assign, NULL);
     ck_assert_uint_ne(j->token, 0);
     ck_assert_int_eq(s_ready(j, 0), ZPS_OK);
-    Zps__Header *jb = s_next(j->worker, &m);
+    Zps__Header *jb = s_take(&j->worker, ZPS__MSG_TYPE__JOB);
     ck_assert_ptr_nonnull(jb);
-    ck_assert_int_eq(jb->type, ZPS__MSG_TYPE__JOB);
     ck_assert(zps_coord_member_ok(j->c, 0, jb->job->member_id));
     ck_assert(!zps_coord_member_ok(j->c, 0, jb->job->member_id ^ 1));
     ck_assert(!zps_coord_member_ok(j->c, 1, jb->job->member_id));
-    zps_wire_msg_fini(&m);
+    zps__header__free_unpacked(jb, NULL);
     ck_assert_uint_eq(zps_coord_at(j->c), ZPS_AT_TRAINING);
 }
 
 static void s_job_teardown(job *j)
 {
     zps_coord_destroy(&j->c);
-    zps_wire_close(&j->router);
-    zps_wire_close(&j->shard1);
-    zps_wire_close(&j->worker);
-    zmq_ctx_term(j->ctx);
+    zps_outbox_fini(&j->out);
+    s_peer_fini(&j->shard1);
+    s_peer_fini(&j->worker);
 }
 
 // Shard 1 "restarts": its REGISTER (with its token) makes the coordinator
@@ -256,14 +339,11 @@ static void s_job_teardown(job *j)
 static void s_restart_shard1(job *j)
 {
     ck_assert_int_eq(s_register(j, j->token), ZPS_OK);
-    zps_wire_msg m;
-    Zps__Header *assign = s_next(j->shard1, &m);
+    Zps__Header *assign = s_take(&j->shard1, ZPS__MSG_TYPE__ASSIGN);
     ck_assert_ptr_nonnull(assign);
-    ck_assert_int_eq(assign->type, ZPS__MSG_TYPE__ASSIGN);
     ck_assert_uint_eq(assign->job->shard_token, j->token); // the same one: it kept it
-    zps_wire_msg_fini(&m);
+    zps__header__free_unpacked(assign, NULL);
 }
-
 START_TEST(test_coord_assign_gives_each_shard_a_token_only_its_holder_matches)
 {
     job j;
@@ -288,9 +368,7 @@ START_TEST(test_coord_ready_for_a_step_in_the_future_is_refused_and_nothing_roll
     uint64_t step;
     ck_assert(!zps_coord_take_rollback(j.c, &step));
     ck_assert_int_eq(j.restores, 0);
-    zps_wire_msg m;
-    ck_assert_ptr_null(s_next(j.worker, &m)); // no ROLLBACK went out
-    zps_wire_msg_fini(&m);
+    ck_assert(!s_got(&j.worker, ZPS__MSG_TYPE__ROLLBACK)); // none went out
     s_job_teardown(&j);
 }
 END_TEST
@@ -305,19 +383,14 @@ START_TEST(test_coord_rollback_shard0_cannot_restore_is_refused_and_the_job_goes
     uint64_t step;
     ck_assert(!zps_coord_take_rollback(j.c, &step));
     ck_assert_int_eq(j.restores, 1);
-    zps_wire_msg m;
-    ck_assert_ptr_null(s_next(j.worker, &m));
-    zps_wire_msg_fini(&m);
+    ck_assert(!s_got(&j.worker, ZPS__MSG_TYPE__ROLLBACK));
     ck_assert_uint_eq(zps_coord_at(j.c), ZPS_AT_TRAINING);
     // Once shard 0 can, the same request rolls everyone back.
     j.restore_result = ZPS_OK;
     ck_assert_int_eq(s_ready(&j, 0), ZPS_OK);
     ck_assert(zps_coord_take_rollback(j.c, &step));
     ck_assert_uint_eq(step, 0);
-    Zps__Header *rb = s_next(j.worker, &m);
-    ck_assert_ptr_nonnull(rb);
-    ck_assert_int_eq(rb->type, ZPS__MSG_TYPE__ROLLBACK);
-    zps_wire_msg_fini(&m);
+    ck_assert(s_got(&j.worker, ZPS__MSG_TYPE__ROLLBACK));
     s_job_teardown(&j);
 }
 END_TEST
@@ -332,11 +405,11 @@ START_TEST(test_coord_step_done_ahead_of_what_can_be_is_refused)
     h.shard_token = j.token;
     h.shard = 1;
     h.step = 2; // shard 0 has done none: shard 1 can have done one at most
-    ck_assert_int_eq(s_deliver(&j, j.shard1, &h), ZPS_ESTALE);
+    ck_assert_int_eq(s_deliver(&j, &j.shard1, &h), ZPS_ESTALE);
     h.step = 1;
-    ck_assert_int_eq(s_deliver(&j, j.shard1, &h), ZPS_OK);
+    ck_assert_int_eq(s_deliver(&j, &j.shard1, &h), ZPS_OK);
     h.shard = 7; // not a shard of the job
-    ck_assert_int_eq(s_deliver(&j, j.shard1, &h), ZPS_ESTALE);
+    ck_assert_int_eq(s_deliver(&j, &j.shard1, &h), ZPS_ESTALE);
     s_job_teardown(&j);
 }
 END_TEST
@@ -349,95 +422,99 @@ END_TEST
 #define TIMEOUT_MS 150.0
 
 typedef struct mjob {
-    void *ctx;
-    void *router;                // stands for shard 0's socket
-    void *w[MAX_W];              // the workers' DEALERs
+    peer w[MAX_W];               // the workers
     uint64_t id[MAX_W];          // member ids from their JOBs
     uint32_t rank[MAX_W];
+    zps_outbox out;
     zps_coord *c;
     uint32_t counted[ZPS_MAX_MEMBERS];
 } mjob;
 
+static void s_members_post(mjob *j)
+{
+    peer *to[MAX_W];
+    for (int i = 0; i < MAX_W; i++) {
+        to[i] = &j->w[i];
+    }
+    s_post(&j->out, to, MAX_W);
+}
+
+static void s_members_setup_cfg(mjob *j, zps_coord_cfg *cfg)
+{
+    memset(j, 0, sizeof *j);
+    for (int i = 0; i < MAX_W; i++) {
+        char id[8];
+        snprintf(id, sizeof id, "w%d", i);
+        s_peer_init(&j->w[i], id);
+    }
+    zps_outbox_init(&j->out);
+    s_clock_now = 1000;
+    cfg->clock_ms = s_clock;
+    j->c = zps_coord_new(cfg);
+    ck_assert_ptr_nonnull(j->c);
+}
+
+static zps_coord_cfg s_members_cfg(uint32_t workers)
+{
+    return (zps_coord_cfg){.model = "mlp:4-3-2", .dataset = "synthetic:400", .seed = 1,
+                           .global_batch = MB, .total_steps = 40, .steps_per_epoch = 50,
+                           .n_test = 10, .workers = workers, .worker_timeout_ms = TIMEOUT_MS,
+                           .n_params = 23, .shards = 1, .endpoint = "inproc://x"};
+}
+
 static void s_members_setup(mjob *j, uint32_t workers)
 {
-    static int n;
-    char ep[64];
-    snprintf(ep, sizeof ep, "inproc://coord-%d", n++);
-    memset(j, 0, sizeof *j);
-    j->ctx = zmq_ctx_new();
-    j->router = zps_wire_socket(j->ctx, ZMQ_ROUTER, 200);
-    ck_assert_int_eq(zmq_bind(j->router, ep), 0);
-    for (int i = 0; i < MAX_W; i++) {
-        j->w[i] = zps_wire_socket(j->ctx, ZMQ_DEALER, 50);
-        ck_assert_int_eq(zmq_connect(j->w[i], ep), 0);
-    }
-    zps_coord_cfg cfg = {.model = "mlp:4-3-2", .dataset = "synthetic:400", .seed = 1,
-                         .global_batch = MB, .total_steps = 40, .steps_per_epoch = 50,
-                         .n_test = 10, .workers = workers, .worker_timeout_ms = TIMEOUT_MS,
-                         .n_params = 23, .shards = 1, .endpoint = "inproc://x"};
-    j->c = zps_coord_new(&cfg);
-    ck_assert_ptr_nonnull(j->c);
+    zps_coord_cfg cfg = s_members_cfg(workers);
+    s_members_setup_cfg(j, &cfg);
 }
 
 static void s_members_teardown(mjob *j)
 {
     zps_coord_destroy(&j->c);
+    zps_outbox_fini(&j->out);
     for (int i = 0; i < MAX_W; i++) {
-        zmq_close(j->w[i]);
+        s_peer_fini(&j->w[i]);
     }
-    zmq_close(j->router);
-    zmq_ctx_term(j->ctx);
 }
 
-// The next message to worker i of `type` (others before it are skipped),
-// or false within the socket's timeout. m: the caller finishes it.
-static bool s_next_to(mjob *j, int i, Zps__MsgType type, zps_wire_msg *m)
-{
-    while (zps_wire_recv(j->w[i], false, m) == ZPS_OK) {
-        if (m->hdr->type == type) {
-            return true;
-        }
-        zps_wire_msg_fini(m);
-    }
-    return false;
-}
-
-// Worker i says HELLO; the coordinator handles it.
-static void s_say_hello(mjob *j, int i)
+// Worker i says HELLO (asking for `share`, 0: split the rest); returns
+// the coordinator's verdict.
+static zps_err s_hello_share(mjob *j, int i, uint32_t share)
 {
     Zps__Hello hello = ZPS__HELLO__INIT;
     hello.host = "test";
     hello.device = "cpu";
+    hello.share = share;
     Zps__Header h;
     zps_wire_header_init(&h, ZPS__MSG_TYPE__HELLO);
     h.hello = &hello;
-    ck_assert_int_eq(zps_wire_send(j->w[i], NULL, &h, NULL, 0, NULL), ZPS_OK);
-    zps_wire_msg m;
-    ck_assert_int_eq(zps_wire_recv(j->router, true, &m), ZPS_OK);
-    ck_assert_int_eq(zps_coord_on_hello(j->c, j->router, &m), ZPS_OK);
-    zps_wire_msg_fini(&m);
+    zps_wire_msg m = s_from(&j->w[i], &h);
+    zps_err err = zps_coord_on_hello(j->c, &j->out, &m);
+    s_msg_done(&m);
+    s_members_post(j);
+    return err;
+}
+
+static void s_say_hello(mjob *j, int i)
+{
+    ck_assert_int_eq(s_hello_share(j, i, 0), ZPS_OK);
 }
 
 // Worker i's JOB: its id and rank; returns the step it starts at.
 static uint64_t s_take_job_of(mjob *j, int i)
 {
-    zps_wire_msg m;
-    ck_assert_msg(s_next_to(j, i, ZPS__MSG_TYPE__JOB, &m), "worker %d got no JOB", i);
-    j->id[i] = m.hdr->job->member_id;
-    j->rank[i] = m.hdr->job->rank;
-    uint64_t start = m.hdr->job->start_step;
-    zps_wire_msg_fini(&m);
+    Zps__Header *h = s_take(&j->w[i], ZPS__MSG_TYPE__JOB);
+    ck_assert_msg(h != NULL, "worker %d got no JOB", i);
+    j->id[i] = h->job->member_id;
+    j->rank[i] = h->job->rank;
+    uint64_t start = h->job->start_step;
+    zps__header__free_unpacked(h, NULL);
     return start;
 }
 
 static bool s_has_job_yet(mjob *j, int i)
 {
-    zps_wire_msg m;
-    bool got = s_next_to(j, i, ZPS__MSG_TYPE__JOB, &m);
-    if (got) {
-        zps_wire_msg_fini(&m);
-    }
-    return got;
+    return s_got(&j->w[i], ZPS__MSG_TYPE__JOB);
 }
 
 // A heartbeat of worker i, on the coordinator's side.
@@ -447,24 +524,31 @@ static void s_beat_of(mjob *j, int i)
     zps_wire_header_init(&h, ZPS__MSG_TYPE__HEARTBEAT);
     h.member_id = j->id[i];
     h.rank = j->rank[i];
-    zps_wire_msg m = {.hdr = &h};
-    ck_assert_int_eq(zps_coord_on_heartbeat(j->c, j->router, &m), ZPS_OK);
+    zps_wire_msg m = s_from(&j->w[i], &h);
+    ck_assert_int_eq(zps_coord_on_heartbeat(j->c, &j->out, &m), ZPS_OK);
+    s_msg_done(&m);
+    s_members_post(j);
+}
+
+static void s_tick(mjob *j)
+{
+    zps_coord_tick(j->c, &j->out, s_clock_now);
+    s_members_post(j);
 }
 
 // Time passes for the members that beat (mask of workers): the others fall
 // silent past the timeout and are evicted by the tick.
 static void s_silence_but(mjob *j, unsigned beating)
 {
-    double until = zps_clock_ms() + 2 * TIMEOUT_MS;
-    while (zps_clock_ms() < until) {
+    double until = s_clock_now + 2 * TIMEOUT_MS;
+    while (s_clock_now < until) {
         for (int i = 0; i < MAX_W; i++) {
             if (beating & (1u << i)) {
                 s_beat_of(j, i);
             }
         }
-        struct timespec ts = {0, 10 * 1000000L};
-        nanosleep(&ts, NULL);
-        zps_coord_tick(j->c, j->router, zps_clock_ms());
+        s_clock_now += 10;
+        s_tick(j);
     }
 }
 
@@ -474,18 +558,25 @@ static void s_step_done_on(mjob *j, uint64_t step)
     zps_coord_step_done(j->c, step, 0.5f, 1.0, j->counted);
 }
 
+// Shard 0 is about to send the parameters of `step`.
+static void s_release(mjob *j, uint64_t step)
+{
+    zps_coord_release(j->c, &j->out, step);
+    s_members_post(j);
+}
+
 // The extras of `step` in the PLANs worker i got: samples handed to it.
 static uint32_t s_extras_to(mjob *j, int i, uint64_t step, uint32_t *gen)
 {
     uint32_t samples = 0;
-    zps_wire_msg m;
-    while (s_next_to(j, i, ZPS__MSG_TYPE__PLAN, &m)) {
-        for (size_t k = 0; k < m.hdr->plan->n_extras; k++) {
-            const Zps__Extra *e = m.hdr->plan->extras[k];
+    Zps__Header *h;
+    while ((h = s_take(&j->w[i], ZPS__MSG_TYPE__PLAN))) {
+        for (size_t k = 0; k < h->plan->n_extras; k++) {
+            const Zps__Extra *e = h->plan->extras[k];
             samples += e->step == step && e->rank == j->rank[i] ? e->count : 0;
         }
-        *gen = m.hdr->plan->generation;
-        zps_wire_msg_fini(&m);
+        *gen = h->plan->generation;
+        zps__header__free_unpacked(h, NULL);
     }
     return samples;
 }
@@ -499,7 +590,7 @@ static void s_start_two(mjob *j)
     ck_assert_uint_eq(s_take_job_of(j, 0), 0);
     ck_assert_uint_eq(s_take_job_of(j, 1), 0);
     for (uint64_t t = 0; t < 5; t++) {
-        zps_coord_release(j->c, j->router, t + 1);
+        s_release(j, t + 1);
         s_step_done_on(j, t);
     }
 }
@@ -517,7 +608,7 @@ START_TEST(test_coord_two_joins_within_a_step_make_one_plan_at_the_boundary)
     ck_assert_uint_eq(s_extras_to(&j, 0, 5, &gen), 0);
     ck_assert_uint_eq(gen, 0);
     // The boundary: one plan for both joins, from step 6.
-    zps_coord_release(j.c, j.router, 6);
+    s_release(&j, 6);
     ck_assert_uint_eq(s_take_job_of(&j, 2), 6);
     ck_assert_uint_eq(s_take_job_of(&j, 3), 6);
     (void)s_extras_to(&j, 0, 5, &gen);
@@ -528,7 +619,7 @@ START_TEST(test_coord_two_joins_within_a_step_make_one_plan_at_the_boundary)
     ck_assert_uint_eq(zps_coord_plan(j.c)->n, 4);
     // Another boundary without changes makes no plan.
     s_step_done_on(&j, 5);
-    zps_coord_release(j.c, j.router, 7);
+    s_release(&j, 7);
     ck_assert_uint_eq(zps_coord_generation(j.c, &effective), 2);
     s_members_teardown(&j);
 }
@@ -543,7 +634,7 @@ START_TEST(test_coord_eviction_during_a_join_hands_the_piece_to_an_active_member
     uint32_t gen = 0;
     ck_assert_uint_eq(s_extras_to(&j, 0, 5, &gen), MB / 2); // its slice of 5 went to rank 0
     ck_assert(!s_has_job_yet(&j, 2));                          // not to the joiner
-    zps_coord_release(j.c, j.router, 6);
+    s_release(&j, 6);
     ck_assert_uint_eq(s_take_job_of(&j, 2), 6);
     const zps_plan *p = zps_coord_plan(j.c);
     ck_assert_uint_eq(p->n, 2);
@@ -564,20 +655,242 @@ START_TEST(test_coord_join_during_eviction_wakes_the_joiner_only_when_nobody_els
     ck_assert(!s_has_job_yet(&j, 2));
     s_silence_but(&j, 0u);    // worker 0 gone too: nobody active can compute step 5
     // The joiner is active from step 5 at once, with the whole step in its JOB.
-    zps_wire_msg m;
-    ck_assert(s_next_to(&j, 2, ZPS__MSG_TYPE__JOB, &m));
-    ck_assert_uint_eq(m.hdr->job->start_step, 5);
+    Zps__Header *jb = s_take(&j.w[2], ZPS__MSG_TYPE__JOB);
+    ck_assert_ptr_nonnull(jb);
+    ck_assert_uint_eq(jb->job->start_step, 5);
     uint32_t samples = 0;
-    for (size_t k = 0; k < m.hdr->job->n_extras; k++) {
-        ck_assert_uint_eq(m.hdr->job->extras[k]->step, 5);
-        samples += m.hdr->job->extras[k]->count;
+    for (size_t k = 0; k < jb->job->n_extras; k++) {
+        ck_assert_uint_eq(jb->job->extras[k]->step, 5);
+        samples += jb->job->extras[k]->count;
     }
     ck_assert_uint_eq(samples, MB);
     // And a plan that names it exists already, for the shards to know it.
     ck_assert_uint_eq(zps_coord_plan(j.c)->n, 1);
-    ck_assert_uint_eq(zps_coord_plan(j.c)->slices[0].member_id, m.hdr->job->member_id);
-    zps_wire_msg_fini(&m);
+    ck_assert_uint_eq(zps_coord_plan(j.c)->slices[0].member_id, jb->job->member_id);
+    zps__header__free_unpacked(jb, NULL);
     s_members_teardown(&j);
+}
+END_TEST
+
+START_TEST(test_coord_hello_whose_share_does_not_fit_is_refused_in_one_line_and_changes_nothing)
+{
+    mjob j;
+    s_members_setup(&j, 2);
+    ck_assert_int_eq(s_hello_share(&j, 0, 6), ZPS_OK);
+    ck_assert_int_eq(s_hello_share(&j, 1, 4), ZPS_EINVAL); // 6 + 4 > B = 8
+    Zps__Header *e = s_take(&j.w[1], ZPS__MSG_TYPE__ERROR);
+    ck_assert_ptr_nonnull(e);
+    ck_assert_int_eq(e->error_code, ZPS_EINVAL);
+    ck_assert_ptr_nonnull(strstr(e->error, "share 4 does not fit"));
+    zps__header__free_unpacked(e, NULL);
+    ck_assert_ptr_null(zps_coord_plan(j.c)); // still waiting for a second worker
+    ck_assert_uint_eq(zps_coord_at(j.c), ZPS_AT_WAITING);
+    // The same worker asking for what is left is admitted, and the job starts.
+    ck_assert_int_eq(s_hello_share(&j, 1, 2), ZPS_OK);
+    ck_assert_uint_eq(s_take_job_of(&j, 0), 0);
+    ck_assert_uint_eq(s_take_job_of(&j, 1), 0);
+    const zps_plan *p = zps_coord_plan(j.c);
+    ck_assert_uint_eq(p->n, 2);
+    ck_assert_uint_eq(p->slices[0].count, 6);
+    ck_assert_uint_eq(p->slices[1].count, 2);
+    s_members_teardown(&j);
+}
+END_TEST
+
+START_TEST(test_coord_bye_in_the_middle_hands_the_slice_on_and_replans_at_the_boundary)
+{
+    mjob j;
+    s_start_two(&j);
+    Zps__Header h;
+    zps_wire_header_init(&h, ZPS__MSG_TYPE__BYE);
+    h.rank = j.rank[1];
+    h.member_id = j.id[1];
+    h.step = 5;
+    zps_wire_msg m = s_from(&j.w[1], &h);
+    ck_assert_int_eq(zps_coord_on_bye(j.c, &j.out, &m), ZPS_OK);
+    s_msg_done(&m);
+    s_members_post(&j);
+    uint32_t gen = 0;
+    ck_assert_uint_eq(s_extras_to(&j, 0, 5, &gen), MB / 2); // rank 1's half of step 5
+    s_release(&j, 6);
+    ck_assert_uint_eq(zps_coord_plan(j.c)->n, 1);
+    ck_assert_uint_eq(zps_coord_plan(j.c)->slices[0].count, MB);
+    // A second BYE from it changes nothing.
+    m = s_from(&j.w[1], &h);
+    ck_assert_int_eq(zps_coord_on_bye(j.c, &j.out, &m), ZPS_OK);
+    s_msg_done(&m);
+    ck_assert_uint_eq(j.out.n, 0);
+    s_members_teardown(&j);
+}
+END_TEST
+
+// ---------------------------------------------------------------------------
+// Straggler policy: speculation and the adaptive split.
+
+START_TEST(test_coord_speculation_hands_a_late_slice_in_pieces_to_the_helpers_only)
+{
+    mjob j;
+    s_members_setup(&j, 3);
+    for (int i = 0; i < 3; i++) {
+        s_say_hello(&j, i);
+    }
+    for (int i = 0; i < 3; i++) {
+        ck_assert_uint_eq(s_take_job_of(&j, i), 0);
+    }
+    const zps_plan_slice *late = zps_plan_find(zps_coord_plan(j.c), j.rank[0]);
+    bool helper[ZPS_MAX_MEMBERS] = {false};
+    helper[j.rank[1]] = helper[j.rank[2]] = true;
+    ck_assert(zps_coord_speculate(j.c, &j.out, 0, late->offset, late->count, j.rank[0], helper));
+    s_members_post(&j);
+    uint32_t gen = 0, got1 = s_extras_to(&j, 1, 0, &gen), got2 = s_extras_to(&j, 2, 0, &gen);
+    ck_assert_uint_gt(got1, 0);
+    ck_assert_uint_gt(got2, 0);
+    ck_assert_uint_eq(got1 + got2, late->count); // the pieces tile the late slice
+    ck_assert_uint_eq(gen, 1);                    // the same plan: only extras are new
+    ck_assert_uint_eq(s_extras_to(&j, 0, 0, &gen), 0);
+    // Nobody to help: nothing is handed.
+    bool none[ZPS_MAX_MEMBERS] = {false};
+    ck_assert(!zps_coord_speculate(j.c, &j.out, 0, late->offset, late->count, j.rank[0], none));
+    ck_assert_uint_eq(j.out.n, 0);
+    s_members_teardown(&j);
+}
+END_TEST
+
+START_TEST(test_coord_adaptive_split_gives_shares_by_throughput_at_the_next_boundary)
+{
+    mjob j;
+    zps_coord_cfg cfg = s_members_cfg(2);
+    cfg.adaptive_split = true;
+    s_members_setup_cfg(&j, &cfg);
+    s_say_hello(&j, 0);
+    s_say_hello(&j, 1);
+    (void)s_take_job_of(&j, 0);
+    (void)s_take_job_of(&j, 1);
+    // Rank 0 computes 3 x as fast as rank 1, for 20 steps.
+    for (uint64_t t = 0; t < 20; t++) {
+        s_release(&j, t);
+        zps_coord_note_push(j.c, t, 0, MB / 2, 4.0f, s_clock_now + 4);
+        zps_coord_note_push(j.c, t, 1, MB / 2, 12.0f, s_clock_now + 12);
+        s_clock_now += 13;
+        j.counted[0] = j.counted[1] = MB / 2;
+        s_step_done_on(&j, t);
+        zps_coord_adapt(j.c);
+    }
+    ck_assert_uint_eq(zps_coord_plan(j.c)->slices[0].count, MB / 2); // not before the boundary
+    s_release(&j, 20);
+    const zps_plan *p = zps_coord_plan(j.c);
+    ck_assert_uint_eq(p->n, 2);
+    ck_assert_uint_eq(p->slices[0].count, 6);
+    ck_assert_uint_eq(p->slices[1].count, 2);
+    uint64_t effective;
+    ck_assert_uint_eq(zps_coord_generation(j.c, &effective), 2);
+    ck_assert_uint_eq(effective, 20);
+    s_members_teardown(&j);
+}
+END_TEST
+
+// ---------------------------------------------------------------------------
+// Recovery: a coordinator restarted from its saved job state.
+
+// A temporary directory, made for the test.
+static void s_tmpdir(char *dir, size_t len)
+{
+    snprintf(dir, len, "/tmp/zps-check-coord-XXXXXX");
+    ck_assert_ptr_nonnull(mkdtemp(dir));
+}
+
+static void s_rmdir(const char *dir)
+{
+    char cmd[128];
+    snprintf(cmd, sizeof cmd, "rm -rf '%s'", dir);
+    ck_assert_int_eq(system(cmd), 0);
+}
+
+// The job of s_start_two saved at step 5, and a new coordinator resumed
+// from it: RECOVERING until both workers call back.
+static void s_resumed_two(mjob *j, mjob *r, const char *dir)
+{
+    s_start_two(j);
+    ck_assert_int_eq(zps_coord_save(j->c, dir, 5), ZPS_OK);
+    zps_coord_cfg cfg = s_members_cfg(2);
+    s_members_setup_cfg(r, &cfg);
+    ck_assert_int_eq(zps_coord_resume(r->c, dir, 5), ZPS_OK);
+    ck_assert_uint_eq(zps_coord_at(r->c), ZPS_AT_RECOVERING);
+    ck_assert_uint_eq(zps_coord_job_id(r->c), zps_coord_job_id(j->c));
+    for (int i = 0; i < 2; i++) {
+        r->id[i] = j->id[i];
+        r->rank[i] = j->rank[i];
+    }
+}
+
+// Worker i's first heartbeat to the restarted coordinator, from its main
+// socket: the coordinator learns its route again.
+static void s_call_back(mjob *r, int i)
+{
+    Zps__Header h;
+    zps_wire_header_init(&h, ZPS__MSG_TYPE__HEARTBEAT);
+    h.member_id = r->id[i];
+    h.rank = r->rank[i];
+    h.flags = 1;
+    zps_wire_msg m = s_from(&r->w[i], &h);
+    ck_assert_int_eq(zps_coord_on_heartbeat(r->c, &r->out, &m), ZPS_OK);
+    s_msg_done(&m);
+    s_members_post(r);
+}
+
+START_TEST(test_coord_resumed_rolls_everyone_back_once_every_worker_called_back)
+{
+    char dir[64];
+    s_tmpdir(dir, sizeof dir);
+    mjob j, r;
+    s_resumed_two(&j, &r, dir);
+    // A newcomer waits while the members of before come back.
+    ck_assert_int_eq(s_hello_share(&r, 2, 0), ZPS_EAGAIN);
+    ck_assert(s_got(&r.w[2], ZPS__MSG_TYPE__ERROR));
+    s_call_back(&r, 0);
+    uint64_t step;
+    ck_assert(!zps_coord_take_rollback(r.c, &step)); // rank 1 not yet back
+    ck_assert(!s_got(&r.w[0], ZPS__MSG_TYPE__ROLLBACK));
+    s_call_back(&r, 1);
+    ck_assert(zps_coord_take_rollback(r.c, &step));
+    ck_assert_uint_eq(step, 5);
+    ck_assert_uint_eq(zps_coord_at(r.c), ZPS_AT_TRAINING);
+    for (int i = 0; i < 2; i++) {
+        Zps__Header *rb = s_take(&r.w[i], ZPS__MSG_TYPE__ROLLBACK);
+        ck_assert_msg(rb != NULL, "worker %d got no ROLLBACK", i);
+        ck_assert_uint_eq(rb->step, 5);
+        ck_assert_uint_gt(rb->plan->generation, 1000); // above any plan made before the crash
+        zps__header__free_unpacked(rb, NULL);
+    }
+    s_members_teardown(&r);
+    s_members_teardown(&j);
+    s_rmdir(dir);
+}
+END_TEST
+
+START_TEST(test_coord_resumed_evicts_a_worker_that_does_not_call_back_in_time)
+{
+    char dir[64];
+    s_tmpdir(dir, sizeof dir);
+    mjob j, r;
+    s_resumed_two(&j, &r, dir);
+    s_call_back(&r, 0);
+    for (int k = 0; k < 100 && zps_coord_at(r.c) == ZPS_AT_RECOVERING; k++) {
+        s_clock_now += 10; // past worker_timeout_ms within the loop
+        s_beat_of(&r, 0);
+        s_tick(&r);
+    }
+    ck_assert_uint_eq(zps_coord_at(r.c), ZPS_AT_TRAINING);
+    uint64_t step;
+    ck_assert(zps_coord_take_rollback(r.c, &step));
+    ck_assert_uint_eq(step, 5);
+    const zps_plan *p = zps_coord_plan(r.c);
+    ck_assert_uint_eq(p->n, 1); // the replay goes on with rank 0 alone
+    ck_assert_uint_eq(p->slices[0].rank, r.rank[0]);
+    ck_assert(s_got(&r.w[0], ZPS__MSG_TYPE__ROLLBACK));
+    s_members_teardown(&r);
+    s_members_teardown(&j);
+    s_rmdir(dir);
 }
 END_TEST
 
@@ -598,6 +911,16 @@ Suite *zps_suite_coord(void)
     tcase_add_test(mc, test_coord_two_joins_within_a_step_make_one_plan_at_the_boundary);
     tcase_add_test(mc, test_coord_eviction_during_a_join_hands_the_piece_to_an_active_member);
     tcase_add_test(mc, test_coord_join_during_eviction_wakes_the_joiner_only_when_nobody_else_can);
+    tcase_add_test(mc, test_coord_hello_whose_share_does_not_fit_is_refused_in_one_line_and_changes_nothing);
+    tcase_add_test(mc, test_coord_bye_in_the_middle_hands_the_slice_on_and_replans_at_the_boundary);
     suite_add_tcase(s, mc);
+    TCase *pc = tcase_create("policy");
+    tcase_add_test(pc, test_coord_speculation_hands_a_late_slice_in_pieces_to_the_helpers_only);
+    tcase_add_test(pc, test_coord_adaptive_split_gives_shares_by_throughput_at_the_next_boundary);
+    suite_add_tcase(s, pc);
+    TCase *rc = tcase_create("recovery");
+    tcase_add_test(rc, test_coord_resumed_rolls_everyone_back_once_every_worker_called_back);
+    tcase_add_test(rc, test_coord_resumed_evicts_a_worker_that_does_not_call_back_in_time);
+    suite_add_tcase(s, rc);
     return s;
 }

@@ -1,0 +1,153 @@
+/* zps_coord_int.h - what the coordinator's files share; nothing else includes it.
+ *
+ * The coordinator (server/zps_coord.h) is one object in several files,
+ * one per concern: zps_coord.c (the object, its state for the message
+ * table, step ends, deadlines), zps_coord_plan.c (plans, handed-over
+ * slices, step boundaries), zps_coord_members.c (admission, heartbeats,
+ * eviction), zps_coord_recover.c (shards and rollback), zps_coord_state.c
+ * (the saved job state), zps_coord_policy.c (adaptive split, speculation)
+ * and zps_coord_render.c (STATUS, /metrics, /status, the metrics log
+ * line). None sends: each
+ * appends to the outbox it is given. */
+#ifndef ZPS_COORD_INT_H
+#define ZPS_COORD_INT_H
+
+#include "server/zps_coord.h"
+
+#include "common/zps_log.h"
+#include "common/zps_plans.h"
+#include "server/zps_eval.h"
+#include "server/zps_member.h"
+#include "server/zps_monitor.h"
+#include "server/zps_outbox.h"
+
+#define ZPS_COORD_PROGRESS_MS 2000.0
+#define ZPS_COORD_WAIT_LOG_MS 5000.0
+
+// After the last step, how long members get to send results and goodbyes.
+#define ZPS_COORD_END_GRACE_MS 60000.0
+
+// WAITING for workers and shards, ASSIGNING ranges to the other shards
+// (workers get the job once every shard serves), TRAINING, DONE.
+// RECOVERING: restarted from a checkpoint, waiting for shards and workers
+// to come back before everyone rolls back to it.
+typedef enum zps_coord_phase {
+    ZPS_COORD_WAITING,
+    ZPS_COORD_ASSIGNING,
+    ZPS_COORD_TRAINING,
+    ZPS_COORD_DONE,
+    ZPS_COORD_RECOVERING
+} zps_coord_phase;
+
+typedef struct zps_coord_member {
+    uint32_t rank;        // position in the plan
+    uint64_t member_id;   // secret-ish id its pushes carry
+    char host[64];        // reported by the worker
+    char device[32];      // reported by the worker
+    uint32_t share;       // fixed share asked for, 0 for "split the rest"
+    uint32_t pid;         // worker process id on its host
+    zmq_msg_t route;      // routing id on shard 0's socket (for JOB)
+    zps_member_life life; // joining, active from a step, leaving, gone (zps_member.h)
+    uint64_t pushes;      // pushes seen on shard 0
+    float compute_ms;     // last push's compute time
+    bool has_job;         // was sent its JOB: plans go to it from now on
+    bool route_known;     // route is valid (false after a coordinator restart until it calls)
+    uint32_t adapted;     // share from the adaptive split (0: none)
+    uint64_t covered;     // its slices of steps before this one were also handed to others
+    double last_seen_ms;  // last message from it (heartbeats included)
+} zps_coord_member;
+
+// A slice of a step in progress handed to a live member.
+typedef struct zps_coord_extra {
+    uint64_t step;
+    uint32_t offset, count;
+    uint32_t gen;        // generation in force at that step
+    uint32_t rank;       // who computes it now
+} zps_coord_extra;
+
+#define ZPS_COORD_EXTRAS 64
+
+typedef struct zps_coord_peer {
+    bool registered;     // REGISTER received
+    bool ready;          // READY received
+    uint64_t token;      // the secret its ASSIGN carries and its messages must (0: none yet)
+    char public_key[41]; // CURVE: the key it listens with, for workers ("" if the server's)
+    char endpoint[256];  // where workers reach it
+    zmq_msg_t route;     // routing id on shard 0's socket (for ASSIGN)
+    uint64_t lo, hi;     // its range
+} zps_coord_peer;
+
+struct zps_coord {
+    zps_coord_cfg cfg;                  // copy; strings borrowed
+    uint64_t job_id;                    // random per run
+    zps_coord_phase state;                      // waiting, training, done
+    uint32_t n_members;                 // admitted
+    zps_coord_member members[ZPS_MAX_MEMBERS];  // in rank order
+    zps_coord_peer shards[ZPS_MAX_SHARDS]; // [0] is this process
+    uint32_t n_registered;              // shards here, this one included
+    uint32_t n_ready;                   // shards serving, this one included
+    zps_plans plans;                    // generations still in use, the newest included
+    uint32_t gen;                       // the newest generation made (1: the first plan)
+    bool pending;                       // members came or went: re-plan at the next boundary
+    uint64_t membership_changes;        // joins, departures and adapted splits, counted
+    uint64_t replans;                   // plan generations made after the first
+    uint64_t replans_step;              // the step boundary of the newest re-plan
+    uint64_t released;                  // the newest step whose parameters shard 0 began to send
+    uint64_t shard_done[ZPS_MAX_SHARDS]; // steps each shard completed
+    zps_coord_extra extras[ZPS_COORD_EXTRAS];   // handed-over slices of steps in progress
+    int n_extras;
+    uint64_t evictions;                 // members evicted for silence
+    zps_monitor *mon;                   // owned: lag, stragglers, throughput
+    double recover_deadline_ms;         // RECOVERING: when to go on without the missing
+    bool rollback_pending;              // shard 0 must restore rollback_step
+    uint64_t rollback_step;
+    uint64_t steps_done;                // last step_done + 1
+    float last_loss;
+    double last_step_ms;
+    zps_eval *eval;                     // owned: the epoch's evaluation being gathered
+    double next_log_ms;                 // next progress or waiting line
+    double done_ms;                     // when the last step completed
+    double started_ms;                  // when step 0 was planned
+    double sum_step_ms;                 // for the mean in the progress line
+    uint64_t n_step_ms;
+    zps_log_limit refusals;             // bounds the lines refused messages cause
+};
+
+// zps_coord.c
+double zps_coord_now(const zps_coord *c);
+void zps_coord_refuse(zps_coord *c, zps_outbox *out, zps_wire_msg *m, zps_err err,
+                      const char *why);
+
+// zps_coord_plan.c
+void zps_coord_broadcast(zps_coord *c, zps_outbox *out, Zps__MsgType type, uint64_t step);
+bool zps_coord_can_take(const zps_coord_member *mem, uint64_t step);
+bool zps_coord_commit(zps_coord *c, uint64_t effective);
+void zps_coord_extra_to_wire(const zps_coord_extra *e, Zps__Extra *w);
+uint64_t zps_coord_global_done(const zps_coord *c);
+uint32_t zps_coord_live_flexible(const zps_coord *c);
+uint32_t zps_coord_live_members(const zps_coord *c);
+zps_err zps_coord_make_plan(zps_coord *c, zps_plan *out);
+const zps_plan_gen *zps_coord_newest(const zps_coord *c);
+void zps_coord_note_change(zps_coord *c);
+void zps_coord_plan_to_wire(const zps_plan *plan, const zps_coord_member *only,
+                            Zps__Slice *slices, Zps__Slice **ptrs);
+void zps_coord_reassign(zps_coord *c, zps_outbox *out);
+void zps_coord_send_job(zps_coord *c, zps_outbox *out, zmq_msg_t *route, Zps__MsgType type,
+                        zps_coord_member *mem, uint64_t shard_token);
+void zps_coord_send_new_jobs(zps_coord *c, zps_outbox *out);
+zps_err zps_coord_start(zps_coord *c, zps_outbox *out);
+void zps_coord_start_workers(zps_coord *c, zps_outbox *out);
+
+// zps_coord_members.c
+void zps_coord_evict(zps_coord *c, zps_outbox *out, zps_coord_member *mem, double now_ms);
+zps_coord_member *zps_coord_member_by_id(zps_coord *c, uint64_t member_id);
+
+// zps_coord_recover.c
+void zps_coord_try_recover(zps_coord *c, zps_outbox *out, bool deadline_passed);
+
+// zps_coord_render.c
+void zps_coord_member_to_wire(const zps_coord_member *s, Zps__Member *out);
+void zps_coord_log_step(zps_coord *c, uint64_t step, float loss, double step_ms,
+                        const uint32_t *counted);
+
+#endif

@@ -1,0 +1,230 @@
+/* zps_coord_members.c - admission, heartbeats, departures and eviction. */
+#include "zps_coord_int.h"
+
+#include <string.h>
+
+#include "common/zps_layout.h"
+#include "server/zps_token.h"
+
+// A member left or fell silent: its pieces of the steps in progress go to
+// others at once, and the plan without it comes at the next boundary.
+static void s_depart(zps_coord *c, zps_outbox *out, zps_coord_member *mem, zps_member_exit why)
+{
+    if (zps_member_depart(&mem->life, why) != ZPS_OK) {
+        return;
+    }
+    if (c->state == ZPS_COORD_TRAINING && why != ZPS_EXIT_FINISHED) {
+        zps_coord_note_change(c);
+        zps_coord_reassign(c, out);
+        if (zps_coord_live_members(c) == 0) {
+            zps_log_warn("step %llu cannot complete: no live worker; waiting for workers to join",
+                         (unsigned long long)zps_coord_global_done(c));
+        }
+    }
+}
+
+void zps_coord_evict(zps_coord *c, zps_outbox *out, zps_coord_member *mem, double now_ms)
+{
+    c->evictions++;
+    zps_log_warn("evicted rank %u (%s, pid %u, %s): silent for %.1f s [%llu evictions]",
+                 mem->rank, mem->host, mem->pid, mem->device, (now_ms - mem->last_seen_ms) / 1e3,
+                 (unsigned long long)c->evictions);
+    s_depart(c, out, mem, ZPS_EXIT_EVICTED);
+}
+
+zps_coord_member *zps_coord_member_by_id(zps_coord *c, uint64_t member_id)
+{
+    for (uint32_t i = 0; i < c->n_members; i++) {
+        if (c->members[i].member_id == member_id) {
+            return &c->members[i];
+        }
+    }
+    return NULL;
+}
+
+// Heartbeats from a worker's main socket (flag 1) also say where its
+// replies go: after a coordinator restart that is how routes come back.
+zps_err zps_coord_on_heartbeat(zps_coord *c, zps_outbox *out, zps_wire_msg *m)
+{
+    zps_coord_member *mem = zps_coord_member_by_id(c, m->hdr->member_id);
+    if (!mem || !zps_member_live(&mem->life)) {
+        return ZPS_ENOENT;
+    }
+    mem->last_seen_ms = zps_coord_now(c);
+    if ((m->hdr->flags & 1u) && !mem->route_known) {
+        zps_wire_route_close(&mem->route);
+        zps_wire_route_copy(&mem->route, &m->route);
+        mem->route_known = true;
+        zps_log_info("rank %u (%s) is back", mem->rank, mem->host);
+        zps_coord_try_recover(c, out, false);
+    }
+    return ZPS_OK;
+}
+
+static bool s_same_route(zmq_msg_t *a, zmq_msg_t *b)
+{
+    return zmq_msg_size(a) == zmq_msg_size(b) &&
+           memcmp(zmq_msg_data(a), zmq_msg_data(b), zmq_msg_size(a)) == 0;
+}
+
+// Whether what a HELLO declares (a model, its dataset's sizes) is not the
+// job's; why says how, naming the first tensor that differs.
+static bool s_declared_differs(const zps_coord *c, const Zps__Hello *hello, char *why,
+                               size_t len)
+{
+    if (!c->cfg.layout) {
+        if (!hello->layout) {
+            return false;
+        }
+        if (!c->cfg.spec || c->cfg.spec->kind != ZPS_MODEL_MLP) {
+            snprintf(why, len, "this job trains %s: it takes no model declared by a worker",
+                     c->cfg.model);
+            return true;
+        }
+        // A worker of its own code (libzps) with the built-in MLP's layout.
+        if (zps_layout_differs_mlp(c->cfg.spec, hello->layout, why, len)) {
+            return true;
+        }
+    } else if (!hello->layout) {
+        snprintf(why, len, "this job's model is declared by its workers (--model external): "
+                           "this worker declared none");
+        return true;
+    }
+    if (c->cfg.layout && zps_layout_digest(hello->layout) != zps_layout_digest(c->cfg.layout) &&
+        zps_layout_differs(c->cfg.layout, hello->layout, why, len)) {
+        return true;
+    }
+    if (hello->n_train != c->cfg.n_train || hello->n_test != c->cfg.n_test) {
+        snprintf(why, len, "declared a dataset of %u train and %u test records; the job's has "
+                           "%u and %u", hello->n_train, hello->n_test, c->cfg.n_train,
+                 c->cfg.n_test);
+        return true;
+    }
+    return false;
+}
+
+// Whether a new member's share fits beside the fixed shares of the
+// members planned: within the global batch, leaving a sample for each
+// member that splits the rest, and adding up to it once the last member
+// of the start is in. why says how it does not.
+static bool s_share_fits(const zps_coord *c, uint32_t share, bool joining, char *why, size_t len)
+{
+    uint64_t fixed = share;
+    uint32_t n_flex = share == 0;
+    for (uint32_t i = 0; i < c->n_members; i++) {
+        bool planned = zps_member_planned(&c->members[i].life);
+        fixed += planned ? c->members[i].share : 0;
+        n_flex += planned && c->members[i].share == 0;
+    }
+    bool last = !joining && c->n_members + 1 == c->cfg.workers;
+    if (fixed > c->cfg.global_batch || (last && n_flex == 0 && fixed != c->cfg.global_batch) ||
+        (n_flex > 0 && c->cfg.global_batch - fixed < n_flex)) {
+        snprintf(why, len, "share %u does not fit: fixed shares would be %llu of global batch %u",
+                 share, (unsigned long long)fixed, c->cfg.global_batch);
+        return false;
+    }
+    return true;
+}
+
+// The next rank, for the worker of this HELLO.
+static zps_coord_member *s_admit(zps_coord *c, const Zps__Hello *hello, uint64_t member_id,
+                                 zmq_msg_t *route)
+{
+    zps_coord_member *mem = &c->members[c->n_members];
+    memset(mem, 0, sizeof *mem);
+    mem->rank = c->n_members;
+    mem->member_id = member_id; // a credential: from the kernel, not from a seeded stream
+    snprintf(mem->host, sizeof mem->host, "%s", hello->host ? hello->host : "?");
+    snprintf(mem->device, sizeof mem->device, "%s", hello->device ? hello->device : "?");
+    mem->share = hello->share;
+    mem->pid = hello->pid;
+    zps_member_admit(&mem->life);
+    mem->route_known = true;
+    mem->last_seen_ms = zps_coord_now(c);
+    zps_wire_route_copy(&mem->route, route);
+    c->n_members++;
+    return mem;
+}
+
+zps_err zps_coord_on_hello(zps_coord *c, zps_outbox *out, zps_wire_msg *m)
+{
+    const Zps__Hello *hello = m->hdr->hello;
+    if (!hello) {
+        zps_coord_refuse(c, out, m, ZPS_EPROTO, "HELLO without a hello body");
+        return ZPS_EPROTO;
+    }
+    char why[320];
+    if (s_declared_differs(c, hello, why, sizeof why)) {
+        zps_coord_refuse(c, out, m, ZPS_EINVAL, why);
+        return ZPS_EINVAL;
+    }
+    if (c->state == ZPS_COORD_RECOVERING) {
+        // Admitted once the members of before the restart are back or gone.
+        zps_coord_refuse(c, out, m, ZPS_EAGAIN,
+                         "recovering from a restart: say HELLO again shortly");
+        return ZPS_EAGAIN;
+    }
+    for (uint32_t i = 0; i < c->n_members; i++) {
+        zps_coord_member *mem = &c->members[i];
+        if (zps_member_live(&mem->life) && !mem->has_job &&
+            s_same_route(&mem->route, &m->route)) {
+            // A worker admitted and waiting for its JOB says HELLO again now
+            // and then (it cannot tell a slow start or step from a
+            // coordinator that restarted): it is admitted once.
+            return ZPS_OK;
+        }
+    }
+    bool joining = c->state == ZPS_COORD_TRAINING;
+    if ((c->state != ZPS_COORD_WAITING && !joining) || c->n_members == ZPS_MAX_MEMBERS ||
+        (!joining && c->n_members == c->cfg.workers)) {
+        zps_coord_refuse(c, out, m, ZPS_ESTATE, "the job admits no more workers now");
+        return ZPS_ESTATE;
+    }
+    if (!s_share_fits(c, hello->share, joining, why, sizeof why)) {
+        zps_coord_refuse(c, out, m, ZPS_EINVAL, why);
+        return ZPS_EINVAL;
+    }
+    uint64_t member_id;
+    if (zps_token_new(&member_id) != ZPS_OK) {
+        zps_coord_refuse(c, out, m, ZPS_EAGAIN,
+                         "no member id could be drawn now; say HELLO again");
+        return ZPS_EAGAIN;
+    }
+    zps_coord_member *mem = s_admit(c, hello, member_id, &m->route);
+    if (!joining) {
+        zps_log_info("worker %s pid %u (%s) admitted as rank %u (%u of %u)", mem->host, mem->pid,
+                     mem->device, mem->rank, c->n_members, c->cfg.workers);
+        return zps_coord_start(c, out);
+    }
+    // A member joins at the next step boundary, in the plan made there;
+    // it gets its JOB then. Only if nobody else can compute the step in
+    // progress does it become active from that step at once.
+    zps_log_info("worker %s pid %u (%s) joins as rank %u from the next step boundary",
+                 mem->host, mem->pid, mem->device, mem->rank);
+    zps_coord_note_change(c);
+    zps_coord_reassign(c, out);
+    return ZPS_OK;
+}
+
+zps_err zps_coord_on_bye(zps_coord *c, zps_outbox *out, const zps_wire_msg *m)
+{
+    uint32_t r = m->hdr->rank;
+    if (r >= c->n_members || c->members[r].member_id != m->hdr->member_id) {
+        zps_log_warn("dropped a BYE from an unknown member (rank %u)", r);
+        return ZPS_ENOENT;
+    }
+    zps_coord_member *mem = &c->members[r];
+    if (!zps_member_live(&mem->life)) {
+        return ZPS_OK; // gone already (evicted, or a second BYE)
+    }
+    if (m->hdr->step < c->cfg.total_steps && c->state == ZPS_COORD_TRAINING) {
+        // Stopped by its supervisor: like an eviction, without the wait.
+        zps_log_warn("rank %u (%s, pid %u) left at step %llu; the others take its share",
+                     r, mem->host, mem->pid, (unsigned long long)m->hdr->step);
+        s_depart(c, out, mem, ZPS_EXIT_LEFT);
+        return ZPS_OK;
+    }
+    zps_log_info("rank %u (%s) finished", r, mem->host);
+    s_depart(c, out, mem, ZPS_EXIT_FINISHED);
+    return ZPS_OK;
+}

@@ -1,0 +1,157 @@
+/* zps_coord_policy.c - the straggler policy: adaptive split and speculation. */
+#include "zps_coord_int.h"
+
+#include <math.h>
+
+// ---------------------------------------------------------------------------
+// Adaptive split and speculation.
+
+#define ZPS_COORD_ADAPT_EVERY 20   // steps between looks at the split
+#define ZPS_COORD_ADAPT_GAIN 0.9   // replan only if the step gets this much shorter
+
+double zps_coord_median_step_ms(const zps_coord *c)
+{
+    return zps_monitor_step_quantile(c->mon, 0.5);
+}
+
+// Integer shares of B in proportion to w[0..n), each at least 1, summing
+// to B exactly (largest remainders get the leftovers).
+static void s_proportional(uint32_t B, const double *w, uint32_t n, uint32_t *out)
+{
+    double total = 0;
+    for (uint32_t i = 0; i < n; i++) {
+        total += w[i];
+    }
+    uint32_t given = 0;
+    double rem[ZPS_MAX_MEMBERS];
+    for (uint32_t i = 0; i < n; i++) {
+        double exact = (double)(B - n) * w[i] / total;
+        out[i] = 1 + (uint32_t)exact;
+        rem[i] = exact - floor(exact);
+        given += out[i];
+    }
+    while (given < B) {
+        uint32_t best = 0;
+        for (uint32_t i = 1; i < n; i++) {
+            best = rem[i] > rem[best] ? i : best;
+        }
+        out[best]++;
+        rem[best] = -1;
+        given++;
+    }
+}
+
+void zps_coord_adapt(zps_coord *c)
+{
+    if (!c->cfg.adaptive_split || c->state != ZPS_COORD_TRAINING || c->steps_done == 0 ||
+        c->steps_done % ZPS_COORD_ADAPT_EVERY != 0) {
+        return;
+    }
+    double thr[ZPS_MAX_MEMBERS];
+    uint32_t idx[ZPS_MAX_MEMBERS], n = 0, now_share[ZPS_MAX_MEMBERS], next[ZPS_MAX_MEMBERS];
+    for (uint32_t i = 0; i < c->n_members; i++) {
+        zps_monitor_view v;
+        const zps_plan_slice *sl = zps_plan_find(&zps_coord_newest(c)->plan, c->members[i].rank);
+        bool planned = zps_member_planned(&c->members[i].life);
+        if (!planned || !sl || c->members[i].share ||
+            !zps_monitor_view_of(c->mon, c->members[i].rank, &v) || v.samples_per_s <= 0) {
+            if (planned && c->members[i].share == 0) {
+                return; // a member without a measure yet: wait
+            }
+            continue;
+        }
+        thr[n] = v.samples_per_s;
+        now_share[n] = sl->count;
+        idx[n++] = i;
+    }
+    if (n < 2 || n != zps_coord_live_flexible(c)) {
+        return;
+    }
+    uint32_t B = 0;
+    for (uint32_t i = 0; i < n; i++) {
+        B += now_share[i];
+    }
+    s_proportional(B, thr, n, next);
+    double t_now = 0, t_next = 0;
+    for (uint32_t i = 0; i < n; i++) {
+        t_now = fmax(t_now, now_share[i] / thr[i]);
+        t_next = fmax(t_next, next[i] / thr[i]);
+    }
+    if (t_next > ZPS_COORD_ADAPT_GAIN * t_now) {
+        return;
+    }
+    zps_log_info("adaptive split: predicted step %.2f -> %.2f ms; new shares by throughput",
+                 t_now * 1e3, t_next * 1e3);
+    for (uint32_t i = 0; i < n; i++) {
+        c->members[idx[i]].adapted = next[i];
+    }
+    zps_coord_note_change(c); // the plan with the new shares comes at the next boundary
+}
+
+// Hands [offset, offset + count) of `step` to member `mem` as an extra of
+// the plan it already has.
+static void s_send_speculation(zps_coord *c, zps_outbox *out, const zps_plan_gen *g,
+                               zps_coord_member *mem, uint64_t step, uint32_t offset,
+                               uint32_t count)
+{
+    zps_coord_extra e = {.step = step, .offset = offset, .count = count, .gen = g->gen,
+                 .rank = mem->rank};
+    Zps__Extra wire;
+    Zps__Extra *wp = &wire;
+    zps_coord_extra_to_wire(&e, &wire);
+    Zps__Slice slices[ZPS_MAX_MEMBERS];
+    Zps__Slice *ptrs[ZPS_MAX_MEMBERS];
+    zps_coord_plan_to_wire(&g->plan, mem, slices, ptrs);
+    Zps__Plan p = ZPS__PLAN__INIT;
+    p.generation = g->gen; // the same plan: only the extra is new
+    p.effective_step = g->effective;
+    p.n_slices = g->plan.n;
+    p.slices = ptrs;
+    p.n_extras = 1;
+    p.extras = &wp;
+    Zps__Header h;
+    zps_wire_header_init(&h, ZPS__MSG_TYPE__PLAN);
+    h.job_id = c->job_id;
+    h.generation = g->gen;
+    h.plan = &p;
+    (void)zps_outbox_add(out, &mem->route, &h);
+}
+
+bool zps_coord_speculate(zps_coord *c, zps_outbox *out, uint64_t step, uint32_t offset,
+                         uint32_t count, uint32_t late_rank, const bool *helper)
+{
+    const zps_plan_gen *g = zps_plans_at(&c->plans, step);
+    if (!g) {
+        return false;
+    }
+    // In pieces, one per helper: the copy is done sooner than by one
+    // helper alone. The owner's own copy then no longer counts in a bucket
+    // where a piece came first (the pieces must all come), which is the
+    // price of not waiting for it.
+    zps_coord_member *helpers[ZPS_MAX_MEMBERS];
+    uint32_t k = 0;
+    for (uint32_t i = 0; i < c->n_members; i++) {
+        zps_coord_member *mem = &c->members[i];
+        if (zps_coord_can_take(mem, step) && mem->rank != late_rank && helper[mem->rank]) {
+            helpers[k++] = mem;
+        }
+    }
+    k = k < count ? k : count;
+    for (uint32_t i = 0; i < k; i++) {
+        uint32_t lo = offset + (uint32_t)((uint64_t)count * i / k);
+        uint32_t hi = offset + (uint32_t)((uint64_t)count * (i + 1) / k);
+        s_send_speculation(c, out, g, helpers[i], step, lo, hi - lo);
+    }
+    if (k > 0) {
+        zps_log_info("step %llu: slice [%u, %u) of rank %u is late; also handed to %u "
+                     "member(s), in pieces", (unsigned long long)step, offset, offset + count,
+                     late_rank, k);
+        // The late member, back, may skip that step: others compute it.
+        for (uint32_t i = 0; i < c->n_members; i++) {
+            if (c->members[i].rank == late_rank && c->members[i].covered < step + 1) {
+                c->members[i].covered = step + 1;
+            }
+        }
+    }
+    return k > 0;
+}

@@ -1,0 +1,282 @@
+/* zps_coord_render.c - the STATUS reply and the documents of --http. */
+#include "zps_coord_int.h"
+
+#include <stdlib.h>
+
+#include <jansson.h>
+
+static const char *s_state_name(zps_coord_phase s)
+{
+    static const char *names[] = {"waiting", "assigning", "training", "done", "recovering"};
+    return names[s];
+}
+
+// The fields of a member that STATUS and the saved job state share.
+void zps_coord_member_to_wire(const zps_coord_member *s, Zps__Member *out)
+{
+    zps__member__init(out);
+    out->rank = s->rank;
+    out->host = (char *)s->host;
+    out->device = (char *)s->device;
+    out->share = s->share;
+    out->pid = s->pid;
+    out->live = zps_member_live(&s->life);
+}
+
+// STATUS's member rows: their shares in the plan in force, their pushes
+// and what the straggler detector makes of them.
+static void s_status_members(const zps_coord *c, Zps__Member *members, Zps__Member **ptrs)
+{
+    const zps_plan *plan = zps_coord_plan(c);
+    for (uint32_t i = 0; i < c->n_members; i++) {
+        const zps_coord_member *s = &c->members[i];
+        zps_coord_member_to_wire(s, &members[i]);
+        const zps_plan_slice *sl = plan ? zps_plan_find(plan, s->rank) : NULL;
+        members[i].share = c->state == ZPS_COORD_WAITING        ? s->share
+                           : sl && zps_member_live(&s->life) ? sl->count
+                                                             : 0;
+        members[i].pushes = s->pushes;
+        members[i].compute_ms = s->compute_ms;
+        zps_monitor_view v;
+        if (zps_monitor_view_of(c->mon, s->rank, &v)) {
+            members[i].lag_ms = v.lag_ms;
+            members[i].straggler = v.straggler;
+            members[i].samples_per_s = v.samples_per_s;
+        }
+        ptrs[i] = &members[i];
+    }
+}
+
+void zps_coord_on_status(zps_coord *c, zps_outbox *out, zps_wire_msg *m, uint64_t step,
+                         uint64_t bad_messages)
+{
+    Zps__Member members[ZPS_MAX_MEMBERS];
+    Zps__Member *member_ptrs[ZPS_MAX_MEMBERS];
+    s_status_members(c, members, member_ptrs);
+    Zps__Status st = ZPS__STATUS__INIT;
+    st.state = (char *)s_state_name(c->state);
+    st.model = (char *)c->cfg.model;
+    st.dataset = (char *)c->cfg.dataset;
+    st.step = step;
+    st.total_steps = c->cfg.total_steps;
+    st.epoch = c->cfg.steps_per_epoch ? step / c->cfg.steps_per_epoch : 0;
+    st.global_batch = c->cfg.global_batch;
+    st.workers_expected = c->cfg.workers;
+    st.n_members = c->n_members;
+    st.members = member_ptrs;
+    st.last_loss = c->last_loss;
+    st.last_step_ms = c->last_step_ms;
+    st.bad_messages = bad_messages;
+    st.test_accuracy = zps_eval_accuracy(c->eval);
+    st.n_params = c->cfg.n_params;
+    Zps__ShardInfo shards[ZPS_MAX_SHARDS];
+    Zps__ShardInfo *shard_ptrs[ZPS_MAX_SHARDS];
+    for (uint32_t i = 0; i < c->cfg.shards; i++) {
+        zps__shard_info__init(&shards[i]);
+        shards[i].index = i;
+        shards[i].endpoint = c->shards[i].registered ? c->shards[i].endpoint : "";
+        shards[i].lo = c->shards[i].lo;
+        shards[i].hi = c->shards[i].hi;
+        shard_ptrs[i] = &shards[i];
+    }
+    st.n_shards = c->cfg.shards;
+    st.evictions = c->evictions;
+    st.step_ms_median = zps_monitor_step_quantile(c->mon, 0.5);
+    st.step_ms_p95 = zps_monitor_step_quantile(c->mon, 0.95);
+    st.generation = c->gen;
+    st.shards = shard_ptrs;
+    st.replans = c->replans;
+    bool running = c->state == ZPS_COORD_TRAINING || c->state == ZPS_COORD_DONE;
+    st.steps_done_all = running ? zps_coord_global_done(c) : step;
+    const zps_coord_member *asker =
+        m->hdr->member_id ? zps_coord_member_by_id(c, m->hdr->member_id) : NULL;
+    if (asker) {
+        static const Zps__MemberState states[] = {
+            [ZPS_MEMBER_JOINING] = ZPS__MEMBER_STATE__MEMBER_JOINING,
+            [ZPS_MEMBER_ACTIVE] = ZPS__MEMBER_STATE__MEMBER_ACTIVE,
+            [ZPS_MEMBER_LEAVING] = ZPS__MEMBER_STATE__MEMBER_GONE,
+            [ZPS_MEMBER_GONE] = ZPS__MEMBER_STATE__MEMBER_GONE};
+        st.asker = states[asker->life.state];
+        st.asker_from = asker->life.from;
+        st.asker_covered = asker->covered;
+    }
+
+    Zps__Header h;
+    zps_wire_header_init(&h, ZPS__MSG_TYPE__STATUS_REPLY);
+    h.job_id = c->job_id;
+    h.step = step;
+    h.status = &st;
+    (void)zps_outbox_add(out, &m->route, &h);
+}
+
+// ---------------------------------------------------------------------------
+// The documents of --http.
+
+// A Prometheus label value: backslash, quote and newline escaped (hosts
+// and devices come from the workers).
+static void s_label(FILE *f, const char *v)
+{
+    for (; *v; v++) {
+        if (*v == '\\' || *v == '"') {
+            fputc('\\', f);
+            fputc(*v, f);
+        } else if (*v == '\n') {
+            fputs("\\n", f);
+        } else {
+            fputc(*v, f);
+        }
+    }
+}
+
+static void s_metric_head(FILE *f, const char *name, const char *type, const char *help)
+{
+    fprintf(f, "# HELP %s %s\n# TYPE %s %s\n", name, help, name, type);
+}
+
+static void s_render_metrics(const zps_coord *c, uint64_t step, uint64_t bad, FILE *f)
+{
+    s_metric_head(f, "zps_steps_completed_total", "counter", "Steps completed on shard 0.");
+    fprintf(f, "zps_steps_completed_total %llu\n", (unsigned long long)step);
+    s_metric_head(f, "zps_steps_planned", "gauge", "Steps of the run.");
+    fprintf(f, "zps_steps_planned %llu\n", (unsigned long long)c->cfg.total_steps);
+    s_metric_head(f, "zps_loss", "gauge", "Mean training loss of the last step.");
+    fprintf(f, "zps_loss %.6f\n", c->last_loss);
+    s_metric_head(f, "zps_step_seconds_median", "gauge", "Median step time, last steps.");
+    fprintf(f, "zps_step_seconds_median %.6f\n", zps_monitor_step_quantile(c->mon, 0.5) / 1e3);
+    s_metric_head(f, "zps_step_seconds_p95", "gauge", "95th percentile step time, last steps.");
+    fprintf(f, "zps_step_seconds_p95 %.6f\n", zps_monitor_step_quantile(c->mon, 0.95) / 1e3);
+    s_metric_head(f, "zps_refused_messages_total", "counter", "Messages refused by shard 0.");
+    fprintf(f, "zps_refused_messages_total %llu\n", (unsigned long long)bad);
+    s_metric_head(f, "zps_evictions_total", "counter", "Workers evicted for silence.");
+    fprintf(f, "zps_evictions_total %llu\n", (unsigned long long)c->evictions);
+    s_metric_head(f, "zps_replans_total", "counter",
+                  "Plan generations made after the first (one per step boundary at most).");
+    fprintf(f, "zps_replans_total %llu\n", (unsigned long long)c->replans);
+    s_metric_head(f, "zps_membership_changes_total", "counter",
+                  "Joins, departures and adapted splits, gathered into those re-plans.");
+    fprintf(f, "zps_membership_changes_total %llu\n", (unsigned long long)c->membership_changes);
+    s_metric_head(f, "zps_test_accuracy", "gauge", "Last complete test-set evaluation.");
+    fprintf(f, "zps_test_accuracy %.6f\n", zps_eval_accuracy(c->eval));
+    static const char *names[5] = {"zps_worker_lag_seconds", "zps_worker_compute_seconds",
+                                   "zps_worker_samples_per_second", "zps_worker_share",
+                                   "zps_worker_straggler"};
+    static const char *help[5] = {"Lag behind the step's first arrival (shard 0's clock).",
+                                  "Mean compute time of a step.", "Measured throughput.",
+                                  "Samples of the global batch in the current plan.",
+                                  "1 if flagged a straggler."};
+    for (int k = 0; k < 5; k++) {
+        s_metric_head(f, names[k], "gauge", help[k]);
+        for (uint32_t i = 0; i < c->n_members; i++) {
+            const zps_coord_member *m = &c->members[i];
+            zps_monitor_view v = {0};
+            if (!zps_member_live(&m->life)) {
+                continue;
+            }
+            (void)zps_monitor_view_of(c->mon, m->rank, &v);
+            const zps_plan *plan = zps_coord_plan(c);
+            const zps_plan_slice *sl = plan ? zps_plan_find(plan, m->rank) : NULL;
+            double value[5] = {v.lag_ms / 1e3, v.compute_ms / 1e3, v.samples_per_s,
+                               sl ? sl->count : 0, v.straggler};
+            fprintf(f, "%s{rank=\"%u\",host=\"", names[k], m->rank);
+            s_label(f, m->host);
+            fputs("\",device=\"", f);
+            s_label(f, m->device);
+            fprintf(f, "\"} %.6f\n", value[k]);
+        }
+    }
+}
+
+static json_t *s_render_status(const zps_coord *c, uint64_t step, uint64_t bad)
+{
+    json_t *members = json_array();
+    for (uint32_t i = 0; i < c->n_members; i++) {
+        const zps_coord_member *m = &c->members[i];
+        zps_monitor_view v = {0};
+        (void)zps_monitor_view_of(c->mon, m->rank, &v);
+        const zps_plan *plan = zps_coord_plan(c);
+        const zps_plan_slice *sl = plan ? zps_plan_find(plan, m->rank) : NULL;
+        bool live = zps_member_live(&m->life);
+        json_array_append_new(
+            members,
+            json_pack("{s:i, s:s, s:s, s:i, s:b, s:b, s:i, s:f, s:f, s:f, s:I}", "rank",
+                      (int)m->rank, "host", m->host, "device", m->device, "pid", (int)m->pid,
+                      "live", live, "straggler", v.straggler, "share",
+                      sl && live ? (int)sl->count : 0, "lag_ms", (double)v.lag_ms,
+                      "compute_ms", (double)v.compute_ms, "samples_per_s", v.samples_per_s,
+                      "pushes", (json_int_t)m->pushes));
+    }
+    char job[24];
+    snprintf(job, sizeof job, "%016llx", (unsigned long long)c->job_id);
+    return json_pack("{s:s, s:s, s:s, s:s, s:I, s:I, s:i, s:i, s:f, s:f, s:f, s:f, s:I, s:I, "
+                     "s:o}",
+                     "state", s_state_name(c->state), "model", c->cfg.model, "dataset",
+                     c->cfg.dataset, "job_id", job, "step",
+                     (json_int_t)step, "total_steps", (json_int_t)c->cfg.total_steps,
+                     "global_batch", (int)c->cfg.global_batch, "plan_generation", (int)c->gen,
+                     "loss", (double)c->last_loss, "step_ms_median",
+                     zps_monitor_step_quantile(c->mon, 0.5), "step_ms_p95",
+                     zps_monitor_step_quantile(c->mon, 0.95), "test_accuracy",
+                     zps_eval_accuracy(c->eval), "refused_messages", (json_int_t)bad, "evictions",
+                     (json_int_t)c->evictions, "members", members);
+}
+
+zps_err zps_coord_render(const zps_coord *c, uint64_t step, uint64_t bad_messages,
+                         char **metrics, char **status_json)
+{
+    size_t len;
+    *metrics = NULL;
+    FILE *f = open_memstream(metrics, &len);
+    if (!f) {
+        return ZPS_ENOMEM;
+    }
+    s_render_metrics(c, step, bad_messages, f);
+    if (fclose(f) != 0) {
+        free(*metrics);
+        *metrics = NULL;
+        return ZPS_ENOMEM;
+    }
+    json_t *st = s_render_status(c, step, bad_messages);
+    *status_json = st ? json_dumps(st, JSON_COMPACT) : NULL;
+    json_decref(st);
+    if (!*status_json) {
+        free(*metrics);
+        *metrics = NULL;
+        return ZPS_ENOMEM;
+    }
+    return ZPS_OK;
+}
+
+// The metrics log's line of a step: its loss, the samples shard 0 counted
+// by who sent them (bucket 0, whose counted slices tile the batch: each
+// sample of the step once), the plan, and each worker's timings (the
+// monitor's, which closes the step's records as it writes them).
+void zps_coord_log_step(zps_coord *c, uint64_t step, float loss, double step_ms,
+                        const uint32_t *counted)
+{
+    FILE *f = c->cfg.metrics;
+    if (f) {
+        uint64_t samples = 0;
+        for (uint32_t r = 0; r < c->n_members; r++) {
+            samples += counted[r];
+        }
+        const zps_plan_gen *g = zps_plans_at(&c->plans, step);
+        fprintf(f,
+                "{\"step\":%llu,\"epoch\":%llu,\"loss\":%.6f,\"samples\":%llu,\"step_ms\":%.3f,"
+                "\"plan\":%u,\"replans\":%llu,\"counted\":[",
+                (unsigned long long)step, (unsigned long long)(step / c->cfg.steps_per_epoch),
+                loss, (unsigned long long)samples, step_ms, g ? g->gen : 0,
+                (unsigned long long)c->replans);
+        bool first = true;
+        for (uint32_t r = 0; r < c->n_members; r++) {
+            if (counted[r]) {
+                fprintf(f, "%s[%u,%u]", first ? "" : ",", r, counted[r]);
+                first = false;
+            }
+        }
+        fprintf(f, "],\"workers\":[");
+    }
+    zps_monitor_step_done(c->mon, step, step_ms, f);
+    if (f) {
+        fprintf(f, "]}\n");
+    }
+}
