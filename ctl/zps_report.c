@@ -17,6 +17,7 @@
 
 #include <jansson.h>
 
+#include "common/zps_mlog.h"
 #include "common/zps_plan.h"
 #include "ctl/zps_report.h"
 
@@ -120,11 +121,11 @@ static const char *s_add_record(s_log *lg, json_t *root)
     if (!json_is_object(root)) {
         return "not a JSON object";
     }
-    if (!json_object_get(root, "step")) {
+    if (!json_object_get(root, zps_mlog_name(ZPS_MLOG_STEP))) {
         double acc;
         uint64_t epoch = 0;
-        if (s_get_number(root, "test_accuracy", &acc) != 0 ||
-            s_get_uint(root, "epoch", INT64_MAX, &epoch) != 0) {
+        if (s_get_number(root, zps_mlog_name(ZPS_MLOG_TEST_ACCURACY), &acc) != 0 ||
+            s_get_uint(root, zps_mlog_name(ZPS_MLOG_EPOCH), INT64_MAX, &epoch) != 0) {
             return "neither a step record nor an evaluation record";
         }
         lg->test_accuracy = acc;
@@ -133,17 +134,17 @@ static const char *s_add_record(s_log *lg, json_t *root)
     }
     s_step st = {.seq = lg->n_steps, .w0 = lg->n_workers};
     uint64_t u;
-    if (s_get_uint(root, "step", INT64_MAX, &st.step) != 0) {
+    if (s_get_uint(root, zps_mlog_name(ZPS_MLOG_STEP), INT64_MAX, &st.step) != 0) {
         return "\"step\" is not a non-negative integer";
     }
-    if (s_get_number(root, "step_ms", &st.step_ms) != 0 || st.step_ms < 0) {
+    if (s_get_number(root, zps_mlog_name(ZPS_MLOG_STEP_MS), &st.step_ms) != 0 || st.step_ms < 0) {
         return "\"step_ms\" is not a non-negative number";
     }
-    if (s_get_uint(root, "samples", UINT32_MAX, &u) != 0 || u == 0) {
+    if (s_get_uint(root, zps_mlog_name(ZPS_MLOG_SAMPLES), UINT32_MAX, &u) != 0 || u == 0) {
         return "\"samples\" is not a positive integer";
     }
     st.samples = (uint32_t)u;
-    json_t *ws = json_object_get(root, "workers");
+    json_t *ws = json_object_get(root, zps_mlog_name(ZPS_MLOG_WORKERS));
     if (!json_is_array(ws)) {
         return "\"workers\" is not an array";
     }
@@ -154,14 +155,14 @@ static const char *s_add_record(s_log *lg, json_t *root)
         if (!json_is_object(w)) {
             return "a worker is not an object";
         }
-        if (s_get_uint(w, "rank", ZPS_MAX_MEMBERS - 1, &u) != 0) {
+        if (s_get_uint(w, zps_mlog_name(ZPS_MLOG_RANK), ZPS_MAX_MEMBERS - 1, &u) != 0) {
             return "a worker's \"rank\" is not an integer below 256";
         }
         sw.rank = (uint32_t)u;
-        if (s_get_number(w, "lag_ms", &sw.lag_ms) != 0) {
+        if (s_get_number(w, zps_mlog_name(ZPS_MLOG_LAG_MS), &sw.lag_ms) != 0) {
             return "a worker's \"lag_ms\" is not a number";
         }
-        if (s_get_uint(w, "samples", UINT32_MAX, &u) != 0) {
+        if (s_get_uint(w, zps_mlog_name(ZPS_MLOG_SAMPLES), UINT32_MAX, &u) != 0) {
             return "a worker's \"samples\" is not a non-negative integer";
         }
         sw.samples = (uint32_t)u;

@@ -5,6 +5,8 @@
 
 #include <jansson.h>
 
+#include "common/zps_mlog.h"
+
 static const char *s_state_name(zps_coord_phase s)
 {
     static const char *names[] = {"waiting", "assigning", "training", "done", "recovering"};
@@ -260,12 +262,16 @@ void zps_coord_log_step(zps_coord *c, uint64_t step, float loss, double step_ms,
             samples += counted[r];
         }
         const zps_plan_gen *g = zps_plans_at(&c->plans, step);
-        fprintf(f,
-                "{\"step\":%llu,\"epoch\":%llu,\"loss\":%.6f,\"samples\":%llu,\"step_ms\":%.3f,"
-                "\"plan\":%u,\"replans\":%llu,\"counted\":[",
-                (unsigned long long)step, (unsigned long long)(step / c->cfg.steps_per_epoch),
-                loss, (unsigned long long)samples, step_ms, g ? g->gen : 0,
-                (unsigned long long)c->replans);
+        fputc('{', f);
+        zps_mlog_uint(f, true, ZPS_MLOG_STEP, step);
+        zps_mlog_uint(f, false, ZPS_MLOG_EPOCH, step / c->cfg.steps_per_epoch);
+        zps_mlog_real(f, false, ZPS_MLOG_LOSS, loss, 6);
+        zps_mlog_uint(f, false, ZPS_MLOG_SAMPLES, samples);
+        zps_mlog_real(f, false, ZPS_MLOG_STEP_MS, step_ms, 3);
+        zps_mlog_uint(f, false, ZPS_MLOG_PLAN, g ? g->gen : 0);
+        zps_mlog_uint(f, false, ZPS_MLOG_REPLANS, c->replans);
+        zps_mlog_key_only(f, false, ZPS_MLOG_COUNTED);
+        fputc('[', f);
         bool first = true;
         for (uint32_t r = 0; r < c->n_members; r++) {
             if (counted[r]) {
@@ -273,7 +279,9 @@ void zps_coord_log_step(zps_coord *c, uint64_t step, float loss, double step_ms,
                 first = false;
             }
         }
-        fprintf(f, "],\"workers\":[");
+        fputc(']', f);
+        zps_mlog_key_only(f, false, ZPS_MLOG_WORKERS);
+        fputc('[', f);
     }
     zps_monitor_step_done(c->mon, step, step_ms, f);
     if (f) {

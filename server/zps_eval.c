@@ -6,6 +6,7 @@
 #include <string.h>
 
 #include "common/zps_log.h"
+#include "common/zps_mlog.h"
 
 struct zps_eval {
     uint32_t n_test;     // records per epoch
@@ -56,8 +57,11 @@ static void s_complete(zps_eval *e)
     zps_log_info("epoch %llu: test accuracy %.4f, test loss %.4f",
                  (unsigned long long)e->epoch, acc, loss);
     if (e->metrics) {
-        fprintf(e->metrics, "{\"epoch\":%llu,\"test_accuracy\":%.6f,\"test_loss\":%.6f}\n",
-                (unsigned long long)e->epoch, acc, loss);
+        fputc('{', e->metrics);
+        zps_mlog_uint(e->metrics, true, ZPS_MLOG_EPOCH, e->epoch);
+        zps_mlog_real(e->metrics, false, ZPS_MLOG_TEST_ACCURACY, acc, 6);
+        zps_mlog_real(e->metrics, false, ZPS_MLOG_TEST_LOSS, loss, 6);
+        fputs("}\n", e->metrics);
         fflush(e->metrics);
     }
     e->last_done = e->epoch;

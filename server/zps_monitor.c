@@ -6,6 +6,7 @@
 #include <string.h>
 
 #include "common/zps_log.h"
+#include "common/zps_mlog.h"
 
 // A rank holds a step back when the step waited for it (it arrived last,
 // later than the next one by more than the floor) and it is slow against
@@ -244,8 +245,12 @@ void zps_monitor_step_done(zps_monitor *m, uint64_t step, double step_ms, FILE *
         r->step = UINT64_MAX;
         s_update_flag(r, i);
         if (json) {
-            fprintf(json, "%s{\"rank\":%u,\"lag_ms\":%.3f,\"compute_ms\":%.3f,\"samples\":%u}",
-                    first ? "" : ",", i, s->lag_ms, s->compute_ms, s->samples);
+            fputs(first ? "{" : ",{", json);
+            zps_mlog_uint(json, true, ZPS_MLOG_RANK, i);
+            zps_mlog_real(json, false, ZPS_MLOG_LAG_MS, s->lag_ms, 3);
+            zps_mlog_real(json, false, ZPS_MLOG_COMPUTE_MS, s->compute_ms, 3);
+            zps_mlog_uint(json, false, ZPS_MLOG_SAMPLES, s->samples);
+            fputc('}', json);
             first = false;
         }
     }

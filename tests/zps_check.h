@@ -24,5 +24,6 @@ Suite *zps_suite_layout(void);
 Suite *zps_suite_client(void);
 Suite *zps_suite_monitor(void);
 Suite *zps_suite_outbox(void);
+Suite *zps_suite_mlog(void);
 
 #endif
