@@ -6,6 +6,7 @@
 void zps_plans_init(zps_plans *p)
 {
     p->n = 0;
+    p->n_handed = 0;
 }
 
 zps_err zps_plans_add(zps_plans *p, uint32_t gen, uint64_t effective, const zps_plan *plan)
@@ -62,6 +63,66 @@ void zps_plans_forget_before(zps_plans *p, uint64_t step)
         memmove(&p->gens[0], &p->gens[keep_from], (size_t)(p->n - keep_from) * sizeof p->gens[0]);
         p->n -= keep_from;
     }
+    zps_plans_forget_handed_before(p, step);
+}
+
+void zps_plans_forget_handed_before(zps_plans *p, uint64_t step)
+{
+    for (int i = 0; i < p->n_handed;) {
+        if (p->handed[i].step < step) {
+            p->handed[i] = p->handed[--p->n_handed];
+        } else {
+            i++;
+        }
+    }
+}
+
+zps_err zps_plans_hand(zps_plans *p, const zps_plans_handed *h)
+{
+    zps_plans_handed *old = (zps_plans_handed *)zps_plans_handed_at(p, h->step, h->offset);
+    if (!old && p->n_handed == ZPS_PLANS_HANDED_MAX) {
+        return ZPS_ERANGE;
+    }
+    *(old ? old : &p->handed[p->n_handed++]) = *h;
+    return ZPS_OK;
+}
+
+const zps_plans_handed *zps_plans_handed_at(const zps_plans *p, uint64_t step, uint32_t offset)
+{
+    for (int i = 0; i < p->n_handed; i++) {
+        if (p->handed[i].step == step && p->handed[i].offset == offset) {
+            return &p->handed[i];
+        }
+    }
+    return NULL;
+}
+
+int zps_plans_take_handed(zps_plans *p, uint64_t step, zps_plans_handed *out, int max)
+{
+    int n = 0;
+    for (int i = 0; i < p->n_handed;) {
+        if (p->handed[i].step == step && n < max) {
+            out[n++] = p->handed[i];
+            p->handed[i] = p->handed[--p->n_handed];
+        } else {
+            i++;
+        }
+    }
+    return n;
+}
+
+uint64_t zps_plans_handed_load(const zps_plans *p, uint64_t step, uint32_t rank)
+{
+    uint64_t load = 0;
+    for (int i = 0; i < p->n_handed; i++) {
+        load += p->handed[i].step == step && p->handed[i].rank == rank ? p->handed[i].count : 0;
+    }
+    return load;
+}
+
+void zps_plans_clear_handed(zps_plans *p)
+{
+    p->n_handed = 0;
 }
 
 bool zps_plans_find_member(const zps_plans *p, uint64_t member_id, uint32_t *rank)

@@ -8,7 +8,10 @@
  * uses it, and dropped once a newer generation is in force at the oldest
  * such step; a generation is never pushed out by newer ones piling up for
  * a later step (the fixed-slot history that did so lost the plan of the
- * step in progress, and that step then waited forever). */
+ * step in progress, and that step then waited forever). Beside the
+ * generations it keeps the slices of steps in progress handed to another
+ * member than their owner: the coordinator's record of whom it handed
+ * them to, and a worker's of what it was handed. */
 #ifndef ZPS_PLANS_H
 #define ZPS_PLANS_H
 
@@ -29,9 +32,27 @@ typedef struct zps_plan_gen {
     zps_plan plan;      // members and slices
 } zps_plan_gen;
 
+// Slices of steps in progress handed over at most: a slice is handed once
+// per step (a second hand-over replaces the first), and steps in progress
+// span two or three.
+#define ZPS_PLANS_HANDED_MAX 64
+
+// A slice of a step in progress that a member other than its owner in the
+// plan computes (the owner left, or was late): who computes it now. The
+// coordinator hands them; a worker keeps those handed to it until it
+// computes them.
+typedef struct zps_plans_handed {
+    uint64_t step;
+    uint32_t offset, count; // [offset, offset + count) of the global batch
+    uint32_t gen;           // generation in force at that step
+    uint32_t rank;          // who computes it now
+} zps_plans_handed;
+
 typedef struct zps_plans {
     zps_plan_gen gens[ZPS_PLANS_MAX]; // by effective step, oldest first
     int n;                            // generations kept
+    zps_plans_handed handed[ZPS_PLANS_HANDED_MAX]; // in no order
+    int n_handed;
 } zps_plans;
 
 void zps_plans_init(zps_plans *p);
@@ -52,8 +73,23 @@ const zps_plan_gen *zps_plans_newest(const zps_plans *p);
 uint32_t zps_plans_newest_gen(const zps_plans *p);
 
 // Forgets what no step from `step` on can use: every generation older
-// than the one in force at `step`.
+// than the one in force at `step`, and the slices handed of steps before it.
 void zps_plans_forget_before(zps_plans *p, uint64_t step);
+
+// Records that the slice at h->offset of h->step goes to h->rank, in place
+// of whoever it went to before. ZPS_ERANGE if the table is full.
+zps_err zps_plans_hand(zps_plans *p, const zps_plans_handed *h);
+// The slice of `step` at `offset` as handed, or NULL if it was not.
+const zps_plans_handed *zps_plans_handed_at(const zps_plans *p, uint64_t step, uint32_t offset);
+// Takes the slices of `step` handed out of the table, at most max, into
+// out; returns how many.
+int zps_plans_take_handed(zps_plans *p, uint64_t step, zps_plans_handed *out, int max);
+// The samples of `step` handed to `rank`.
+uint64_t zps_plans_handed_load(const zps_plans *p, uint64_t step, uint32_t rank);
+// Forgets the slices handed of steps before `step` (computed by now).
+void zps_plans_forget_handed_before(zps_plans *p, uint64_t step);
+// Forgets every slice handed (a rollback replays from a new plan).
+void zps_plans_clear_handed(zps_plans *p);
 
 // Whether a kept generation names member_id; if so *rank is its rank there.
 bool zps_plans_find_member(const zps_plans *p, uint64_t member_id, uint32_t *rank);

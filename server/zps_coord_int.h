@@ -57,16 +57,6 @@ typedef struct zps_coord_member {
     double last_seen_ms;  // last message from it (heartbeats included)
 } zps_coord_member;
 
-// A slice of a step in progress handed to a live member.
-typedef struct zps_coord_extra {
-    uint64_t step;
-    uint32_t offset, count;
-    uint32_t gen;        // generation in force at that step
-    uint32_t rank;       // who computes it now
-} zps_coord_extra;
-
-#define ZPS_COORD_EXTRAS 64
-
 typedef struct zps_coord_peer {
     bool registered;     // REGISTER received
     bool ready;          // READY received
@@ -86,7 +76,8 @@ struct zps_coord {
     zps_coord_peer shards[ZPS_MAX_SHARDS]; // [0] is this process
     uint32_t n_registered;              // shards here, this one included
     uint32_t n_ready;                   // shards serving, this one included
-    zps_plans plans;                    // generations still in use, the newest included
+    zps_plans plans;                    // generations still in use, the newest included,
+                                        // and the slices of steps in progress handed over
     uint32_t gen;                       // the newest generation made (1: the first plan)
     bool pending;                       // members came or went: re-plan at the next boundary
     uint64_t membership_changes;        // joins, departures and adapted splits, counted
@@ -94,8 +85,6 @@ struct zps_coord {
     uint64_t replans_step;              // the step boundary of the newest re-plan
     uint64_t released;                  // the newest step whose parameters shard 0 began to send
     uint64_t shard_done[ZPS_MAX_SHARDS]; // steps each shard completed
-    zps_coord_extra extras[ZPS_COORD_EXTRAS];   // handed-over slices of steps in progress
-    int n_extras;
     uint64_t evictions;                 // members evicted for silence
     zps_monitor *mon;                   // owned: lag, stragglers, throughput
     double recover_deadline_ms;         // RECOVERING: when to go on without the missing
@@ -122,7 +111,7 @@ void zps_coord_refuse(zps_coord *c, zps_outbox *out, zps_wire_msg *m, zps_err er
 void zps_coord_broadcast(zps_coord *c, zps_outbox *out, Zps__MsgType type, uint64_t step);
 bool zps_coord_can_take(const zps_coord_member *mem, uint64_t step);
 bool zps_coord_commit(zps_coord *c, uint64_t effective);
-void zps_coord_extra_to_wire(const zps_coord_extra *e, Zps__Extra *w);
+void zps_coord_extra_to_wire(const zps_plans_handed *e, Zps__Extra *w);
 uint64_t zps_coord_global_done(const zps_coord *c);
 uint32_t zps_coord_live_flexible(const zps_coord *c);
 uint32_t zps_coord_live_members(const zps_coord *c);

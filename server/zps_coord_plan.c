@@ -22,7 +22,7 @@ const zps_plan_gen *zps_coord_newest(const zps_coord *c)
     return zps_plans_newest(&c->plans);
 }
 
-void zps_coord_extra_to_wire(const zps_coord_extra *e, Zps__Extra *w)
+void zps_coord_extra_to_wire(const zps_plans_handed *e, Zps__Extra *w)
 {
     zps__extra__init(w);
     w->step = e->step;
@@ -80,9 +80,9 @@ static size_t s_extras_of(const zps_coord *c, const zps_coord_member *mem, Zps__
                           Zps__Extra **ptrs)
 {
     size_t n = 0;
-    for (int i = 0; mem && i < c->n_extras; i++) {
-        if (c->extras[i].rank == mem->rank) {
-            zps_coord_extra_to_wire(&c->extras[i], &extras[n]);
+    for (int i = 0; mem && i < c->plans.n_handed; i++) {
+        if (c->plans.handed[i].rank == mem->rank) {
+            zps_coord_extra_to_wire(&c->plans.handed[i], &extras[n]);
             ptrs[n] = &extras[n];
             n++;
         }
@@ -105,8 +105,8 @@ void zps_coord_send_job(zps_coord *c, zps_outbox *out, zmq_msg_t *route, Zps__Ms
     s_shards_to_wire(c, shards, shard_ptrs);
     Zps__Optim optim;
     s_optim_to_wire(&c->cfg.optim, &optim);
-    Zps__Extra extras[ZPS_COORD_EXTRAS];
-    Zps__Extra *extra_ptrs[ZPS_COORD_EXTRAS];
+    Zps__Extra extras[ZPS_PLANS_HANDED_MAX];
+    Zps__Extra *extra_ptrs[ZPS_PLANS_HANDED_MAX];
     char *keys[ZPS_MAX_SHARDS];
     for (uint32_t i = 0; mem && i < c->cfg.shards; i++) {
         keys[i] = c->shards[i].public_key;
@@ -254,11 +254,8 @@ static int s_least_loaded(const zps_coord *c, uint64_t step, const zps_plan *pla
             continue;
         }
         const zps_plan_slice *sl = zps_plan_find(plan, c->members[i].rank);
-        uint64_t load = sl ? sl->count : 0;
-        for (int k = 0; k < c->n_extras; k++) {
-            load += c->extras[k].step == step && c->extras[k].rank == c->members[i].rank
-                        ? c->extras[k].count : 0;
-        }
+        uint64_t load = (sl ? sl->count : 0) +
+                        zps_plans_handed_load(&c->plans, step, c->members[i].rank);
         if (load < best_load) {
             best = (int)i;
             best_load = load;
@@ -295,25 +292,16 @@ static bool s_hand_orphans(zps_coord *c, bool *woke_joiner)
     // the plan it had, whoever leaves during it.
     uint64_t lo = zps_coord_global_done(c);
     uint64_t hi = c->released > c->shard_done[0] ? c->released : c->shard_done[0];
-    int kept = 0;
     bool handed = false;
-    for (int k = 0; k < c->n_extras; k++) {
-        if (c->extras[k].step >= lo) {
-            c->extras[kept++] = c->extras[k];
-        }
-    }
-    c->n_extras = kept;
+    zps_plans_forget_handed_before(&c->plans, lo);
     for (uint64_t t = lo; t <= hi && t < c->cfg.total_steps; t++) {
         const zps_plan_gen *g = zps_plans_at(&c->plans, t);
         for (uint32_t i = 0; g && i < g->plan.n; i++) {
             const zps_plan_slice *sl = &g->plan.slices[i];
-            int k = 0;
-            while (k < c->n_extras && !(c->extras[k].step == t && c->extras[k].offset == sl->offset)) {
-                k++;
-            }
-            uint32_t owner = k < c->n_extras ? c->extras[k].rank : sl->rank;
+            const zps_plans_handed *before = zps_plans_handed_at(&c->plans, t, sl->offset);
+            uint32_t owner = before ? before->rank : sl->rank;
             if (zps_member_may_compute(&c->members[owner].life, t) ||
-                c->n_extras == ZPS_COORD_EXTRAS) {
+                c->plans.n_handed == ZPS_PLANS_HANDED_MAX) {
                 continue;
             }
             int to = s_least_loaded(c, t, &g->plan);
@@ -323,11 +311,9 @@ static bool s_hand_orphans(zps_coord *c, bool *woke_joiner)
             if (to < 0) {
                 return handed; // nobody: the step waits for a worker to join
             }
-            if (k == c->n_extras) {
-                c->n_extras++;
-            }
-            c->extras[k] = (zps_coord_extra){.step = t, .offset = sl->offset, .count = sl->count,
-                                     .gen = g->gen, .rank = c->members[to].rank};
+            zps_plans_handed h = {.step = t, .offset = sl->offset, .count = sl->count,
+                                  .gen = g->gen, .rank = c->members[to].rank};
+            (void)zps_plans_hand(&c->plans, &h); // not full: see above
             handed = true;
             zps_log_info("step %llu: slice [%u, %u) of rank %u handed to rank %u (%s)",
                          (unsigned long long)t, sl->offset, sl->offset + sl->count, owner,
@@ -345,10 +331,10 @@ void zps_coord_broadcast(zps_coord *c, zps_outbox *out, Zps__MsgType type, uint6
     const zps_plan_gen *g = zps_coord_newest(c);
     Zps__Slice slices[ZPS_MAX_MEMBERS];
     Zps__Slice *slice_ptrs[ZPS_MAX_MEMBERS];
-    Zps__Extra extras[ZPS_COORD_EXTRAS];
-    Zps__Extra *extra_ptrs[ZPS_COORD_EXTRAS];
-    for (int k = 0; k < c->n_extras; k++) {
-        zps_coord_extra_to_wire(&c->extras[k], &extras[k]);
+    Zps__Extra extras[ZPS_PLANS_HANDED_MAX];
+    Zps__Extra *extra_ptrs[ZPS_PLANS_HANDED_MAX];
+    for (int k = 0; k < c->plans.n_handed; k++) {
+        zps_coord_extra_to_wire(&c->plans.handed[k], &extras[k]);
         extra_ptrs[k] = &extras[k];
     }
     Zps__Plan plan = ZPS__PLAN__INIT;
@@ -356,7 +342,7 @@ void zps_coord_broadcast(zps_coord *c, zps_outbox *out, Zps__MsgType type, uint6
     plan.effective_step = g->effective;
     plan.n_slices = g->plan.n;
     plan.slices = slice_ptrs;
-    plan.n_extras = (size_t)c->n_extras;
+    plan.n_extras = (size_t)c->plans.n_handed;
     plan.extras = extra_ptrs;
     Zps__Header h;
     zps_wire_header_init(&h, type);

@@ -94,8 +94,8 @@ static void s_send_speculation(zps_coord *c, zps_outbox *out, const zps_plan_gen
                                zps_coord_member *mem, uint64_t step, uint32_t offset,
                                uint32_t count)
 {
-    zps_coord_extra e = {.step = step, .offset = offset, .count = count, .gen = g->gen,
-                 .rank = mem->rank};
+    zps_plans_handed e = {.step = step, .offset = offset, .count = count, .gen = g->gen,
+                          .rank = mem->rank};
     Zps__Extra wire;
     Zps__Extra *wp = &wire;
     zps_coord_extra_to_wire(&e, &wire);

@@ -44,7 +44,7 @@ _Static_assert(ZPS_LOG_LEVEL_ERROR == (int)ZPS_LOG_ERROR, "log levels must agree
 #define ZPS_CLIENT_ASK_EVERY_MS 1000.0 // waiting for parameters: ask where the job is this often
 #define ZPS_CLIENT_RETRY_MS 20         // first wait before sending a "not yet" message again
 #define ZPS_CLIENT_RETRY_MAX_MS 1000   // longest such wait (doubling)
-#define ZPS_CLIENT_QUEUE (1 + ZPS_SCHEDULE_EXTRAS)
+#define ZPS_CLIENT_QUEUE (1 + ZPS_PLANS_HANDED_MAX)
 
 // Where zps_next_work picks up.
 typedef enum s_phase {

@@ -17,15 +17,10 @@ void zps_schedule_add_plan(zps_schedule *s, uint32_t gen, uint64_t effective_ste
 
 void zps_schedule_add_extra(zps_schedule *s, uint64_t step, zps_piece work)
 {
-    for (int i = 0; i < s->n_extras; i++) {
-        if (s->extras[i].step == step && s->extras[i].work.offset == work.offset) {
-            return;
-        }
-    }
-    if (s->n_extras < ZPS_SCHEDULE_EXTRAS) {
-        s->extras[s->n_extras].step = step;
-        s->extras[s->n_extras].work = work;
-        s->n_extras++;
+    if (!zps_plans_handed_at(&s->plans, step, work.offset)) {
+        zps_plans_handed h = {.step = step, .offset = work.offset, .count = work.count,
+                              .gen = work.gen, .rank = s->rank};
+        (void)zps_plans_hand(&s->plans, &h); // a full table drops it: another computes it
     }
 }
 
@@ -42,28 +37,20 @@ int zps_schedule_take(zps_schedule *s, uint64_t step, zps_piece *out, int max)
 
 int zps_schedule_take_extras(zps_schedule *s, uint64_t step, zps_piece *out, int max)
 {
-    int n = 0;
-    for (int i = 0; i < s->n_extras;) {
-        if (s->extras[i].step == step && n < max) {
-            out[n++] = s->extras[i].work;
-            s->extras[i] = s->extras[--s->n_extras];
-        } else {
-            i++;
-        }
+    zps_plans_handed h[ZPS_PLANS_HANDED_MAX];
+    int n = zps_plans_take_handed(&s->plans, step, h,
+                                  max < ZPS_PLANS_HANDED_MAX ? max : ZPS_PLANS_HANDED_MAX);
+    for (int i = 0; i < n; i++) {
+        out[i] = (zps_piece){.offset = h[i].offset, .count = h[i].count, .gen = h[i].gen};
     }
     return n;
 }
 
 void zps_schedule_forget_before(zps_schedule *s, uint64_t step)
 {
-    if (step != UINT64_MAX) {
+    if (step == UINT64_MAX) {
+        zps_plans_clear_handed(&s->plans); // the run is over: the plans stay for the last step
+    } else {
         zps_plans_forget_before(&s->plans, step);
-    }
-    for (int i = 0; i < s->n_extras;) {
-        if (s->extras[i].step < step) {
-            s->extras[i] = s->extras[--s->n_extras];
-        } else {
-            i++;
-        }
     }
 }

@@ -13,8 +13,6 @@
 #include "common/zps_plan.h"
 #include "common/zps_plans.h"
 
-#define ZPS_SCHEDULE_EXTRAS 64
-
 // One slice to compute, and the generation its pushes carry.
 typedef struct zps_piece {
     uint32_t offset, count; // [offset, offset + count) of the global batch
@@ -22,13 +20,8 @@ typedef struct zps_piece {
 } zps_piece;
 
 typedef struct zps_schedule {
-    uint32_t rank;                                   // this worker's rank
-    zps_plans plans;                                 // generations still in use
-    struct {
-        uint64_t step;                               // step the slice belongs to
-        zps_piece work;                               // the slice
-    } extras[ZPS_SCHEDULE_EXTRAS];                   // handed over, not yet computed
-    int n_extras;
+    uint32_t rank;   // this worker's rank
+    zps_plans plans; // generations still in use, and the slices handed to it not yet computed
 } zps_schedule;
 
 void zps_schedule_init(zps_schedule *s, uint32_t rank);

@@ -1,6 +1,8 @@
 /* check_plans.c - the plan history: the plan in force at a step is the one
  * the step was planned with, however many generations pile up for later
- * steps; superseded generations go, the one in force stays. */
+ * steps; superseded generations go, the one in force stays. Slices handed
+ * over: handed again, a slice moves and counts once; taken once; forgotten
+ * with their step; a full table changes nothing. */
 #include "common/zps_plans.h"
 #include "tests/zps_check.h"
 
@@ -94,6 +96,55 @@ START_TEST(test_plans_full_history_drops_the_oldest)
 }
 END_TEST
 
+// Slice `offset` of `step` handed to `rank` (4 samples, generation 1).
+static zps_err s_hand(zps_plans *p, uint64_t step, uint32_t offset, uint32_t rank)
+{
+    zps_plans_handed h = {.step = step, .offset = offset, .count = 4, .gen = 1, .rank = rank};
+    return zps_plans_hand(p, &h);
+}
+
+START_TEST(test_plans_handing_a_slice_again_moves_it_and_counts_it_once)
+{
+    zps_plans p;
+    zps_plans_init(&p);
+    ck_assert_int_eq(s_hand(&p, 5, 0, 1), ZPS_OK);
+    ck_assert_int_eq(s_hand(&p, 5, 4, 1), ZPS_OK);
+    ck_assert_int_eq(s_hand(&p, 6, 0, 2), ZPS_OK);
+    ck_assert_uint_eq(zps_plans_handed_load(&p, 5, 1), 8);
+    ck_assert_int_eq(s_hand(&p, 5, 4, 2), ZPS_OK); // its helper left too: to rank 2
+    ck_assert_uint_eq(p.n_handed, 3);
+    ck_assert_uint_eq(zps_plans_handed_load(&p, 5, 1), 4);
+    ck_assert_uint_eq(zps_plans_handed_load(&p, 5, 2), 4);
+    ck_assert_uint_eq(zps_plans_handed_at(&p, 5, 4)->rank, 2);
+    ck_assert_ptr_null(zps_plans_handed_at(&p, 5, 8));
+    ck_assert_ptr_null(zps_plans_handed_at(&p, 7, 0));
+}
+END_TEST
+
+START_TEST(test_plans_handed_slices_are_taken_once_and_forgotten_with_their_step)
+{
+    zps_plans p;
+    zps_plans_init(&p);
+    for (uint32_t k = 0; k < ZPS_PLANS_HANDED_MAX; k++) {
+        ck_assert_int_eq(s_hand(&p, 5 + k % 3, 4 * k, 1), ZPS_OK);
+    }
+    ck_assert_int_eq(s_hand(&p, 9, 0, 1), ZPS_ERANGE); // full: nothing changes
+    ck_assert_int_eq(s_hand(&p, 5, 0, 3), ZPS_OK);       // a slice it has moves still
+    zps_plans_handed out[ZPS_PLANS_HANDED_MAX];
+    int n = zps_plans_take_handed(&p, 6, out, ZPS_PLANS_HANDED_MAX);
+    ck_assert_int_eq(n, ZPS_PLANS_HANDED_MAX / 3);
+    for (int i = 0; i < n; i++) {
+        ck_assert_uint_eq(out[i].step, 6);
+    }
+    ck_assert_int_eq(zps_plans_take_handed(&p, 6, out, ZPS_PLANS_HANDED_MAX), 0); // once
+    zps_plans_forget_before(&p, 7); // step 5 is done everywhere
+    ck_assert_uint_eq(zps_plans_handed_load(&p, 5, 1) + zps_plans_handed_load(&p, 5, 3), 0);
+    ck_assert_uint_gt(zps_plans_handed_load(&p, 7, 1), 0);
+    zps_plans_clear_handed(&p);
+    ck_assert_uint_eq(p.n_handed, 0);
+}
+END_TEST
+
 Suite *zps_suite_plans(void)
 {
     Suite *s = suite_create("plans");
@@ -102,6 +153,8 @@ Suite *zps_suite_plans(void)
     tcase_add_test(tc, test_plans_refuse_an_older_generation_and_follow_a_rollback);
     tcase_add_test(tc, test_plans_forget_only_what_no_later_step_uses);
     tcase_add_test(tc, test_plans_full_history_drops_the_oldest);
+    tcase_add_test(tc, test_plans_handing_a_slice_again_moves_it_and_counts_it_once);
+    tcase_add_test(tc, test_plans_handed_slices_are_taken_once_and_forgotten_with_their_step);
     suite_add_tcase(s, tc);
     return s;
 }
