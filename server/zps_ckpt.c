@@ -556,6 +556,168 @@ static void s_mismatch(const zps_ckpt_meta *got, const zps_ckpt_meta *want, uint
     }
 }
 
+// Reads and checks the header of the file open at fd (a regular file):
+// its magic, format version and, for Adam's format, its extra fields.
+// *header_len: the bytes it takes, which the checksum covers.
+static zps_err s_read_header(int fd, uint8_t *header, size_t *header_len, zps_ckpt_meta *meta,
+                             char *why, size_t why_len)
+{
+    size_t got;
+    if (s_read_full(fd, header, CKPT_HEADER_LEN, &got) != 0) {
+        snprintf(why, why_len, "read: %s", strerror(errno));
+        return ZPS_EIO;
+    }
+    if (got < CKPT_HEADER_LEN) {
+        snprintf(why, why_len, "truncated (%zu bytes, shorter than the header)", got);
+        return ZPS_EPROTO;
+    }
+    if (memcmp(header, CKPT_MAGIC, CKPT_MAGIC_LEN) != 0) {
+        snprintf(why, why_len, "not a zps checkpoint (bad magic)");
+        return ZPS_EPROTO;
+    }
+    uint32_t version;
+    s_decode_header(header, &version, meta);
+    *header_len = CKPT_HEADER_LEN;
+    if (version != CKPT_VERSION_SGD && version != CKPT_VERSION_ADAM) {
+        snprintf(why, why_len, "format version %" PRIu32 ", this build reads %u and %u", version,
+                 CKPT_VERSION_SGD, CKPT_VERSION_ADAM);
+        return ZPS_EPROTO;
+    }
+    if (version == CKPT_VERSION_SGD) {
+        return ZPS_OK;
+    }
+    if (meta->optim != ZPS_OPTIM_ADAM && meta->optim != ZPS_OPTIM_ADAMW) {
+        snprintf(why, why_len, "corrupt header (format version 2 with optimizer %u)",
+                 (unsigned)meta->optim);
+        return ZPS_EPROTO;
+    }
+    if (s_read_full(fd, header + CKPT_HEADER_LEN, CKPT_HEADER_EXTRA, &got) != 0) {
+        snprintf(why, why_len, "read: %s", strerror(errno));
+        return ZPS_EIO;
+    }
+    if (got < CKPT_HEADER_EXTRA) {
+        snprintf(why, why_len, "truncated (%zu bytes, shorter than the header)",
+                 CKPT_HEADER_LEN + got);
+        return ZPS_EPROTO;
+    }
+    s_decode_extra(header, meta);
+    *header_len = CKPT_HEADER_MAX;
+    return ZPS_OK;
+}
+
+// Whether a file of `size` bytes holds exactly what its header says: the
+// range's parameters and the optimizer's state (per floats an element).
+static zps_err s_check_size(const zps_ckpt_meta *meta, uint64_t per, size_t header_len,
+                            long long size, char *why, size_t why_len)
+{
+    const uint64_t max_n = (uint64_t)(INT64_MAX - CKPT_HEADER_MAX - CKPT_CRC_LEN) / (4 * per);
+    if (meta->hi < meta->lo || meta->hi - meta->lo > max_n) {
+        snprintf(why, why_len, "corrupt header (range [%" PRIu64 ", %" PRIu64 "))", meta->lo,
+                 meta->hi);
+        return ZPS_EPROTO;
+    }
+    uint64_t want_size = header_len + 4 * per * (meta->hi - meta->lo) + CKPT_CRC_LEN;
+    if ((uint64_t)size < want_size) {
+        snprintf(why, why_len, "truncated (%lld of %" PRIu64 " bytes)", size, want_size);
+        return ZPS_EPROTO;
+    }
+    if ((uint64_t)size > want_size) {
+        snprintf(why, why_len, "%lld bytes, expected %" PRIu64 " (trailing data)", size,
+                 want_size);
+        return ZPS_EPROTO;
+    }
+    return ZPS_OK;
+}
+
+// Reads the payload, into params and state when it is what `want` asks
+// for, and through a scratch buffer otherwise (another range or another
+// optimizer's state: still checksummed, to tell damage from a mismatch);
+// *crc goes on over it.
+static zps_err s_read_body(int fd, const zps_ckpt_meta *meta, const zps_ckpt_meta *want,
+                           uint64_t per, float *params, float *state, uint32_t *crc, char *why,
+                           size_t why_len)
+{
+    uint64_t n = meta->hi - meta->lo;
+    size_t bytes = (size_t)n * sizeof(float);
+    if (n == want->hi - want->lo && meta->optim == want->optim) {
+        zps_err err = s_read_payload(fd, (uint8_t *)params, true, bytes, crc, why, why_len);
+        return err != ZPS_OK ? err : s_read_payload(fd, (uint8_t *)state, true,
+                                                    (size_t)(per - 1) * bytes, crc, why, why_len);
+    }
+    size_t total = (size_t)per * bytes;
+    size_t scratch_len = total < CKPT_CHUNK ? total : CKPT_CHUNK;
+    uint8_t *scratch = malloc(scratch_len ? scratch_len : 1);
+    if (scratch == NULL) {
+        snprintf(why, why_len, "out of memory");
+        return ZPS_ENOMEM;
+    }
+    zps_err err = s_read_payload(fd, scratch, false, total, crc, why, why_len);
+    free(scratch);
+    return err;
+}
+
+// Reads the stored checksum and compares it with crc.
+static zps_err s_check_tail(int fd, uint32_t crc, char *why, size_t why_len)
+{
+    uint8_t tail[CKPT_CRC_LEN];
+    size_t got;
+    if (s_read_full(fd, tail, sizeof tail, &got) != 0) {
+        snprintf(why, why_len, "read: %s", strerror(errno));
+        return ZPS_EIO;
+    }
+    if (got < sizeof tail) {
+        snprintf(why, why_len, "truncated (shrank while being read)");
+        return ZPS_EPROTO;
+    }
+    if (s_get32(tail) != crc) {
+        snprintf(why, why_len, "checksum mismatch (stored %08" PRIx32 ", computed %08" PRIx32 ")",
+                 s_get32(tail), crc);
+        return ZPS_EPROTO;
+    }
+    return ZPS_OK;
+}
+
+// Checks the file open at fd and loads it (see s_load_file).
+static zps_err s_load_fd(int fd, const zps_ckpt_meta *want, uint64_t step, float *params,
+                         float *state, uint64_t *optim_step, char *why, size_t why_len)
+{
+    struct stat st;
+    if (fstat(fd, &st) != 0) {
+        snprintf(why, why_len, "fstat: %s", strerror(errno));
+        return ZPS_EIO;
+    }
+    if (!S_ISREG(st.st_mode)) {
+        snprintf(why, why_len, "not a regular file");
+        return ZPS_EPROTO;
+    }
+    uint8_t header[CKPT_HEADER_MAX];
+    size_t header_len = 0;
+    zps_ckpt_meta meta = {0};
+    zps_err err = s_read_header(fd, header, &header_len, &meta, why, why_len);
+    if (err != ZPS_OK) {
+        return err;
+    }
+    // Floats per element: the parameter and the optimizer's state.
+    const uint64_t per = 1 + (uint64_t)zps_optim_state_floats(meta.optim);
+    if ((err = s_check_size(&meta, per, header_len, (long long)st.st_size, why, why_len)) !=
+        ZPS_OK) {
+        return err;
+    }
+    uint32_t crc = s_crc((uint32_t)crc32(0L, Z_NULL, 0), header, header_len);
+    if ((err = s_read_body(fd, &meta, want, per, params, state, &crc, why, why_len)) != ZPS_OK ||
+        (err = s_check_tail(fd, crc, why, why_len)) != ZPS_OK) {
+        return err;
+    }
+    s_mismatch(&meta, want, step, why, why_len);
+    if (why[0] != '\0') {
+        return ZPS_EPROTO;
+    }
+    if (optim_step != NULL) {
+        *optim_step = meta.optim_step;
+    }
+    return ZPS_OK;
+}
+
 // Checks the file at path and loads it; on failure why says what is wrong
 // and nothing is logged (the caller knows whether it is fatal or a fallback).
 // The checksum is verified before the meta, so a damaged header is reported
@@ -564,146 +726,13 @@ static zps_err s_load_file(const char *path, const zps_ckpt_meta *want, uint64_t
                            float *params, float *state, uint64_t *optim_step, char *why,
                            size_t why_len)
 {
-    zps_err err = ZPS_OK;
-    uint8_t *scratch = NULL;
     int fd = open(path, O_RDONLY | O_CLOEXEC);
     if (fd < 0) {
         int e = errno;
         snprintf(why, why_len, "%s", strerror(e));
         return e == ENOENT ? ZPS_ENOENT : ZPS_EIO;
     }
-    struct stat st;
-    if (fstat(fd, &st) != 0) {
-        snprintf(why, why_len, "fstat: %s", strerror(errno));
-        err = ZPS_EIO;
-        goto out_close;
-    }
-    if (!S_ISREG(st.st_mode)) {
-        snprintf(why, why_len, "not a regular file");
-        err = ZPS_EPROTO;
-        goto out_close;
-    }
-    uint8_t header[CKPT_HEADER_MAX];
-    size_t header_len = CKPT_HEADER_LEN;
-    size_t got;
-    if (s_read_full(fd, header, CKPT_HEADER_LEN, &got) != 0) {
-        snprintf(why, why_len, "read: %s", strerror(errno));
-        err = ZPS_EIO;
-        goto out_close;
-    }
-    if (got < CKPT_HEADER_LEN) {
-        snprintf(why, why_len, "truncated (%zu bytes, shorter than the header)", got);
-        err = ZPS_EPROTO;
-        goto out_close;
-    }
-    if (memcmp(header, CKPT_MAGIC, CKPT_MAGIC_LEN) != 0) {
-        snprintf(why, why_len, "not a zps checkpoint (bad magic)");
-        err = ZPS_EPROTO;
-        goto out_close;
-    }
-    uint32_t version;
-    zps_ckpt_meta meta;
-    s_decode_header(header, &version, &meta);
-    if (version != CKPT_VERSION_SGD && version != CKPT_VERSION_ADAM) {
-        snprintf(why, why_len, "format version %" PRIu32 ", this build reads %u and %u", version,
-                 CKPT_VERSION_SGD, CKPT_VERSION_ADAM);
-        err = ZPS_EPROTO;
-        goto out_close;
-    }
-    if (version == CKPT_VERSION_ADAM) {
-        if (meta.optim != ZPS_OPTIM_ADAM && meta.optim != ZPS_OPTIM_ADAMW) {
-            snprintf(why, why_len, "corrupt header (format version 2 with optimizer %u)",
-                     (unsigned)meta.optim);
-            err = ZPS_EPROTO;
-            goto out_close;
-        }
-        if (s_read_full(fd, header + CKPT_HEADER_LEN, CKPT_HEADER_EXTRA, &got) != 0) {
-            snprintf(why, why_len, "read: %s", strerror(errno));
-            err = ZPS_EIO;
-            goto out_close;
-        }
-        if (got < CKPT_HEADER_EXTRA) {
-            snprintf(why, why_len, "truncated (%zu bytes, shorter than the header)",
-                     CKPT_HEADER_LEN + got);
-            err = ZPS_EPROTO;
-            goto out_close;
-        }
-        s_decode_extra(header, &meta);
-        header_len = CKPT_HEADER_MAX;
-    }
-    // Floats per element: the parameter and the optimizer's state.
-    const uint64_t per = 1 + (uint64_t)zps_optim_state_floats(meta.optim);
-    const uint64_t max_n = (uint64_t)(INT64_MAX - CKPT_HEADER_MAX - CKPT_CRC_LEN) / (4 * per);
-    if (meta.hi < meta.lo || meta.hi - meta.lo > max_n) {
-        snprintf(why, why_len, "corrupt header (range [%" PRIu64 ", %" PRIu64 "))", meta.lo,
-                 meta.hi);
-        err = ZPS_EPROTO;
-        goto out_close;
-    }
-    uint64_t n = meta.hi - meta.lo;
-    uint64_t want_size = header_len + 4 * per * n + CKPT_CRC_LEN;
-    if ((uint64_t)st.st_size < want_size) {
-        snprintf(why, why_len, "truncated (%lld of %" PRIu64 " bytes)", (long long)st.st_size,
-                 want_size);
-        err = ZPS_EPROTO;
-        goto out_close;
-    }
-    if ((uint64_t)st.st_size > want_size) {
-        snprintf(why, why_len, "%lld bytes, expected %" PRIu64 " (trailing data)",
-                 (long long)st.st_size, want_size);
-        err = ZPS_EPROTO;
-        goto out_close;
-    }
-
-    uint32_t crc = s_crc((uint32_t)crc32(0L, Z_NULL, 0), header, header_len);
-    size_t bytes = (size_t)n * sizeof(float);
-    if (n == want->hi - want->lo && meta.optim == want->optim) {
-        err = s_read_payload(fd, (uint8_t *)params, true, bytes, &crc, why, why_len);
-        if (err == ZPS_OK) {
-            err = s_read_payload(fd, (uint8_t *)state, true, (size_t)(per - 1) * bytes, &crc,
-                                 why, why_len);
-        }
-    } else {
-        // Another range or another optimizer's state (another size): still
-        // checksummed, to tell damage from a mismatch.
-        size_t total = (size_t)per * bytes;
-        size_t scratch_len = total < CKPT_CHUNK ? total : CKPT_CHUNK;
-        scratch = malloc(scratch_len ? scratch_len : 1);
-        if (scratch == NULL) {
-            snprintf(why, why_len, "out of memory");
-            err = ZPS_ENOMEM;
-            goto out_close;
-        }
-        err = s_read_payload(fd, scratch, false, total, &crc, why, why_len);
-    }
-    if (err != ZPS_OK) {
-        goto out_close;
-    }
-    uint8_t tail[CKPT_CRC_LEN];
-    if (s_read_full(fd, tail, sizeof tail, &got) != 0) {
-        snprintf(why, why_len, "read: %s", strerror(errno));
-        err = ZPS_EIO;
-        goto out_close;
-    }
-    if (got < sizeof tail) {
-        snprintf(why, why_len, "truncated (shrank while being read)");
-        err = ZPS_EPROTO;
-        goto out_close;
-    }
-    if (s_get32(tail) != crc) {
-        snprintf(why, why_len, "checksum mismatch (stored %08" PRIx32 ", computed %08" PRIx32 ")",
-                 s_get32(tail), crc);
-        err = ZPS_EPROTO;
-        goto out_close;
-    }
-    s_mismatch(&meta, want, step, why, why_len);
-    if (why[0] != '\0') {
-        err = ZPS_EPROTO;
-    } else if (optim_step != NULL) {
-        *optim_step = meta.optim_step;
-    }
-out_close:
-    free(scratch);
+    zps_err err = s_load_fd(fd, want, step, params, state, optim_step, why, why_len);
     close(fd);
     return err;
 }
