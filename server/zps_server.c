@@ -11,6 +11,7 @@
 #include "zps_server.h"
 
 #include <errno.h>
+#include <math.h>
 #include <signal.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -29,6 +30,7 @@
 #include "server/zps_http.h"
 #include "server/zps_msgtab.h"
 #include "server/zps_shard.h"
+#include "server/zps_timers.h"
 #include "server/zps_token.h"
 #include "server/zps_zap.h"
 #include "common/zps_curve.h"
@@ -40,6 +42,9 @@
 #define ZPS_SERVER_PULLERS 32   // PULLs waiting for a step not reached yet
 #define ZPS_SERVER_METRICS_BUF (1 << 16) // longer than a step record of every member
 #define ZPS_SERVER_STOP_GRACE_MS 3000.0 // after SIGTERM, for the step in progress to finish
+#define ZPS_SERVER_TICK_MS 50.0         // the coordinator's clock: evictions, waiting lines
+#define ZPS_SERVER_PUBLISH_MS 500.0     // refresh of what --http serves
+#define ZPS_SERVER_DECLARE_LOG_MS 20000.0 // "waiting for the model" line
 
 // A PULL for parameters not there yet: answered bucket by bucket as they are.
 typedef struct s_puller {
@@ -77,26 +82,29 @@ struct zps_server {
     bool replay_held;                            // a plan arrived: count the held pushes
     uint64_t duplicates;                         // second copies of slices, dropped
     double step_start_ms;                        // when the current step began
-    double next_stall_ms;                        // next stall warning
-    double next_register_ms;                     // shard > 0: next REGISTER while unassigned
     bool finished;                               // shard > 0: the last step is done
     zps_curve curve;                             // CURVE keys, if on
     zps_zap *zap;                                // owned: admits CURVE clients, if on
     zps_http *http;                              // owned: /metrics and /status, if asked
-    double next_publish_ms;                      // next refresh of the HTTP documents
     uint64_t ckpt_every;                         // checkpoint after every this many steps
     bool late_now[ZPS_MAX_MEMBERS];              // ranks whose slice was handed on this step
     bool heard[ZPS_MAX_MEMBERS];                 // rank pushed or pulled this step, any step
     uint32_t own_in[ZPS_MAX_MEMBERS];            // buckets of its own slice counted this step
     uint32_t n_in;                               // ranks with all of them counted
     double quorum_ms;                            // when as many slices were in as not, or 0
-    double stop_deadline_ms;                     // after a signal: when to stop regardless
+    bool stopping;                               // a signal was seen: stop between steps
+    bool leave;                                  // the stop's grace ran out: stop now
     uint64_t shard_token;                        // shard > 0: the secret of its ASSIGN (0: none)
     zps_log_limit refusals;                      // bounds the log lines refusals cause
     char dataset[256];                           // shard 0: the dataset spec ("size:N": declared)
     uint32_t size_train;                         // external, --dataset size:N (0: the workers')
     Zps__Hello *declared;                        // owned: external: the model declared, or NULL
-    double next_declare_log_ms;                  // external: next "waiting for the model" line
+    zps_timers timers;                           // the loop's periodic and deadline checks
+    int t_stall;                                 // timer ids in timers (-1: not added)
+    int t_register;
+    int t_speculate;
+    int t_stop_grace;
+    int t_declare_log;
 };
 typedef struct zps_server s_server;
 
@@ -337,7 +345,7 @@ static void s_end_step(s_server *srv)
     }
     srv->step_start_ms = now;
     srv->quorum_ms = 0;
-    srv->next_stall_ms = now + srv->o->stall_warn_ms;
+    zps_timers_at(&srv->timers, srv->t_stall, now + srv->o->stall_warn_ms);
     if (step + 1 == srv->total_steps && !srv->coord) {
         zps_log_info("shard %u: last step done", srv->o->shard);
         srv->finished = true;
@@ -423,6 +431,7 @@ static void s_note_own_push(s_server *srv, const Zps__Header *h)
     if (srv->quorum_ms == 0 && srv->n_in < plan->n &&
         s_half_or_more(srv->n_in, plan->n)) {
         srv->quorum_ms = zps_clock_ms();
+        zps_timers_at(&srv->timers, srv->t_speculate, srv->quorum_ms); // the slices not in yet
     }
 }
 
@@ -541,7 +550,7 @@ static void s_take_plan(s_server *srv, uint32_t gen, uint64_t effective, const z
     srv->global_batch = plan->global_batch;
     s_add_plan(srv, gen, effective, plan);
     srv->step_start_ms = zps_clock_ms();
-    srv->next_stall_ms = srv->step_start_ms + srv->o->stall_warn_ms;
+    zps_timers_at(&srv->timers, srv->t_stall, srv->step_start_ms + srv->o->stall_warn_ms);
 }
 
 static void s_forget_step(s_server *srv);
@@ -721,7 +730,7 @@ static void s_register(s_server *srv)
     if (zps_wire_send(srv->up, NULL, &h, NULL, 0, NULL) != ZPS_OK) {
         zps_log_warn("could not send REGISTER to %s", srv->o->coordinator);
     }
-    srv->next_register_ms = zps_clock_ms() + ZPS_SERVER_REGISTER_MS;
+    zps_timers_at(&srv->timers, srv->t_register, zps_clock_ms() + ZPS_SERVER_REGISTER_MS);
 }
 
 static zps_err s_take_assignment(s_server *srv, const Zps__Header *h)
@@ -896,12 +905,11 @@ static zps_err s_read_up(s_server *srv)
 
 // Refreshes what --http serves, twice a second. Shards > 0 serve only the
 // probes: ready once the coordinator has assigned their range.
-static void s_publish(s_server *srv, double now)
+static void s_publish(s_server *srv)
 {
-    if (!srv->http || now < srv->next_publish_ms) {
+    if (!srv->http) {
         return;
     }
-    srv->next_publish_ms = now + 500;
     char *metrics = NULL, *status = NULL;
     if (srv->coord && zps_coord_render(srv->coord, zps_shard_step(srv->shard),
                                        srv->bad_messages, &metrics, &status) != ZPS_OK) {
@@ -989,8 +997,7 @@ static void s_speculate_ahead(s_server *srv, uint64_t step)
 static void s_warn_stall(s_server *srv, double now)
 {
     const zps_plan *plan = s_plan(srv);
-    if (!srv->plan_set || srv->finished || now < srv->next_stall_ms ||
-        zps_shard_step(srv->shard) >= srv->total_steps) {
+    if (!srv->plan_set || srv->finished || zps_shard_step(srv->shard) >= srv->total_steps) {
         return;
     }
     uint32_t missing = 0;
@@ -1009,7 +1016,6 @@ static void s_warn_stall(s_server *srv, double now)
                          missing, plan->n);
         }
     }
-    srv->next_stall_ms = now + srv->o->stall_warn_ms;
 }
 
 static bool s_over(const s_server *srv)
@@ -1029,21 +1035,26 @@ static bool s_between_steps(const s_server *srv)
     return true;
 }
 
-// After SIGTERM or SIGINT: whether to leave the loop now. A step half
-// applied gets ZPS_SERVER_STOP_GRACE_MS to finish, so that the checkpoint
-// written on the way out is of a whole step.
-static bool s_stop_now(s_server *srv, double now)
+// After SIGTERM or SIGINT the loop stops between steps, so that the
+// checkpoint written on the way out is of a whole step; a step half applied
+// gets ZPS_SERVER_STOP_GRACE_MS to finish (the stop-grace timer).
+static void s_notice_stop(s_server *srv, double now)
 {
-    if (!s_stop) {
-        return false;
+    if (!s_stop || srv->stopping) {
+        return;
     }
-    if (srv->stop_deadline_ms == 0) {
-        srv->stop_deadline_ms = now + ZPS_SERVER_STOP_GRACE_MS;
-        zps_log_info("stopping: %s", s_between_steps(srv)
-                                         ? "between steps"
-                                         : "waiting (bounded) for the step in progress to finish");
-    }
-    return s_between_steps(srv) || now > srv->stop_deadline_ms;
+    srv->stopping = true;
+    zps_timers_at(&srv->timers, srv->t_stop_grace, now + ZPS_SERVER_STOP_GRACE_MS);
+    zps_log_info("stopping: %s", s_between_steps(srv)
+                                     ? "between steps"
+                                     : "waiting (bounded) for the step in progress to finish");
+}
+
+// Whether the step in progress is over is a state, not a time: looked at
+// after every turn of the loop, not on a timer.
+static bool s_stop_now(const s_server *srv)
+{
+    return srv->leave || (srv->stopping && s_between_steps(srv));
 }
 
 // The checkpoint written when stopped by a signal, if --checkpoint-dir is set.
@@ -1067,64 +1078,168 @@ static void s_stop_checkpoint(s_server *srv)
     }
 }
 
+// ---------------------------------------------------------------------------
+// The timers: every periodic or deadline check of the loop.
+
+// The coordinator's clock (evictions of silent workers, its waiting and
+// progress lines) and the plans it makes there.
+static void s_on_tick(void *arg, double now)
+{
+    s_server *srv = arg;
+    if (srv->coord) {
+        zps_coord_tick(srv->coord, srv->sock, now);
+        s_sync_coord_plan(srv);
+    }
+}
+
+// Shard 0 of an external job, until its model is declared.
+static void s_on_declare_log(void *arg, double now)
+{
+    s_server *srv = arg;
+    (void)now;
+    if (srv->coord) {
+        zps_timers_cancel(&srv->timers, srv->t_declare_log);
+        return;
+    }
+    zps_log_info("waiting for the first worker to declare the model (--model external)");
+}
+
+// Shards > 0: REGISTER until assigned, and after it, for a coordinator
+// that restarts, to say where this shard is.
+static void s_on_register(void *arg, double now)
+{
+    s_server *srv = arg;
+    (void)now;
+    if (!srv->shard) {
+        zps_log_info("waiting for the coordinator at %s to assign this shard's range",
+                     srv->o->coordinator);
+    }
+    s_register(srv);
+}
+
+static void s_on_stall(void *arg, double now)
+{
+    s_warn_stall(arg, now);
+}
+
+// Speculation needs a look soon after a slice becomes late: a quarter of
+// the wait, which follows the median step.
+static double s_speculate_period(const s_server *srv)
+{
+    double late = srv->coord ? srv->o->speculate_after * zps_coord_median_step_ms(srv->coord) : 0;
+    return late > 0 && late / 4 < ZPS_SERVER_POLL_MS ? late / 4 + 1 : ZPS_SERVER_POLL_MS;
+}
+
+static void s_on_speculate(void *arg, double now)
+{
+    s_server *srv = arg;
+    s_speculate(srv, now);
+    zps_timers_set_period(&srv->timers, srv->t_speculate, s_speculate_period(srv));
+}
+
+static void s_on_publish(void *arg, double now)
+{
+    (void)now;
+    s_publish(arg);
+}
+
+static void s_on_stop_grace(void *arg, double now)
+{
+    s_server *srv = arg;
+    (void)now;
+    srv->leave = true;
+}
+
+static int s_add(s_server *srv, const char *name, double period_ms, zps_timer_fn fn, bool now)
+{
+    int id = zps_timers_add(&srv->timers, name, period_ms, fn, srv);
+    if (now) {
+        zps_timers_at(&srv->timers, id, zps_clock_ms());
+    }
+    return id;
+}
+
+// The timer table, before anything can arm one of its timers.
+static void s_add_timers(s_server *srv)
+{
+    const zps_server_opts *o = srv->o;
+    zps_timers_init(&srv->timers);
+    bool coordinator = o->shard == 0;
+    srv->t_stall = s_add(srv, "stall warning", fmax(o->stall_warn_ms, 1), s_on_stall, false);
+    srv->t_stop_grace = s_add(srv, "stop grace", 0, s_on_stop_grace, false);
+    srv->t_speculate = coordinator && o->speculate_after > 0
+                           ? s_add(srv, "speculation", ZPS_SERVER_POLL_MS, s_on_speculate, true)
+                           : -1;
+    srv->t_register =
+        coordinator ? -1 : s_add(srv, "register", ZPS_SERVER_REGISTER_MS, s_on_register, false);
+    srv->t_declare_log = coordinator ? s_add(srv, "declaration", ZPS_SERVER_DECLARE_LOG_MS,
+                                             s_on_declare_log, true)
+                                     : -1;
+    if (coordinator) {
+        (void)s_add(srv, "coordinator", ZPS_SERVER_TICK_MS, s_on_tick, true);
+    }
+    if (o->http) {
+        (void)s_add(srv, "publish", ZPS_SERVER_PUBLISH_MS, s_on_publish, true);
+    }
+}
+
+// ---------------------------------------------------------------------------
+// The loop.
+
+// Reads what is ready on both sockets: ZPS_ECLOSED where the coordinator's
+// socket says this shard is done for.
+static zps_err s_read_ready(s_server *srv, zmq_pollitem_t *items, int n_items)
+{
+    // Drain what is ready, but come back to the timers now and then.
+    for (int i = 0; i < 64 && (items[0].revents & ZMQ_POLLIN); i++) {
+        int events = 0;
+        size_t len = sizeof events;
+        if (zmq_getsockopt(srv->sock, ZMQ_EVENTS, &events, &len) != 0 ||
+            !(events & ZMQ_POLLIN)) {
+            break;
+        }
+        s_read_one(srv);
+    }
+    if (n_items == 2 && (items[1].revents & ZMQ_POLLIN) && s_read_up(srv) != ZPS_OK) {
+        return ZPS_ECLOSED;
+    }
+    return ZPS_OK;
+}
+
+// What the loop does after reading, before the timers: held pushes
+// replayed (never from inside a push's handling), keys reloaded on SIGHUP,
+// a stop signal noticed.
+static void s_after_read(s_server *srv)
+{
+    if (srv->replay_held) {
+        srv->replay_held = false;
+        s_replay_held(srv);
+    }
+    if (s_reload_keys) {
+        s_reload_keys = 0;
+        zps_zap_reload(srv->zap);
+    }
+    s_notice_stop(srv, zps_clock_ms());
+}
+
 static int s_loop(s_server *srv)
 {
     zmq_pollitem_t items[2] = {{.socket = srv->sock, .events = ZMQ_POLLIN},
                                {.socket = srv->up, .events = ZMQ_POLLIN}};
     int n_items = srv->up ? 2 : 1;
-    while (!s_over(srv) && !s_stop_now(srv, zps_clock_ms())) {
-        // Speculation needs a tick soon after a slice becomes late.
-        long timeout = ZPS_SERVER_POLL_MS;
-        if (srv->coord && srv->o->speculate_after > 0) {
-            double late = srv->o->speculate_after * zps_coord_median_step_ms(srv->coord);
-            timeout = late > 0 && late / 4 < (double)timeout ? (long)(late / 4) + 1 : timeout;
-        }
+    s_notice_stop(srv, zps_clock_ms());
+    while (!s_over(srv) && !s_stop_now(srv)) {
+        long timeout = zps_timers_next_ms(&srv->timers, zps_clock_ms(), ZPS_SERVER_POLL_MS);
         int rc = zmq_poll(items, n_items, timeout);
         if (rc < 0 && errno != EINTR) {
             zps_log_error("zmq_poll: %s", zmq_strerror(errno));
             return 1;
         }
-        // Drain what is ready, but come back to the timers now and then.
-        for (int i = 0; rc > 0 && i < 64 && (items[0].revents & ZMQ_POLLIN); i++) {
-            int events = 0;
-            size_t len = sizeof events;
-            if (zmq_getsockopt(srv->sock, ZMQ_EVENTS, &events, &len) != 0 ||
-                !(events & ZMQ_POLLIN)) {
-                break;
-            }
-            s_read_one(srv);
-        }
-        if (n_items == 2 && (items[1].revents & ZMQ_POLLIN) && s_read_up(srv) != ZPS_OK) {
+        if (rc > 0 && s_read_ready(srv, items, n_items) != ZPS_OK) {
             return 1;
         }
-        if (srv->replay_held) {
-            srv->replay_held = false;
-            s_replay_held(srv);
-        }
-        if (s_reload_keys) {
-            s_reload_keys = 0;
-            zps_zap_reload(srv->zap);
-        }
-        double now = zps_clock_ms();
-        if (srv->coord) {
-            zps_coord_tick(srv->coord, srv->sock, now);
-            s_sync_coord_plan(srv);
-        } else if (srv->o->shard == 0) {
-            if (now > srv->next_declare_log_ms) {
-                zps_log_info("waiting for the first worker to declare the model "
-                             "(--model external)");
-                srv->next_declare_log_ms = now + 10 * ZPS_SERVER_REGISTER_MS;
-            }
-        } else if (!srv->shard && now > srv->next_register_ms) {
-            zps_log_info("waiting for the coordinator at %s to assign this shard's range",
-                         srv->o->coordinator);
-            s_register(srv);
-        } else if (srv->shard && now > srv->next_register_ms) {
-            s_register(srv); // says where it is, for a coordinator that restarts
-        }
-        s_warn_stall(srv, now);
-        s_speculate(srv, now);
-        s_publish(srv, now);
+        s_after_read(srv);
+        (void)zps_timers_run(&srv->timers, zps_clock_ms());
     }
     if (s_stop && !s_over(srv)) {
         s_stop_checkpoint(srv);
@@ -1542,6 +1657,7 @@ zps_server *zps_server_open(const zps_server_opts *o, int *status)
         return NULL;
     }
     srv->o = o;
+    s_add_timers(srv);
     srv->held = calloc(ZPS_SERVER_HELD, sizeof *srv->held);
     srv->ctx = zmq_ctx_new();
     if (!srv->held || !srv->ctx) {

@@ -23,5 +23,6 @@ Suite *zps_suite_msgtab(void);
 Suite *zps_suite_layout(void);
 Suite *zps_suite_client(void);
 Suite *zps_suite_monitor(void);
+Suite *zps_suite_timers(void);
 
 #endif
