@@ -30,6 +30,7 @@
 #include "server/zps_http.h"
 #include "server/zps_msgtab.h"
 #include "server/zps_shard.h"
+#include "server/zps_shard_io.h"
 #include "server/zps_timers.h"
 #include "server/zps_token.h"
 #include "server/zps_zap.h"
@@ -38,21 +39,11 @@
 #define ZPS_SERVER_POLL_MS 200
 #define ZPS_SERVER_REGISTER_MS 2000.0
 #define ZPS_SERVER_SEND_TIMEOUT_MS 5000
-#define ZPS_SERVER_HELD 32      // pushes of a plan not heard of yet, kept until it arrives
-#define ZPS_SERVER_PULLERS 32   // PULLs waiting for a step not reached yet
 #define ZPS_SERVER_METRICS_BUF (1 << 16) // longer than a step record of every member
 #define ZPS_SERVER_STOP_GRACE_MS 3000.0 // after SIGTERM, for the step in progress to finish
 #define ZPS_SERVER_TICK_MS 50.0         // the coordinator's clock: evictions, waiting lines
 #define ZPS_SERVER_PUBLISH_MS 500.0     // refresh of what --http serves
 #define ZPS_SERVER_DECLARE_LOG_MS 20000.0 // "waiting for the model" line
-
-// A PULL for parameters not there yet: answered bucket by bucket as they are.
-typedef struct s_puller {
-    zmq_msg_t route;        // who asked
-    uint64_t step;          // for which step
-    zps_bucket_set sent;    // buckets already sent
-    bool used;              // slot taken
-} s_puller;
 
 struct zps_server {
     const zps_server_opts *o;                    // borrowed: flags
@@ -65,33 +56,19 @@ struct zps_server {
     zps_model_spec model;                        // the job's model
     zps_coord *coord;                            // owned: shard 0 only
     zps_shard *shard;                            // owned: shard 0 from the start, others once assigned
+    zps_shard_io io;                             // the shard's side of the wire
     uint64_t job_id;                             // shard > 0: from ASSIGN
     uint32_t global_batch;                       // B, from the job
-    bool plan_set;                               // plan is valid
     uint64_t total_steps;                        // steps of the run
     zps_dtype dtype;                             // element type of tensors on the wire
     uint64_t bad_messages;                       // refused or dropped messages
-    zmq_msg_t route[ZPS_MAX_MEMBERS];            // where each rank's PARAMS go
-    bool route_set[ZPS_MAX_MEMBERS];             // route[i] is initialised
-    bool pushed[ZPS_MAX_MEMBERS];                // rank pushed this step: send it the buckets
-    uint64_t served[ZPS_MAX_MEMBERS];            // rank was sent the next step after a late push
-    zps_wire_msg *held;                          // owned: ZPS_SERVER_HELD pushes on hold
-    int n_held;
-    s_puller pullers[ZPS_SERVER_PULLERS];        // PULLs waiting for a step
     uint32_t plan_gen;                           // newest generation given to the shard
-    bool replay_held;                            // a plan arrived: count the held pushes
-    uint64_t duplicates;                         // second copies of slices, dropped
     double step_start_ms;                        // when the current step began
     bool finished;                               // shard > 0: the last step is done
     zps_curve curve;                             // CURVE keys, if on
     zps_zap *zap;                                // owned: admits CURVE clients, if on
     zps_http *http;                              // owned: /metrics and /status, if asked
     uint64_t ckpt_every;                         // checkpoint after every this many steps
-    bool late_now[ZPS_MAX_MEMBERS];              // ranks whose slice was handed on this step
-    bool heard[ZPS_MAX_MEMBERS];                 // rank pushed or pulled this step, any step
-    uint32_t own_in[ZPS_MAX_MEMBERS];            // buckets of its own slice counted this step
-    uint32_t n_in;                               // ranks with all of them counted
-    double quorum_ms;                            // when as many slices were in as not, or 0
     bool stopping;                               // a signal was seen: stop between steps
     bool leave;                                  // the stop's grace ran out: stop now
     uint64_t shard_token;                        // shard > 0: the secret of its ASSIGN (0: none)
@@ -176,141 +153,8 @@ static void s_refuse(s_server *srv, zps_wire_msg *m, zps_err err, const char *wh
     }
 }
 
-// The PARAMS header of bucket b for `step`; *data and *ref say where the
-// bucket's current wire values are.
-static void s_params_header(s_server *srv, int b, uint64_t step, Zps__Header *h,
-                            const void **data, zps_wire_ref **ref)
-{
-    zps_wire_header_init(h, ZPS__MSG_TYPE__PARAMS);
-    h->job_id = s_job_id(srv);
-    h->step = step;
-    h->shard = srv->o->shard;
-    h->dtype = (Zps__DType)srv->dtype;
-    zps_shard_bucket_params(srv->shard, b, data, &h->offset, &h->count, ref);
-}
-
-// Sends bucket b's parameters, labelled with the step they are for.
-static void s_send_bucket(s_server *srv, zmq_msg_t *route, int b, uint64_t step, bool zero_copy)
-{
-    Zps__Header h;
-    const void *data;
-    zps_wire_ref *ref;
-    s_params_header(srv, b, step, &h, &data, &ref);
-    zps_err err = zps_wire_send(srv->sock, route, &h, data,
-                                h.count * zps_dtype_size(srv->dtype),
-                                zero_copy ? ref : NULL);
-    if (err != ZPS_OK) {
-        zps_log_warn("could not send step %llu parameters: %s", (unsigned long long)step,
-                     zps_strerror(err));
-    }
-}
-
-// What the message table checked of a PULL or PUSH (job, state, rank and
-// member id), checked once more where it is used: the handlers index by
-// rank, and an index from the wire is refused when out of range, never
-// folded into range.
-static bool s_check_member_msg(s_server *srv, zps_wire_msg *m)
-{
-    if (!srv->plan_set || !srv->shard) {
-        s_refuse(srv, m, ZPS_ESTATE, "the job has not started on this shard");
-        return false;
-    }
-    if (m->hdr->rank >= ZPS_MAX_MEMBERS) {
-        s_refuse(srv, m, ZPS_ERANGE, "rank out of range");
-        return false;
-    }
-    return true;
-}
-
-// Sends bucket b's fp32 values (as of a step) converted to the wire dtype:
-// a copy, since a joining peer may read slowly.
-static void s_send_values(s_server *srv, zmq_msg_t *route, int b, uint64_t step,
-                          const float *values)
-{
-    Zps__Header h;
-    const void *data;
-    zps_wire_ref *ref;
-    s_params_header(srv, b, step, &h, &data, &ref);
-    size_t bytes = h.count * zps_dtype_size(srv->dtype);
-    void *buf = malloc(bytes ? bytes : 1);
-    if (!buf) {
-        zps_log_error("out of memory answering a PULL");
-        return;
-    }
-    zps_dtype_from_f32(srv->dtype, values, buf, h.count);
-    (void)zps_wire_send(srv->sock, route, &h, buf, bytes, NULL);
-    free(buf);
-}
-
-// Answers what a waiting PULL can have of `step` now; true when complete.
-static bool s_serve_pull(s_server *srv, zmq_msg_t *route, uint64_t step, zps_bucket_set *sent)
-{
-    int n = zps_shard_n_buckets(srv->shard);
-    for (int b = 0; b < n; b++) {
-        const float *values;
-        if (!zps_bucket_set_has(sent, b) &&
-            zps_shard_bucket_at(srv->shard, b, step, &values) == ZPS_OK) {
-            s_send_values(srv, route, b, step, values);
-            zps_bucket_set_add(sent, b);
-        }
-    }
-    return zps_bucket_set_full(sent, n);
-}
-
-static void s_queue_pull(s_server *srv, zmq_msg_t *route, uint64_t step, bool catch_up);
-
-static void s_on_pull(s_server *srv, zps_wire_msg *m)
-{
-    if (!s_check_member_msg(srv, m)) {
-        return;
-    }
-    srv->heard[m->hdr->rank] = true; // a member's, as the table checked
-    // A step this shard has passed may come back: a rollback to it can be
-    // on its way here while the worker asking already heard of it.
-    s_queue_pull(srv, &m->route, m->hdr->step, false);
-}
-
-// Answers a PULL of `step` with what there is now and keeps it waiting for
-// the rest.
-static void s_queue_pull(s_server *srv, zmq_msg_t *route, uint64_t step, bool catch_up)
-{
-    const float *values;
-    if (catch_up && zps_shard_bucket_at(srv->shard, 0, step, &values) == ZPS_ESTALE) {
-        // That step is gone here: the asker is behind, and catches up at
-        // the step in progress when it sees a later step's parameters.
-        step = zps_shard_step(srv->shard);
-    }
-    zps_bucket_set sent = {0};
-    if (s_serve_pull(srv, route, step, &sent)) {
-        return;
-    }
-    for (int i = 0; i < ZPS_SERVER_PULLERS; i++) {
-        s_puller *p = &srv->pullers[i];
-        if (!p->used) {
-            *p = (s_puller){.step = step, .sent = sent, .used = true};
-            zps_wire_route_copy(&p->route, route);
-            return;
-        }
-    }
-    zps_log_warn("too many PULLs waiting; one for step %llu dropped",
-                 (unsigned long long)step);
-}
-
-// After a bucket update: waiting PULLs may now have more to take.
-static void s_serve_pullers(s_server *srv)
-{
-    for (int i = 0; i < ZPS_SERVER_PULLERS; i++) {
-        s_puller *p = &srv->pullers[i];
-        if (p->used && s_serve_pull(srv, &p->route, p->step, &p->sent)) {
-            zps_wire_route_close(&p->route);
-            p->used = false;
-        }
-    }
-}
-
 static void s_sync_coord_plan(s_server *srv);
 static void s_speculate_ahead(s_server *srv, uint64_t step);
-static bool s_between_steps(const s_server *srv);
 
 static void s_end_step(s_server *srv)
 {
@@ -335,16 +179,12 @@ static void s_end_step(s_server *srv)
         h.step = step + 1;
         (void)zps_wire_send(srv->up, NULL, &h, NULL, 0, NULL);
     }
-    memset(srv->pushed, 0, sizeof srv->pushed);
-    memset(srv->heard, 0, sizeof srv->heard);
-    memset(srv->own_in, 0, sizeof srv->own_in);
-    srv->n_in = 0;
+    zps_shard_io_end_step(&srv->io);
     if (srv->ckpt_every && srv->o->checkpoint_dir && (step + 1) % srv->ckpt_every == 0 &&
         zps_shard_save(srv->shard, srv->o->checkpoint_dir, 3) == ZPS_OK && srv->coord) {
         (void)zps_coord_save(srv->coord, srv->o->checkpoint_dir, step + 1);
     }
     srv->step_start_ms = now;
-    srv->quorum_ms = 0;
     zps_timers_at(&srv->timers, srv->t_stall, now + srv->o->stall_warn_ms);
     if (step + 1 == srv->total_steps && !srv->coord) {
         zps_log_info("shard %u: last step done", srv->o->shard);
@@ -352,114 +192,15 @@ static void s_end_step(s_server *srv)
     }
 }
 
-static void s_hold(s_server *srv, zps_wire_msg *m, const char *why)
-{
-    if (srv->n_held == ZPS_SERVER_HELD) {
-        s_refuse(srv, m, ZPS_EAGAIN, "too many pushes on hold; send again");
-        return;
-    }
-    zps_log_debug("holding a push: %s", why);
-    zps_wire_msg_move(&srv->held[srv->n_held++], m);
-}
-
-// The sender of a push gets the step's new parameters: the buckets already
-// updated now, the others as they are. Its push may have been a second copy
-// (a slice handed to it and delivered by its first owner after all), yet it
-// waits for the next step like everyone else.
-static void s_add_recipient(s_server *srv, zps_wire_msg *m)
-{
-    uint32_t r = m->hdr->rank; // below ZPS_MAX_MEMBERS: s_check_member_msg
-    if (m->hdr->step > zps_shard_step(srv->shard)) {
-        return; // ahead of a restarted shard: the rollback tells it where to go
-    }
-    if (m->hdr->step < zps_shard_step(srv->shard)) {
-        // The step is complete here: answer as a PULL of the step after it, once.
-        if (srv->served[r] != m->hdr->step + 1) {
-            srv->served[r] = m->hdr->step + 1;
-            s_queue_pull(srv, &m->route, m->hdr->step + 1, true);
-        }
-        return;
-    }
-    if (srv->route_set[r]) {
-        zps_wire_route_close(&srv->route[r]);
-    }
-    zps_wire_route_copy(&srv->route[r], &m->route);
-    srv->route_set[r] = true;
-    if (srv->pushed[r]) {
-        return;
-    }
-    srv->pushed[r] = true;
-    uint64_t next = zps_shard_step(srv->shard) + 1;
-    for (int b = 0; b < zps_shard_n_buckets(srv->shard); b++) {
-        if (zps_shard_applied(srv->shard, b)) {
-            s_send_bucket(srv, &srv->route[r], b, next, true);
-        }
-    }
-}
-
-// Whether `in` of n members are at least as many as the rest: enough to
-// hand the rest's slices to, one helper or more each.
-static bool s_half_or_more(uint32_t in, uint32_t n)
-{
-    return in >= n - in;
-}
-
-// Whether rank r's own slice is in: every bucket of it counted from r
-// itself. A bucket that a helper's piece brought first does not count, so
-// a late owner whose slice the others covered stays "not in"; what it is
-// for (the quorum, and who may help) needs no more.
-static bool s_own_in(const s_server *srv, uint32_t r)
-{
-    return srv->own_in[r] == (uint32_t)zps_shard_n_buckets(srv->shard);
-}
-
-// Counts a counted push of rank r toward its own slice, and notes when at
-// least as many slices are in as are not (not all: the step is then over).
-static void s_note_own_push(s_server *srv, const Zps__Header *h)
-{
-    const zps_plan *plan = s_plan(srv);
-    uint32_t r = h->rank; // below ZPS_MAX_MEMBERS: s_check_member_msg
-    const zps_plan_slice *own = zps_plan_find(plan, r);
-    if (!own || h->batch_offset != own->offset || h->samples != own->count || s_own_in(srv, r)) {
-        return; // a piece of someone else's slice
-    }
-    srv->own_in[r]++;
-    if (!s_own_in(srv, r)) {
-        return;
-    }
-    srv->n_in++;
-    if (srv->quorum_ms == 0 && srv->n_in < plan->n &&
-        s_half_or_more(srv->n_in, plan->n)) {
-        srv->quorum_ms = zps_clock_ms();
-        zps_timers_at(&srv->timers, srv->t_speculate, srv->quorum_ms); // the slices not in yet
-    }
-}
-
+// A push, and what it means beyond the shard: its timing for the
+// coordinator, the step boundary, the end of the step.
 static void s_on_push(s_server *srv, zps_wire_msg *m)
 {
-    if (!s_check_member_msg(srv, m)) {
-        return;
-    }
-    char why[256];
+    double quorum_ms = srv->io.quorum_ms;
     int ready;
-    zps_err err = zps_shard_push(srv->shard, m, &ready, why, sizeof why);
-    if (err == ZPS_EAGAIN) {
-        s_hold(srv, m, why);
-        return;
-    }
-    if (err != ZPS_OK && err != ZPS_EDUP) {
-        s_refuse(srv, m, err, why);
-        return;
-    }
-    // Heard only now: a push held or refused says nothing of its rank.
-    srv->heard[m->hdr->rank] = true;
-    if (err == ZPS_EDUP) {
-        srv->duplicates++; // the first copy counted; this one changes nothing
-        zps_log_debug("dropped: %s", why);
-    }
-    s_add_recipient(srv, m);
-    if (err == ZPS_OK) {
-        s_note_own_push(srv, m->hdr);
+    zps_err err = zps_shard_io_on_push(&srv->io, m, &ready);
+    if (srv->io.quorum_ms != quorum_ms) {
+        zps_timers_at(&srv->timers, srv->t_speculate, srv->io.quorum_ms); // the slices not in
     }
     if (srv->coord && err == ZPS_OK) {
         zps_coord_note_push(srv->coord, m->hdr->step, m->hdr->rank, m->hdr->samples,
@@ -468,20 +209,13 @@ static void s_on_push(s_server *srv, zps_wire_msg *m)
     if (ready < 0) {
         return;
     }
-    if (srv->coord && s_between_steps(srv)) {
+    if (srv->coord && zps_shard_io_between_steps(&srv->io)) {
         // The step boundary: the next step's plan goes out before its
         // first parameters (on the same socket, so it arrives first).
         zps_coord_release(srv->coord, srv->sock, zps_shard_step(srv->shard) + 1);
         s_sync_coord_plan(srv);
     }
-    zps_shard_apply(srv->shard, ready);
-    uint64_t next = zps_shard_step(srv->shard) + 1;
-    for (uint32_t i = 0; i < ZPS_MAX_MEMBERS; i++) {
-        if (srv->pushed[i]) {
-            s_send_bucket(srv, &srv->route[i], ready, next, true);
-        }
-    }
-    s_serve_pullers(srv);
+    zps_shard_io_apply(&srv->io, ready);
     if (zps_shard_step_done(srv->shard)) {
         s_end_step(srv);
     }
@@ -489,64 +223,16 @@ static void s_on_push(s_server *srv, zps_wire_msg *m)
 
 static void s_dispatch(s_server *srv, zps_wire_msg *m);
 
-// Rank 0's initial values of a declared model, a bucket at a time; with
-// the last, the PULLs of step 0 waiting for them are answered.
-static void s_on_init(s_server *srv, zps_wire_msg *m)
-{
-    if (!s_check_member_msg(srv, m)) {
-        return;
-    }
-    if (m->hdr->rank != 0) {
-        s_refuse(srv, m, ZPS_EPERM, "initial values come from rank 0");
-        return;
-    }
-    char why[256];
-    bool complete;
-    zps_err err = zps_shard_take_init(srv->shard, m, &complete, why, sizeof why);
-    if (err == ZPS_EDUP) {
-        zps_log_debug("INIT dropped: %s", why); // sent again after a refusal, or resumed
-        return;
-    }
-    if (err != ZPS_OK) {
-        s_refuse(srv, m, err, why);
-        return;
-    }
-    if (complete) {
-        zps_log_info("shard %u: the initial values from rank 0 are in", srv->o->shard);
-        s_serve_pullers(srv);
-    }
-}
-
-// A new plan reached the shard: pushes held for it can be counted now.
-static void s_replay_held(s_server *srv)
-{
-    int n = srv->n_held;
-    zps_wire_msg *again = malloc((size_t)(n ? n : 1) * sizeof *again);
-    if (!again) {
-        return;
-    }
-    for (int i = 0; i < n; i++) {
-        zps_wire_msg_move(&again[i], &srv->held[i]);
-        zps_wire_msg_fini(&srv->held[i]);
-    }
-    srv->n_held = 0;
-    for (int i = 0; i < n; i++) {
-        s_dispatch(srv, &again[i]); // the table again: now its plan tells who its sender is
-        zps_wire_msg_fini(&again[i]);
-    }
-    free(again);
-}
-
 static void s_add_plan(s_server *srv, uint32_t gen, uint64_t effective, const zps_plan *plan)
 {
     zps_shard_add_plan(srv->shard, gen, effective, plan);
     srv->plan_gen = gen;
-    srv->replay_held = srv->n_held > 0; // from the loop, not from inside a push's handling
+    zps_shard_io_plan_added(&srv->io);
 }
 
 static void s_take_plan(s_server *srv, uint32_t gen, uint64_t effective, const zps_plan *plan)
 {
-    srv->plan_set = true;
+    zps_shard_io_start(&srv->io, srv->shard, srv->dtype);
     srv->global_batch = plan->global_batch;
     s_add_plan(srv, gen, effective, plan);
     srv->step_start_ms = zps_clock_ms();
@@ -569,7 +255,7 @@ static void s_sync_coord_plan(s_server *srv)
     if (gen == srv->plan_gen || !zps_coord_plan(srv->coord)) {
         return;
     }
-    if (!srv->plan_set) {
+    if (!zps_shard_io_started(&srv->io)) {
         s_take_plan(srv, gen, effective, zps_coord_plan(srv->coord));
     } else {
         s_add_plan(srv, gen, effective, zps_coord_plan(srv->coord));
@@ -679,18 +365,34 @@ static void s_dispatch(s_server *srv, zps_wire_msg *m)
     }
     switch (m->hdr->type) {
     case ZPS__MSG_TYPE__PULL:
-        s_on_pull(srv, m);
+        zps_shard_io_on_pull(&srv->io, m);
         break;
     case ZPS__MSG_TYPE__PUSH:
         s_on_push(srv, m);
         break;
     case ZPS__MSG_TYPE__INIT:
-        s_on_init(srv, m);
+        zps_shard_io_on_init(&srv->io, m);
         break;
     default:
         s_dispatch_coord(srv, m);
         break;
     }
+}
+
+// What the shard's I/O asks of the server.
+static void s_io_refuse(void *arg, zps_wire_msg *m, zps_err err, const char *why)
+{
+    s_refuse(arg, m, err, why);
+}
+
+static uint64_t s_io_job_id(void *arg)
+{
+    return s_job_id(arg);
+}
+
+static void s_io_again(void *arg, zps_wire_msg *m)
+{
+    s_dispatch(arg, m);
 }
 
 static void s_read_one(s_server *srv)
@@ -830,23 +532,9 @@ static zps_err s_coord_restore(void *arg, uint64_t step)
 // After a restore: the step in progress is forgotten, and replayed.
 static void s_forget_step(s_server *srv)
 {
-    memset(srv->pushed, 0, sizeof srv->pushed);
-    memset(srv->heard, 0, sizeof srv->heard);
-    memset(srv->own_in, 0, sizeof srv->own_in);
-    srv->n_in = 0;
-    memset(srv->served, 0, sizeof srv->served);
-    // PULLs that arrived before the rollback (for its step) can be served now.
-    for (int i = 0; i < ZPS_SERVER_PULLERS; i++) {
-        srv->pullers[i].sent = (zps_bucket_set){0};
-    }
-    s_serve_pullers(srv);
-    for (int i = 0; i < srv->n_held; i++) {
-        zps_wire_msg_fini(&srv->held[i]);
-    }
-    srv->n_held = 0;
+    zps_shard_io_forget_step(&srv->io);
     srv->finished = false;
     srv->step_start_ms = zps_clock_ms();
-    srv->quorum_ms = 0;
 }
 
 // Goes back to the checkpoint of `step`: the steps after it are replayed.
@@ -935,23 +623,23 @@ static void s_speculate(s_server *srv, double now)
 {
     const zps_plan *plan = s_plan(srv);
     double median = srv->coord ? zps_coord_median_step_ms(srv->coord) : 0;
-    if (!srv->coord || srv->o->speculate_after <= 0 || !srv->plan_set || median <= 0 ||
-        srv->quorum_ms == 0 || srv->n_in == plan->n) {
+    if (!srv->coord || srv->o->speculate_after <= 0 || !zps_shard_io_started(&srv->io) || median <= 0 ||
+        srv->io.quorum_ms == 0 || srv->io.n_in == plan->n) {
         return;
     }
     bool finished[ZPS_MAX_MEMBERS] = {false};
     for (uint32_t i = 0; i < plan->n; i++) {
-        finished[plan->slices[i].rank] = s_own_in(srv, plan->slices[i].rank);
+        finished[plan->slices[i].rank] = zps_shard_io_own_in(&srv->io, plan->slices[i].rank);
     }
-    bool waited = now - srv->quorum_ms >= srv->o->speculate_after * median;
+    bool waited = now - srv->io.quorum_ms >= srv->o->speculate_after * median;
     uint64_t step = zps_shard_step(srv->shard);
     for (uint32_t i = 0; i < plan->n; i++) {
         const zps_plan_slice *sl = &plan->slices[i];
         uint32_t r = sl->rank;
-        if (!finished[r] && !srv->late_now[r] && (waited || !srv->pushed[r]) &&
+        if (!finished[r] && !srv->io.ranks[r].late_now && (waited || !srv->io.ranks[r].pushed) &&
             zps_coord_speculate(srv->coord, srv->sock, step, sl->offset, sl->count, r,
                                 finished)) {
-            srv->late_now[r] = true;
+            srv->io.ranks[r].late_now = true;
         }
     }
 }
@@ -968,11 +656,13 @@ static void s_speculate_ahead(s_server *srv, uint64_t step)
     const zps_plan *plan = s_plan(srv);
     bool late[ZPS_MAX_MEMBERS] = {false}, any = false;
     for (int r = 0; r < ZPS_MAX_MEMBERS; r++) {
-        late[r] = srv->late_now[r] && !srv->heard[r];
+        late[r] = srv->io.ranks[r].late_now && !srv->io.ranks[r].heard;
         any = any || late[r];
     }
-    memset(srv->late_now, 0, sizeof srv->late_now);
-    if (!any || !srv->coord || srv->o->speculate_after <= 0 || !srv->plan_set ||
+    for (int r = 0; r < ZPS_MAX_MEMBERS; r++) {
+        srv->io.ranks[r].late_now = false;
+    }
+    if (!any || !srv->coord || srv->o->speculate_after <= 0 || !zps_shard_io_started(&srv->io) ||
         step >= srv->total_steps) {
         return;
     }
@@ -982,14 +672,14 @@ static void s_speculate_ahead(s_server *srv, uint64_t step)
         helper[plan->slices[i].rank] = !late[plan->slices[i].rank];
         helpers += helper[plan->slices[i].rank];
     }
-    if (!s_half_or_more(helpers, plan->n)) {
+    if (helpers < plan->n - helpers) {
         return; // too few to cover the rest
     }
     for (uint32_t i = 0; i < plan->n; i++) {
         const zps_plan_slice *sl = &plan->slices[i];
         if (late[sl->rank] && zps_coord_speculate(srv->coord, srv->sock, step, sl->offset,
                                                   sl->count, sl->rank, helper)) {
-            srv->late_now[sl->rank] = true; // s_speculate need not hand it again
+            srv->io.ranks[sl->rank].late_now = true; // s_speculate need not hand it again
         }
     }
 }
@@ -997,7 +687,7 @@ static void s_speculate_ahead(s_server *srv, uint64_t step)
 static void s_warn_stall(s_server *srv, double now)
 {
     const zps_plan *plan = s_plan(srv);
-    if (!srv->plan_set || srv->finished || zps_shard_step(srv->shard) >= srv->total_steps) {
+    if (!zps_shard_io_started(&srv->io) || srv->finished || zps_shard_step(srv->shard) >= srv->total_steps) {
         return;
     }
     uint32_t missing = 0;
@@ -1023,16 +713,9 @@ static bool s_over(const s_server *srv)
     return srv->coord ? zps_coord_finished(srv->coord) : srv->finished;
 }
 
-// True between steps: no bucket of the step in progress is updated yet, so
-// parameters and momentum are those after the completed steps.
 static bool s_between_steps(const s_server *srv)
 {
-    for (int b = 0; srv->shard && b < zps_shard_n_buckets(srv->shard); b++) {
-        if (zps_shard_applied(srv->shard, b)) {
-            return false;
-        }
-    }
-    return true;
+    return zps_shard_io_between_steps(&srv->io);
 }
 
 // After SIGTERM or SIGINT the loop stops between steps, so that the
@@ -1211,10 +894,7 @@ static zps_err s_read_ready(s_server *srv, zmq_pollitem_t *items, int n_items)
 // a stop signal noticed.
 static void s_after_read(s_server *srv)
 {
-    if (srv->replay_held) {
-        srv->replay_held = false;
-        s_replay_held(srv);
-    }
+    zps_shard_io_replay(&srv->io);
     if (s_reload_keys) {
         s_reload_keys = 0;
         zps_zap_reload(srv->zap);
@@ -1658,13 +1338,15 @@ zps_server *zps_server_open(const zps_server_opts *o, int *status)
     }
     srv->o = o;
     s_add_timers(srv);
-    srv->held = calloc(ZPS_SERVER_HELD, sizeof *srv->held);
     srv->ctx = zmq_ctx_new();
-    if (!srv->held || !srv->ctx) {
+    if (!srv->ctx) {
         goto fail;
     }
     srv->sock = zps_wire_socket(srv->ctx, ZMQ_ROUTER, ZPS_SERVER_SEND_TIMEOUT_MS);
-    if (!srv->sock || zps_wire_set_sndbuf(srv->sock, o->sndbuf) != ZPS_OK) {
+    zps_shard_io_hooks hooks = {.arg = srv, .refuse = s_io_refuse, .job_id = s_io_job_id,
+                                .again = s_io_again};
+    if (!srv->sock || zps_wire_set_sndbuf(srv->sock, o->sndbuf) != ZPS_OK ||
+        zps_shard_io_init(&srv->io, srv->sock, o->shard, &hooks) != ZPS_OK) {
         goto fail;
     }
     if (o->metrics_log && !(srv->metrics = s_open_metrics(o->metrics_log, o->resume))) {
@@ -1727,10 +1409,7 @@ int zps_server_turn(zps_server *srv)
             len = sizeof events;
         }
     }
-    if (srv->replay_held) {
-        srv->replay_held = false;
-        s_replay_held(srv);
-    }
+    zps_shard_io_replay(&srv->io);
     if (srv->coord) {
         zps_coord_tick(srv->coord, srv->sock, zps_clock_ms());
         s_sync_coord_plan(srv);
@@ -1770,20 +1449,7 @@ void zps_server_close(zps_server **srvp)
     if (!srv) {
         return;
     }
-    for (int i = 0; i < ZPS_MAX_MEMBERS; i++) {
-        if (srv->route_set[i]) {
-            zps_wire_route_close(&srv->route[i]);
-        }
-    }
-    for (int i = 0; srv->held && i < srv->n_held; i++) {
-        zps_wire_msg_fini(&srv->held[i]);
-    }
-    free(srv->held);
-    for (int i = 0; i < ZPS_SERVER_PULLERS; i++) {
-        if (srv->pullers[i].used) {
-            zps_wire_route_close(&srv->pullers[i].route);
-        }
-    }
+    zps_shard_io_fini(&srv->io);
     zps_wire_close(&srv->sock);
     zps_wire_close(&srv->up);
     zps_zap_stop(&srv->zap);
