@@ -28,6 +28,7 @@
 #include "server/zps_ckpt.h"
 #include "server/zps_coord.h"
 #include "server/zps_http.h"
+#include "server/zps_late.h"
 #include "server/zps_msgtab.h"
 #include "server/zps_shard.h"
 #include "server/zps_shard_io.h"
@@ -102,16 +103,6 @@ static uint64_t s_job_id(const s_server *srv)
     return srv->coord ? zps_coord_job_id(srv->coord) : srv->job_id;
 }
 
-// The plan in force at the step in progress: the newest may only hold
-// from the next step, and a member that joins for that step owns nothing
-// of this one. An empty plan before the first.
-static const zps_plan *s_plan(const s_server *srv)
-{
-    static const zps_plan none;
-    const zps_plan *p = srv->shard ? zps_shard_plan(srv->shard) : NULL;
-    return p ? p : &none;
-}
-
 // ---------------------------------------------------------------------------
 // Refusals: one line, one counter, an ERROR reply; parameters untouched.
 
@@ -154,7 +145,6 @@ static void s_refuse(s_server *srv, zps_wire_msg *m, zps_err err, const char *wh
 }
 
 static void s_sync_coord_plan(s_server *srv);
-static void s_speculate_ahead(s_server *srv, uint64_t step);
 
 static void s_end_step(s_server *srv)
 {
@@ -169,7 +159,8 @@ static void s_end_step(s_server *srv)
         zps_coord_step_done(srv->coord, step, loss, now - srv->step_start_ms, counted);
         zps_coord_adapt(srv->coord);
         s_sync_coord_plan(srv);
-        s_speculate_ahead(srv, step + 1);
+        zps_late_speculate_ahead(&srv->io, srv->coord, srv->sock, srv->o->speculate_after,
+                                 step + 1, srv->total_steps);
     } else {
         Zps__Header h;
         zps_wire_header_init(&h, ZPS__MSG_TYPE__STEP_DONE);
@@ -608,106 +599,6 @@ static void s_publish(s_server *srv)
     free(status);
 }
 
-// Speculation: once at least as many members' slices are in as are not
-// (as Spark waits for a quantile of its tasks), a slice still missing is
-// also handed, in pieces, to the members that are done; the first copy of
-// a sample counts. A slice of which nothing came yet is handed at once:
-// its owner has not even pushed the buckets backward finishes first, so it
-// has stopped, or is so slow that a step would not save it. One under way
-// gets --speculate-after median steps more. Measured from the first
-// arrival instead, that wait would end at every step: on shared cores the
-// last slice lands a third of a step after the first, but within a sixth
-// of a step of the one before it. With fewer helpers than late slices,
-// one helper could get two.
-static void s_speculate(s_server *srv, double now)
-{
-    const zps_plan *plan = s_plan(srv);
-    double median = srv->coord ? zps_coord_median_step_ms(srv->coord) : 0;
-    if (!srv->coord || srv->o->speculate_after <= 0 || !zps_shard_io_started(&srv->io) || median <= 0 ||
-        srv->io.quorum_ms == 0 || srv->io.n_in == plan->n) {
-        return;
-    }
-    bool finished[ZPS_MAX_MEMBERS] = {false};
-    for (uint32_t i = 0; i < plan->n; i++) {
-        finished[plan->slices[i].rank] = zps_shard_io_own_in(&srv->io, plan->slices[i].rank);
-    }
-    bool waited = now - srv->io.quorum_ms >= srv->o->speculate_after * median;
-    uint64_t step = zps_shard_step(srv->shard);
-    for (uint32_t i = 0; i < plan->n; i++) {
-        const zps_plan_slice *sl = &plan->slices[i];
-        uint32_t r = sl->rank;
-        if (!finished[r] && !srv->io.ranks[r].late_now && (waited || !srv->io.ranks[r].pushed) &&
-            zps_coord_speculate(srv->coord, srv->sock, step, sl->offset, sl->count, r,
-                                finished)) {
-            srv->io.ranks[r].late_now = true;
-        }
-    }
-}
-
-// At the start of a step: a rank that was late on the step before and sent
-// nothing at all during it is presumed still late (a pause usually
-// outlasts a step), so its slice is handed to the others at once, to
-// compute beside their own; its own copy still counts if it comes first.
-// Any push or pull, even for a step already over, says the rank is back:
-// it then gets its slice alone again, or the others would go on covering
-// it for as long as their copies beat its own.
-static void s_speculate_ahead(s_server *srv, uint64_t step)
-{
-    const zps_plan *plan = s_plan(srv);
-    bool late[ZPS_MAX_MEMBERS] = {false}, any = false;
-    for (int r = 0; r < ZPS_MAX_MEMBERS; r++) {
-        late[r] = srv->io.ranks[r].late_now && !srv->io.ranks[r].heard;
-        any = any || late[r];
-    }
-    for (int r = 0; r < ZPS_MAX_MEMBERS; r++) {
-        srv->io.ranks[r].late_now = false;
-    }
-    if (!any || !srv->coord || srv->o->speculate_after <= 0 || !zps_shard_io_started(&srv->io) ||
-        step >= srv->total_steps) {
-        return;
-    }
-    bool helper[ZPS_MAX_MEMBERS] = {false};
-    uint32_t helpers = 0;
-    for (uint32_t i = 0; i < plan->n; i++) {
-        helper[plan->slices[i].rank] = !late[plan->slices[i].rank];
-        helpers += helper[plan->slices[i].rank];
-    }
-    if (helpers < plan->n - helpers) {
-        return; // too few to cover the rest
-    }
-    for (uint32_t i = 0; i < plan->n; i++) {
-        const zps_plan_slice *sl = &plan->slices[i];
-        if (late[sl->rank] && zps_coord_speculate(srv->coord, srv->sock, step, sl->offset,
-                                                  sl->count, sl->rank, helper)) {
-            srv->io.ranks[sl->rank].late_now = true; // s_speculate need not hand it again
-        }
-    }
-}
-
-static void s_warn_stall(s_server *srv, double now)
-{
-    const zps_plan *plan = s_plan(srv);
-    if (!zps_shard_io_started(&srv->io) || srv->finished || zps_shard_step(srv->shard) >= srv->total_steps) {
-        return;
-    }
-    uint32_t missing = 0;
-    for (uint32_t i = 0; i < plan->n; i++) {
-        const zps_plan_slice *sl = &plan->slices[i];
-        missing += !zps_shard_slice_done(srv->shard, sl->offset, sl->count);
-    }
-    for (uint32_t i = 0; i < plan->n; i++) {
-        const zps_plan_slice *sl = &plan->slices[i];
-        if (!zps_shard_slice_done(srv->shard, sl->offset, sl->count)) {
-            zps_log_warn("step %llu: waiting %.1f s for rank %u (%s, %s): %u of %u slices missing",
-                         (unsigned long long)zps_shard_step(srv->shard),
-                         (now - srv->step_start_ms) / 1e3, sl->rank,
-                         srv->coord ? zps_coord_member_host(srv->coord, sl->rank) : "?",
-                         srv->coord ? zps_coord_member_device(srv->coord, sl->rank) : "?",
-                         missing, plan->n);
-        }
-    }
-}
-
 static bool s_over(const s_server *srv)
 {
     return srv->coord ? zps_coord_finished(srv->coord) : srv->finished;
@@ -802,7 +693,11 @@ static void s_on_register(void *arg, double now)
 
 static void s_on_stall(void *arg, double now)
 {
-    s_warn_stall(arg, now);
+    s_server *srv = arg;
+    if (zps_shard_io_started(&srv->io) && !srv->finished &&
+        zps_shard_step(srv->shard) < srv->total_steps) {
+        zps_late_warn_stall(&srv->io, srv->coord, srv->step_start_ms, now);
+    }
 }
 
 // Speculation needs a look soon after a slice becomes late: a quarter of
@@ -816,7 +711,7 @@ static double s_speculate_period(const s_server *srv)
 static void s_on_speculate(void *arg, double now)
 {
     s_server *srv = arg;
-    s_speculate(srv, now);
+    zps_late_speculate(&srv->io, srv->coord, srv->sock, srv->o->speculate_after, now);
     zps_timers_set_period(&srv->timers, srv->t_speculate, s_speculate_period(srv));
 }
 
