@@ -9,7 +9,6 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "common/zps_clock.h"
 #include "common/zps_layout.h"
 #include "server/zps_ckpt.h"
 

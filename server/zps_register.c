@@ -4,10 +4,6 @@
  * refusal that ends a shard the coordinator will not have. */
 #include "server/zps_server_int.h"
 
-#include <errno.h>
-#include <stdlib.h>
-#include <string.h>
-
 #include "common/zps_clock.h"
 #include "common/zps_layout.h"
 #include "server/zps_token.h"

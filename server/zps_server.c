@@ -210,8 +210,8 @@ static void s_notice_stop(zps_server *srv, double now)
                                      : "waiting (bounded) for the step in progress to finish");
 }
 
-// Whether the step in progress is over is a state, not a time: looked at
-// after every turn of the loop, not on a timer.
+// Between steps is a state, not a time: looked at after every turn of the
+// loop. Only the grace is a timer.
 static bool s_stop_now(const zps_server *srv)
 {
     return srv->leave || (srv->stopping && zps_shard_io_between_steps(&srv->io));

@@ -7,8 +7,6 @@
 #include <errno.h>
 #include <stdlib.h>
 #include <string.h>
-
-#include "common/zps_clock.h"
 #include <sys/resource.h>
 
 #include "common/zps_dataset.h"

@@ -6,10 +6,6 @@
  * server/zps_shard.c's, its wire is server/zps_shard_io.c's. */
 #include "server/zps_server_int.h"
 
-#include <errno.h>
-#include <stdlib.h>
-#include <string.h>
-
 #include "common/zps_clock.h"
 #include "server/zps_late.h"
 
