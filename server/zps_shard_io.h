@@ -28,7 +28,7 @@ typedef struct zps_shard_io_rank {
     zmq_msg_t route;  // where its PARAMS go (valid while has_route)
     bool has_route;   // route is initialised
     bool pushed;      // pushed this step: send it each bucket as it is updated
-    uint64_t served;  // it was sent this step after a late push of the one before
+    uint64_t served;  // step it was sent, as to a PULL, after a late push (each once)
     bool heard;       // pushed or pulled during this step (for any step)
     bool late_now;    // its slice was handed on this step (speculation)
     uint32_t own_in;  // buckets of its own slice counted this step
