@@ -265,19 +265,20 @@ static void s_on_stall(void *arg, double now)
     }
 }
 
-// Speculation needs a look soon after a slice becomes late: a quarter of
-// the wait, which follows the median step.
-static double s_speculate_period(const zps_server *srv)
-{
-    double late = srv->coord ? srv->o->speculate_after * zps_coord_median_step_ms(srv->coord) : 0;
-    return late > 0 && late / 4 < ZPS_SERVER_POLL_MS ? late / 4 + 1 : ZPS_SERVER_POLL_MS;
-}
-
+// Speculation looks again when a slice under way becomes late (the
+// quorum plus --speculate-after median steps), and otherwise every quarter
+// of that wait: a helper may be refused now and found later.
 static void s_on_speculate(void *arg, double now)
 {
     zps_server *srv = arg;
     zps_late_speculate(&srv->io, srv->coord, srv->sock, srv->o->speculate_after, now);
-    zps_timers_set_period(&srv->timers, srv->t_speculate, s_speculate_period(srv));
+    double late = srv->coord ? srv->o->speculate_after * zps_coord_median_step_ms(srv->coord) : 0;
+    double due = now + (late > 0 && late / 4 < ZPS_SERVER_POLL_MS ? late / 4 + 1
+                                                                   : ZPS_SERVER_POLL_MS);
+    if (late > 0 && srv->io.quorum_ms > 0 && srv->io.quorum_ms + late > now) {
+        due = fmin(due, srv->io.quorum_ms + late);
+    }
+    zps_timers_at(&srv->timers, srv->t_speculate, due);
 }
 
 // Refreshes what --http serves. Shards > 0 serve only the probes: ready
@@ -321,7 +322,7 @@ static void s_add_timers(zps_server *srv)
     srv->t_stall = s_add(srv, "stall warning", fmax(o->stall_warn_ms, 1), s_on_stall, false);
     srv->t_stop_grace = s_add(srv, "stop grace", 0, s_on_stop_grace, false);
     srv->t_speculate = coordinator && o->speculate_after > 0
-                           ? s_add(srv, "speculation", ZPS_SERVER_POLL_MS, s_on_speculate, true)
+                           ? s_add(srv, "speculation", 0, s_on_speculate, true)
                            : -1;
     srv->t_register =
         coordinator ? -1 : s_add(srv, "register", ZPS_SERVER_REGISTER_MS, s_on_register, false);
