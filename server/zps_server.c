@@ -1,4 +1,6 @@
-/* zps_server.c - the server loop: sockets, dispatch, timers.
+/* zps_server.c - the server loop: poll, dispatch, and the timers (server/
+ * zps_timers.h) whose earliest deadline is the poll's timeout; the rest of
+ * the server is in the files server/zps_server_int.h lists.
  *
  * Every message read is checked against the message table
  * (server/zps_msgtab.h) in s_dispatch before any handler runs; a refusal
@@ -8,98 +10,18 @@
  * the loop: the only ways out are the end of the run, a signal, and (on
  * shards > 0) the coordinator's own refusal or a rollback to a checkpoint
  * this shard does not have. */
-#include "zps_server.h"
+#include "server/zps_server_int.h"
 
 #include <errno.h>
+#include <limits.h>
+#include <math.h>
 #include <signal.h>
-#include <stdio.h>
 #include <stdlib.h>
-#include <string.h>
-#include <sys/resource.h>
 
 #include "common/zps_clock.h"
-#include "common/zps_dataset.h"
-#include "common/zps_layout.h"
-#include "common/zps_log.h"
-#include "common/zps_model.h"
-#include "common/zps_pidfile.h"
-#include "common/zps_wire.h"
-#include "server/zps_ckpt.h"
-#include "server/zps_coord.h"
-#include "server/zps_http.h"
+#include "server/zps_late.h"
 #include "server/zps_msgtab.h"
-#include "server/zps_shard.h"
-#include "server/zps_token.h"
-#include "server/zps_zap.h"
-#include "common/zps_curve.h"
-
-#define ZPS_SERVER_POLL_MS 200
-#define ZPS_SERVER_REGISTER_MS 2000.0
-#define ZPS_SERVER_SEND_TIMEOUT_MS 5000
-#define ZPS_SERVER_HELD 32      // pushes of a plan not heard of yet, kept until it arrives
-#define ZPS_SERVER_PULLERS 32   // PULLs waiting for a step not reached yet
-#define ZPS_SERVER_METRICS_BUF (1 << 16) // longer than a step record of every member
-#define ZPS_SERVER_STOP_GRACE_MS 3000.0 // after SIGTERM, for the step in progress to finish
-
-// A PULL for parameters not there yet: answered bucket by bucket as they are.
-typedef struct s_puller {
-    zmq_msg_t route;        // who asked
-    uint64_t step;          // for which step
-    zps_bucket_set sent;    // buckets already sent
-    bool used;              // slot taken
-} s_puller;
-
-struct zps_server {
-    const zps_server_opts *o;                    // borrowed: flags
-    void *ctx;                                   // owned
-    FILE *metrics;                               // owned: --metrics-log, or NULL
-    bool pid_written;                            // --pid-file is ours to remove
-    void *sock;                                  // owned: ROUTER for workers (and shards, on 0)
-    void *up;                                    // owned: shard > 0: DEALER to the coordinator
-    char endpoint[256];                          // what sock is bound to
-    zps_model_spec model;                        // the job's model
-    zps_coord *coord;                            // owned: shard 0 only
-    zps_outbox out;                              // what the coordinator has to send on sock
-    zps_shard *shard;                            // owned: shard 0 from the start, others once assigned
-    uint64_t job_id;                             // shard > 0: from ASSIGN
-    uint32_t global_batch;                       // B, from the job
-    bool plan_set;                               // plan is valid
-    uint64_t total_steps;                        // steps of the run
-    zps_dtype dtype;                             // element type of tensors on the wire
-    uint64_t bad_messages;                       // refused or dropped messages
-    zmq_msg_t route[ZPS_MAX_MEMBERS];            // where each rank's PARAMS go
-    bool route_set[ZPS_MAX_MEMBERS];             // route[i] is initialised
-    bool pushed[ZPS_MAX_MEMBERS];                // rank pushed this step: send it the buckets
-    uint64_t served[ZPS_MAX_MEMBERS];            // rank was sent the next step after a late push
-    zps_wire_msg *held;                          // owned: ZPS_SERVER_HELD pushes on hold
-    int n_held;
-    s_puller pullers[ZPS_SERVER_PULLERS];        // PULLs waiting for a step
-    uint32_t plan_gen;                           // newest generation given to the shard
-    bool replay_held;                            // a plan arrived: count the held pushes
-    uint64_t duplicates;                         // second copies of slices, dropped
-    double step_start_ms;                        // when the current step began
-    double next_stall_ms;                        // next stall warning
-    double next_register_ms;                     // shard > 0: next REGISTER while unassigned
-    bool finished;                               // shard > 0: the last step is done
-    zps_curve curve;                             // CURVE keys, if on
-    zps_zap *zap;                                // owned: admits CURVE clients, if on
-    zps_http *http;                              // owned: /metrics and /status, if asked
-    double next_publish_ms;                      // next refresh of the HTTP documents
-    uint64_t ckpt_every;                         // checkpoint after every this many steps
-    bool late_now[ZPS_MAX_MEMBERS];              // ranks whose slice was handed on this step
-    bool heard[ZPS_MAX_MEMBERS];                 // rank pushed or pulled this step, any step
-    uint32_t own_in[ZPS_MAX_MEMBERS];            // buckets of its own slice counted this step
-    uint32_t n_in;                               // ranks with all of them counted
-    double quorum_ms;                            // when as many slices were in as not, or 0
-    double stop_deadline_ms;                     // after a signal: when to stop regardless
-    uint64_t shard_token;                        // shard > 0: the secret of its ASSIGN (0: none)
-    zps_log_limit refusals;                      // bounds the log lines refusals cause
-    char dataset[256];                           // shard 0: the dataset spec ("size:N": declared)
-    uint32_t size_train;                         // external, --dataset size:N (0: the workers')
-    Zps__Hello *declared;                        // owned: external: the model declared, or NULL
-    double next_declare_log_ms;                  // external: next "waiting for the model" line
-};
-typedef struct zps_server s_server;
+#include "server/zps_refusals.h"
 
 static volatile sig_atomic_t s_stop;
 static volatile sig_atomic_t s_reload_keys;
@@ -113,477 +35,27 @@ static void s_on_signal(int sig)
     }
 }
 
-static uint64_t s_job_id(const s_server *srv)
+uint64_t zps_server_job_id(const zps_server *srv)
 {
     return srv->coord ? zps_coord_job_id(srv->coord) : srv->job_id;
 }
 
-// The plan in force at the step in progress: the newest may only hold
-// from the next step, and a member that joins for that step owns nothing
-// of this one. An empty plan before the first.
-static const zps_plan *s_plan(const s_server *srv)
+// A refusal: counted, logged, answered (server/zps_refusals.h).
+void zps_server_refuse(zps_server *srv, zps_wire_msg *m, zps_err err, const char *why)
 {
-    static const zps_plan none;
-    const zps_plan *p = srv->shard ? zps_shard_plan(srv->shard) : NULL;
-    return p ? p : &none;
-}
-
-// ---------------------------------------------------------------------------
-// Refusals: one line, one counter, an ERROR reply; parameters untouched.
-
-// A refusal never changes state: a counter, a line naming the type, the
-// sender it claims and its address (at most ZPS_LOG_LIMIT_LINES a second:
-// a flood must not fill the disk), and an ERROR where the sender waits for
-// an answer (the message table says which do; an undecodable message is
-// answered, its sender is lost otherwise).
-static void s_refuse(s_server *srv, zps_wire_msg *m, zps_err err, const char *why)
-{
-    srv->bad_messages += err != ZPS_EAGAIN;
-    const char *type = m->hdr ? zps_wire_type_name((int)m->hdr->type) : "undecodable message";
-    char who[32] = "", claim[48] = "";
-    if (m->hdr) {
-        zps_msgtab_claim(m->hdr, who, sizeof who);
-    }
-    if (who[0]) {
-        snprintf(claim, sizeof claim, " (%s)", who);
-    }
-    uint64_t left_out;
-    if (err == ZPS_EAGAIN) {
-        // "Not yet" is part of the protocol, not a bad message: its
-        // sender sends again.
-        zps_log_debug("not yet: %s%s: %s", type, claim, why);
-    } else if (zps_log_limit_pass(&srv->refusals, zps_clock_ms(), &left_out)) {
-        zps_log_warn("refused %s%s from %s: %s (%s) [%llu refused so far%s]", type, claim,
-                     m->peer[0] ? m->peer : "?", why, zps_strerror(err),
-                     (unsigned long long)srv->bad_messages,
-                     left_out ? "; some not logged, at most 10 lines a second" : "");
-    }
-    bool reply = !m->hdr || m->hdr->version != ZPS_WIRE_VERSION ||
-                 zps_msgtab_rule_of((int)m->hdr->type)->reply;
-    if (m->has_route && reply && m->hdr) {
-        // The refused message named, so that its sender knows what to send again.
-        (void)zps_wire_send_refusal(srv->sock, &m->route, s_job_id(srv), m->hdr, err, why);
-    } else if (m->has_route && reply) {
-        (void)zps_wire_send_error(srv->sock, &m->route, s_job_id(srv),
-                                  srv->shard ? zps_shard_step(srv->shard) : 0, err, why);
-    }
-}
-
-// The PARAMS header of bucket b for `step`; *data and *ref say where the
-// bucket's current wire values are.
-// Sends what the coordinator queued, in order, on shard 0's socket.
-static void s_flush_coord(s_server *srv)
-{
-    (void)zps_outbox_flush(&srv->out, srv->sock);
-}
-
-static void s_params_header(s_server *srv, int b, uint64_t step, Zps__Header *h,
-                            const void **data, zps_wire_ref **ref)
-{
-    zps_wire_header_init(h, ZPS__MSG_TYPE__PARAMS);
-    h->job_id = s_job_id(srv);
-    h->step = step;
-    h->shard = srv->o->shard;
-    h->dtype = (Zps__DType)srv->dtype;
-    zps_shard_bucket_params(srv->shard, b, data, &h->offset, &h->count, ref);
-}
-
-// Sends bucket b's parameters, labelled with the step they are for.
-static void s_send_bucket(s_server *srv, zmq_msg_t *route, int b, uint64_t step, bool zero_copy)
-{
-    Zps__Header h;
-    const void *data;
-    zps_wire_ref *ref;
-    s_params_header(srv, b, step, &h, &data, &ref);
-    zps_err err = zps_wire_send(srv->sock, route, &h, data,
-                                h.count * zps_dtype_size(srv->dtype),
-                                zero_copy ? ref : NULL);
-    if (err != ZPS_OK) {
-        zps_log_warn("could not send step %llu parameters: %s", (unsigned long long)step,
-                     zps_strerror(err));
-    }
-}
-
-// What the message table checked of a PULL or PUSH (job, state, rank and
-// member id), checked once more where it is used: the handlers index by
-// rank, and an index from the wire is refused when out of range, never
-// folded into range.
-static bool s_check_member_msg(s_server *srv, zps_wire_msg *m)
-{
-    if (!srv->plan_set || !srv->shard) {
-        s_refuse(srv, m, ZPS_ESTATE, "the job has not started on this shard");
-        return false;
-    }
-    if (m->hdr->rank >= ZPS_MAX_MEMBERS) {
-        s_refuse(srv, m, ZPS_ERANGE, "rank out of range");
-        return false;
-    }
-    return true;
-}
-
-// Sends bucket b's fp32 values (as of a step) converted to the wire dtype:
-// a copy, since a joining peer may read slowly.
-static void s_send_values(s_server *srv, zmq_msg_t *route, int b, uint64_t step,
-                          const float *values)
-{
-    Zps__Header h;
-    const void *data;
-    zps_wire_ref *ref;
-    s_params_header(srv, b, step, &h, &data, &ref);
-    size_t bytes = h.count * zps_dtype_size(srv->dtype);
-    void *buf = malloc(bytes ? bytes : 1);
-    if (!buf) {
-        zps_log_error("out of memory answering a PULL");
-        return;
-    }
-    zps_dtype_from_f32(srv->dtype, values, buf, h.count);
-    (void)zps_wire_send(srv->sock, route, &h, buf, bytes, NULL);
-    free(buf);
-}
-
-// Answers what a waiting PULL can have of `step` now; true when complete.
-static bool s_serve_pull(s_server *srv, zmq_msg_t *route, uint64_t step, zps_bucket_set *sent)
-{
-    int n = zps_shard_n_buckets(srv->shard);
-    for (int b = 0; b < n; b++) {
-        const float *values;
-        if (!zps_bucket_set_has(sent, b) &&
-            zps_shard_bucket_at(srv->shard, b, step, &values) == ZPS_OK) {
-            s_send_values(srv, route, b, step, values);
-            zps_bucket_set_add(sent, b);
-        }
-    }
-    return zps_bucket_set_full(sent, n);
-}
-
-static void s_queue_pull(s_server *srv, zmq_msg_t *route, uint64_t step, bool catch_up);
-
-static void s_on_pull(s_server *srv, zps_wire_msg *m)
-{
-    if (!s_check_member_msg(srv, m)) {
-        return;
-    }
-    srv->heard[m->hdr->rank] = true; // a member's, as the table checked
-    // A step this shard has passed may come back: a rollback to it can be
-    // on its way here while the worker asking already heard of it.
-    s_queue_pull(srv, &m->route, m->hdr->step, false);
-}
-
-// Answers a PULL of `step` with what there is now and keeps it waiting for
-// the rest.
-static void s_queue_pull(s_server *srv, zmq_msg_t *route, uint64_t step, bool catch_up)
-{
-    const float *values;
-    if (catch_up && zps_shard_bucket_at(srv->shard, 0, step, &values) == ZPS_ESTALE) {
-        // That step is gone here: the asker is behind, and catches up at
-        // the step in progress when it sees a later step's parameters.
-        step = zps_shard_step(srv->shard);
-    }
-    zps_bucket_set sent = {0};
-    if (s_serve_pull(srv, route, step, &sent)) {
-        return;
-    }
-    for (int i = 0; i < ZPS_SERVER_PULLERS; i++) {
-        s_puller *p = &srv->pullers[i];
-        if (!p->used) {
-            *p = (s_puller){.step = step, .sent = sent, .used = true};
-            zps_wire_route_copy(&p->route, route);
-            return;
-        }
-    }
-    zps_log_warn("too many PULLs waiting; one for step %llu dropped",
-                 (unsigned long long)step);
-}
-
-// After a bucket update: waiting PULLs may now have more to take.
-static void s_serve_pullers(s_server *srv)
-{
-    for (int i = 0; i < ZPS_SERVER_PULLERS; i++) {
-        s_puller *p = &srv->pullers[i];
-        if (p->used && s_serve_pull(srv, &p->route, p->step, &p->sent)) {
-            zps_wire_route_close(&p->route);
-            p->used = false;
-        }
-    }
-}
-
-static void s_sync_coord_plan(s_server *srv);
-static void s_speculate_ahead(s_server *srv, uint64_t step);
-static bool s_between_steps(const s_server *srv);
-
-static void s_end_step(s_server *srv)
-{
-    uint64_t step = zps_shard_step(srv->shard);
-    uint32_t counted[ZPS_MAX_MEMBERS];
-    for (uint32_t r = 0; r < ZPS_MAX_MEMBERS; r++) {
-        counted[r] = zps_shard_counted(srv->shard, r);
-    }
-    float loss = zps_shard_end_step(srv->shard);
-    double now = zps_clock_ms();
-    if (srv->coord) {
-        zps_coord_step_done(srv->coord, step, loss, now - srv->step_start_ms, counted);
-        zps_coord_adapt(srv->coord);
-        s_sync_coord_plan(srv);
-        s_speculate_ahead(srv, step + 1);
-    } else {
-        Zps__Header h;
-        zps_wire_header_init(&h, ZPS__MSG_TYPE__STEP_DONE);
-        h.job_id = srv->job_id;
-        h.shard = srv->o->shard;
-        h.shard_token = srv->shard_token;
-        h.step = step + 1;
-        (void)zps_wire_send(srv->up, NULL, &h, NULL, 0, NULL);
-    }
-    memset(srv->pushed, 0, sizeof srv->pushed);
-    memset(srv->heard, 0, sizeof srv->heard);
-    memset(srv->own_in, 0, sizeof srv->own_in);
-    srv->n_in = 0;
-    if (srv->ckpt_every && srv->o->checkpoint_dir && (step + 1) % srv->ckpt_every == 0 &&
-        zps_shard_save(srv->shard, srv->o->checkpoint_dir, 3) == ZPS_OK && srv->coord) {
-        (void)zps_coord_save(srv->coord, srv->o->checkpoint_dir, step + 1);
-    }
-    srv->step_start_ms = now;
-    srv->quorum_ms = 0;
-    srv->next_stall_ms = now + srv->o->stall_warn_ms;
-    if (step + 1 == srv->total_steps && !srv->coord) {
-        zps_log_info("shard %u: last step done", srv->o->shard);
-        srv->finished = true;
-    }
-}
-
-static void s_hold(s_server *srv, zps_wire_msg *m, const char *why)
-{
-    if (srv->n_held == ZPS_SERVER_HELD) {
-        s_refuse(srv, m, ZPS_EAGAIN, "too many pushes on hold; send again");
-        return;
-    }
-    zps_log_debug("holding a push: %s", why);
-    zps_wire_msg_move(&srv->held[srv->n_held++], m);
-}
-
-// The sender of a push gets the step's new parameters: the buckets already
-// updated now, the others as they are. Its push may have been a second copy
-// (a slice handed to it and delivered by its first owner after all), yet it
-// waits for the next step like everyone else.
-static void s_add_recipient(s_server *srv, zps_wire_msg *m)
-{
-    uint32_t r = m->hdr->rank; // below ZPS_MAX_MEMBERS: s_check_member_msg
-    if (m->hdr->step > zps_shard_step(srv->shard)) {
-        return; // ahead of a restarted shard: the rollback tells it where to go
-    }
-    if (m->hdr->step < zps_shard_step(srv->shard)) {
-        // The step is complete here: answer as a PULL of the step after it, once.
-        if (srv->served[r] != m->hdr->step + 1) {
-            srv->served[r] = m->hdr->step + 1;
-            s_queue_pull(srv, &m->route, m->hdr->step + 1, true);
-        }
-        return;
-    }
-    if (srv->route_set[r]) {
-        zps_wire_route_close(&srv->route[r]);
-    }
-    zps_wire_route_copy(&srv->route[r], &m->route);
-    srv->route_set[r] = true;
-    if (srv->pushed[r]) {
-        return;
-    }
-    srv->pushed[r] = true;
-    uint64_t next = zps_shard_step(srv->shard) + 1;
-    for (int b = 0; b < zps_shard_n_buckets(srv->shard); b++) {
-        if (zps_shard_applied(srv->shard, b)) {
-            s_send_bucket(srv, &srv->route[r], b, next, true);
-        }
-    }
-}
-
-// Whether `in` of n members are at least as many as the rest: enough to
-// hand the rest's slices to, one helper or more each.
-static bool s_half_or_more(uint32_t in, uint32_t n)
-{
-    return in >= n - in;
-}
-
-// Whether rank r's own slice is in: every bucket of it counted from r
-// itself. A bucket that a helper's piece brought first does not count, so
-// a late owner whose slice the others covered stays "not in"; what it is
-// for (the quorum, and who may help) needs no more.
-static bool s_own_in(const s_server *srv, uint32_t r)
-{
-    return srv->own_in[r] == (uint32_t)zps_shard_n_buckets(srv->shard);
-}
-
-// Counts a counted push of rank r toward its own slice, and notes when at
-// least as many slices are in as are not (not all: the step is then over).
-static void s_note_own_push(s_server *srv, const Zps__Header *h)
-{
-    const zps_plan *plan = s_plan(srv);
-    uint32_t r = h->rank; // below ZPS_MAX_MEMBERS: s_check_member_msg
-    const zps_plan_slice *own = zps_plan_find(plan, r);
-    if (!own || h->batch_offset != own->offset || h->samples != own->count || s_own_in(srv, r)) {
-        return; // a piece of someone else's slice
-    }
-    srv->own_in[r]++;
-    if (!s_own_in(srv, r)) {
-        return;
-    }
-    srv->n_in++;
-    if (srv->quorum_ms == 0 && srv->n_in < plan->n &&
-        s_half_or_more(srv->n_in, plan->n)) {
-        srv->quorum_ms = zps_clock_ms();
-    }
-}
-
-static void s_on_push(s_server *srv, zps_wire_msg *m)
-{
-    if (!s_check_member_msg(srv, m)) {
-        return;
-    }
-    char why[256];
-    int ready;
-    zps_err err = zps_shard_push(srv->shard, m, &ready, why, sizeof why);
-    if (err == ZPS_EAGAIN) {
-        s_hold(srv, m, why);
-        return;
-    }
-    if (err != ZPS_OK && err != ZPS_EDUP) {
-        s_refuse(srv, m, err, why);
-        return;
-    }
-    // Heard only now: a push held or refused says nothing of its rank.
-    srv->heard[m->hdr->rank] = true;
-    if (err == ZPS_EDUP) {
-        srv->duplicates++; // the first copy counted; this one changes nothing
-        zps_log_debug("dropped: %s", why);
-    }
-    s_add_recipient(srv, m);
-    if (err == ZPS_OK) {
-        s_note_own_push(srv, m->hdr);
-    }
-    if (srv->coord && err == ZPS_OK) {
-        zps_coord_note_push(srv->coord, m->hdr->step, m->hdr->rank, m->hdr->samples,
-                            m->hdr->compute_ms, zps_clock_ms());
-    }
-    if (ready < 0) {
-        return;
-    }
-    if (srv->coord && s_between_steps(srv)) {
-        // The step boundary: the next step's plan goes out before its
-        // first parameters (on the same socket, so it arrives first).
-        zps_coord_release(srv->coord, &srv->out, zps_shard_step(srv->shard) + 1);
-        s_flush_coord(srv); // the new plan goes out before the parameters
-        s_sync_coord_plan(srv);
-    }
-    zps_shard_apply(srv->shard, ready);
-    uint64_t next = zps_shard_step(srv->shard) + 1;
-    for (uint32_t i = 0; i < ZPS_MAX_MEMBERS; i++) {
-        if (srv->pushed[i]) {
-            s_send_bucket(srv, &srv->route[i], ready, next, true);
-        }
-    }
-    s_serve_pullers(srv);
-    if (zps_shard_step_done(srv->shard)) {
-        s_end_step(srv);
-    }
-}
-
-static void s_dispatch(s_server *srv, zps_wire_msg *m);
-
-// Rank 0's initial values of a declared model, a bucket at a time; with
-// the last, the PULLs of step 0 waiting for them are answered.
-static void s_on_init(s_server *srv, zps_wire_msg *m)
-{
-    if (!s_check_member_msg(srv, m)) {
-        return;
-    }
-    if (m->hdr->rank != 0) {
-        s_refuse(srv, m, ZPS_EPERM, "initial values come from rank 0");
-        return;
-    }
-    char why[256];
-    bool complete;
-    zps_err err = zps_shard_take_init(srv->shard, m, &complete, why, sizeof why);
-    if (err == ZPS_EDUP) {
-        zps_log_debug("INIT dropped: %s", why); // sent again after a refusal, or resumed
-        return;
-    }
-    if (err != ZPS_OK) {
-        s_refuse(srv, m, err, why);
-        return;
-    }
-    if (complete) {
-        zps_log_info("shard %u: the initial values from rank 0 are in", srv->o->shard);
-        s_serve_pullers(srv);
-    }
-}
-
-// A new plan reached the shard: pushes held for it can be counted now.
-static void s_replay_held(s_server *srv)
-{
-    int n = srv->n_held;
-    zps_wire_msg *again = malloc((size_t)(n ? n : 1) * sizeof *again);
-    if (!again) {
-        return;
-    }
-    for (int i = 0; i < n; i++) {
-        zps_wire_msg_move(&again[i], &srv->held[i]);
-        zps_wire_msg_fini(&srv->held[i]);
-    }
-    srv->n_held = 0;
-    for (int i = 0; i < n; i++) {
-        s_dispatch(srv, &again[i]); // the table again: now its plan tells who its sender is
-        zps_wire_msg_fini(&again[i]);
-    }
-    free(again);
-}
-
-static void s_add_plan(s_server *srv, uint32_t gen, uint64_t effective, const zps_plan *plan)
-{
-    zps_shard_add_plan(srv->shard, gen, effective, plan);
-    srv->plan_gen = gen;
-    srv->replay_held = srv->n_held > 0; // from the loop, not from inside a push's handling
-}
-
-static void s_take_plan(s_server *srv, uint32_t gen, uint64_t effective, const zps_plan *plan)
-{
-    srv->plan_set = true;
-    srv->global_batch = plan->global_batch;
-    s_add_plan(srv, gen, effective, plan);
-    srv->step_start_ms = zps_clock_ms();
-    srv->next_stall_ms = srv->step_start_ms + srv->o->stall_warn_ms;
-}
-
-static void s_forget_step(s_server *srv);
-
-// Shard 0 follows the coordinator's plan generations and rollbacks directly.
-// Its checkpoint was restored already, before the coordinator decided the
-// rollback (s_coord_restore): what is left is to forget the step in progress.
-static void s_sync_coord_plan(s_server *srv)
-{
-    uint64_t rollback;
-    if (zps_coord_take_rollback(srv->coord, &rollback)) {
-        s_forget_step(srv);
-    }
-    uint64_t effective;
-    uint32_t gen = zps_coord_generation(srv->coord, &effective);
-    if (gen == srv->plan_gen || !zps_coord_plan(srv->coord)) {
-        return;
-    }
-    if (!srv->plan_set) {
-        s_take_plan(srv, gen, effective, zps_coord_plan(srv->coord));
-    } else {
-        s_add_plan(srv, gen, effective, zps_coord_plan(srv->coord));
-    }
+    zps_refusals_answer(&srv->refused, srv->sock, zps_server_job_id(srv),
+                        srv->shard ? zps_shard_step(srv->shard) : 0, m, err, why);
 }
 
 // Messages for the coordinator (shard 0 only; the table sent the others'
 // elsewhere). Handlers refuse what is wrong in a body (a share that does
 // not fit, a rollback to a step shard 0 has no checkpoint of) and log it
 // themselves; the refusal is counted here.
-static void s_dispatch_coord(s_server *srv, zps_wire_msg *m)
+void zps_server_dispatch_coord(zps_server *srv, zps_wire_msg *m)
 {
     zps_err err = ZPS_OK;
     if (!srv->coord) {
-        s_refuse(srv, m, ZPS_ESTATE, "this shard is not the coordinator (shard 0)");
+        zps_server_refuse(srv, m, ZPS_ESTATE, "this shard is not the coordinator (shard 0)");
         return;
     }
     switch (m->hdr->type) {
@@ -597,53 +69,49 @@ static void s_dispatch_coord(s_server *srv, zps_wire_msg *m)
     case ZPS__MSG_TYPE__STEP_DONE: err = zps_coord_on_step_done(srv->coord, m); break;
     case ZPS__MSG_TYPE__STATUS:
         zps_coord_on_status(srv->coord, &srv->out, m, zps_shard_step(srv->shard),
-                            srv->bad_messages);
+                            srv->refused.count);
         break;
     default:
-        s_refuse(srv, m, ZPS_EPROTO, "not a message for the coordinator");
+        zps_server_refuse(srv, m, ZPS_EPROTO, "not a message for the coordinator");
         return;
     }
-    s_flush_coord(srv);
-    srv->bad_messages += err != ZPS_OK;
-    s_sync_coord_plan(srv);
+    srv->refused.count += err != ZPS_OK;
+    (void)zps_outbox_flush(&srv->out, srv->sock);
+    zps_steps_sync_coord(srv);
 }
 
 // The message table's questions, answered by this server.
 static bool s_tab_member_ok(void *arg, uint32_t rank, uint64_t member_id)
 {
-    const s_server *srv = arg;
+    const zps_server *srv = arg;
     return srv->coord && zps_coord_member_ok(srv->coord, rank, member_id);
 }
 
 static bool s_tab_plan_member_ok(void *arg, uint32_t rank, uint64_t member_id)
 {
-    const s_server *srv = arg;
+    const zps_server *srv = arg;
     return srv->shard && zps_shard_member_has_rank(srv->shard, rank, member_id);
 }
 
 static uint32_t s_tab_newest_generation(void *arg)
 {
-    const s_server *srv = arg;
+    const zps_server *srv = arg;
     return srv->shard ? zps_shard_generation(srv->shard) : 0;
 }
 
 static bool s_tab_shard_assigned(void *arg, uint32_t index)
 {
-    const s_server *srv = arg;
+    const zps_server *srv = arg;
     return srv->coord && zps_coord_shard_assigned(srv->coord, index);
 }
 
 static bool s_tab_shard_token_ok(void *arg, uint32_t index, uint64_t token)
 {
-    const s_server *srv = arg;
+    const zps_server *srv = arg;
     return srv->coord && zps_coord_shard_token_ok(srv->coord, index, token);
 }
 
-// Every message read goes through here, held pushes again when their plan
-// comes: the table first (who may send it, with what, when), then its handler.
-static void s_on_undeclared(s_server *srv, zps_wire_msg *m);
-
-static uint32_t s_at(const s_server *srv)
+static uint32_t s_at(const zps_server *srv)
 {
     if (srv->coord) {
         return zps_coord_at(srv->coord);
@@ -654,12 +122,14 @@ static uint32_t s_at(const s_server *srv)
     return srv->shard ? ZPS_AT_SERVING : ZPS_AT_UNASSIGNED;
 }
 
-static void s_dispatch(s_server *srv, zps_wire_msg *m)
+// Every message read goes through here, held pushes again when their plan
+// comes: the table first (who may send it, with what, when), then its handler.
+static void s_dispatch(zps_server *srv, zps_wire_msg *m)
 {
     zps_msgtab_ctx x = {
         .at = s_at(srv),
         .curve = srv->curve.on,
-        .job_id = s_job_id(srv),
+        .job_id = zps_server_job_id(srv),
         .arg = srv,
         .member_ok = s_tab_member_ok,
         .plan_member_ok = s_tab_plan_member_ok,
@@ -670,40 +140,48 @@ static void s_dispatch(s_server *srv, zps_wire_msg *m)
     char why[256];
     zps_err err = zps_msgtab_check(&x, m->hdr, m->user_id, why, sizeof why);
     if (err != ZPS_OK) {
-        s_refuse(srv, m, err, why);
+        zps_server_refuse(srv, m, err, why);
         return;
     }
     if (srv->o->shard == 0 && !srv->coord) {
-        s_on_undeclared(srv, m);
+        zps_declare_on_undeclared(srv, m);
         return;
     }
     switch (m->hdr->type) {
-    case ZPS__MSG_TYPE__PULL:
-        s_on_pull(srv, m);
-        break;
-    case ZPS__MSG_TYPE__PUSH:
-        s_on_push(srv, m);
-        break;
-    case ZPS__MSG_TYPE__INIT:
-        s_on_init(srv, m);
-        break;
-    default:
-        s_dispatch_coord(srv, m);
-        break;
+    case ZPS__MSG_TYPE__PULL: zps_shard_io_on_pull(&srv->io, m); break;
+    case ZPS__MSG_TYPE__PUSH: zps_steps_on_push(srv, m); break;
+    case ZPS__MSG_TYPE__INIT: zps_shard_io_on_init(&srv->io, m); break;
+    default: zps_server_dispatch_coord(srv, m); break;
     }
 }
 
-static void s_read_one(s_server *srv)
+// What the shard's I/O asks of the server.
+static void s_io_refuse(void *arg, zps_wire_msg *m, zps_err err, const char *why)
+{
+    zps_server_refuse(arg, m, err, why);
+}
+
+static uint64_t s_io_job_id(void *arg)
+{
+    return zps_server_job_id(arg);
+}
+
+static void s_io_again(void *arg, zps_wire_msg *m)
+{
+    s_dispatch(arg, m);
+}
+
+static void s_read_one(zps_server *srv)
 {
     zps_wire_msg m;
     zps_err err = zps_wire_recv(srv->sock, true, &m);
     if (err == ZPS_EPROTO) {
-        s_refuse(srv, &m, err, "header does not decode or too many frames");
+        zps_server_refuse(srv, &m, err, "header does not decode or too many frames");
     } else if (err == ZPS_EVERSION) {
         char why[96];
         snprintf(why, sizeof why, "protocol version %u, this server speaks %d",
                  m.hdr->version, ZPS_WIRE_VERSION);
-        s_refuse(srv, &m, err, why);
+        zps_server_refuse(srv, &m, err, why);
     } else if (err == ZPS_OK) {
         s_dispatch(srv, &m);
     }
@@ -711,209 +189,110 @@ static void s_read_one(s_server *srv)
 }
 
 // ---------------------------------------------------------------------------
-// Shards 1..N-1: register with the coordinator, take the assignment.
+// Stopping.
 
-static void s_register(s_server *srv)
+static bool s_over(const zps_server *srv)
 {
-    Zps__Register reg = ZPS__REGISTER__INIT;
-    reg.index = srv->o->shard;
-    reg.shards = srv->o->shards;
-    reg.endpoint = srv->o->advertise ? (char *)srv->o->advertise : srv->endpoint;
-    reg.resume = srv->o->resume;
-    reg.serving = srv->shard != NULL;
-    reg.public_key = srv->curve.on ? srv->curve.public_ : "";
-    Zps__Header h;
-    zps_wire_header_init(&h, ZPS__MSG_TYPE__REGISTER);
-    h.shard = srv->o->shard;
-    h.shard_token = srv->shard_token; // 0 until assigned, unless a restart kept it
-    h.registration = &reg;
-    if (zps_wire_send(srv->up, NULL, &h, NULL, 0, NULL) != ZPS_OK) {
-        zps_log_warn("could not send REGISTER to %s", srv->o->coordinator);
-    }
-    srv->next_register_ms = zps_clock_ms() + ZPS_SERVER_REGISTER_MS;
+    return srv->coord ? zps_coord_finished(srv->coord) : srv->finished;
 }
 
-static zps_err s_take_assignment(s_server *srv, const Zps__Header *h)
+// After SIGTERM or SIGINT the loop stops between steps, so that the
+// checkpoint written on the way out is of a whole step; a step half applied
+// gets ZPS_SERVER_STOP_GRACE_MS to finish (the stop-grace timer).
+static void s_notice_stop(zps_server *srv, double now)
 {
-    const Zps__Job *job = h->job;
-    zps_plan plan;
-    char why[256] = "";
-    if (job && job->layout && zps_layout_check(job->layout, why, sizeof why) == ZPS_OK) {
-        zps_layout_model(job->layout, &srv->model); // declared by the workers
+    if (!s_stop || srv->stopping) {
+        return;
     }
-    if (!job || !job->optim || job->n_shards != srv->o->shards || job->shard_token == 0 ||
-        why[0] || (!job->layout && zps_model_parse(job->model, &srv->model) != ZPS_OK) ||
-        zps_plan_from_wire(job->plan, job->n_plan, job->global_batch, &plan) != ZPS_OK ||
-        !zps_dtype_valid((int)job->wire_dtype)) {
-        zps_log_error("the coordinator sent an assignment this shard cannot use%s%s",
-                      why[0] ? ": " : "", why);
-        return ZPS_EPROTO;
-    }
-    const Zps__ShardInfo *me = job->shards[srv->o->shard];
-    uint64_t lo, hi;
-    zps_model_shard_range(srv->model.n_params, srv->o->shard, srv->o->shards, &lo, &hi);
-    if (me->lo != lo || me->hi != hi) {
-        zps_log_error("assigned [%llu, %llu), expected [%llu, %llu)", (unsigned long long)me->lo,
-                      (unsigned long long)me->hi, (unsigned long long)lo, (unsigned long long)hi);
-        return ZPS_EPROTO;
-    }
-    zps_shard_cfg cfg = {
-        .index = srv->o->shard, .lo = lo, .hi = hi, .model = &srv->model, .seed = job->seed,
-        .dtype = (zps_dtype)job->wire_dtype, .global_batch = job->global_batch,
-        .optim = {.lr = job->optim->lr, .momentum = job->optim->momentum,
-                  .nesterov = job->optim->nesterov, .weight_decay = job->optim->weight_decay,
-                  .schedule = (zps_lr_schedule)job->optim->schedule,
-                  .warmup_steps = job->optim->warmup_steps, .total_steps = job->total_steps,
-                  .kind = (zps_optim_kind)job->optim->kind, .beta1 = job->optim->beta1,
-                  .beta2 = job->optim->beta2, .eps = job->optim->eps},
-        .await_init = job->layout != NULL,
-    };
-    if (zps_optim_validate(&cfg.optim) != ZPS_OK) {
-        zps_log_error("the coordinator sent optimizer settings this shard cannot use");
-        return ZPS_EPROTO;
-    }
-    srv->dtype = cfg.dtype;
-    cfg.shards = srv->o->shards;
-    if (!(srv->shard = zps_shard_new(&cfg))) {
-        return ZPS_ENOMEM;
-    }
-    srv->ckpt_every = job->checkpoint_every;
-    uint64_t resumed = 0;
-    if (srv->o->resume &&
-        zps_shard_restore(srv->shard, srv->o->checkpoint_dir, UINT64_MAX, &resumed) != ZPS_OK) {
-        zps_log_warn("no valid checkpoint in %s: starting from step 0", srv->o->checkpoint_dir);
-    }
-    srv->job_id = h->job_id;
-    srv->total_steps = job->total_steps;
-    srv->shard_token = job->shard_token;
-    // Kept where --resume looks: a restart must show the coordinator it is
-    // this shard (server/zps_token.h). Without --checkpoint-dir it cannot.
-    if (srv->o->checkpoint_dir && zps_token_save(srv->o->checkpoint_dir, srv->o->shard,
-                                                 srv->shard_token) != ZPS_OK) {
-        zps_log_warn("could not keep the shard token in %s: a restart of this shard will be "
-                     "refused", srv->o->checkpoint_dir);
-    }
-    s_take_plan(srv, job->generation, job->plan_effective, &plan);
-    zps_log_info("job %016llx: serving [%llu, %llu) of model %s, %llu steps",
-                 (unsigned long long)srv->job_id, (unsigned long long)lo, (unsigned long long)hi,
-                 job->model, (unsigned long long)job->total_steps);
-    Zps__Header ready;
-    zps_wire_header_init(&ready, ZPS__MSG_TYPE__READY);
-    ready.job_id = srv->job_id;
-    ready.shard = srv->o->shard;
-    ready.shard_token = srv->shard_token;
-    ready.step = resumed;
-    return zps_wire_send(srv->up, NULL, &ready, NULL, 0, NULL);
+    srv->stopping = true;
+    zps_timers_at(&srv->timers, srv->t_stop_grace, now + ZPS_SERVER_STOP_GRACE_MS);
+    zps_log_info("stopping: %s", zps_shard_io_between_steps(&srv->io)
+                                     ? "between steps"
+                                     : "waiting (bounded) for the step in progress to finish");
 }
 
-// Loads this shard's checkpoint of `step`; nothing changes on failure.
-static zps_err s_restore(s_server *srv, uint64_t step)
+// Between steps is a state, not a time: looked at after every turn of the
+// loop. Only the grace is a timer.
+static bool s_stop_now(const zps_server *srv)
 {
-    uint64_t loaded;
-    zps_err err = srv->o->checkpoint_dir
-                      ? zps_shard_restore(srv->shard, srv->o->checkpoint_dir, step, &loaded)
-                      : ZPS_ENOENT;
-    if (err != ZPS_OK) {
-        zps_log_error("cannot roll back to step %llu: no such checkpoint in %s",
-                      (unsigned long long)step,
-                      srv->o->checkpoint_dir ? srv->o->checkpoint_dir : "(no --checkpoint-dir)");
-    }
-    return err;
-}
-
-// The coordinator's question before it decides a rollback (zps_coord_cfg).
-static zps_err s_coord_restore(void *arg, uint64_t step)
-{
-    return s_restore(arg, step);
-}
-
-// After a restore: the step in progress is forgotten, and replayed.
-static void s_forget_step(s_server *srv)
-{
-    memset(srv->pushed, 0, sizeof srv->pushed);
-    memset(srv->heard, 0, sizeof srv->heard);
-    memset(srv->own_in, 0, sizeof srv->own_in);
-    srv->n_in = 0;
-    memset(srv->served, 0, sizeof srv->served);
-    // PULLs that arrived before the rollback (for its step) can be served now.
-    for (int i = 0; i < ZPS_SERVER_PULLERS; i++) {
-        srv->pullers[i].sent = (zps_bucket_set){0};
-    }
-    s_serve_pullers(srv);
-    for (int i = 0; i < srv->n_held; i++) {
-        zps_wire_msg_fini(&srv->held[i]);
-    }
-    srv->n_held = 0;
-    srv->finished = false;
-    srv->step_start_ms = zps_clock_ms();
-    srv->quorum_ms = 0;
-}
-
-// Goes back to the checkpoint of `step`: the steps after it are replayed.
-static zps_err s_rollback(s_server *srv, uint64_t step)
-{
-    zps_err err = s_restore(srv, step);
-    if (err == ZPS_OK) {
-        s_forget_step(srv);
-    }
-    return err;
-}
-
-// A plan from the coordinator (PLAN or ROLLBACK) for this shard.
-static void s_take_wire_plan(s_server *srv, const Zps__Plan *p)
-{
-    zps_plan plan;
-    if (zps_plan_from_wire(p->slices, p->n_slices, srv->global_batch, &plan) == ZPS_OK) {
-        s_add_plan(srv, p->generation, p->effective_step, &plan);
-    } else {
-        zps_log_warn("ignored an inconsistent plan from the coordinator");
-    }
-}
-
-// Reads the coordinator's socket; a failure here ends the shard.
-static zps_err s_read_up(s_server *srv)
-{
-    zps_wire_msg m;
-    zps_err err = zps_wire_recv(srv->up, false, &m);
-    if (err == ZPS_OK && m.hdr->type == ZPS__MSG_TYPE__ERROR &&
-        m.hdr->error_code == ZPS_EAGAIN) {
-        // An external model not declared yet: the REGISTER is said again.
-        zps_log_info("the coordinator: not yet: %s", m.hdr->error ? m.hdr->error : "");
-    } else if (err == ZPS_OK && m.hdr->type == ZPS__MSG_TYPE__ERROR) {
-        zps_log_error("the coordinator refused this shard: %s", m.hdr->error);
-        err = srv->shard ? ZPS_OK : ZPS_ECLOSED; // late refusals of a REGISTER do not matter
-    } else if (err == ZPS_OK && m.hdr->type == ZPS__MSG_TYPE__ASSIGN && !srv->shard) {
-        err = s_take_assignment(srv, m.hdr);
-    } else if (err == ZPS_OK && m.hdr->type == ZPS__MSG_TYPE__ROLLBACK && srv->shard) {
-        err = s_rollback(srv, m.hdr->step);
-        if (err == ZPS_OK && m.hdr->plan) {
-            s_take_wire_plan(srv, m.hdr->plan);
-        }
-    } else if (err == ZPS_OK && m.hdr->type == ZPS__MSG_TYPE__PLAN && srv->shard && m.hdr->plan) {
-        s_take_wire_plan(srv, m.hdr->plan);
-    } else if (err == ZPS_OK) {
-        zps_log_warn("ignored %s from the coordinator", zps_wire_type_name(m.hdr->type));
-    } else if (err == ZPS_ETIMEDOUT) {
-        err = ZPS_OK;
-    }
-    zps_wire_msg_fini(&m);
-    return err;
+    return srv->leave || (srv->stopping && zps_shard_io_between_steps(&srv->io));
 }
 
 // ---------------------------------------------------------------------------
-// The loop.
+// The timers: every periodic or deadline check of the loop.
 
-// Refreshes what --http serves, twice a second. Shards > 0 serve only the
-// probes: ready once the coordinator has assigned their range.
-static void s_publish(s_server *srv, double now)
+// The coordinator's clock (evictions of silent workers, its waiting and
+// progress lines) and the plans it makes there.
+static void s_on_tick(void *arg, double now)
 {
-    if (!srv->http || now < srv->next_publish_ms) {
+    zps_server *srv = arg;
+    if (srv->coord) {
+        zps_coord_tick(srv->coord, &srv->out, now);
+        (void)zps_outbox_flush(&srv->out, srv->sock);
+        zps_steps_sync_coord(srv);
+    }
+}
+
+// Shard 0 of an external job, until its model is declared.
+static void s_on_declare_log(void *arg, double now)
+{
+    zps_server *srv = arg;
+    (void)now;
+    if (srv->coord) {
+        zps_timers_cancel(&srv->timers, srv->t_declare_log);
         return;
     }
-    srv->next_publish_ms = now + 500;
+    zps_log_info("waiting for the first worker to declare the model (--model external)");
+}
+
+// Shards > 0: REGISTER until assigned, and after it, for a coordinator
+// that restarts, to say where this shard is.
+static void s_on_register(void *arg, double now)
+{
+    zps_server *srv = arg;
+    (void)now;
+    if (!srv->shard) {
+        zps_log_info("waiting for the coordinator at %s to assign this shard's range",
+                     srv->o->coordinator);
+    }
+    zps_register_send(srv);
+}
+
+static void s_on_stall(void *arg, double now)
+{
+    zps_server *srv = arg;
+    if (zps_shard_io_started(&srv->io) && !srv->finished &&
+        zps_shard_step(srv->shard) < srv->total_steps) {
+        zps_late_warn_stall(&srv->io, srv->coord, srv->step_start_ms, now);
+    }
+}
+
+// Speculation looks again when a slice under way becomes late (the
+// quorum plus --speculate-after median steps), and otherwise every quarter
+// of that wait: a helper may be refused now and found later.
+static void s_on_speculate(void *arg, double now)
+{
+    zps_server *srv = arg;
+    zps_late_speculate(&srv->io, srv->coord, &srv->out, srv->o->speculate_after, now);
+    (void)zps_outbox_flush(&srv->out, srv->sock);
+    double late = srv->coord ? srv->o->speculate_after * zps_coord_median_step_ms(srv->coord) : 0;
+    double due = now + (late > 0 && late / 4 < ZPS_SERVER_POLL_MS ? late / 4 + 1
+                                                                   : ZPS_SERVER_POLL_MS);
+    if (late > 0 && srv->io.quorum_ms > 0 && srv->io.quorum_ms + late > now) {
+        due = fmin(due, srv->io.quorum_ms + late);
+    }
+    zps_timers_at(&srv->timers, srv->t_speculate, due);
+}
+
+// Refreshes what --http serves. Shards > 0 serve only the probes: ready
+// once the coordinator has assigned their range.
+static void s_on_publish(void *arg, double now)
+{
+    zps_server *srv = arg;
     char *metrics = NULL, *status = NULL;
+    (void)now;
     if (srv->coord && zps_coord_render(srv->coord, zps_shard_step(srv->shard),
-                                       srv->bad_messages, &metrics, &status) != ZPS_OK) {
+                                       srv->refused.count, &metrics, &status) != ZPS_OK) {
         return;
     }
     zps_http_publish(srv->http, metrics, status, srv->shard != NULL);
@@ -921,675 +300,134 @@ static void s_publish(s_server *srv, double now)
     free(status);
 }
 
-// Speculation: once at least as many members' slices are in as are not
-// (as Spark waits for a quantile of its tasks), a slice still missing is
-// also handed, in pieces, to the members that are done; the first copy of
-// a sample counts. A slice of which nothing came yet is handed at once:
-// its owner has not even pushed the buckets backward finishes first, so it
-// has stopped, or is so slow that a step would not save it. One under way
-// gets --speculate-after median steps more. Measured from the first
-// arrival instead, that wait would end at every step: on shared cores the
-// last slice lands a third of a step after the first, but within a sixth
-// of a step of the one before it. With fewer helpers than late slices,
-// one helper could get two.
-static void s_speculate(s_server *srv, double now)
+static void s_on_stop_grace(void *arg, double now)
 {
-    const zps_plan *plan = s_plan(srv);
-    double median = srv->coord ? zps_coord_median_step_ms(srv->coord) : 0;
-    if (!srv->coord || srv->o->speculate_after <= 0 || !srv->plan_set || median <= 0 ||
-        srv->quorum_ms == 0 || srv->n_in == plan->n) {
-        return;
-    }
-    bool finished[ZPS_MAX_MEMBERS] = {false};
-    for (uint32_t i = 0; i < plan->n; i++) {
-        finished[plan->slices[i].rank] = s_own_in(srv, plan->slices[i].rank);
-    }
-    bool waited = now - srv->quorum_ms >= srv->o->speculate_after * median;
-    uint64_t step = zps_shard_step(srv->shard);
-    for (uint32_t i = 0; i < plan->n; i++) {
-        const zps_plan_slice *sl = &plan->slices[i];
-        uint32_t r = sl->rank;
-        if (!finished[r] && !srv->late_now[r] && (waited || !srv->pushed[r]) &&
-            zps_coord_speculate(srv->coord, &srv->out, step, sl->offset, sl->count, r,
-                                finished)) {
-            srv->late_now[r] = true;
-        }
-    }
-    s_flush_coord(srv);
+    zps_server *srv = arg;
+    (void)now;
+    srv->leave = true;
 }
 
-// At the start of a step: a rank that was late on the step before and sent
-// nothing at all during it is presumed still late (a pause usually
-// outlasts a step), so its slice is handed to the others at once, to
-// compute beside their own; its own copy still counts if it comes first.
-// Any push or pull, even for a step already over, says the rank is back:
-// it then gets its slice alone again, or the others would go on covering
-// it for as long as their copies beat its own.
-static void s_speculate_ahead(s_server *srv, uint64_t step)
+static int s_add(zps_server *srv, const char *name, double period_ms, zps_timer_fn fn, bool now)
 {
-    const zps_plan *plan = s_plan(srv);
-    bool late[ZPS_MAX_MEMBERS] = {false}, any = false;
-    for (int r = 0; r < ZPS_MAX_MEMBERS; r++) {
-        late[r] = srv->late_now[r] && !srv->heard[r];
-        any = any || late[r];
+    int id = zps_timers_add(&srv->timers, name, period_ms, fn, srv);
+    if (now) {
+        zps_timers_at(&srv->timers, id, zps_clock_ms());
     }
-    memset(srv->late_now, 0, sizeof srv->late_now);
-    if (!any || !srv->coord || srv->o->speculate_after <= 0 || !srv->plan_set ||
-        step >= srv->total_steps) {
-        return;
-    }
-    bool helper[ZPS_MAX_MEMBERS] = {false};
-    uint32_t helpers = 0;
-    for (uint32_t i = 0; i < plan->n; i++) {
-        helper[plan->slices[i].rank] = !late[plan->slices[i].rank];
-        helpers += helper[plan->slices[i].rank];
-    }
-    if (!s_half_or_more(helpers, plan->n)) {
-        return; // too few to cover the rest
-    }
-    for (uint32_t i = 0; i < plan->n; i++) {
-        const zps_plan_slice *sl = &plan->slices[i];
-        if (late[sl->rank] && zps_coord_speculate(srv->coord, &srv->out, step, sl->offset,
-                                                  sl->count, sl->rank, helper)) {
-            srv->late_now[sl->rank] = true; // s_speculate need not hand it again
-        }
-    }
-    s_flush_coord(srv);
+    return id;
 }
 
-static void s_warn_stall(s_server *srv, double now)
+// The timer table, before anything can arm one of its timers.
+static void s_add_timers(zps_server *srv)
 {
-    const zps_plan *plan = s_plan(srv);
-    if (!srv->plan_set || srv->finished || now < srv->next_stall_ms ||
-        zps_shard_step(srv->shard) >= srv->total_steps) {
-        return;
+    const zps_server_opts *o = srv->o;
+    zps_timers_init(&srv->timers);
+    bool coordinator = o->shard == 0;
+    srv->t_stall = s_add(srv, "stall warning", fmax(o->stall_warn_ms, 1), s_on_stall, false);
+    srv->t_stop_grace = s_add(srv, "stop grace", 0, s_on_stop_grace, false);
+    srv->t_speculate = coordinator && o->speculate_after > 0
+                           ? s_add(srv, "speculation", 0, s_on_speculate, true)
+                           : -1;
+    srv->t_register =
+        coordinator ? -1 : s_add(srv, "register", ZPS_SERVER_REGISTER_MS, s_on_register, false);
+    srv->t_declare_log = coordinator ? s_add(srv, "declaration", ZPS_SERVER_DECLARE_LOG_MS,
+                                             s_on_declare_log, true)
+                                     : -1;
+    if (coordinator) {
+        (void)s_add(srv, "coordinator", ZPS_SERVER_TICK_MS, s_on_tick, true);
     }
-    uint32_t missing = 0;
-    for (uint32_t i = 0; i < plan->n; i++) {
-        const zps_plan_slice *sl = &plan->slices[i];
-        missing += !zps_shard_slice_done(srv->shard, sl->offset, sl->count);
-    }
-    for (uint32_t i = 0; i < plan->n; i++) {
-        const zps_plan_slice *sl = &plan->slices[i];
-        if (!zps_shard_slice_done(srv->shard, sl->offset, sl->count)) {
-            zps_log_warn("step %llu: waiting %.1f s for rank %u (%s, %s): %u of %u slices missing",
-                         (unsigned long long)zps_shard_step(srv->shard),
-                         (now - srv->step_start_ms) / 1e3, sl->rank,
-                         srv->coord ? zps_coord_member_host(srv->coord, sl->rank) : "?",
-                         srv->coord ? zps_coord_member_device(srv->coord, sl->rank) : "?",
-                         missing, plan->n);
-        }
-    }
-    srv->next_stall_ms = now + srv->o->stall_warn_ms;
-}
-
-static bool s_over(const s_server *srv)
-{
-    return srv->coord ? zps_coord_finished(srv->coord) : srv->finished;
-}
-
-// True between steps: no bucket of the step in progress is updated yet, so
-// parameters and momentum are those after the completed steps.
-static bool s_between_steps(const s_server *srv)
-{
-    for (int b = 0; srv->shard && b < zps_shard_n_buckets(srv->shard); b++) {
-        if (zps_shard_applied(srv->shard, b)) {
-            return false;
-        }
-    }
-    return true;
-}
-
-// After SIGTERM or SIGINT: whether to leave the loop now. A step half
-// applied gets ZPS_SERVER_STOP_GRACE_MS to finish, so that the checkpoint
-// written on the way out is of a whole step.
-static bool s_stop_now(s_server *srv, double now)
-{
-    if (!s_stop) {
-        return false;
-    }
-    if (srv->stop_deadline_ms == 0) {
-        srv->stop_deadline_ms = now + ZPS_SERVER_STOP_GRACE_MS;
-        zps_log_info("stopping: %s", s_between_steps(srv)
-                                         ? "between steps"
-                                         : "waiting (bounded) for the step in progress to finish");
-    }
-    return s_between_steps(srv) || now > srv->stop_deadline_ms;
-}
-
-// The checkpoint written when stopped by a signal, if --checkpoint-dir is set.
-static void s_stop_checkpoint(s_server *srv)
-{
-    uint64_t step = srv->shard ? zps_shard_step(srv->shard) : 0;
-    if (!srv->o->checkpoint_dir || !srv->shard || step == 0) {
-        zps_log_info("stopped by signal at step %llu%s", (unsigned long long)step,
-                     srv->o->checkpoint_dir ? "" : " (no --checkpoint-dir: no checkpoint)");
-        return;
-    }
-    if (!s_between_steps(srv)) {
-        zps_log_warn("stopped by signal in the middle of step %llu: no new checkpoint (the "
-                     "newest periodic one stands)", (unsigned long long)step);
-        return;
-    }
-    if (zps_shard_save(srv->shard, srv->o->checkpoint_dir, 3) == ZPS_OK &&
-        (!srv->coord || zps_coord_save(srv->coord, srv->o->checkpoint_dir, step) == ZPS_OK)) {
-        zps_log_info("stopped by signal: checkpoint of step %llu written to %s",
-                     (unsigned long long)step, srv->o->checkpoint_dir);
+    if (o->http) {
+        (void)s_add(srv, "publish", ZPS_SERVER_PUBLISH_MS, s_on_publish, true);
     }
 }
 
-static int s_loop(s_server *srv)
+// ---------------------------------------------------------------------------
+// The loop.
+
+// Reads up to `max` messages ready on the ROUTER; returns how many.
+static int s_drain(zps_server *srv, int max)
+{
+    int n = 0;
+    int events = 0;
+    size_t len = sizeof events;
+    while (n < max && zmq_getsockopt(srv->sock, ZMQ_EVENTS, &events, &len) == 0 &&
+           (events & ZMQ_POLLIN)) {
+        s_read_one(srv);
+        n++;
+        len = sizeof events;
+    }
+    return n;
+}
+
+// What the loop does after reading, before the timers: held pushes
+// replayed (never from inside a push's handling), keys reloaded on SIGHUP,
+// a stop signal noticed.
+static void s_after_read(zps_server *srv)
+{
+    zps_shard_io_replay(&srv->io);
+    if (s_reload_keys) {
+        s_reload_keys = 0;
+        zps_zap_reload(srv->zap);
+    }
+    s_notice_stop(srv, zps_clock_ms());
+}
+
+static int s_loop(zps_server *srv)
 {
     zmq_pollitem_t items[2] = {{.socket = srv->sock, .events = ZMQ_POLLIN},
                                {.socket = srv->up, .events = ZMQ_POLLIN}};
     int n_items = srv->up ? 2 : 1;
-    while (!s_over(srv) && !s_stop_now(srv, zps_clock_ms())) {
-        // Speculation needs a tick soon after a slice becomes late.
-        long timeout = ZPS_SERVER_POLL_MS;
-        if (srv->coord && srv->o->speculate_after > 0) {
-            double late = srv->o->speculate_after * zps_coord_median_step_ms(srv->coord);
-            timeout = late > 0 && late / 4 < (double)timeout ? (long)(late / 4) + 1 : timeout;
-        }
+    s_notice_stop(srv, zps_clock_ms());
+    while (!s_over(srv) && !s_stop_now(srv)) {
+        long timeout = zps_timers_next_ms(&srv->timers, zps_clock_ms(), ZPS_SERVER_POLL_MS);
         int rc = zmq_poll(items, n_items, timeout);
         if (rc < 0 && errno != EINTR) {
             zps_log_error("zmq_poll: %s", zmq_strerror(errno));
             return 1;
         }
-        // Drain what is ready, but come back to the timers now and then.
-        for (int i = 0; rc > 0 && i < 64 && (items[0].revents & ZMQ_POLLIN); i++) {
-            int events = 0;
-            size_t len = sizeof events;
-            if (zmq_getsockopt(srv->sock, ZMQ_EVENTS, &events, &len) != 0 ||
-                !(events & ZMQ_POLLIN)) {
-                break;
-            }
-            s_read_one(srv);
+        if (rc > 0 && (items[0].revents & ZMQ_POLLIN)) {
+            (void)s_drain(srv, 64); // then back to the timers, even under a flood
         }
-        if (n_items == 2 && (items[1].revents & ZMQ_POLLIN) && s_read_up(srv) != ZPS_OK) {
+        if (n_items == 2 && (items[1].revents & ZMQ_POLLIN) &&
+            zps_register_read_up(srv) != ZPS_OK) {
             return 1;
         }
-        if (srv->replay_held) {
-            srv->replay_held = false;
-            s_replay_held(srv);
-        }
-        if (s_reload_keys) {
-            s_reload_keys = 0;
-            zps_zap_reload(srv->zap);
-        }
-        double now = zps_clock_ms();
-        if (srv->coord) {
-            zps_coord_tick(srv->coord, &srv->out, now);
-            s_flush_coord(srv);
-            s_sync_coord_plan(srv);
-        } else if (srv->o->shard == 0) {
-            if (now > srv->next_declare_log_ms) {
-                zps_log_info("waiting for the first worker to declare the model "
-                             "(--model external)");
-                srv->next_declare_log_ms = now + 10 * ZPS_SERVER_REGISTER_MS;
-            }
-        } else if (!srv->shard && now > srv->next_register_ms) {
-            zps_log_info("waiting for the coordinator at %s to assign this shard's range",
-                         srv->o->coordinator);
-            s_register(srv);
-        } else if (srv->shard && now > srv->next_register_ms) {
-            s_register(srv); // says where it is, for a coordinator that restarts
-        }
-        s_warn_stall(srv, now);
-        s_speculate(srv, now);
-        s_publish(srv, now);
+        s_after_read(srv);
+        (void)zps_timers_run(&srv->timers, zps_clock_ms());
     }
     if (s_stop && !s_over(srv)) {
-        s_stop_checkpoint(srv);
+        zps_steps_stop_checkpoint(srv);
     }
     return 0;
 }
 
-// ---------------------------------------------------------------------------
-// Start-up: any error here exits with a hint.
-
-// Binds sock and reports the endpoint bound (a port of '*' resolved) in
-// srv->endpoint and, if asked, in a file that launchers and tests wait for.
-// CURVE on the bound socket, and the ZAP handler that admits clients; or,
-// without CURVE, a warning (or a refusal) when the address is not loopback.
-static int s_setup_security(s_server *srv)
-{
-    const zps_server_opts *o = srv->o;
-    if (!o->curve_secret) {
-        if (!zps_curve_is_loopback(o->listen)) {
-            zps_log_warn("%s is reachable beyond this host and CurveZMQ is off: anyone who "
-                         "reaches it can join the job (see --curve-secret)", o->listen);
-            if (o->require_curve) {
-                zps_log_error("--require-curve: refusing to listen without CurveZMQ");
-                return 2;
-            }
-        }
-        return 0;
-    }
-    if (zps_curve_load(&srv->curve, o->curve_secret, o->server_key) != ZPS_OK) {
-        return 2;
-    }
-    if (!o->server_key) {
-        memcpy(srv->curve.server, srv->curve.public_, sizeof srv->curve.server);
-    }
-    const char *domain = "zps";
-    zps_zap_keys keys = {.workers = o->authorized_keys, .shards = o->shard_keys,
-                         .operators = o->operator_keys, .own_public = srv->curve.public_};
-    if (!(srv->zap = zps_zap_start(srv->ctx, &keys)) ||
-        zps_curve_server(&srv->curve, srv->sock) != ZPS_OK ||
-        zmq_setsockopt(srv->sock, ZMQ_ZAP_DOMAIN, domain, strlen(domain)) != 0) {
-        return 2;
-    }
-    zps_log_info("CurveZMQ on: public key %s", srv->curve.public_);
-    return 0;
-}
-
-static int s_bind(s_server *srv)
-{
-    const zps_server_opts *o = srv->o;
-    if (zmq_bind(srv->sock, o->listen) != 0) {
-        zps_log_error("cannot bind %s: %s", o->listen, zmq_strerror(errno));
-        fprintf(stderr, "HINT: another zps-server may hold the port; pick another --listen\n");
-        return 2;
-    }
-    size_t len = sizeof srv->endpoint;
-    if (zmq_getsockopt(srv->sock, ZMQ_LAST_ENDPOINT, srv->endpoint, &len) != 0) {
-        snprintf(srv->endpoint, sizeof srv->endpoint, "%s", o->listen);
-    }
-    if (o->endpoint_file) {
-        char tmp[4096];
-        snprintf(tmp, sizeof tmp, "%s.tmp", o->endpoint_file);
-        FILE *f = fopen(tmp, "w");
-        if (!f || fprintf(f, "%s\n", srv->endpoint) < 0 || fclose(f) != 0 ||
-            rename(tmp, o->endpoint_file) != 0) {
-            zps_log_error("--endpoint-file %s: %s", o->endpoint_file, strerror(errno));
-            return 2;
-        }
-    }
-    return 0;
-}
-
-// Shard 0 restarted with --resume: the newest step of which both its
-// checkpoint and the job state are valid. No checkpoint at all is a first
-// start; checkpoints of which none is valid are an error, not a restart
-// from scratch.
-static zps_err s_resume_coordinator(s_server *srv)
-{
-    uint64_t steps[64];
-    int n = zps_ckpt_steps(srv->o->checkpoint_dir, 0, steps, 64);
-    if (n == 0) {
-        // A supervisor passes --resume on every start, the first included.
-        zps_log_info("--resume: no checkpoint in %s yet: the job starts at step 0",
-                     srv->o->checkpoint_dir);
-        return ZPS_OK;
-    }
-    for (int i = n - 1; i >= 0; i--) {
-        uint64_t loaded;
-        if (zps_shard_restore(srv->shard, srv->o->checkpoint_dir, steps[i], &loaded) == ZPS_OK &&
-            zps_coord_resume(srv->coord, srv->o->checkpoint_dir, steps[i]) == ZPS_OK) {
-            srv->plan_gen = 0; // the coordinator's plan is taken again, with the rollback
-            return ZPS_OK;
-        }
-        zps_log_warn("step %llu cannot be resumed; trying the one before",
-                     (unsigned long long)steps[i]);
-    }
-    zps_log_error("--resume: no valid checkpoint and job state in %s", srv->o->checkpoint_dir);
-    return ZPS_ENOENT;
-}
-
-// Shard 0 with the job's sizes known: the coordinator and this shard's
-// range. *why says what does not fit (2), or memory ran out (1).
-static int s_start_coordinator(s_server *srv, uint32_t n_train, uint32_t n_test, char *why,
-                               size_t len)
-{
-    const zps_server_opts *o = srv->o;
-    if (o->global_batch > n_train || o->global_batch < o->workers) {
-        snprintf(why, len, "global batch %u must be between --workers (%u) and the train set (%u)",
-                 o->global_batch, o->workers, n_train);
-        return 2;
-    }
-    if (srv->model.n_params < o->shards) {
-        snprintf(why, len, "%zu parameters cannot make %u shards", srv->model.n_params,
-                 o->shards);
-        return 2;
-    }
-    uint64_t spe = n_train / o->global_batch;
-    srv->total_steps = o->steps ? o->steps : o->epochs * spe;
-    if (srv->total_steps == 0) {
-        snprintf(why, len, "the run has no steps (--epochs 0 or --steps 0)");
-        return 2;
-    }
-    srv->dtype = o->wire_dtype;
-    zps_shard_cfg cfg = {.index = 0, .model = &srv->model, .seed = o->seed,
-                         .global_batch = o->global_batch, .dtype = o->wire_dtype,
-                         .optim = o->optim, .await_init = srv->declared != NULL};
-    cfg.optim.total_steps = srv->total_steps;
-    zps_model_shard_range(srv->model.n_params, 0, o->shards, &cfg.lo, &cfg.hi);
-    cfg.shards = o->shards;
-    srv->ckpt_every = o->checkpoint_every;
-    snprintf(why, len, "out of memory");
-    if (!(srv->shard = zps_shard_new(&cfg))) {
-        return 1;
-    }
-    zps_coord_cfg cc = {
-        .model = srv->declared ? "external" : o->model, .dataset = srv->dataset,
-        .layout = srv->declared ? srv->declared->layout : NULL, .spec = &srv->model,
-        .n_train = n_train,
-        .seed = o->seed, .global_batch = o->global_batch, .total_steps = srv->total_steps,
-        .steps_per_epoch = spe, .n_test = n_test, .workers = o->workers,
-        .n_params = srv->model.n_params, .shards = o->shards, .optim = cfg.optim,
-        .wire_dtype = o->wire_dtype, .endpoint = srv->endpoint, .metrics = srv->metrics,
-        .worker_timeout_ms = o->worker_timeout_ms, .checkpoint_every = o->checkpoint_every,
-        .adaptive_split = o->adaptive_split, .restore = s_coord_restore, .restore_arg = srv,
-    };
-    if (!(srv->coord = zps_coord_new(&cc))) {
-        zps_shard_destroy(&srv->shard);
-        return 1;
-    }
-    if (o->resume && s_resume_coordinator(srv) != ZPS_OK) {
-        snprintf(why, len, "--resume: no valid checkpoint and job state in %s",
-                 o->checkpoint_dir);
-        zps_coord_destroy(&srv->coord); // a declaration refused for it changes nothing
-        zps_shard_destroy(&srv->shard);
-        return 2;
-    }
-    zps_log_info("listening on %s: model %s (%zu parameters), dataset %s (%u train, %u test), "
-                 "global batch %u, %llu steps, shard 0 of %u: [%llu, %llu)",
-                 srv->endpoint, srv->declared ? srv->model.text : o->model,
-                 srv->model.n_params, srv->dataset, n_train, n_test, o->global_batch,
-                 (unsigned long long)srv->total_steps, o->shards, (unsigned long long)cfg.lo,
-                 (unsigned long long)cfg.hi);
-    return 0;
-}
-
-// Where the first declaration is kept, so that a coordinator restarted
-// with --resume knows the model before any worker is back.
-#define ZPS_SERVER_DECLARED "declared-model"
-#define ZPS_SERVER_DECLARED_MAX (1u << 20)
-
-// A declaration (the HELLO part: layout, dataset sizes) the job can take;
-// why says what is wrong with it.
-static bool s_declaration_ok(const s_server *srv, const Zps__Hello *hello, char *why,
-                             size_t len)
-{
-    if (!hello || !hello->layout) {
-        snprintf(why, len, "this job's model is declared by its workers (--model external): "
-                           "this worker declared none");
-        return false;
-    }
-    if (zps_layout_check(hello->layout, why, len) != ZPS_OK) {
-        return false;
-    }
-    if (hello->n_train == 0 || (srv->size_train && hello->n_train != srv->size_train)) {
-        snprintf(why, len, "declared %u train records; the job's --dataset is size:%u",
-                 hello->n_train, srv->size_train);
-        if (!srv->size_train) {
-            snprintf(why, len, "declare the dataset's size: train records (and test records)");
-        }
-        return false;
-    }
-    return true;
-}
-
-// The job's model and dataset sizes from a declaration, then the rest of
-// shard 0's start. Nothing stays set when it fails.
-static int s_take_declaration(s_server *srv, const Zps__Hello *hello, char *why, size_t len)
-{
-    Zps__Hello copy = ZPS__HELLO__INIT; // what is kept: the declaration, not the host
-    copy.layout = hello->layout;
-    copy.n_train = hello->n_train;
-    copy.n_test = hello->n_test;
-    size_t n = zps__hello__get_packed_size(&copy);
-    uint8_t *buf = n <= ZPS_SERVER_DECLARED_MAX ? malloc(n ? n : 1) : NULL;
-    if (!buf) {
-        snprintf(why, len, "a declaration of %zu bytes is more than this server keeps", n);
-        return 2;
-    }
-    zps__hello__pack(&copy, buf);
-    srv->declared = zps__hello__unpack(NULL, n, buf);
-    int status = 1;
-    snprintf(why, len, "out of memory");
-    if (srv->declared) {
-        zps_layout_model(srv->declared->layout, &srv->model);
-        snprintf(srv->dataset, sizeof srv->dataset, "size:%u", hello->n_train);
-        status = s_start_coordinator(srv, hello->n_train, hello->n_test, why, len);
-    }
-    if (status == 0 && srv->o->checkpoint_dir &&
-        zps_ckpt_write_record(srv->o->checkpoint_dir, ZPS_SERVER_DECLARED, buf, n) != ZPS_OK) {
-        zps_log_warn("could not keep the declared model in %s: a restart with --resume will "
-                     "wait for a worker to declare it again", srv->o->checkpoint_dir);
-    }
-    free(buf);
-    if (status != 0 && srv->declared) {
-        zps__hello__free_unpacked(srv->declared, NULL);
-        srv->declared = NULL;
-    }
-    return status;
-}
-
-// --resume of an external job: the declaration kept by the first start,
-// if there is one. ZPS_ENOENT: none (the first worker declares it).
-static zps_err s_load_declaration(s_server *srv, char *why, size_t len)
-{
-    uint8_t *buf = malloc(ZPS_SERVER_DECLARED_MAX);
-    size_t n = 0;
-    zps_err err = buf ? zps_ckpt_read_record(srv->o->checkpoint_dir, ZPS_SERVER_DECLARED, buf,
-                                             ZPS_SERVER_DECLARED_MAX, &n)
-                      : ZPS_ENOMEM;
-    Zps__Hello *hello = err == ZPS_OK ? zps__hello__unpack(NULL, n, buf) : NULL;
-    free(buf);
-    if (err == ZPS_OK && (!hello || !s_declaration_ok(srv, hello, why, len))) {
-        zps_log_error("%s/%s: not a usable declared model", srv->o->checkpoint_dir,
-                      ZPS_SERVER_DECLARED);
-        err = ZPS_EPROTO;
-    }
-    if (err == ZPS_OK && s_take_declaration(srv, hello, why, len) != 0) {
-        err = ZPS_EINVAL;
-    }
-    if (hello) {
-        zps__hello__free_unpacked(hello, NULL);
-    }
-    return err;
-}
-
-// Shard 0 of an external job before its model is declared: the first
-// worker's HELLO declares it, then goes to the coordinator like any other.
-// Until then everything else is "not yet".
-static void s_on_undeclared(s_server *srv, zps_wire_msg *m)
-{
-    char why[320];
-    if (m->hdr->type != ZPS__MSG_TYPE__HELLO) {
-        s_refuse(srv, m, ZPS_EAGAIN, "waiting for the first worker to declare the model");
-        return;
-    }
-    if (!s_declaration_ok(srv, m->hdr->hello, why, sizeof why)) {
-        s_refuse(srv, m, ZPS_EINVAL, why);
-        return;
-    }
-    if (s_take_declaration(srv, m->hdr->hello, why, sizeof why) != 0) {
-        zps_log_error("the model declared by %s does not fit this job: %s",
-                      m->hdr->hello->host ? m->hdr->hello->host : "?", why);
-        s_refuse(srv, m, ZPS_EINVAL, why);
-        return;
-    }
-    zps_log_info("model declared by %s: %zu tensors, %zu parameters in %d buckets (%s)",
-                 m->hdr->hello->host ? m->hdr->hello->host : "?",
-                 srv->declared->layout->n_tensors, srv->model.n_params,
-                 zps_model_n_buckets(&srv->model), srv->model.text);
-    s_dispatch_coord(srv, m);
-}
-
-// --dataset size:N of an external model: N train records, 1..2^32-1.
-static zps_err s_parse_size(const char *text, uint32_t *n)
-{
-    char *end;
-    errno = 0;
-    unsigned long long v = strncmp(text, "size:", 5) == 0 && text[5] >= '0' && text[5] <= '9'
-                               ? strtoull(text + 5, &end, 10)
-                               : 0;
-    if (v == 0 || v > UINT32_MAX || errno || *end) {
-        return ZPS_EINVAL;
-    }
-    *n = (uint32_t)v;
-    return ZPS_OK;
-}
-
-// Shard 0: the job from the flags, then the coordinator and this shard's
-// range; for an external model, those once the model is declared.
-static int s_setup_coordinator(s_server *srv)
-{
-    const zps_server_opts *o = srv->o;
-    char why[320] = "";
-    int status = 2;
-    if (zps_optim_check(o->optimizer, &o->optim) != ZPS_OK) {
-        fprintf(stderr, "HINT: zps-server --help lists the flags\n");
-        return 2;
-    }
-    if (o->http && !(srv->http = zps_http_start(o->http))) {
-        return 2;
-    }
-    if (strcmp(o->model, "external") == 0) {
-        if (o->dataset && s_parse_size(o->dataset, &srv->size_train) != ZPS_OK) {
-            zps_log_error("--dataset %s: an external model's dataset is size:N (train "
-                          "records), or declared by the workers", o->dataset);
-            return 2;
-        }
-        zps_err err = o->resume ? s_load_declaration(srv, why, sizeof why) : ZPS_ENOENT;
-        if (err == ZPS_OK) {
-            return 0;
-        }
-        if (err != ZPS_ENOENT) {
-            zps_log_error("--resume: %s", why[0] ? why : "the declared model cannot be read");
-            return 2;
-        }
-        zps_log_info("listening on %s: the model is declared by the first worker "
-                     "(--model external), global batch %u", srv->endpoint, o->global_batch);
-        return 0;
-    }
-    zps_dataset_spec ds;
-    uint32_t n_train, n_test;
-    snprintf(srv->dataset, sizeof srv->dataset, "%s", o->dataset ? o->dataset : "fashion-mnist");
-    if (zps_model_parse(o->model, &srv->model) != ZPS_OK ||
-        zps_dataset_parse(srv->dataset, &ds) != ZPS_OK ||
-        zps_dataset_counts(&ds, &n_train, &n_test) != ZPS_OK) {
-        fprintf(stderr, "HINT: zps-server --help lists the flags; fashion-mnist comes from the "
-                        "Debian package dataset-fashion-mnist\n");
-        return 2;
-    }
-    status = s_start_coordinator(srv, n_train, n_test, why, sizeof why);
-    if (status != 0) {
-        zps_log_error("%s", why);
-    }
-    return status;
-}
-
-static int s_setup_shard(s_server *srv)
-{
-    // A restart presents the token its first ASSIGN gave it: without it the
-    // coordinator takes it for a stranger claiming this shard, and refuses.
-    if (srv->o->resume) {
-        zps_err err = zps_token_load(srv->o->checkpoint_dir, srv->o->shard, &srv->shard_token);
-        if (err == ZPS_OK) {
-            zps_log_info("presenting the shard token kept in %s", srv->o->checkpoint_dir);
-        } else if (err == ZPS_ENOENT) {
-            zps_log_info("no shard token in %s: registering as a shard not yet assigned",
-                         srv->o->checkpoint_dir);
-        }
-    }
-    srv->up = zps_wire_socket(srv->ctx, ZMQ_DEALER, ZPS_SERVER_SEND_TIMEOUT_MS);
-    if (!srv->up || zps_curve_client(&srv->curve, srv->up) != ZPS_OK ||
-        zmq_connect(srv->up, srv->o->coordinator) != 0) {
-        zps_log_error("cannot connect to the coordinator at %s", srv->o->coordinator);
-        return 2;
-    }
-    if (srv->o->http && !(srv->http = zps_http_start(srv->o->http))) {
-        return 2;
-    }
-    zps_log_info("shard %u of %u listening on %s (workers reach it at %s); registering with %s",
-                 srv->o->shard, srv->o->shards, srv->endpoint,
-                 srv->o->advertise ? srv->o->advertise : srv->endpoint, srv->o->coordinator);
-    s_register(srv);
-    return 0;
-}
-
-static void s_log_peak_rss(const s_server *srv)
-{
-    struct rusage ru;
-    if (getrusage(RUSAGE_SELF, &ru) == 0) {
-        zps_log_info("shard %u: peak RSS %.1f MiB", srv->o->shard, ru.ru_maxrss / 1024.0);
-    }
-}
-
-// The metrics log. Line-buffered with room for a whole record, so that
-// each record is one write and a SIGKILL cannot leave half of one. A
-// resumed run goes on with the log it had (replayed steps appear twice),
-// after ending a last line a killed writer of before left unfinished.
-static FILE *s_open_metrics(const char *path, bool resume)
-{
-    FILE *f = fopen(path, resume ? "a+" : "w");
-    if (!f || setvbuf(f, NULL, _IOLBF, ZPS_SERVER_METRICS_BUF) != 0) {
-        zps_log_error("--metrics-log %s: %s", path, strerror(errno));
-        if (f) {
-            (void)fclose(f);
-        }
-        return NULL;
-    }
-    if (resume && fseek(f, -1, SEEK_END) == 0 && fgetc(f) != '\n') {
-        (void)fseek(f, 0, SEEK_END);
-        fputc('\n', f);
-    }
-    return f;
-}
-
-// Everything zps_server_run sets up before its loop: sockets, security,
-// the bind, and the coordinator or the shard. *status: 0, or the exit
-// status on failure (2 bad configuration, 1 other).
+// Everything zps_server_run sets up before its loop (zps_setup_open).
+// *status: 0, or the exit status on failure (2 bad configuration, 1 other).
 zps_server *zps_server_open(const zps_server_opts *o, int *status)
 {
     char name[32];
     snprintf(name, sizeof name, "server[%u]", o->shard);
     zps_log_set_name(name);
-    s_server *srv = calloc(1, sizeof *srv);
+    zps_server *srv = calloc(1, sizeof *srv);
     *status = 1;
     if (!srv) {
         return NULL;
     }
     srv->o = o;
-    srv->held = calloc(ZPS_SERVER_HELD, sizeof *srv->held);
-    srv->ctx = zmq_ctx_new();
-    if (!srv->held || !srv->ctx) {
-        goto fail;
-    }
-    srv->sock = zps_wire_socket(srv->ctx, ZMQ_ROUTER, ZPS_SERVER_SEND_TIMEOUT_MS);
-    if (!srv->sock || zps_wire_set_sndbuf(srv->sock, o->sndbuf) != ZPS_OK) {
-        goto fail;
-    }
-    if (o->metrics_log && !(srv->metrics = s_open_metrics(o->metrics_log, o->resume))) {
-        *status = 2;
-        goto fail;
-    }
-    if ((*status = s_setup_security(srv)) != 0 || (*status = s_bind(srv)) != 0) {
-        goto fail;
-    }
-    if (o->pid_file && zps_pidfile_write(o->pid_file) != ZPS_OK) {
-        *status = 2;
-        goto fail;
-    }
-    srv->pid_written = o->pid_file != NULL;
-    *status = o->shard == 0 ? s_setup_coordinator(srv) : s_setup_shard(srv);
+    s_add_timers(srv); // before anything can arm one of them
+    zps_shard_io_hooks hooks = {.arg = srv, .refuse = s_io_refuse, .job_id = s_io_job_id,
+                                .again = s_io_again};
+    *status = zps_setup_open(srv, &hooks);
     if (*status != 0) {
-        goto fail;
+        zps_server_close(&srv);
+        return NULL;
     }
     return srv;
-fail:
-    zps_server_close(&srv);
-    *status = *status ? *status : 1;
-    return NULL;
 }
 
 int zps_server_run(const zps_server_opts *o)
 {
     int ret;
-    s_server *srv = zps_server_open(o, &ret);
+    zps_server *srv = zps_server_open(o, &ret);
     if (!srv) {
         return ret;
     }
@@ -1597,41 +435,26 @@ int zps_server_run(const zps_server_opts *o)
     (void)signal(SIGTERM, s_on_signal);
     (void)signal(SIGHUP, s_on_signal);
     ret = s_loop(srv);
-    s_log_peak_rss(srv);
+    zps_setup_log_peak_rss(srv);
     zps_server_close(&srv);
     return ret;
 }
 
 int zps_server_turn(zps_server *srv)
 {
-    int n = 0;
+    int n = s_drain(srv, INT_MAX);
     int events = 0;
     size_t len = sizeof events;
-    while (zmq_getsockopt(srv->sock, ZMQ_EVENTS, &events, &len) == 0 && (events & ZMQ_POLLIN)) {
-        s_read_one(srv);
+    while (srv->up && zmq_getsockopt(srv->up, ZMQ_EVENTS, &events, &len) == 0 &&
+           (events & ZMQ_POLLIN)) {
+        if (zps_register_read_up(srv) != ZPS_OK) {
+            return -1; // where the loop ends the shard
+        }
         n++;
         len = sizeof events;
     }
-    if (srv->up) {
-        len = sizeof events;
-        while (zmq_getsockopt(srv->up, ZMQ_EVENTS, &events, &len) == 0 &&
-               (events & ZMQ_POLLIN)) {
-            if (s_read_up(srv) != ZPS_OK) {
-                return -1; // where the loop ends the shard
-            }
-            n++;
-            len = sizeof events;
-        }
-    }
-    if (srv->replay_held) {
-        srv->replay_held = false;
-        s_replay_held(srv);
-    }
-    if (srv->coord) {
-        zps_coord_tick(srv->coord, &srv->out, zps_clock_ms());
-        s_flush_coord(srv);
-        s_sync_coord_plan(srv);
-    }
+    zps_shard_io_replay(&srv->io);
+    s_on_tick(srv, zps_clock_ms());
     return n;
 }
 
@@ -1642,7 +465,7 @@ void *zps_server_ctx(zps_server *srv)
 
 uint64_t zps_server_refused(const zps_server *srv)
 {
-    return srv->bad_messages;
+    return srv->refused.count;
 }
 
 bool zps_server_stopping(const zps_server *srv)
@@ -1663,45 +486,11 @@ zps_coord *zps_server_coord(zps_server *srv)
 
 void zps_server_close(zps_server **srvp)
 {
-    s_server *srv = *srvp;
+    zps_server *srv = *srvp;
     if (!srv) {
         return;
     }
-    for (int i = 0; i < ZPS_MAX_MEMBERS; i++) {
-        if (srv->route_set[i]) {
-            zps_wire_route_close(&srv->route[i]);
-        }
-    }
-    for (int i = 0; srv->held && i < srv->n_held; i++) {
-        zps_wire_msg_fini(&srv->held[i]);
-    }
-    free(srv->held);
-    for (int i = 0; i < ZPS_SERVER_PULLERS; i++) {
-        if (srv->pullers[i].used) {
-            zps_wire_route_close(&srv->pullers[i].route);
-        }
-    }
-    zps_wire_close(&srv->sock);
-    zps_wire_close(&srv->up);
-    zps_zap_stop(&srv->zap);
-    zps_http_stop(&srv->http);
-    // Flushes replies (within the linger) and releases the shard's
-    // zero-copy frames: the shard can go only after it.
-    if (srv->ctx && zmq_ctx_term(srv->ctx) != 0) {
-        zps_log_warn("zmq_ctx_term: %s", zmq_strerror(errno));
-    }
-    zps_coord_destroy(&srv->coord);
-    zps_outbox_fini(&srv->out);
-    zps_shard_destroy(&srv->shard);
-    if (srv->declared) { // after the coordinator, which borrows its layout
-        zps__hello__free_unpacked(srv->declared, NULL);
-    }
-    if (srv->metrics) {
-        (void)fclose(srv->metrics);
-    }
-    if (srv->pid_written) {
-        zps_pidfile_remove(srv->o->pid_file);
-    }
+    zps_setup_close(srv);
     free(srv);
     *srvp = NULL;
 }

@@ -25,5 +25,6 @@ Suite *zps_suite_client(void);
 Suite *zps_suite_monitor(void);
 Suite *zps_suite_outbox(void);
 Suite *zps_suite_mlog(void);
+Suite *zps_suite_timers(void);
 
 #endif

@@ -1,0 +1,151 @@
+/* zps_server_int.h - the server's state, shared by the files the server
+ * is made of (server/ only; the fuzzer and main.c see zps_server.h):
+ *
+ *   zps_server.c    the loop, dispatch through the message table, the timers
+ *   zps_steps.c     plans taken, a step's push, end, rollback, the stop's checkpoint
+ *   zps_register.c  shards > 0: REGISTER, ASSIGN, and the coordinator's socket
+ *   zps_declare.c   shard 0 of --model external: the declared model
+ *   zps_setup.c     start-up (sockets, CURVE, bind, the coordinator or the
+ *                   shard) and its undoing
+ *
+ * One thread owns all of it; a message's handler and the timers' callbacks
+ * run on it, one at a time. */
+#ifndef ZPS_SERVER_INT_H
+#define ZPS_SERVER_INT_H
+
+#include <stdio.h>
+
+#include "common/zps_curve.h"
+#include "common/zps_log.h"
+#include "common/zps_model.h"
+#include "common/zps_wire.h"
+#include "server/zps_coord.h"
+#include "server/zps_http.h"
+#include "server/zps_refusals.h"
+#include "server/zps_server.h"
+#include "server/zps_shard.h"
+#include "server/zps_shard_io.h"
+#include "server/zps_timers.h"
+#include "server/zps_zap.h"
+
+#define ZPS_SERVER_POLL_MS 200
+#define ZPS_SERVER_REGISTER_MS 2000.0
+#define ZPS_SERVER_SEND_TIMEOUT_MS 5000
+#define ZPS_SERVER_METRICS_BUF (1 << 16) // longer than a step record of every member
+#define ZPS_SERVER_STOP_GRACE_MS 3000.0 // after SIGTERM, for the step in progress to finish
+#define ZPS_SERVER_TICK_MS 50.0         // the coordinator's clock: evictions, waiting lines
+#define ZPS_SERVER_PUBLISH_MS 500.0     // refresh of what --http serves
+#define ZPS_SERVER_DECLARE_LOG_MS 20000.0 // "waiting for the model" line
+
+struct zps_server {
+    const zps_server_opts *o;                    // borrowed: flags
+    void *ctx;                                   // owned
+    FILE *metrics;                               // owned: --metrics-log, or NULL
+    bool pid_written;                            // --pid-file is ours to remove
+    void *sock;                                  // owned: ROUTER for workers (and shards, on 0)
+    void *up;                                    // owned: shard > 0: DEALER to the coordinator
+    char endpoint[256];                          // what sock is bound to
+    zps_model_spec model;                        // the job's model
+    zps_coord *coord;                            // owned: shard 0 only
+    zps_outbox out;                              // what the coordinator queued: sent on sock
+                                                 // after every call into it, before anything else
+    zps_shard *shard;                            // owned: shard 0 at once, others once assigned
+    zps_shard_io io;                             // the shard's side of the wire
+    uint64_t job_id;                             // shard > 0: from ASSIGN
+    uint32_t global_batch;                       // B, from the job
+    uint64_t total_steps;                        // steps of the run
+    zps_dtype dtype;                             // element type of tensors on the wire
+    zps_refusals refused;                        // refused or dropped messages, their lines
+    uint32_t plan_gen;                           // newest generation given to the shard
+    double step_start_ms;                        // when the current step began
+    bool finished;                               // shard > 0: the last step is done
+    zps_curve curve;                             // CURVE keys, if on
+    zps_zap *zap;                                // owned: admits CURVE clients, if on
+    zps_http *http;                              // owned: /metrics and /status, if asked
+    uint64_t ckpt_every;                         // checkpoint after every this many steps
+    bool stopping;                               // a signal was seen: stop between steps
+    bool leave;                                  // the stop's grace ran out: stop now
+    uint64_t shard_token;                        // shard > 0: the secret of its ASSIGN (0: none)
+    char dataset[256];                           // shard 0: the dataset spec ("size:N": declared)
+    uint32_t size_train;                         // external, --dataset size:N (0: the workers')
+    Zps__Hello *declared;                        // owned: external: the model declared, or NULL
+    zps_timers timers;                           // the loop's periodic and deadline checks
+    int t_stall;                                 // timer ids in timers (-1: not added)
+    int t_register;
+    int t_speculate;
+    int t_stop_grace;
+    int t_declare_log;
+};
+
+// ---------------------------------------------------------------------------
+// zps_server.c
+// zps_server_job_id: the coordinator's job id on shard 0, the ASSIGN's on
+// the others (0 before it).
+uint64_t zps_server_job_id(const zps_server *srv);
+// zps_server_refuse counts, logs and answers a message refused; nothing else changes.
+void zps_server_refuse(zps_server *srv, zps_wire_msg *m, zps_err err, const char *why);
+// zps_server_dispatch_coord hands a message the table let through to the coordinator.
+void zps_server_dispatch_coord(zps_server *srv, zps_wire_msg *m);
+
+// ---------------------------------------------------------------------------
+// zps_steps.c
+
+// zps_steps_on_push takes a PUSH the table let through, and what follows
+// from it: the step boundary, the bucket's update, the end of the step.
+void zps_steps_on_push(zps_server *srv, zps_wire_msg *m);
+// zps_steps_end ends the step the shard just completed.
+void zps_steps_end(zps_server *srv);
+// zps_steps_add_plan gives the shard a new plan generation.
+void zps_steps_add_plan(zps_server *srv, uint32_t gen, uint64_t effective, const zps_plan *plan);
+// zps_steps_take_plan: the first plan; the shard serves members from now on.
+void zps_steps_take_plan(zps_server *srv, uint32_t gen, uint64_t effective, const zps_plan *plan);
+// zps_steps_sync_coord: shard 0 follows the coordinator's plans and rollbacks.
+void zps_steps_sync_coord(zps_server *srv);
+// zps_steps_restore loads this shard's checkpoint of `step`; nothing
+// changes on failure.
+zps_err zps_steps_restore(zps_server *srv, uint64_t step);
+// zps_steps_forget forgets the step in progress after a restore.
+void zps_steps_forget(zps_server *srv);
+// zps_steps_rollback goes back to the checkpoint of `step`.
+zps_err zps_steps_rollback(zps_server *srv, uint64_t step);
+// zps_steps_take_wire_plan takes a plan from the coordinator (PLAN or ROLLBACK).
+void zps_steps_take_wire_plan(zps_server *srv, const Zps__Plan *p);
+// zps_steps_stop_checkpoint writes the checkpoint of a stop by signal.
+void zps_steps_stop_checkpoint(zps_server *srv);
+
+// ---------------------------------------------------------------------------
+// zps_register.c
+
+// zps_register_send sends REGISTER to the coordinator and re-arms its timer.
+void zps_register_send(zps_server *srv);
+// zps_register_read_up reads the coordinator's socket; a failure ends the shard.
+zps_err zps_register_read_up(zps_server *srv);
+
+// ---------------------------------------------------------------------------
+// zps_declare.c
+
+// zps_declare_on_undeclared: a message to shard 0 before the model is declared.
+void zps_declare_on_undeclared(zps_server *srv, zps_wire_msg *m);
+// zps_declare_load: --resume of an external job takes the declaration kept
+// by its first start; ZPS_ENOENT if there is none.
+zps_err zps_declare_load(zps_server *srv, char *why, size_t len);
+// zps_declare_parse_size parses --dataset size:N of an external model.
+zps_err zps_declare_parse_size(const char *text, uint32_t *n);
+
+// ---------------------------------------------------------------------------
+// zps_setup.c
+
+// zps_setup_open sets up what the loop needs: sockets (the shard's I/O on
+// the ROUTER, with `hooks`), the metrics log, CURVE, the bind, the pid file,
+// the coordinator or the shard. Returns 0, or the exit status (2 bad
+// configuration, 1 other); zps_setup_close undoes what was done.
+int zps_setup_open(zps_server *srv, const zps_shard_io_hooks *hooks);
+void zps_setup_close(zps_server *srv);
+// zps_setup_start_coordinator starts shard 0 once the job's sizes are
+// known: 0, or 2 (*why says what does not fit) or 1 (out of memory).
+int zps_setup_start_coordinator(zps_server *srv, uint32_t n_train, uint32_t n_test, char *why,
+                                size_t len);
+// zps_setup_log_peak_rss logs the peak resident memory of the process.
+void zps_setup_log_peak_rss(const zps_server *srv);
+
+#endif

@@ -1,0 +1,419 @@
+/* zps_shard_io.c - the shard's side of the wire (zps_shard_io.h): pushes
+ * counted, held or refused; parameters sent to who pushed, and to the
+ * PULLs waiting for them; rank 0's initial values of a declared model. */
+#include "zps_shard_io.h"
+
+#include <stdlib.h>
+#include <string.h>
+
+#include "common/zps_clock.h"
+#include "common/zps_log.h"
+
+static void s_refuse(zps_shard_io *io, zps_wire_msg *m, zps_err err, const char *why)
+{
+    io->hooks.refuse(io->hooks.arg, m, err, why);
+}
+
+zps_err zps_shard_io_init(zps_shard_io *io, void *sock, uint32_t index,
+                          const zps_shard_io_hooks *hooks)
+{
+    memset(io, 0, sizeof *io);
+    io->sock = sock;
+    io->index = index;
+    io->hooks = *hooks;
+    io->held = calloc(ZPS_SHARD_IO_HELD, sizeof *io->held);
+    return io->held ? ZPS_OK : ZPS_ENOMEM;
+}
+
+void zps_shard_io_fini(zps_shard_io *io)
+{
+    for (int i = 0; i < ZPS_MAX_MEMBERS; i++) {
+        if (io->ranks[i].has_route) {
+            zps_wire_route_close(&io->ranks[i].route);
+            io->ranks[i].has_route = false;
+        }
+    }
+    for (int i = 0; io->held && i < io->n_held; i++) {
+        zps_wire_msg_fini(&io->held[i]);
+    }
+    free(io->held);
+    io->held = NULL;
+    io->n_held = 0;
+    for (int i = 0; i < ZPS_SHARD_IO_PULLERS; i++) {
+        if (io->pullers[i].used) {
+            zps_wire_route_close(&io->pullers[i].route);
+            io->pullers[i].used = false;
+        }
+    }
+}
+
+void zps_shard_io_start(zps_shard_io *io, zps_shard *shard, zps_dtype dtype)
+{
+    io->shard = shard;
+    io->dtype = dtype;
+}
+
+bool zps_shard_io_started(const zps_shard_io *io)
+{
+    return io->shard != NULL;
+}
+
+// ---------------------------------------------------------------------------
+// Parameters out.
+
+// The PARAMS header of bucket b for `step`; *data and *ref say where the
+// bucket's current wire values are.
+static void s_params_header(zps_shard_io *io, int b, uint64_t step, Zps__Header *h,
+                            const void **data, zps_wire_ref **ref)
+{
+    zps_wire_header_init(h, ZPS__MSG_TYPE__PARAMS);
+    h->job_id = io->hooks.job_id(io->hooks.arg);
+    h->step = step;
+    h->shard = io->index;
+    h->dtype = (Zps__DType)io->dtype;
+    zps_shard_bucket_params(io->shard, b, data, &h->offset, &h->count, ref);
+}
+
+// Sends bucket b's parameters, labelled with the step they are for.
+static void s_send_bucket(zps_shard_io *io, zmq_msg_t *route, int b, uint64_t step,
+                          bool zero_copy)
+{
+    Zps__Header h;
+    const void *data;
+    zps_wire_ref *ref;
+    s_params_header(io, b, step, &h, &data, &ref);
+    zps_err err = zps_wire_send(io->sock, route, &h, data, h.count * zps_dtype_size(io->dtype),
+                                zero_copy ? ref : NULL);
+    if (err != ZPS_OK) {
+        zps_log_warn("could not send step %llu parameters: %s", (unsigned long long)step,
+                     zps_strerror(err));
+    }
+}
+
+// Sends bucket b's fp32 values (as of a step) converted to the wire dtype:
+// a copy, since a joining peer may read slowly.
+static void s_send_values(zps_shard_io *io, zmq_msg_t *route, int b, uint64_t step,
+                          const float *values)
+{
+    Zps__Header h;
+    const void *data;
+    zps_wire_ref *ref;
+    s_params_header(io, b, step, &h, &data, &ref);
+    size_t bytes = h.count * zps_dtype_size(io->dtype);
+    void *buf = malloc(bytes ? bytes : 1);
+    if (!buf) {
+        zps_log_error("out of memory answering a PULL");
+        return;
+    }
+    zps_dtype_from_f32(io->dtype, values, buf, h.count);
+    (void)zps_wire_send(io->sock, route, &h, buf, bytes, NULL);
+    free(buf);
+}
+
+// What the message table checked of a PULL or PUSH (job, state, rank and
+// member id), checked once more where it is used: the handlers index by
+// rank, and an index from the wire is refused when out of range, never
+// folded into range.
+static bool s_check_member_msg(zps_shard_io *io, zps_wire_msg *m)
+{
+    if (!io->shard) {
+        s_refuse(io, m, ZPS_ESTATE, "the job has not started on this shard");
+        return false;
+    }
+    if (m->hdr->rank >= ZPS_MAX_MEMBERS) {
+        s_refuse(io, m, ZPS_ERANGE, "rank out of range");
+        return false;
+    }
+    return true;
+}
+
+// ---------------------------------------------------------------------------
+// PULLs.
+
+// Answers what a waiting PULL can have of `step` now; true when complete.
+static bool s_serve_pull(zps_shard_io *io, zmq_msg_t *route, uint64_t step, zps_bucket_set *sent)
+{
+    int n = zps_shard_n_buckets(io->shard);
+    for (int b = 0; b < n; b++) {
+        const float *values;
+        if (!zps_bucket_set_has(sent, b) &&
+            zps_shard_bucket_at(io->shard, b, step, &values) == ZPS_OK) {
+            s_send_values(io, route, b, step, values);
+            zps_bucket_set_add(sent, b);
+        }
+    }
+    return zps_bucket_set_full(sent, n);
+}
+
+// Answers a PULL of `step` with what there is now and keeps it waiting for
+// the rest.
+static void s_queue_pull(zps_shard_io *io, zmq_msg_t *route, uint64_t step, bool catch_up)
+{
+    const float *values;
+    if (catch_up && zps_shard_bucket_at(io->shard, 0, step, &values) == ZPS_ESTALE) {
+        // That step is gone here: the asker is behind, and catches up at
+        // the step in progress when it sees a later step's parameters.
+        step = zps_shard_step(io->shard);
+    }
+    zps_bucket_set sent = {0};
+    if (s_serve_pull(io, route, step, &sent)) {
+        return;
+    }
+    for (int i = 0; i < ZPS_SHARD_IO_PULLERS; i++) {
+        zps_shard_io_puller *p = &io->pullers[i];
+        if (!p->used) {
+            *p = (zps_shard_io_puller){.step = step, .sent = sent, .used = true};
+            zps_wire_route_copy(&p->route, route);
+            return;
+        }
+    }
+    zps_log_warn("too many PULLs waiting; one for step %llu dropped", (unsigned long long)step);
+}
+
+// After a bucket update: waiting PULLs may now have more to take.
+static void s_serve_pullers(zps_shard_io *io)
+{
+    for (int i = 0; i < ZPS_SHARD_IO_PULLERS; i++) {
+        zps_shard_io_puller *p = &io->pullers[i];
+        if (p->used && s_serve_pull(io, &p->route, p->step, &p->sent)) {
+            zps_wire_route_close(&p->route);
+            p->used = false;
+        }
+    }
+}
+
+void zps_shard_io_on_pull(zps_shard_io *io, zps_wire_msg *m)
+{
+    if (!s_check_member_msg(io, m)) {
+        return;
+    }
+    io->ranks[m->hdr->rank].heard = true; // a member's, as the table checked
+    // A step this shard has passed may come back: a rollback to it can be
+    // on its way here while the worker asking already heard of it.
+    s_queue_pull(io, &m->route, m->hdr->step, false);
+}
+
+// ---------------------------------------------------------------------------
+// PUSHes.
+
+static void s_hold(zps_shard_io *io, zps_wire_msg *m, const char *why)
+{
+    if (io->n_held == ZPS_SHARD_IO_HELD) {
+        s_refuse(io, m, ZPS_EAGAIN, "too many pushes on hold; send again");
+        return;
+    }
+    zps_log_debug("holding a push: %s", why);
+    zps_wire_msg_move(&io->held[io->n_held++], m);
+}
+
+// The sender of a push gets the step's new parameters: the buckets already
+// updated now, the others as they are. Its push may have been a second copy
+// (a slice handed to it and delivered by its first owner after all), yet it
+// waits for the next step like everyone else.
+static void s_add_recipient(zps_shard_io *io, zps_wire_msg *m)
+{
+    zps_shard_io_rank *r = &io->ranks[m->hdr->rank]; // in range: s_check_member_msg
+    if (m->hdr->step > zps_shard_step(io->shard)) {
+        return; // ahead of a restarted shard: the rollback tells it where to go
+    }
+    if (m->hdr->step < zps_shard_step(io->shard)) {
+        // The step is complete here: answer as a PULL of the step after it, once.
+        if (r->served != m->hdr->step + 1) {
+            r->served = m->hdr->step + 1;
+            s_queue_pull(io, &m->route, m->hdr->step + 1, true);
+        }
+        return;
+    }
+    if (r->has_route) {
+        zps_wire_route_close(&r->route);
+    }
+    zps_wire_route_copy(&r->route, &m->route);
+    r->has_route = true;
+    if (r->pushed) {
+        return;
+    }
+    r->pushed = true;
+    uint64_t next = zps_shard_step(io->shard) + 1;
+    for (int b = 0; b < zps_shard_n_buckets(io->shard); b++) {
+        if (zps_shard_applied(io->shard, b)) {
+            s_send_bucket(io, &r->route, b, next, true);
+        }
+    }
+}
+
+// Whether `in` of n members are at least as many as the rest: enough to
+// hand the rest's slices to, one helper or more each.
+static bool s_half_or_more(uint32_t in, uint32_t n)
+{
+    return in >= n - in;
+}
+
+// Whether rank r's own slice is in: every bucket of it counted from r
+// itself. A bucket that a helper's piece brought first does not count, so
+// a late owner whose slice the others covered stays "not in"; what it is
+// for (the quorum, and who may help) needs no more.
+bool zps_shard_io_own_in(const zps_shard_io *io, uint32_t r)
+{
+    return io->ranks[r].own_in == (uint32_t)zps_shard_n_buckets(io->shard);
+}
+
+// Counts a counted push of rank r toward its own slice, and notes when at
+// least as many slices are in as are not (not all: the step is then over).
+static void s_note_own_push(zps_shard_io *io, const Zps__Header *h)
+{
+    const zps_plan *plan = zps_shard_plan(io->shard);
+    uint32_t r = h->rank; // below ZPS_MAX_MEMBERS: s_check_member_msg
+    const zps_plan_slice *own = plan ? zps_plan_find(plan, r) : NULL;
+    if (!own || h->batch_offset != own->offset || h->samples != own->count ||
+        zps_shard_io_own_in(io, r)) {
+        return; // a piece of someone else's slice
+    }
+    io->ranks[r].own_in++;
+    if (!zps_shard_io_own_in(io, r)) {
+        return;
+    }
+    io->n_in++;
+    if (io->quorum_ms == 0 && io->n_in < plan->n && s_half_or_more(io->n_in, plan->n)) {
+        io->quorum_ms = zps_clock_ms();
+    }
+}
+
+zps_err zps_shard_io_on_push(zps_shard_io *io, zps_wire_msg *m, int *ready)
+{
+    *ready = -1;
+    if (!s_check_member_msg(io, m)) {
+        return ZPS_ESTATE;
+    }
+    char why[256];
+    zps_err err = zps_shard_push(io->shard, m, ready, why, sizeof why);
+    if (err == ZPS_EAGAIN) {
+        s_hold(io, m, why);
+        return err;
+    }
+    if (err != ZPS_OK && err != ZPS_EDUP) {
+        s_refuse(io, m, err, why);
+        return err;
+    }
+    // Heard only now: a push held or refused says nothing of its rank.
+    io->ranks[m->hdr->rank].heard = true;
+    if (err == ZPS_EDUP) {
+        io->duplicates++; // the first copy counted; this one changes nothing
+        zps_log_debug("dropped: %s", why);
+    }
+    s_add_recipient(io, m);
+    if (err == ZPS_OK) {
+        s_note_own_push(io, m->hdr);
+    }
+    return err;
+}
+
+void zps_shard_io_apply(zps_shard_io *io, int b)
+{
+    zps_shard_apply(io->shard, b);
+    uint64_t next = zps_shard_step(io->shard) + 1;
+    for (uint32_t i = 0; i < ZPS_MAX_MEMBERS; i++) {
+        if (io->ranks[i].pushed) {
+            s_send_bucket(io, &io->ranks[i].route, b, next, true);
+        }
+    }
+    s_serve_pullers(io);
+}
+
+// Rank 0's initial values of a declared model, a bucket at a time; with
+// the last, the PULLs of step 0 waiting for them are answered.
+void zps_shard_io_on_init(zps_shard_io *io, zps_wire_msg *m)
+{
+    if (!s_check_member_msg(io, m)) {
+        return;
+    }
+    if (m->hdr->rank != 0) {
+        s_refuse(io, m, ZPS_EPERM, "initial values come from rank 0");
+        return;
+    }
+    char why[256];
+    bool complete;
+    zps_err err = zps_shard_take_init(io->shard, m, &complete, why, sizeof why);
+    if (err == ZPS_EDUP) {
+        zps_log_debug("INIT dropped: %s", why); // sent again after a refusal, or resumed
+        return;
+    }
+    if (err != ZPS_OK) {
+        s_refuse(io, m, err, why);
+        return;
+    }
+    if (complete) {
+        zps_log_info("shard %u: the initial values from rank 0 are in", io->index);
+        s_serve_pullers(io);
+    }
+}
+
+bool zps_shard_io_between_steps(const zps_shard_io *io)
+{
+    for (int b = 0; io->shard && b < zps_shard_n_buckets(io->shard); b++) {
+        if (zps_shard_applied(io->shard, b)) {
+            return false;
+        }
+    }
+    return true;
+}
+
+// ---------------------------------------------------------------------------
+// Steps and plans.
+
+void zps_shard_io_end_step(zps_shard_io *io)
+{
+    for (int i = 0; i < ZPS_MAX_MEMBERS; i++) {
+        io->ranks[i].pushed = false;
+        io->ranks[i].heard = false;
+        io->ranks[i].own_in = 0;
+    }
+    io->n_in = 0;
+    io->quorum_ms = 0;
+}
+
+void zps_shard_io_forget_step(zps_shard_io *io)
+{
+    zps_shard_io_end_step(io);
+    for (int i = 0; i < ZPS_MAX_MEMBERS; i++) {
+        io->ranks[i].served = 0;
+    }
+    // PULLs that arrived before the rollback (for its step) can be served now.
+    for (int i = 0; i < ZPS_SHARD_IO_PULLERS; i++) {
+        io->pullers[i].sent = (zps_bucket_set){0};
+    }
+    if (io->shard) {
+        s_serve_pullers(io);
+    }
+    for (int i = 0; i < io->n_held; i++) {
+        zps_wire_msg_fini(&io->held[i]);
+    }
+    io->n_held = 0;
+}
+
+void zps_shard_io_plan_added(zps_shard_io *io)
+{
+    io->replay_held = io->n_held > 0; // from the loop, not from inside a push's handling
+}
+
+void zps_shard_io_replay(zps_shard_io *io)
+{
+    if (!io->replay_held) {
+        return;
+    }
+    io->replay_held = false;
+    int n = io->n_held;
+    zps_wire_msg *again = malloc((size_t)(n ? n : 1) * sizeof *again);
+    if (!again) {
+        return;
+    }
+    for (int i = 0; i < n; i++) {
+        zps_wire_msg_move(&again[i], &io->held[i]);
+        zps_wire_msg_fini(&io->held[i]);
+    }
+    io->n_held = 0;
+    for (int i = 0; i < n; i++) {
+        io->hooks.again(io->hooks.arg, &again[i]); // now its plan tells who its sender is
+        zps_wire_msg_fini(&again[i]);
+    }
+    free(again);
+}
