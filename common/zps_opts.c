@@ -1,5 +1,5 @@
 /* zps_opts.c - a daemon's flag table read from the environment and the
- * command line, and written out as usage and as the README's table. */
+ * command line, and written out as usage and as docs/running.md's table. */
 #include "zps_opts.h"
 
 #include <ctype.h>
@@ -334,7 +334,7 @@ bool zps_opts_given(const zps_opts_prog *prog, const bool *given, const char *na
 }
 
 // ---------------------------------------------------------------------------
-// Usage and the README table.
+// Usage and the flag table of docs/running.md.
 
 // Usage lines wrap at this column.
 #define S_COLUMNS 79

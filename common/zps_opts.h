@@ -6,7 +6,7 @@
  * metavar and its help. From that one table come the parsing of the
  * command line and of the environment (--some-flag X may also be given as
  * ZPS_SOME_FLAG=X, for launchers: systemd EnvironmentFile, a Kubernetes
- * ConfigMap, a Slurm script), the --help text, and the README's flag table
+ * ConfigMap, a Slurm script), the --help text, and docs/running.md's flag table
  * (the hidden --flags-markdown), so the three cannot drift apart. What
  * relates several flags stays with the daemon, after parsing. */
 #ifndef ZPS_OPTS_H
@@ -47,8 +47,8 @@ typedef struct zps_opts_row {
     const char *name;        // the long name, without "--"
     zps_opts_kind kind;      // how the text is read
     const char *metavar;     // the value's name in usage ("N", "FILE"); NULL for a switch
-    const char *def;         // the default as shown (usage, README); NULL: none to show
-    const char *help;        // what it does, for usage and the README
+    const char *def;         // the default as shown (usage, docs); NULL: none to show
+    const char *help;        // what it does, for usage and the docs
     size_t offset;           // offsetof(the options struct, the field)
     zps_opts_ctype ctype;    // the field's C type
     long long lo, hi;        // INT: the accepted range
@@ -78,7 +78,7 @@ bool zps_opts_env_name(const char *flag, char *out, size_t len);
 // the server and the worker. given (n_opts entries, may be NULL) tells
 // which rows got a value, from either. Values are borrowed from argv and
 // envp. ZPS_OK with *exit_now after --help (the usage) or --flags-markdown
-// (the README table) went to stdout; ZPS_EINVAL after one line on stderr
+// (the docs' table) went to stdout; ZPS_EINVAL after one line on stderr
 // for a bad value, an unknown flag, a missing value or a stray argument;
 // ZPS_ENOMEM. A row that cannot work (a field type the kind cannot fill, a
 // range the type cannot hold) is a bug: ZPS_ASSERT.
@@ -98,7 +98,7 @@ bool zps_opts_given(const zps_opts_prog *prog, const bool *given, const char *na
 // The usage text: synopsis, one entry a flag, the environment rule, epilogue.
 void zps_opts_usage(const zps_opts_prog *prog, FILE *f);
 
-// The README's flag table: a header, then `| \`--flag ARG\` | default | help |`.
+// The flag table of docs/running.md: a header, then `| \`--flag ARG\` | default | help |`.
 void zps_opts_markdown(const zps_opts_prog *prog, FILE *f);
 
 // Quiet number readers, for custom flags built on them: the whole text is

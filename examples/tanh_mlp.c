@@ -8,7 +8,7 @@
  *
  * The second form trains alone on each step's whole global batch, in zps's
  * data order (zps_batch_indices), with the shards' SGD: what a zps run of
- * the same job computes, to round-off (the README's note: compare within
+ * the same job computes, to round-off (docs/failures.md's note: compare within
  * about 30-80 steps; training at these rates is chaotic past about 100).
  *
  * What the caller keeps of zps's promise: the same piece gives the same

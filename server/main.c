@@ -1,5 +1,5 @@
 /* main.c - zps-server's flags: their table (common/zps_opts.h reads it,
- * prints the usage and the README's table from it) and the checks that
+ * prints the usage and docs/running.md's table from it) and the checks that
  * relate several of them. The process itself is zps_server.c. */
 #include <errno.h>
 #include <float.h>

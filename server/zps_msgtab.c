@@ -21,8 +21,8 @@
 static const zps_msgtab_rule s_nobody = {ZPS_FROM_NOBODY, 0, ZPS_CRED_NONE, 0, false, true};
 static const zps_msgtab_rule s_nobody_error = {ZPS_FROM_NOBODY, 0, ZPS_CRED_NONE, 0, false, false};
 
-// The table, by type (proto/zps.proto). Keep README.md's Security table in
-// step with it.
+// The table, by type (proto/zps.proto). Keep the table of docs/security.md
+// in step with it.
 static const zps_msgtab_rule s_rules[] = {
     // A worker asks to be admitted: refused while the ranges are being
     // assigned and after the last step; "not yet" while recovering.

@@ -1,6 +1,6 @@
 /* check_opts.c - a small flag table read from the environment and the
  * command line (the command line winning), every kind of row, the one line
- * of each refusal, and the usage and README table written from it. */
+ * of each refusal, and the usage and docs table written from it. */
 #include <signal.h>
 #include <stdint.h>
 #include <stdio.h>

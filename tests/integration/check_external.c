@@ -4,7 +4,7 @@
  * the survivors of a killed worker stay there, and a worker declaring
  * another model or dataset is refused with the line that says why. Real
  * processes on loopback. Compared over 30 and 60 steps: training at these
- * rates is chaotic past about 100 (README, "Equal to one process"). */
+ * rates is chaotic past about 100 (docs/failures.md). */
 #include <signal.h>
 #include <stdio.h>
 #include <stdlib.h>
