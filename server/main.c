@@ -224,6 +224,9 @@ static const zps_opts_row s_table[] = {
              "(docs/running.md)",
      .offset = offsetof(s_flags, srv.sndbuf), .ctype = ZPS_OPTS_C_INT,
      .lo = 4096, .hi = 1 << 30, .or_zero = true},
+    {.name = "threads", .kind = ZPS_OPTS_INT, .metavar = "N", .def = "1",
+     .help = "threads that share each bucket's accumulate and update (same bits for any N)",
+     .offset = offsetof(s_flags, srv.threads), .ctype = ZPS_OPTS_C_INT, .lo = 1, .hi = 64},
     {.name = "log-level", .kind = ZPS_OPTS_CUSTOM, .metavar = "LEVEL", .def = "info",
      .help = "debug, info, warn or error",
      .offset = offsetof(s_flags, log_level), .ctype = ZPS_OPTS_C_PARSER,
@@ -326,6 +329,7 @@ static int s_parse_flags(int argc, char **argv, s_flags *f)
             .wire_dtype = ZPS_DTYPE_F32,
             .worker_timeout_ms = 10000,
             .stall_warn_ms = 5000,
+            .threads = 1,
         },
         .log_level = ZPS_LOG_INFO,
     };

@@ -71,6 +71,7 @@ static zps_err s_assignment_cfg(zps_server *srv, const Zps__Job *job, zps_shard_
         return ZPS_EPROTO;
     }
     cfg->shards = srv->o->shards;
+    cfg->threads = srv->o->threads;
     return ZPS_OK;
 }
 

@@ -50,6 +50,7 @@ typedef struct zps_server_opts {
     const char *advertise;      // shard > 0: endpoint given to workers (default: bound one)
     const char *pid_file;       // for supervisors, or NULL
     int sndbuf;                 // TCP send buffer of the data socket (0: the OS's)
+    int threads;                // threads of the shard's accumulate and update (1: the loop's only)
 } zps_server_opts;
 
 // Runs a shard until the job is over or SIGINT/SIGTERM; returns the exit

@@ -147,7 +147,8 @@ int zps_setup_start_coordinator(zps_server *srv, uint32_t n_train, uint32_t n_te
     srv->dtype = o->wire_dtype;
     zps_shard_cfg cfg = {.index = 0, .model = &srv->model, .seed = o->seed,
                          .global_batch = o->global_batch, .dtype = o->wire_dtype,
-                         .optim = o->optim, .await_init = srv->declared != NULL};
+                         .optim = o->optim, .await_init = srv->declared != NULL,
+                         .threads = o->threads};
     cfg.optim.total_steps = srv->total_steps;
     zps_model_shard_range(srv->model.n_params, 0, o->shards, &cfg.lo, &cfg.hi);
     cfg.shards = o->shards;

@@ -10,6 +10,7 @@
 #include "common/zps_log.h"
 #include "common/zps_plans.h"
 #include "server/zps_ckpt.h"
+#include "server/zps_pool.h"
 
 #define ZPS_SHARD_BLOCK 2048 // elements per pass of the update: the arrays stay in L1/L2
 #define ZPS_SHARD_MAX_RETIRED 8
@@ -44,7 +45,8 @@ struct zps_shard {
     int state_floats;                               // 1: SGD's momentum; 2: exp_avg, exp_avg_sq
     uint64_t optim_steps;                           // updates applied: Adam's t is one more
     double *acc;                                    // owned: sum of n_i * g_i, n (order-free)
-    float *grad;                                    // owned: one block of the averaged gradient
+    float *grad;                                    // owned: a block of the averaged gradient a thread
+    zps_pool *pool;                                 // owned: --threads beyond the caller, or NULL
     s_snapshot *snap;                               // owned: current parameters as sent
     s_snapshot *retired[ZPS_SHARD_MAX_RETIRED];     // owned: old snapshots a peer still reads
     int n_buckets;                                  // buckets of the range
@@ -120,7 +122,11 @@ zps_shard *zps_shard_new(const zps_shard_cfg *cfg)
     s->state_floats = zps_optim_state_floats(cfg->optim.kind);
     s->state = s_alloc((size_t)s->state_floats * s->n * sizeof(float));
     s->acc = s_alloc(s->n * sizeof(double));
-    s->grad = s_alloc(ZPS_SHARD_BLOCK * sizeof(float));
+    int threads = cfg->threads > 1 ? cfg->threads : 1;
+    s->grad = s_alloc((size_t)threads * ZPS_SHARD_BLOCK * sizeof(float));
+    if (threads > 1 && !(s->pool = zps_pool_new(threads))) {
+        goto fail;
+    }
     s->snap = s_snapshot_new(s->n * zps_dtype_size(s->dtype));
     if (!s->params || !s->prev || !s->state || !s->acc || !s->grad || !s->snap) {
         goto fail;
@@ -154,6 +160,7 @@ void zps_shard_destroy(zps_shard **sp)
     free(s->state);
     free(s->acc);
     free(s->grad);
+    zps_pool_destroy(&s->pool);
     free(s);
     *sp = NULL;
 }
@@ -255,15 +262,38 @@ static s_slice *s_slice_for(zps_shard *s, uint32_t offset, uint32_t count, int b
     return sl;
 }
 
+// One push being added to the accumulator, for the threads.
+typedef struct s_push_job {
+    zps_shard *s;
+    const zps_wire_msg *m;
+    float samples;
+} s_push_job;
+
+// acc[lo, hi) of the push's range += samples * its elements [lo, hi),
+// which lie in one or more of its frames.
+static void s_accumulate_range(void *arg, size_t lo, size_t hi, int thread)
+{
+    (void)thread;
+    const s_push_job *j = arg;
+    double *acc = j->s->acc + (j->m->hdr->offset - j->s->lo);
+    size_t esize = zps_dtype_size(j->s->dtype), at = 0;
+    for (int f = 0; f < j->m->n_frames && at < hi; f++) {
+        zmq_msg_t *frame = (zmq_msg_t *)&j->m->frames[f];
+        size_t len = zmq_msg_size(frame) / esize;
+        size_t from = lo > at ? lo - at : 0, to = hi < at + len ? hi - at : len;
+        if (from < to) {
+            zps_dtype_axpy(j->s->dtype, j->samples, (const uint8_t *)zmq_msg_data(frame) +
+                           from * esize, acc + at + from, to - from);
+        }
+        at += len;
+    }
+}
+
 static void s_accumulate(zps_shard *s, const zps_wire_msg *m, float samples)
 {
-    double *acc = s->acc + (m->hdr->offset - s->lo);
-    for (int f = 0; f < m->n_frames; f++) {
-        zmq_msg_t *frame = (zmq_msg_t *)&m->frames[f];
-        size_t len = zmq_msg_size(frame) / zps_dtype_size(s->dtype);
-        zps_dtype_axpy(s->dtype, samples, zmq_msg_data(frame), acc, len);
-        acc += len;
-    }
+    s_push_job j = {.s = s, .m = m, .samples = samples};
+    zps_pool_for(s->pool, m->payload_bytes / zps_dtype_size(s->dtype), 1, s_accumulate_range,
+                 &j);
 }
 
 // Whether the push belongs to this step and plan; the reason otherwise.
@@ -437,33 +467,51 @@ static void s_prepare_snapshot(zps_shard *s)
     s->snap = fresh;
 }
 
+// One bucket being updated, for the threads.
+typedef struct s_apply_job {
+    zps_shard *s;
+    size_t first;      // the bucket's first element in the range
+    float lr;
+} s_apply_job;
+
+// Elements [lo, hi) of the bucket: averaged, updated, kept as before and
+// as sent, the accumulator reset. Block by block, so each element crosses
+// the memory bus once for all of it.
+static void s_apply_range(void *arg, size_t lo, size_t hi, int thread)
+{
+    const s_apply_job *j = arg;
+    zps_shard *s = j->s;
+    double total = (double)s->global_batch;
+    size_t esize = zps_dtype_size(s->dtype);
+    float *grad = s->grad + (size_t)thread * ZPS_SHARD_BLOCK;
+    for (size_t at = j->first + lo, end = j->first + hi; at < end; at += ZPS_SHARD_BLOCK) {
+        size_t len = end - at < ZPS_SHARD_BLOCK ? end - at : ZPS_SHARD_BLOCK;
+        double *acc = s->acc + at;
+        for (size_t i = 0; i < len; i++) {
+            grad[i] = (float)(acc[i] / total);
+        }
+        memcpy(s->prev + at, s->params + at, len * sizeof(float));
+        if (s->optim.kind == ZPS_OPTIM_SGD) {
+            zps_optim_sgd(&s->optim, j->lr, s->params + at, s->state + at, grad, len);
+        } else {
+            zps_optim_adam(&s->optim, j->lr, s->optim_steps + 1, s->params + at, s->state + at,
+                           s->state + s->n + at, grad, len);
+        }
+        memset(acc, 0, len * sizeof(double));
+        zps_dtype_from_f32(s->dtype, s->params + at, s->snap->data + at * esize, len);
+    }
+}
+
 void zps_shard_apply(zps_shard *s, int bucket)
 {
     if (s->n_applied == 0) {
         s_prepare_snapshot(s);
     }
-    double total = (double)s->global_batch;
-    float lr = zps_optim_lr_at(&s->optim, s->step);
-    size_t esize = zps_dtype_size(s->dtype);
-    // Block by block, so each element crosses the memory bus once for the
-    // average, the update, the snapshot and the reset.
-    size_t end = s->buckets[bucket].hi - s->lo;
-    for (size_t lo = s->buckets[bucket].lo - s->lo; lo < end; lo += ZPS_SHARD_BLOCK) {
-        size_t len = end - lo < ZPS_SHARD_BLOCK ? end - lo : ZPS_SHARD_BLOCK;
-        double *acc = s->acc + lo;
-        for (size_t i = 0; i < len; i++) {
-            s->grad[i] = (float)(acc[i] / total);
-        }
-        memcpy(s->prev + lo, s->params + lo, len * sizeof(float));
-        if (s->optim.kind == ZPS_OPTIM_SGD) {
-            zps_optim_sgd(&s->optim, lr, s->params + lo, s->state + lo, s->grad, len);
-        } else {
-            zps_optim_adam(&s->optim, lr, s->optim_steps + 1, s->params + lo, s->state + lo,
-                           s->state + s->n + lo, s->grad, len);
-        }
-        memset(acc, 0, len * sizeof(double));
-        zps_dtype_from_f32(s->dtype, s->params + lo, s->snap->data + lo * esize, len);
-    }
+    s_apply_job j = {.s = s, .first = s->buckets[bucket].lo - s->lo,
+                     .lr = zps_optim_lr_at(&s->optim, s->step)};
+    // Ranges of whole blocks, so that no block of the pass is cut in two.
+    zps_pool_for(s->pool, s->buckets[bucket].hi - s->buckets[bucket].lo, ZPS_SHARD_BLOCK,
+                 s_apply_range, &j);
     s->applied[bucket] = true;
     s->n_applied++;
 }

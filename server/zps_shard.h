@@ -38,6 +38,10 @@ typedef struct zps_shard_cfg {
     // sent with INIT (zps_shard_take_init). Until they are all in, or a
     // checkpoint is restored, nothing is served and no push is counted.
     bool await_init;
+    // Threads that share the accumulate and the update of a bucket, the
+    // caller's included (0 or 1: none besides it). Element-wise: the
+    // parameters are the same bits for any number.
+    int threads;
 } zps_shard_cfg;
 
 // Caller owns the result; NULL on failure, logged.

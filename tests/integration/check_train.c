@@ -22,6 +22,7 @@ typedef struct run {
     const char *dtype;          // --wire-dtype
     const char *steps;          // --steps (NULL: STEPS)
     const char *const *optim;   // optimizer flags for shard 0, NULL-terminated (NULL: SGD)
+    const char *threads;        // every shard's --threads (NULL: 1)
 } run;
 
 // Trains STEPS steps of the run's job and returns the number of workers
@@ -37,7 +38,8 @@ static int s_train(zps_procs *ps, const run *r)
                              "--steps", r->steps ? r->steps : STEPS, "--model", MODEL,
                              "--seed", "3", "--shards", shards,
                              "--wire-dtype", r->dtype ? r->dtype : "fp32", "--metrics-log",
-                             zps_procs_path(ps, metrics), NULL};
+                             zps_procs_path(ps, metrics), "--threads",
+                             r->threads ? r->threads : "1", NULL};
     size_t n_args = 0;
     while (sargs[n_args]) {
         n_args++;
@@ -55,7 +57,7 @@ static int s_train(zps_procs *ps, const run *r)
         snprintf(index, sizeof index, "%d", k);
         snprintf(tag, sizeof tag, "%s-s%d", r->tag, k);
         const char *kargs[] = {"--shard", index, "--shards", shards, "--coordinator", endpoint,
-                               NULL};
+                               "--threads", r->threads ? r->threads : "1", NULL};
         zps_procs_start_server(ps, tag, &servers[k], kargs, 10000);
     }
     pid_t pids[8];
@@ -215,6 +217,39 @@ START_TEST(test_train_adamw_one_two_three_shards_give_identical_bits)
 }
 END_TEST
 
+// zps-server --threads: each bucket's accumulate and update split over
+// threads, element by element: the same bits as one thread, with AdamW on
+// 2 shards (ranges cut inside layers, so threads' ranges start mid-layer).
+START_TEST(test_train_shard_threads_give_the_bits_of_one_thread)
+{
+    static const char *const adamw[] = {"--optimizer", "adamw", "--lr", "0.001", NULL};
+    zps_procs ps;
+    zps_procs_init(&ps, "threads");
+    zps_model_spec spec;
+    ck_assert_int_eq(zps_model_parse(MODEL, &spec), ZPS_OK);
+    const char *threads[2] = {"1", "3"};
+    float *p[2];
+    for (int t = 0; t < 2; t++) {
+        char tag[16], file[32];
+        snprintf(tag, sizeof tag, "t%s", threads[t]);
+        run r = {.tag = tag, .batch = "64", .workers = 2, .shards = 2, .steps = "30",
+                 .optim = adamw, .threads = threads[t]};
+        ck_assert_int_eq(s_train(&ps, &r), 2);
+        snprintf(file, sizeof file, "%s-w1.bin", tag);
+        p[t] = zps_procs_load_params(&ps, file, spec.n_params);
+    }
+    ck_assert_msg(memcmp(p[0], p[1], spec.n_params * sizeof(float)) == 0,
+                  "--threads 3 differs from --threads 1");
+    float *init = malloc(spec.n_params * sizeof(float));
+    zps_model_init_params(&spec, 3, init);
+    ck_assert_double_gt(zps_max_abs_diff(p[0], init, spec.n_params), 1e-4); // it trained
+    free(init);
+    free(p[0]);
+    free(p[1]);
+    zps_procs_fini(&ps, false);
+}
+END_TEST
+
 // bf16 on the wire halves the bytes and stays close to the fp32 run.
 START_TEST(test_train_bf16_wire_stays_close_to_fp32)
 {
@@ -259,6 +294,7 @@ Suite *zps_suite_train(void)
     tcase_add_test(tc, test_train_one_two_three_shards_give_identical_bits);
     tcase_add_test(tc, test_train_adamw_one_two_three_shards_give_identical_bits);
     tcase_add_test(tc, test_train_bf16_wire_stays_close_to_fp32);
+    tcase_add_test(tc, test_train_shard_threads_give_the_bits_of_one_thread);
     suite_add_tcase(s, tc);
     return s;
 }

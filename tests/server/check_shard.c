@@ -466,6 +466,105 @@ START_TEST(test_shard_adamw_restored_from_checkpoint_continues_bitwise)
 }
 END_TEST
 
+// --threads: the same pushes give the same bits whatever the number of
+// threads. A flat model of 4 full buckets and a short one, each pushed in
+// frames of unequal length (a thread's range starts and ends inside frames).
+#define THREADS_P 300001u
+
+// Rank r's push of bucket [off, off + count) at `step`, in frames of at most
+// 30000 elements, the values drawn from (r, step, off).
+static zps_wire_msg s_push_frames(uint32_t rank, uint64_t step, uint64_t off, uint64_t count,
+                                  zps_dtype dtype, float *vals)
+{
+    uint64_t st = 0x9e3779b97f4a7c15ull ^ (rank * 1000003ull + step * 7919ull + off);
+    for (uint64_t i = 0; i < count; i++) {
+        st ^= st << 13;
+        st ^= st >> 7;
+        st ^= st << 17;
+        vals[i] = (float)((double)(st >> 11) / 9007199254740992.0 - 0.5);
+    }
+    zps_wire_msg m = s_push(rank, rank ? 22 : 11, step, rank ? 30 : 10, off, vals, count, dtype);
+    zmq_msg_close(&m.frames[0]);
+    size_t esize = zps_dtype_size(dtype);
+    m.n_frames = 0;
+    for (uint64_t at = 0; at < count; at += 30000) {
+        uint64_t len = count - at < 30000 ? count - at : 30000;
+        zmq_msg_init_size(&m.frames[m.n_frames], len * esize);
+        zps_dtype_from_f32(dtype, vals + at, zmq_msg_data(&m.frames[m.n_frames]), len);
+        m.n_frames++;
+    }
+    return m;
+}
+
+// Three steps of both ranks pushing every bucket into a shard of `threads`;
+// its parameters, as sent, into out (THREADS_P elements of the dtype).
+static void s_train_threads(const zps_model_spec *model, int threads, zps_optim_kind kind,
+                            zps_dtype dtype, uint8_t *out)
+{
+    zps_shard_cfg cfg = {.index = 0, .lo = 0, .hi = THREADS_P, .model = model, .seed = 4,
+                         .global_batch = 40, .dtype = dtype, .threads = threads,
+                         .optim = {.kind = kind, .lr = 0.01f, .momentum = 0.9f,
+                                   .weight_decay = 0.01f, .beta1 = 0.9f, .beta2 = 0.999f,
+                                   .eps = 1e-8f, .schedule = ZPS_LR_CONSTANT}};
+    zps_shard *s = zps_shard_new(&cfg);
+    ck_assert_ptr_nonnull(s);
+    s_add_plan(s);
+    static float vals[65536];
+    for (uint64_t step = 0; step < 3; step++) {
+        for (int b = zps_shard_n_buckets(s) - 1; b >= 0; b--) {
+            const void *data;
+            uint64_t off, count;
+            zps_wire_ref *ref;
+            zps_shard_bucket_params(s, b, &data, &off, &count, &ref);
+            int ready = -1;
+            for (uint32_t r = 0; r < 2; r++) {
+                zps_wire_msg m = s_push_frames(r, step, off, count, dtype, vals);
+                char why[256] = "";
+                ck_assert_int_eq(zps_shard_push(s, &m, &ready, why, sizeof why), ZPS_OK);
+                zps_wire_msg_fini(&m);
+            }
+            ck_assert_int_eq(ready, b);
+            zps_shard_apply(s, ready);
+        }
+        zps_shard_end_step(s);
+    }
+    size_t esize = zps_dtype_size(dtype);
+    for (int b = 0; b < zps_shard_n_buckets(s); b++) {
+        const void *data;
+        uint64_t off, count;
+        zps_wire_ref *ref;
+        zps_shard_bucket_params(s, b, &data, &off, &count, &ref);
+        memcpy(out + off * esize, data, count * esize);
+    }
+    zps_shard_destroy(&s);
+}
+
+START_TEST(test_shard_threads_give_the_same_bits_for_any_number)
+{
+    zps_model_spec model;
+    ck_assert_int_eq(zps_model_parse("flat:300001", &model), ZPS_OK);
+    const struct {
+        zps_optim_kind kind;
+        zps_dtype dtype;
+    } cases[] = {{ZPS_OPTIM_SGD, ZPS_DTYPE_F32}, {ZPS_OPTIM_ADAMW, ZPS_DTYPE_F32},
+                 {ZPS_OPTIM_SGD, ZPS_DTYPE_BF16}};
+    static uint8_t one[THREADS_P * 4], many[THREADS_P * 4], init[THREADS_P * 4];
+    for (size_t c = 0; c < sizeof cases / sizeof cases[0]; c++) {
+        size_t bytes = THREADS_P * zps_dtype_size(cases[c].dtype);
+        s_train_threads(&model, 1, cases[c].kind, cases[c].dtype, one);
+        zps_model_init_range(&model, 4, 0, THREADS_P, (float *)init);
+        ck_assert(memcmp(one, init, bytes) != 0); // the steps moved them
+        const int threads[] = {2, 3, 7};
+        for (int t = 0; t < 3; t++) {
+            memset(many, 0xa5, sizeof many);
+            s_train_threads(&model, threads[t], cases[c].kind, cases[c].dtype, many);
+            ck_assert_msg(memcmp(one, many, bytes) == 0, "case %zu: %d threads differ from one",
+                          c, threads[t]);
+        }
+    }
+}
+END_TEST
+
 Suite *zps_suite_shard(void)
 {
     Suite *s = suite_create("shard");
@@ -478,6 +577,7 @@ Suite *zps_suite_shard(void)
     tcase_add_test(tc, test_shard_bf16_pushes_and_replies);
     tcase_add_test(tc, test_shard_waits_for_initial_values_then_serves_them);
     tcase_add_test(tc, test_shard_adamw_restored_from_checkpoint_continues_bitwise);
+    tcase_add_test(tc, test_shard_threads_give_the_same_bits_for_any_number);
     suite_add_tcase(s, tc);
     return s;
 }
