@@ -443,7 +443,7 @@ static void s_members_setup_cfg(mjob *j, zps_coord_cfg *cfg)
 {
     memset(j, 0, sizeof *j);
     for (int i = 0; i < MAX_W; i++) {
-        char id[8];
+        char id[16];
         snprintf(id, sizeof id, "w%d", i);
         s_peer_init(&j->w[i], id);
     }
