@@ -1,4 +1,4 @@
-/* zps_coord_render.c - the STATUS reply and the documents of --http. */
+/* zps_coord_render.c - the STATUS reply, the documents of --http and the metrics-log line. */
 #include "zps_coord_int.h"
 
 #include <stdlib.h>
