@@ -18,7 +18,6 @@ struct zps_eval {
     uint8_t *seen;       // owned: a bit per test record counted
     uint64_t last_done;  // the newest complete epoch, UINT64_MAX if none
     double accuracy;     // of last_done, -1 before
-    uint64_t done;       // complete epochs
 };
 
 zps_eval *zps_eval_new(uint32_t n_test, FILE *metrics)
@@ -53,7 +52,6 @@ static void s_complete(zps_eval *e)
     double acc = (double)e->correct / (double)e->count;
     double loss = e->loss_sum / (double)e->count;
     e->accuracy = acc;
-    e->done++;
     zps_log_info("epoch %llu: test accuracy %.4f, test loss %.4f",
                  (unsigned long long)e->epoch, acc, loss);
     if (e->metrics) {
@@ -127,9 +125,4 @@ zps_err zps_eval_take(zps_eval *e, const Zps__Eval *ev)
 double zps_eval_accuracy(const zps_eval *e)
 {
     return e->accuracy;
-}
-
-uint64_t zps_eval_count(const zps_eval *e)
-{
-    return e->done;
 }

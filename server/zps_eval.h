@@ -29,7 +29,5 @@ zps_err zps_eval_take(zps_eval *e, const Zps__Eval *ev);
 
 // The newest complete epoch's test accuracy, -1 before any.
 double zps_eval_accuracy(const zps_eval *e);
-// Epochs evaluated completely.
-uint64_t zps_eval_count(const zps_eval *e);
 
 #endif

@@ -118,11 +118,6 @@ void zps_pool_destroy(zps_pool **pp)
     *pp = NULL;
 }
 
-int zps_pool_threads(const zps_pool *p)
-{
-    return p ? p->threads : 1;
-}
-
 // Waits for the other threads' ranges of this round, saying what it waits
 // for every ZPS_POOL_WARN_S.
 static void s_join(zps_pool *p)

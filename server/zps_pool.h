@@ -26,7 +26,6 @@ typedef void (*zps_pool_fn)(void *arg, size_t lo, size_t hi, int thread);
 zps_pool *zps_pool_new(int threads);
 // Stops and joins the threads.
 void zps_pool_destroy(zps_pool **p);
-int zps_pool_threads(const zps_pool *p);
 
 // Runs fn over [0, n), each range's length a multiple of `align` but the
 // last (align >= 1), and waits for all of them.
