@@ -49,6 +49,15 @@ zps_err zps_wire_set_sndbuf(void *sock, int bytes)
     return ZPS_OK;
 }
 
+zps_err zps_wire_set_rcvhwm(void *sock, int messages)
+{
+    if (zmq_setsockopt(sock, ZMQ_RCVHWM, &messages, sizeof messages) != 0) {
+        zps_log_error("zmq_setsockopt ZMQ_RCVHWM %d: %s", messages, zmq_strerror(errno));
+        return ZPS_EIO;
+    }
+    return ZPS_OK;
+}
+
 void zps_wire_header_init(Zps__Header *h, Zps__MsgType type)
 {
     zps__header__init(h);

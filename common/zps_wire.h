@@ -63,6 +63,12 @@ void *zps_wire_socket(void *ctx, int type, int timeout_ms);
 // call keep their buffer. ZPS_EIO if ZeroMQ refuses (logged).
 zps_err zps_wire_set_sndbuf(void *sock, int bytes);
 
+// Complete messages ZeroMQ may take in from each peer before the caller
+// reads them (0: no bound, zps_wire_socket's default). Past it ZeroMQ stops
+// reading that peer's connection, and TCP holds the sender back. ZPS_EIO
+// if ZeroMQ refuses (logged).
+zps_err zps_wire_set_rcvhwm(void *sock, int messages);
+
 void zps_wire_header_init(Zps__Header *h, Zps__MsgType type);
 
 // Receives one whole multipart message (with its routing id first when

@@ -108,6 +108,10 @@ bool zps_shard_slice_done(const zps_shard *s, uint32_t offset, uint32_t count);
 // the reference to pass to zps_wire_send to send them zero-copy.
 void zps_shard_bucket_params(zps_shard *s, int b, const void **data, uint64_t *offset,
                              uint64_t *count, zps_wire_ref **ref);
+// True when those wire values are bucket b's parameters as of `step`, so
+// that a PULL of that step can be answered from them zero-copy: one buffer
+// for every joining peer instead of a copy each.
+bool zps_shard_bucket_params_are(const zps_shard *s, int b, uint64_t step);
 
 // Writes the shard's state after its completed steps (call between steps)
 // as a checkpoint in dir, keeping the newest `keep`. Logged on failure.

@@ -91,7 +91,7 @@ static void s_send_bucket(zps_shard_io *io, zmq_msg_t *route, int b, uint64_t st
 }
 
 // Sends bucket b's fp32 values (as of a step) converted to the wire dtype:
-// a copy, since a joining peer may read slowly.
+// a copy, for values older than those the shard sends now.
 static void s_send_values(zps_shard_io *io, zmq_msg_t *route, int b, uint64_t step,
                           const float *values)
 {
@@ -138,7 +138,11 @@ static bool s_serve_pull(zps_shard_io *io, zmq_msg_t *route, uint64_t step, zps_
         const float *values;
         if (!zps_bucket_set_has(sent, b) &&
             zps_shard_bucket_at(io->shard, b, step, &values) == ZPS_OK) {
-            s_send_values(io, route, b, step, values);
+            if (zps_shard_bucket_params_are(io->shard, b, step)) {
+                s_send_bucket(io, route, b, step, true);
+            } else {
+                s_send_values(io, route, b, step, values);
+            }
             zps_bucket_set_add(sent, b);
         }
     }

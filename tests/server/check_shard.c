@@ -283,6 +283,18 @@ START_TEST(test_shard_serves_parameters_of_the_step_in_progress)
     ck_assert_int_eq(zps_shard_bucket_at(s, 1, 1, &v), ZPS_EAGAIN);
     ck_assert_int_eq(zps_shard_bucket_at(s, 1, 0, &v), ZPS_OK);
     ck_assert_int_eq(zps_shard_bucket_at(s, 1, 3, &v), ZPS_ESTALE);
+    // The wire buffer, which a PULL is answered from zero-copy, holds bucket
+    // 0 as of step 1 and bucket 1 as of step 0; older values are copies.
+    ck_assert(zps_shard_bucket_params_are(s, 0, 1));
+    ck_assert(!zps_shard_bucket_params_are(s, 0, 0));
+    ck_assert(zps_shard_bucket_params_are(s, 1, 0));
+    ck_assert(!zps_shard_bucket_params_are(s, 1, 1));
+    const void *wire;
+    uint64_t offset, count;
+    zps_wire_ref *ref;
+    zps_shard_bucket_params(s, 0, &wire, &offset, &count, &ref);
+    ck_assert_int_eq(zps_shard_bucket_at(s, 0, 1, &v), ZPS_OK);
+    ck_assert_mem_eq(wire, v, count * sizeof(float));
     zps_shard_destroy(&s);
 }
 END_TEST
