@@ -409,7 +409,8 @@ case_e() {
         return
     fi
     note "e: $name; $e_steps steps (bench/cluster.sh, several minutes)"
-    launch "$run/e.log" 1500 bash bench/cluster.sh -n "$e_steps"
+    # TMPDIR: its logs directory lies in this run's, kept or removed with it.
+    launch "$run/e.log" 1500 env TMPDIR="$run" bash bench/cluster.sh -n "$e_steps"
     if ! wait_all; then
         fail_case e "bench/cluster.sh" "$run/e.log"
         return
@@ -432,7 +433,7 @@ case_e() {
         row "e. $name" "$(fmt "$z") s/step" "gloo: SKIPPED (no python3-torch)" "-" "≤ 0.8 ×" "-"
     fi
     r=$(ratio "$z" "$b")
-    row "e. $name" "$(fmt "$z") s/step" "link bound (4P bytes / rate): $(fmt "$b") s; zps --sndbuf 32768: ${zs:-?} s" \
+    row "e. $name" "$(fmt "$z") s/step" "link bound (4P bytes / rate): $(fmt "$b") s; zps --sndbuf 32768: $(fmt "${zs:-0}") s" \
         "$r ×" "≤ 1.15 ×" "$(met "$r" 1.15)"
 }
 
