@@ -10,7 +10,8 @@
 #   b  the default job (MLP 784-512-512-10, Fashion-MNIST, batch 128) on 2
 #      and on 1 CPU workers against PyTorch DDP (gloo, 2 ranks) and one
 #      PyTorch process on batch 128 (bench/torch_ddp.py; 1 thread each, as
-#      a zps-worker);
+#      a zps-worker; and the one process with 2 threads, the cores 2
+#      workers use);
 #   c  flat:16M, 2 workers, 2 shards against the bare C parameter server
 #      (build/bench/bare_ps), gloo's all_reduce of the same tensor on 2
 #      ranks (bench/gloo_allreduce.py) and the ZeroMQ ceiling;
@@ -225,15 +226,16 @@ comm_field() {
     awk -F, -v w="$2" -v f="$3" 'NR > 1 && $4 == w {print $f; exit}' "$run/$1.csv"
 }
 
-# torch_run TAG SECONDS WORLD STEPS: bench/torch_ddp.py on the default job's
-# MLP; prints rank 0's median ms/step.
+# torch_run TAG SECONDS WORLD STEPS [THREADS]: bench/torch_ddp.py on the
+# default job's MLP, THREADS (1) torch threads per process; prints rank 0's
+# median ms/step.
 torch_run() {
-    local tag=$1 secs=$2 world=$3 steps=$4 r port=0
+    local tag=$1 secs=$2 world=$3 steps=$4 threads=${5:-1} r port=0
     [ "$world" = 1 ] || port=$(free_port)
     for ((r = 0; r < world; r++)); do
         launch "$run/$tag-r$r.log" "$secs" "$py" bench/torch_ddp.py --rank "$r" \
             --world-size "$world" --port "$port" --model "$model" --global-batch 128 \
-            --lr 0.05 --momentum 0.9 --steps "$steps" --warmup 20
+            --lr 0.05 --momentum 0.9 --steps "$steps" --warmup 20 --threads "$threads"
     done
     wait_all || return 1
     sed -n 's/^median: \([0-9.]*\) ms\/step.*/\1/p' "$run/$tag-r0.log" | grep .
@@ -276,9 +278,9 @@ case_a() {
 }
 
 case_b() {
-    local rep z2=() z1=() dd=() sg=() comp=() wt=() v steps=$b_steps
+    local rep z2=() z1=() dd=() sg=() sg2=() comp=() wt=() v steps=$b_steps
     local tsteps=$((steps - b_skip))
-    note "b: default job ($model, batch 128): zps 2 and 1 workers, DDP 2 ranks, one process; $repeats x $steps steps"
+    note "b: default job ($model, batch 128): zps 2 and 1 workers, DDP 2 ranks, one process (1 and 2 threads); $repeats x $steps steps"
     for ((rep = 1; rep <= repeats; rep++)); do
         if ! zps_job "b2-$rep" 600 2 1 "$steps" --lr-schedule constant; then
             fail_case b "zps, 2 workers" "$run/b2-$rep-s0.log"
@@ -305,16 +307,23 @@ case_b() {
             return
         fi
         sg+=("$v")
-        note "   repeat $rep: zps 2 workers ${z2[-1]}, 1 worker ${z1[-1]}, DDP ${dd[-1]}, one process ${sg[-1]} ms/step"
+        # The two cores zps's two workers use, in one process.
+        if ! v=$(torch_run "single2-$rep" 600 1 "$tsteps" 2); then
+            fail_case b "one PyTorch process, 2 threads" "$run/single2-$rep-r0.log"
+            return
+        fi
+        sg2+=("$v")
+        note "   repeat $rep: zps 2 workers ${z2[-1]}, 1 worker ${z1[-1]}, DDP ${dd[-1]}, one process ${sg[-1]} (2 threads ${sg2[-1]}) ms/step"
     done
-    local m2 m1 md ms mc mw
+    local m2 m1 md ms ms2 mc mw
     m2=$(printf '%s\n' "${z2[@]}" | median)
     m1=$(printf '%s\n' "${z1[@]}" | median)
     md=$(printf '%s\n' "${dd[@]}" | median)
     ms=$(printf '%s\n' "${sg[@]}" | median)
+    ms2=$(printf '%s\n' "${sg2[@]}" | median)
     mc=$(printf '%s\n' "${comp[@]}" | median)
     mw=$(printf '%s\n' "${wt[@]}" | median)
-    if ! { [ -n "$m2" ] && [ -n "$m1" ] && [ -n "$md" ] && [ -n "$ms" ]; }; then
+    if ! { [ -n "$m2" ] && [ -n "$m1" ] && [ -n "$md" ] && [ -n "$ms" ] && [ -n "$ms2" ]; }; then
         fail_case b "parsing a figure" "$run/b2-1-s0.log"
         return
     fi
@@ -323,6 +332,9 @@ case_b() {
     r=$(ratio "$m2" "$ms")
     row "b. $name, 2 CPU workers" "$(fmt "$m2") ms/step" "one PyTorch process on batch 128: $(fmt "$ms") ms" \
         "$r ×" "≤ 1.0 ×" "$(met "$r" 1.0)"
+    r=$(ratio "$m2" "$ms2")
+    row "b. $name, 2 CPU workers" "$(fmt "$m2") ms/step" "one PyTorch process on batch 128, 2 threads: $(fmt "$ms2") ms" \
+        "$r ×" "-" "-"
     r=$(ratio "$m2" "$md")
     row "b. $name, 2 CPU workers" "$(fmt "$m2") ms/step" "PyTorch DDP (gloo, 2 ranks): $(fmt "$md") ms" \
         "$r ×" "≤ 0.7 ×" "$(met "$r" 0.7)"
