@@ -96,6 +96,7 @@ model=mlp:784-512-512-10
 run=$(mktemp -d "${TMPDIR:-/tmp}/zps-bench-all-XXXXXX")
 pids=()   # every timeout wrapper started, killed by pid on exit
 failed=0
+got=''     # the figure torch_run and gloo_run measured
 
 kill_all() {
     local p
@@ -153,7 +154,7 @@ wait_file() {
 
 # A TCP port free now on loopback (gloo's rendezvous).
 free_port() {
-    "$py" -c 'import socket; s = socket.socket(); s.bind(("127.0.0.1", 0)); print(s.getsockname()[1])'
+    timeout 30 "$py" -c 'import socket; s = socket.socket(); s.bind(("127.0.0.1", 0)); print(s.getsockname()[1])'
 }
 
 median() { sort -g | awk '{a[NR] = $1} END {if (NR) print (NR % 2) ? a[(NR + 1) / 2] : (a[NR / 2] + a[NR / 2 + 1]) / 2}'; }
@@ -227,8 +228,9 @@ comm_field() {
 }
 
 # torch_run TAG SECONDS WORLD STEPS [THREADS]: bench/torch_ddp.py on the
-# default job's MLP, THREADS (1) torch threads per process; prints rank 0's
-# median ms/step.
+# default job's MLP, THREADS (1) torch threads per process; sets got to rank
+# 0's median ms/step. (Not in a $(...) subshell: what it launches must be in
+# this shell's pids, for the EXIT trap.)
 torch_run() {
     local tag=$1 secs=$2 world=$3 steps=$4 threads=${5:-1} r port=0
     [ "$world" = 1 ] || port=$(free_port)
@@ -238,11 +240,12 @@ torch_run() {
             --lr 0.05 --momentum 0.9 --steps "$steps" --warmup 20 --threads "$threads"
     done
     wait_all || return 1
-    sed -n 's/^median: \([0-9.]*\) ms\/step.*/\1/p' "$run/$tag-r0.log" | grep .
+    got=$(sed -n 's/^median: \([0-9.]*\) ms\/step.*/\1/p' "$run/$tag-r0.log")
+    [ -n "$got" ]
 }
 
 # gloo_run TAG SECONDS FLOATS REPEATS: gloo's all_reduce on 2 local ranks;
-# prints the median ms.
+# sets got to the median ms (as torch_run, not in a subshell).
 gloo_run() {
     local tag=$1 secs=$2 floats=$3 reps=$4 r port
     port=$(free_port)
@@ -252,7 +255,8 @@ gloo_run() {
             "$py" bench/gloo_allreduce.py "$floats" "$reps"
     done
     wait_all || return 1
-    sed -n 's/.*median \([0-9.]*\) s.*/\1/p' "$run/$tag-r0.log" | awk 'NF {print $1 * 1000}' | grep .
+    got=$(sed -n 's/.*median \([0-9.]*\) s.*/\1/p' "$run/$tag-r0.log" | awk 'NF {print $1 * 1000}')
+    [ -n "$got" ]
 }
 
 # ---------------------------------------------------------------- cases
@@ -297,22 +301,22 @@ case_b() {
             "$run/b1-$rep-w0.log" | tail -n 1)
         comp+=("${v% *}")
         wt+=("${v#* }")
-        if ! v=$(torch_run "ddp-$rep" 600 2 "$tsteps"); then
+        if ! torch_run "ddp-$rep" 600 2 "$tsteps"; then
             fail_case b "PyTorch DDP" "$run/ddp-$rep-r0.log"
             return
         fi
-        dd+=("$v")
-        if ! v=$(torch_run "single-$rep" 600 1 "$tsteps"); then
+        dd+=("$got")
+        if ! torch_run "single-$rep" 600 1 "$tsteps"; then
             fail_case b "one PyTorch process" "$run/single-$rep-r0.log"
             return
         fi
-        sg+=("$v")
+        sg+=("$got")
         # The two cores zps's two workers use, in one process.
-        if ! v=$(torch_run "single2-$rep" 600 1 "$tsteps" 2); then
+        if ! torch_run "single2-$rep" 600 1 "$tsteps" 2; then
             fail_case b "one PyTorch process, 2 threads" "$run/single2-$rep-r0.log"
             return
         fi
-        sg2+=("$v")
+        sg2+=("$got")
         note "   repeat $rep: zps 2 workers ${z2[-1]}, 1 worker ${z1[-1]}, DDP ${dd[-1]}, one process ${sg[-1]} (2 threads ${sg2[-1]}) ms/step"
     done
     local m2 m1 md ms ms2 mc mw
@@ -361,11 +365,11 @@ case_c() {
             return
         fi
         bs+=("$(sed -n 's/^bare_ps .* step_ms=\([0-9.]*\) .*/\1/p' "$run/bare-$rep.log")")
-        if ! v=$(gloo_run "gloo-$rep" 300 "$P" $((steps - 2))); then
+        if ! gloo_run "gloo-$rep" 300 "$P" $((steps - 2)); then
             fail_case c "gloo all_reduce" "$run/gloo-$rep-r0.log"
             return
         fi
-        gs+=("$v")
+        gs+=("$got")
         note "   repeat $rep: zps ${zs[-1]}, ceiling ${cs[-1]}, bare PS ${bs[-1]}, gloo ${gs[-1]} ms/step"
     done
     local z c b g r name="flat:16M, 2 workers, 2 shards"
@@ -459,7 +463,7 @@ case_f() {
             row "f. $name" "SKIPPED: no GPU (no nvidia-smi)" "-" "-" "$target" "-"
             return
         fi
-        if ! bin/zps-worker --check-device --device "$dev" >"$run/f-check.log" 2>&1; then
+        if ! timeout 60 bin/zps-worker --check-device --device "$dev" >"$run/f-check.log" 2>&1; then
             row "f. $name" "SKIPPED: no usable GPU: $(tail -n 1 "$run/f-check.log")" "-" "-" "$target" "-"
             return
         fi
@@ -494,14 +498,14 @@ for f in bin/zps-server bin/zps-worker bin/libzps.so.1 build/bench/zmq_ceiling b
     [ -e "$f" ] || die "$f is missing: run make all build/bench/zmq_ceiling build/bench/bare_ps (or make bench-all)"
 done
 if wants b || wants c; then
-    "$py" -c 'import torch.distributed' 2>/dev/null ||
+    timeout 120 "$py" -c 'import torch.distributed' 2>/dev/null ||
         die "cases b and c need Debian's python3-torch for $py (apt-get install python3-torch)"
 fi
 
 rev=$(git rev-parse --short HEAD 2>/dev/null || echo unknown)
 git diff --quiet HEAD 2>/dev/null || rev="$rev+changes"
 start=$SECONDS
-header="zps bench/all.sh: $(date -u +%Y-%m-%dT%H:%MZ), commit $rev, $(nproc) cores ($(grep -m1 'model name' /proc/cpuinfo | cut -d: -f2 | xargs)), load $(cut -d' ' -f1-3 /proc/loadavg) at the start; $([ "$quick" = 1 ] && echo "--quick, ")median of $repeats repeat(s); loopback TCP; torch $("$py" -c 'import torch; print(torch.__version__)' 2>/dev/null || echo -), 1 thread per process"
+header="zps bench/all.sh: $(date -u +%Y-%m-%dT%H:%MZ), commit $rev, $(nproc) cores ($(grep -m1 'model name' /proc/cpuinfo | cut -d: -f2 | xargs)), load $(cut -d' ' -f1-3 /proc/loadavg) at the start; $([ "$quick" = 1 ] && echo "--quick, ")median of $repeats repeat(s); loopback TCP; torch $(timeout 120 "$py" -c 'import torch; print(torch.__version__)' 2>/dev/null || echo -); every process 1 thread unless its row says otherwise"
 echo "$header"
 : >"$run/rows"
 if wants a; then case_a; fi
