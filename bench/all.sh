@@ -161,6 +161,16 @@ free_port() {
 median() { sort -g | awk '{a[NR] = $1} END {if (NR) print (NR % 2) ? a[(NR + 1) / 2] : (a[NR / 2] + a[NR / 2 + 1]) / 2}'; }
 fmt() { awk -v v="$1" -v d="${2:-2}" 'BEGIN {printf "%.*f", d, v}'; }
 ratio() { awk -v a="$1" -v b="$2" 'BEGIN {printf "%.2f", a / b}'; }
+# pratio "A1 A2 ..." "B1 B2 ...": the median of the repeats' own ratios Ai/Bi
+# (each pair measured minutes apart at most, so load drift cancels).
+pratio() {
+    local a b i
+    read -r -a a <<<"$1"
+    read -r -a b <<<"$2"
+    for i in "${!a[@]}"; do
+        awk -v x="${a[$i]}" -v y="${b[$i]}" 'BEGIN {print x / y}'
+    done | median | awk '{printf "%.2f", $1}'
+}
 # met RATIO LIMIT: "met" if RATIO <= LIMIT.
 met() { awk -v r="$1" -v l="$2" 'BEGIN {print (r <= l) ? "met" : "not met"}'; }
 note() { echo "[$(date -u +%H:%M:%S)] $*"; }
@@ -175,6 +185,14 @@ fail_case() {
     row "$1" "FAILED: $2" "-" "-" "-" "-"
     echo "bench/all.sh: $1: $2 failed; the end of ${3##*/}:" >&2
     tail -n 8 "$3" | sed 's/^/    /' >&2
+}
+
+# figure CASE WHAT LOG VALUE: fails the case (and returns 1) if VALUE, a
+# figure just parsed from a log, is empty.
+figure() {
+    [ -n "$4" ] && return 0
+    fail_case "$1" "parsing $2" "$3"
+    return 1
 }
 
 # ---------------------------------------------------------------- zps jobs
@@ -263,21 +281,27 @@ gloo_run() {
 # ---------------------------------------------------------------- cases
 
 case_a() {
-    local name="flat:669706, 1 worker, 1 shard"
+    local name="flat:669706, 1 worker, 1 shard" rep zs=() cs=()
     note "a: $name; zps and the ZeroMQ round trip, $repeats x $a_steps steps (bench/comm)"
-    if ! run_comm a 600 --floats 669706 --workers 1 --shards 1 --repeats "$repeats" \
-        --steps "$a_steps"; then
-        fail_case a "bench/comm" "$run/a.log"
-        return
-    fi
+    for ((rep = 1; rep <= repeats; rep++)); do
+        if ! run_comm "a-$rep" 600 --floats 669706 --workers 1 --shards 1 --repeats 1 \
+            --steps "$a_steps"; then
+            fail_case a "bench/comm" "$run/a-$rep.log"
+            return
+        fi
+        zs+=("$(comm_field "a-$rep" 1 9)")
+        cs+=("$(comm_field "a-$rep" 1 11)")
+        figure a "bench/comm's CSV" "$run/a-$rep.log" "${zs[-1]}" || return 0
+        figure a "bench/comm's CSV" "$run/a-$rep.log" "${cs[-1]}" || return 0
+    done
     local z c
-    z=$(comm_field a 1 9)
-    c=$(comm_field a 1 11)
-    if ! { [ -n "$z" ] && [ -n "$c" ]; }; then
-        fail_case a "bench/comm's CSV" "$run/a.log"
+    z=$(printf '%s\n' "${zs[@]}" | median)
+    c=$(printf '%s\n' "${cs[@]}" | median)
+    if ! { [ -n "$z" ] && [ -n "$c" ] && [ ${#zs[@]} = "$repeats" ]; }; then
+        fail_case a "bench/comm's CSV" "$run/a-1.log"
         return
     fi
-    local r; r=$(ratio "$z" "$c")
+    local r; r=$(pratio "${zs[*]}" "${cs[*]}")
     row "a. $name" "$(fmt "$z") ms/step" "raw ZeroMQ round trip (zmq_ceiling): $(fmt "$c") ms" \
         "$r ×" "≤ 1.3 ×" "$(met "$r" 1.3)"
 }
@@ -297,11 +321,13 @@ case_b() {
             return
         fi
         z2+=("$(zps_ms "b2-$rep" "$b_skip")")
+        figure b "zps's metrics log" "$run/b2-$rep-s0.log" "${z2[-1]}" || return 0
         if ! zps_job "b1-$rep" 600 1 1 "$steps" --lr-schedule constant; then
             fail_case b "zps, 1 worker" "$run/b1-$rep-s0.log"
             return
         fi
         z1+=("$(zps_ms "b1-$rep" "$b_skip")")
+        figure b "zps's metrics log" "$run/b1-$rep-s0.log" "${z1[-1]}" || return 0
         # The worker's own split of its step: compute, push and wait.
         v=$(sed -n 's/.*timing: .* compute \([0-9.]*\), push and wait for parameters \([0-9.]*\) ms.*/\1 \2/p' \
             "$run/b1-$rep-w0.log" | tail -n 1)
@@ -341,16 +367,16 @@ case_b() {
     fi
     local name="default job"
     local r
-    r=$(ratio "$m2" "$ms")
+    r=$(pratio "${z2[*]}" "${sg[*]}")
     row "b. $name, 2 CPU workers" "$(fmt "$m2") ms/step" "one PyTorch process on batch 128: $(fmt "$ms") ms" \
         "$r ×" "≤ 1.0 ×" "$(met "$r" 1.0)"
-    r=$(ratio "$m2" "$ms2")
+    r=$(pratio "${z2[*]}" "${sg2[*]}")
     row "b. $name, 2 CPU workers" "$(fmt "$m2") ms/step" "one PyTorch process on batch 128, 2 threads: $(fmt "$ms2") ms" \
         "$r ×" "-" "-"
-    r=$(ratio "$m2" "$md")
+    r=$(pratio "${z2[*]}" "${dd[*]}")
     row "b. $name, 2 CPU workers" "$(fmt "$m2") ms/step" "PyTorch DDP (gloo, 2 ranks): $(fmt "$md") ms" \
         "$r ×" "≤ 0.7 ×" "$(met "$r" 0.7)"
-    r=$(ratio "$m1" "$ms")
+    r=$(pratio "${z1[*]}" "${sg[*]}")
     row "b. $name, 1 CPU worker" "$(fmt "$m1") ms/step (worker means: compute $(fmt "${mc:-0}" 1), push and wait $(fmt "${mw:-0}" 1))" \
         "one PyTorch process on batch 128: $(fmt "$ms") ms" "$r ×" "-" "-"
 }
@@ -366,6 +392,8 @@ case_c() {
         fi
         zs+=("$(comm_field "c-$rep" 2 9)")
         cs+=("$(comm_field "c-$rep" 2 11)")
+        figure c "bench/comm's CSV" "$run/c-$rep.log" "${zs[-1]}" || return 0
+        figure c "bench/comm's CSV" "$run/c-$rep.log" "${cs[-1]}" || return 0
         launch "$run/bare-$rep.log" 300 build/bench/bare_ps --workers 2 --shards 2 --floats "$P" \
             --steps $((steps - 2)) --warmup 2
         if ! wait_all; then
@@ -373,6 +401,7 @@ case_c() {
             return
         fi
         bs+=("$(sed -n 's/^bare_ps .* step_ms=\([0-9.]*\) .*/\1/p' "$run/bare-$rep.log")")
+        figure c "bare_ps's line" "$run/bare-$rep.log" "${bs[-1]}" || return 0
         got=-
         if [ "$have_torch" = 1 ] && ! gloo_run "gloo-$rep" 300 "$P" $((steps - 2)); then
             fail_case c "gloo all_reduce" "$run/gloo-$rep-r0.log"
@@ -390,18 +419,18 @@ case_c() {
         fail_case c "parsing a figure" "$run/c-1.log"
         return
     fi
-    r=$(ratio "$z" "$b")
+    r=$(pratio "${zs[*]}" "${bs[*]}")
     row "c. $name" "$(fmt "$z" 1) ms/step" "bare C parameter server (bare_ps, TCP): $(fmt "$b" 1) ms" \
         "$r ×" "≤ 0.75 ×" "$(met "$r" 0.75)"
     if [ -n "$g" ]; then
-        r=$(ratio "$z" "$g")
+        r=$(pratio "${zs[*]}" "${gs[*]}")
         row "c. $name" "$(fmt "$z" 1) ms/step (TCP)" "gloo all_reduce, 2 ranks: $(fmt "$g" 1) ms" \
             "$r ×" "≤ 1.0 × (shared-memory path)" "$(met "$r" 1.0)"
     else
         row "c. $name" "$(fmt "$z" 1) ms/step (TCP)" "gloo: SKIPPED (no python3-torch for $py)" "-" \
             "≤ 1.0 × (shared-memory path)" "-"
     fi
-    r=$(ratio "$z" "$c")
+    r=$(pratio "${zs[*]}" "${cs[*]}")
     row "c. $name" "$(fmt "$z" 1) ms/step" "raw ZeroMQ, same bytes, no arithmetic: $(fmt "$c" 1) ms" \
         "$r ×" "-" "-"
 }
@@ -491,16 +520,18 @@ case_f() {
             return
         fi
         a+=("$(zps_ms "f1-$rep" 3)")
+        figure f "zps's metrics log" "$run/f1-$rep-s0.log" "${a[-1]}" || return 0
         if ! zps_job "f4-$rep" 600 1 4 "$f_steps" "${flags[@]}" --wire-dtype bf16 -- --device "$dev"; then
             fail_case f "4 shards bf16" "$run/f4-$rep-w0.log"
             return
         fi
         b+=("$(zps_ms "f4-$rep" 3)")
+        figure f "zps's metrics log" "$run/f4-$rep-s0.log" "${b[-1]}" || return 0
     done
     local ma mb r
     ma=$(printf '%s\n' "${a[@]}" | median)
     mb=$(printf '%s\n' "${b[@]}" | median)
-    r=$(ratio "$mb" "$ma")
+    r=$(pratio "${b[*]}" "${a[*]}")
     row "f. $name, 4 shards, bf16" "$(fmt "$(awk -v m="$mb" 'BEGIN {print m / 1000}')" 3) s/step" \
         "1 shard, fp32 wire: $(fmt "$(awk -v m="$ma" 'BEGIN {print m / 1000}')" 3) s" "$r ×" "$target" \
         "$(awk -v m="$mb" 'BEGIN {print (m <= 300) ? "met" : "not met"}')"
@@ -554,7 +585,7 @@ echo
         }
     }'
 echo
-echo "ratio: zps's figure / the comparison's (time, or RSS in d); lower is better. Each figure: the median over repeats of a run's median step."
+echo "Each figure: the median over the repeats of a run's median step. ratio: zps / the comparison (time, or RSS in d), the median of the repeats' own ratios (each pair measured side by side); lower is better."
 [ "$cluster" = 1 ] || echo "e (the emulated cluster) is off by default: it needs root; bench/all.sh --cluster runs it."
 echo "$((SECONDS - start)) s"
 
@@ -567,7 +598,8 @@ if [ -n "$md" ]; then
         awk -F'\t' '{ printf "|"; for (i = 1; i <= NF; i++) { gsub(/\|/, "\\|", $i); printf " %s |", $i } print "" }' "$run/rows"
         echo
         echo "Command: \`bench/all.sh$([ "$quick" = 1 ] && echo " --quick")$([ "$cluster" = 1 ] && echo " --cluster") --repeats $repeats\`." \
-            "Ratio: zps's figure / the comparison's (time, or RSS in d); lower is better."
+            "Each figure: the median over the repeats of a run's median step. Ratio: zps / the comparison" \
+            "(time, or RSS in d), the median of the repeats' own ratios; lower is better."
     } >"$md"
     echo "markdown: $md"
 fi
