@@ -5,6 +5,8 @@
 #   make test       install missing Debian packages, build, run unit, integration and deploy tests
 #   make install    libzps (header, .a, .so.1, zps.pc) under PREFIX (default /usr/local)
 #   make bench      ms/step of the default job with 1 and 2 workers (bench/train.sh)
+#   make bench-all  every case of the performance table beside its peers, with ratios and
+#                   targets (bench/all.sh; BENCH_ARGS="--quick --md FILE", --help)
 #   make soak       the chaos test for 10 minutes (SOAK_SECONDS=, SEED=)
 #
 # Checks (CI runs them after make test; their extra packages come from
@@ -12,6 +14,7 @@
 #   make test SAN=1 the same tests, everything built with ASan + UBSan into build/san/
 #   make valgrind   one short training run (1 server, 2 workers) under valgrind memcheck
 #   make lint       cppcheck and clang-tidy (.clang-tidy) over common/ server/ worker/ ctl/ fuzz/
+#                   and bench/bare_ps.c
 #   make fuzz       libFuzzer over the server's message path for FUZZ_SECONDS (default 30)
 #
 # Dependencies come from pkg-config; deploy/install-deps.sh installs them.
@@ -304,6 +307,20 @@ readme-flags: $(BINS)
 bench: all
 	@bash bench/train.sh
 
+# The peers bench/ holds zps against: the raw ZeroMQ ceiling (bench/comm)
+# and the bare parameter server (bench/all.sh). Plain C over libzmq, no
+# zps code; never sanitized (they are measured, not tested).
+BENCH_BINS := build/bench/zmq_ceiling build/bench/bare_ps
+build/bench/%: bench/%.c
+	@mkdir -p $(dir $@)
+	$(CC) -std=c11 -D_GNU_SOURCE -O3 -g -Wall -Wextra -Werror $(shell pkg-config --cflags libzmq) \
+		$(CFLAGS) -o $@ $< $(shell pkg-config --libs libzmq) $(LDLIBS)
+
+.PHONY: bench-all
+BENCH_ARGS ?=
+bench-all: all $(BENCH_BINS)
+	@bash bench/all.sh $(BENCH_ARGS)
+
 # libzps for programs of others: make install PREFIX=DIR (default /usr/local;
 # DESTDIR= for packaging) puts the header, the archive, the shared library
 # with its soname links and zps.pc under it.
@@ -371,7 +388,10 @@ endif
 # va_list false positives from state left by the previous file. -k and
 # output per file: every finding of every file is shown, not the first.
 LINT_DIRS := common server worker ctl fuzz
-LINT_SRC := $(wildcard $(addsuffix /*.c,$(LINT_DIRS)))
+# Of bench/, the bare parameter server (bench/zmq_ceiling.c is older and not
+# yet clean under these checks).
+LINT_BENCH := bench/bare_ps.c
+LINT_SRC := $(wildcard $(addsuffix /*.c,$(LINT_DIRS))) $(LINT_BENCH)
 LINT_PROTO := build/lint/proto/zps.pb-c.c
 TIDY_FLAGS := -std=c11 -D_GNU_SOURCE -I. -Ibuild/lint $(PKG_CFLAGS)
 CPPCHECK_FLAGS := --quiet --error-exitcode=1 --inline-suppr --std=c11 --library=posix \
@@ -403,7 +423,7 @@ $(LINT_PROTO): proto/zps.proto
 #     is safe on a stream no other thread reads.
 lint-cppcheck:
 	@command -v cppcheck >/dev/null || { echo "lint: no cppcheck (HINT: deploy/install-deps.sh --ci)"; exit 1; }
-	cppcheck $(CPPCHECK_FLAGS) $(LINT_DIRS)
+	cppcheck $(CPPCHECK_FLAGS) $(LINT_DIRS) $(LINT_BENCH)
 
 NPROC := $(shell nproc 2>/dev/null || echo 2)
 lint-tidy: $(LINT_PROTO)

@@ -33,7 +33,7 @@ while [ $# -gt 0 ]; do
     *) sed -n '2,22p' "$0" | sed 's/^# \{0,1\}//'; exit 2 ;;
   esac
 done
-out=$(mktemp -d /tmp/zps-bench-cluster-XXXXXX)
+out=$(mktemp -d "${TMPDIR:-/tmp}/zps-bench-cluster-XXXXXX")
 bits_per_s() { # 1gbit, 200mbit, 500kbit -> bits per second
   awk -v r="$1" 'BEGIN { n = r + 0; u = tolower(r); sub(/^[0-9.]+/, "", u);
     m = u == "gbit" ? 1e9 : u == "mbit" ? 1e6 : u == "kbit" ? 1e3 : 1; print n * m }'

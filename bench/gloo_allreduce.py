@@ -1,7 +1,10 @@
 """bench/gloo_allreduce.py - PyTorch's gloo all_reduce of one fp32 tensor, the
-baseline of bench/cluster.sh. Run once per host by deploy/netns-cluster.sh -x,
-which sets ZPS_NETNS_RANK, ZPS_NETNS_SIZE and ZPS_NETNS_MASTER. Rank 0 prints
-one line: the median seconds of an all_reduce over the timed repeats."""
+baseline of bench/cluster.sh and bench/all.sh. Run once per host by
+deploy/netns-cluster.sh -x, which sets ZPS_NETNS_RANK, ZPS_NETNS_SIZE and
+ZPS_NETNS_MASTER (bench/all.sh sets them itself, with ZPS_NETNS_PORT, the
+rendezvous port, default 29500, and GLOO_SOCKET_IFNAME=lo, for ranks on
+one host). Rank 0 prints one line: the median seconds of an all_reduce
+over the timed repeats."""
 import os
 import statistics
 import sys
@@ -16,8 +19,9 @@ def main():
     rank = int(os.environ["ZPS_NETNS_RANK"])
     size = int(os.environ["ZPS_NETNS_SIZE"])
     master = os.environ["ZPS_NETNS_MASTER"]
+    port = int(os.environ.get("ZPS_NETNS_PORT", "29500"))
     os.environ.setdefault("GLOO_SOCKET_IFNAME", "eth0")
-    dist.init_process_group("gloo", init_method=f"tcp://{master}:29500", rank=rank,
+    dist.init_process_group("gloo", init_method=f"tcp://{master}:{port}", rank=rank,
                             world_size=size)
     t = torch.ones(floats, dtype=torch.float32)
     times = []
