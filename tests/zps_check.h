@@ -27,5 +27,6 @@ Suite *zps_suite_outbox(void);
 Suite *zps_suite_mlog(void);
 Suite *zps_suite_timers(void);
 Suite *zps_suite_outer(void);
+Suite *zps_suite_quant(void);
 
 #endif
