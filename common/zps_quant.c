@@ -82,53 +82,44 @@ static float s_get_f32(const uint8_t *p)
 
 // ---------------------------------------------------------------- codes
 
-// The E3M0 code of x in a block of scale s > 0 (|x| <= s): the nearest of
-// the magnitudes 0, s 2^-6 .. s, ties to the larger. r = |x| / s in
-// double, where the thresholds (midpoints) are exact.
-static unsigned s_e3m0_code(float x, float s)
-{
-    double r = fabs((double)x) / (double)s;
-    unsigned c;
-    if (r < 0x1p-7) {
-        return 0; // nearer 0 than s / 64: no sign either
-    }
-    if (r < 0x1p-6) {
-        c = 1;
-    } else {
-        int e;
-        double m = frexp(r, &e); // r = m 2^e, m in [0.5, 1): between 2^(e-1) and 2^e
-        int k = m < 0.75 ? e - 1 : e;
-        c = k + 7 > 7 ? 7 : (unsigned)(k + 7); // r <= 1: k <= 0
-    }
-    return signbit(x) ? c | S_E3M0_SIGN : c;
-}
-
-static float s_e3m0_value(unsigned code, float s)
-{
-    float v = s * s_e3m0_mult[code & 7u];
-    return code & S_E3M0_SIGN ? -v : v;
-}
-
-static int8_t s_int8_code(float x, float s)
-{
-    float q = roundf(x / s);
-    q = q > 127.0f ? 127.0f : q < -127.0f ? -127.0f : q;
-    return (int8_t)q;
-}
-
-// Elements [at, at + len) of the block starting at element `at`, encoded
-// into their codes of out (the codes part of the buffer) with scale s.
+// Elements [at, at + len) of a block with scale s, into their codes (the
+// codes part of the buffer).
+//
+// int8: q = round(x / s), ties away from zero, with x / s in double (so
+// the only float rounding of the round trip is the decode's q * s).
+// E3M0: the code is the number of thresholds |x| reaches: s / 128, then
+// the midpoints 1.5 s 2^(c - 7) between magnitudes c and c + 1, exact in
+// double: the nearest magnitude, ties to the larger.
 static void s_encode_block(zps_quant_kind kind, const float *x, size_t at, size_t len, float s,
                            uint8_t *codes)
 {
     if (kind == ZPS_QUANT_INT8) {
+        const double inv = s > 0 ? 1.0 / (double)s : 0.0;
         for (size_t i = at; i < at + len; i++) {
-            codes[i] = s > 0 ? (uint8_t)s_int8_code(x[i], s) : 0;
+            double d = (double)x[i] * inv;
+            int q = (int)(d + (d < 0 ? -0.5 : 0.5)); // |d| <= 127 and a little
+            q = q > 127 ? 127 : q < -127 ? -127 : q;
+            codes[i] = (uint8_t)(int8_t)q;
         }
         return;
     }
+    double t[7];
+    t[0] = (double)s * 0x1p-7;
+    for (int c = 1; c < 7; c++) {
+        t[c] = (double)s * 1.5 * (double)s_e3m0_mult[c];
+    }
     for (size_t i = at; i < at + len; i++) {
-        unsigned c = s > 0 ? s_e3m0_code(x[i], s) : 0;
+        double a = fabs((double)x[i]);
+        unsigned c = 0;
+        for (int j = 0; j < 7; j++) {
+            c += a >= t[j];
+        }
+        if (s == 0.0f) {
+            c = 0; // every threshold is 0
+        }
+        if (c != 0 && signbit(x[i])) {
+            c |= S_E3M0_SIGN;
+        }
         // Element i - 1 of an odd i is written before it (in this block or
         // the one before), so each byte is set whole, then completed.
         if (i % 2 == 0) {
@@ -137,16 +128,6 @@ static void s_encode_block(zps_quant_kind kind, const float *x, size_t at, size_
             codes[i / 2] = (uint8_t)(codes[i / 2] | c << 4);
         }
     }
-}
-
-// The value of element i, of a block with scale s.
-static float s_value(zps_quant_kind kind, const uint8_t *codes, size_t i, float s)
-{
-    if (kind == ZPS_QUANT_INT8) {
-        return (float)(int8_t)codes[i] * s;
-    }
-    unsigned c = i % 2 == 0 ? codes[i / 2] & 0x0fu : codes[i / 2] >> 4;
-    return s_e3m0_value(c, s);
 }
 
 // Whether |x[i]| <= ZPS_QUANT_MAX for all n (false for NaN).
@@ -229,9 +210,21 @@ static void s_decode(zps_quant_kind kind, size_t block, const uint8_t *buf, floa
     for (size_t b = 0; b < blocks; b++) {
         float s = s_get_f32(buf + 4 * b);
         size_t at = b * block;
-        size_t len = n - at < block ? n - at : block;
-        for (size_t i = at; i < at + len; i++) {
-            float v = s_value(kind, codes, i, s);
+        size_t end = n - at < block ? n : at + block;
+        if (kind == ZPS_QUANT_INT8) {
+            for (size_t i = at; i < end; i++) {
+                float v = (float)(int8_t)codes[i] * s;
+                x[i] = sub ? x[i] - v : v;
+            }
+            continue;
+        }
+        float value[16]; // of each code in this block
+        for (unsigned c = 0; c < 8; c++) {
+            value[c] = s * s_e3m0_mult[c];
+            value[c | S_E3M0_SIGN] = -value[c];
+        }
+        for (size_t i = at; i < end; i++) {
+            float v = value[(codes[i / 2] >> (4 * (i % 2))) & 0x0fu];
             x[i] = sub ? x[i] - v : v;
         }
     }

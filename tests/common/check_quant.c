@@ -100,6 +100,33 @@ START_TEST(test_quant_layout_by_hand)
 }
 END_TEST
 
+// E3M0 rounds to the nearest magnitude, ties to the larger: at the
+// midpoints exactly, and one float below them.
+START_TEST(test_quant_e3m0_rounds_to_nearest)
+{
+    const float x[] = {
+        1.0f,                         // the scale: c 7
+        0.75f,                        // midpoint of s/2 and s: s
+        nextafterf(0.75f, 0),         // s/2
+        -0x1.8p-6f,                   // midpoint of s/64 and s/32: -s/32
+        0x1p-7f,                      // midpoint of 0 and s/64: s/64
+        nextafterf(0x1p-7f, 0),       // 0
+        -nextafterf(0x1p-7f, 0),      // 0, and no sign
+        0.3f,                         // nearer s/4 (0.25) than s/2
+    };
+    const float want[] = {1.0f, 1.0f, 0.5f, -0x1p-5f, 0x1p-6f, 0.0f, 0.0f, 0.25f};
+    enum { N = sizeof x / sizeof x[0] };
+    uint8_t buf[4 + N / 2];
+    float y[N];
+    ck_assert_int_eq(zps_quant_encode(ZPS_QUANT_E3M0, 256, x, N, buf, sizeof buf), ZPS_OK);
+    ck_assert_int_eq(zps_quant_decode(ZPS_QUANT_E3M0, 256, buf, sizeof buf, y, N), ZPS_OK);
+    for (int i = 0; i < N; i++) {
+        ck_assert_msg(memcmp(&y[i], &want[i], sizeof y[i]) == 0, "element %d: %a, not %a", i,
+                      (double)y[i], (double)want[i]);
+    }
+}
+END_TEST
+
 // Every element of every block, over blocks of magnitudes 1e-30 .. 1e30
 // (and a short last block), comes back within its kind's bound: int8 within
 // half its block's step s = max|x| / 127, E3M0 within max(|x| / 3, s / 128)
@@ -491,6 +518,7 @@ Suite *zps_suite_quant(void)
     TCase *codec = tcase_create("codec");
     tcase_add_test(codec, test_quant_sizes_and_names);
     tcase_add_test(codec, test_quant_layout_by_hand);
+    tcase_add_test(codec, test_quant_e3m0_rounds_to_nearest);
     tcase_add_loop_test(codec, test_quant_round_trip_within_its_bound, 0, kinds);
     tcase_add_loop_test(codec, test_quant_zero_blocks, 0, kinds);
     tcase_add_loop_test(codec, test_quant_one_huge_value_in_a_block, 0, kinds);
