@@ -8,6 +8,13 @@
 #include <stdlib.h>
 #include <string.h>
 
+#ifdef __clang__
+// Clang contracts a * b + c within one expression by default (GCC does not
+// in ISO C mode): the worker's residual must subtract the value the
+// receiver decodes, rounded, and the outer step round as torch's reference.
+#pragma STDC FP_CONTRACT OFF
+#endif
+
 // The largest scale each encoder stores: what the decoder accepts. Float
 // arithmetic is monotonic, so max|x| <= ZPS_QUANT_MAX gives an int8 scale
 // max|x| / 127 <= S_INT8_MAX_SCALE, and 127 times it stays finite.
