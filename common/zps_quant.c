@@ -11,7 +11,7 @@
 #ifdef __clang__
 // Clang contracts a * b + c within one expression by default (GCC does not
 // in ISO C mode): the worker's residual must subtract the value the
-// receiver decodes, rounded, and the outer step round as torch's reference.
+// receiver decodes, q * s rounded, not a fused q * s - x.
 #pragma STDC FP_CONTRACT OFF
 #endif
 
@@ -186,7 +186,7 @@ static bool s_valid(zps_quant_kind kind, size_t block, const uint8_t *buf, size_
     const float max_scale = kind == ZPS_QUANT_INT8 ? S_INT8_MAX_SCALE : S_E3M0_MAX_SCALE;
     for (size_t b = 0; b < blocks; b++) {
         float s = s_get_f32(buf + 4 * b);
-        if (!(s >= 0.0f && s <= max_scale)) { // refuses NaN too
+        if (!(s >= 0.0f && s <= max_scale) || signbit(s)) { // NaN and -0 too
             return false;
         }
     }

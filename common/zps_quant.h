@@ -36,10 +36,10 @@
  * refuses others (NaN, Inf, huge: ZPS_EINVAL, nothing written): a
  * diverged worker's delta is not sent. The decoder takes bytes from the
  * network: it refuses a buffer of another length than the encoding of n
- * elements has, a scale that is negative, NaN or beyond what the encoder
- * makes, and a code the encoder never makes (int8 -128, E3M0 negative
- * zero, the unpaired nibble set), all with ZPS_EPROTO and nothing
- * written; what it accepts decodes to finite values. A block size is in
+ * elements has, a scale that is negative (-0 too), NaN or beyond what
+ * the encoder makes, and a code the encoder never makes (int8 -128, E3M0
+ * negative zero, the unpaired nibble set), all with ZPS_EPROTO and
+ * nothing written; what it accepts decodes to finite values. A block size is in
  * [1, ZPS_QUANT_MAX_BLOCK]; others are ZPS_EINVAL. */
 #ifndef ZPS_QUANT_H
 #define ZPS_QUANT_H

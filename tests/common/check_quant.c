@@ -292,6 +292,7 @@ START_TEST(test_quant_decode_refuses_what_no_encoder_makes)
         0x7fc00000u,                                     // NaN
         0x7f800000u,                                     // +Inf
         0x80000000u | 0x00000001u,                       // a negative subnormal
+        0x80000000u,                                     // -0
         kind == ZPS_QUANT_INT8 ? 0x6e010205u : 0x71800001u, // just past the encoder's largest
     };
     for (size_t k = 0; k < sizeof scales / sizeof scales[0]; k++) {
