@@ -26,5 +26,8 @@ Suite *zps_suite_monitor(void);
 Suite *zps_suite_outbox(void);
 Suite *zps_suite_mlog(void);
 Suite *zps_suite_timers(void);
+Suite *zps_suite_outer(void);
+Suite *zps_suite_quant(void);
+Suite *zps_suite_dyl(void);
 
 #endif

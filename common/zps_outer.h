@@ -1,0 +1,69 @@
+/* zps_outer.h - DiLoCo's outer step (--mode diloco), the math alone.
+ *
+ * A worker trains H inner steps from the parameters of the last outer step,
+ * theta_sync, to its own theta_local, and sends the pseudo-gradient
+ * delta = theta_sync - theta_local with the samples its inner steps took.
+ * A shard averages the deltas of its range by those samples over the
+ * workers that arrived, mean = sum(n_i * delta_i) / sum(n_i), and takes one
+ * step of SGD with Nesterov momentum on the mean as if it were a gradient:
+ * torch.optim.SGD(nesterov=True, momentum=mu, lr=lr, dampening=0,
+ * weight_decay=0), in torch's single-tensor float32 order,
+ *
+ *     buf    = mu * buf + mean      (buf = mean at the first step)
+ *     theta -= lr * (mean + mu * buf)
+ *
+ * The update is zps_optim_sgd's (zps_optim.h already has torch's Nesterov,
+ * and a shard already keeps one state float per parameter for it, in its
+ * checkpoints too); this module is what the mode puts around it: the
+ * outer flags and their defaults, the pseudo-gradient, the weighted mean.
+ * With momentum 0 the step is plain SGD, theta -= lr * mean (torch refuses
+ * nesterov=True without momentum): lr 1 and momentum 0 make the outer step
+ * theta_sync := the sample-weighted mean of the workers' theta_local. */
+#ifndef ZPS_OUTER_H
+#define ZPS_OUTER_H
+
+#include <stddef.h>
+
+#include "zps_err.h"
+#include "zps_optim.h"
+
+// The defaults, DiLoCo's (Douillard et al., 2023).
+#define ZPS_OUTER_LR 0.7f
+#define ZPS_OUTER_MOMENTUM 0.9f
+
+typedef struct zps_outer_cfg {
+    float lr;       // --outer-lr, >= 0
+    float momentum; // --outer-momentum, in [0, 1); 0: plain SGD, no buffer
+} zps_outer_cfg;
+
+// Whether cfg is usable: lr >= 0 and finite, momentum in [0, 1) (torch
+// takes any momentum >= 0, but from 1 on the buffer grows without bound).
+// ZPS_EINVAL, logged with the flag at fault, otherwise.
+zps_err zps_outer_validate(const zps_outer_cfg *cfg);
+
+// The optimizer settings of the outer step: SGD, Nesterov when momentum >
+// 0, no weight decay, a constant learning rate.
+zps_optim_cfg zps_outer_optim(const zps_outer_cfg *cfg);
+
+// The worker's pseudo-gradient of n elements: delta = sync - local.
+void zps_outer_delta(const float *restrict sync, const float *restrict local,
+                     float *restrict delta, size_t n);
+
+// acc += weight * delta over n elements, in double: a worker's delta
+// counted with its samples (any integer weight below 2^29 makes each
+// product exact, so the sum depends only on the order of the workers).
+void zps_outer_accumulate(double *restrict acc, double weight, const float *restrict delta,
+                          size_t n);
+
+// One outer step of n elements: mean = (float)(acc / total), total the sum
+// of the weights accumulated, then the update of cfg into params and
+// momentum_buf (zeroed before the first step; unused, and may be NULL,
+// with momentum 0).
+// acc is left as it is (the caller clears it for the next round).
+// ZPS_EINVAL, unlogged and nothing changed, if total is not > 0 (no worker
+// arrived: there is no mean) or cfg is not valid.
+zps_err zps_outer_step(const zps_outer_cfg *cfg, float *restrict params,
+                       float *restrict momentum_buf, const double *restrict acc, double total,
+                       size_t n);
+
+#endif
