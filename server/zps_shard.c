@@ -44,7 +44,8 @@ struct zps_shard {
     float *state;                                   // owned: optimizer state, state_floats * n
     int state_floats;                               // 1: SGD's momentum; 2: exp_avg, exp_avg_sq
     uint64_t optim_steps;                           // updates applied: Adam's t is one more
-    double *acc;                                    // owned: sum of n_i * g_i, n (order-free)
+    double *acc;                                    // owned: sum of n_i * g_i, n (order-free);
+                                                    // a bucket's is set by its first push
     float *grad;                                    // owned: a block of the averaged gradient a thread
     zps_pool *pool;                                 // owned: --threads beyond the caller, or NULL
     s_snapshot *snap;                               // owned: current parameters as sent
@@ -52,8 +53,10 @@ struct zps_shard {
     int n_buckets;                                  // buckets of the range
     zps_bucket buckets[ZPS_MODEL_MAX_BUCKETS];      // in push order
     uint32_t covered[ZPS_MODEL_MAX_BUCKETS];        // samples pushed for each bucket this step
-    bool applied[ZPS_MODEL_MAX_BUCKETS];            // bucket updated this step
-    int n_applied;                                  // buckets updated this step
+    bool updated[ZPS_MODEL_MAX_BUCKETS];            // bucket's numbers updated this step
+    int n_updated;                                  // buckets updated this step
+    bool applied[ZPS_MODEL_MAX_BUCKETS];            // bucket updated and zps_shard_apply'd
+    int n_applied;                                  // buckets applied this step
     s_slice slices[ZPS_MAX_MEMBERS];                // slices seen this step
     int n_slices;
     double loss_sum;                                // sum of count * loss over slices this step
@@ -267,10 +270,12 @@ typedef struct s_push_job {
     zps_shard *s;
     const zps_wire_msg *m;
     float samples;
+    bool first;     // the bucket's first push this step: acc is set, not added to
 } s_push_job;
 
-// acc[lo, hi) of the push's range += samples * its elements [lo, hi),
-// which lie in one or more of its frames.
+// acc[lo, hi) of the push's range += samples * its elements [lo, hi)
+// (or = 0.0 + samples * them, for the first), which lie in one or more of
+// its frames.
 static void s_accumulate_range(void *arg, size_t lo, size_t hi, int thread)
 {
     (void)thread;
@@ -281,19 +286,45 @@ static void s_accumulate_range(void *arg, size_t lo, size_t hi, int thread)
         zmq_msg_t *frame = (zmq_msg_t *)&j->m->frames[f];
         size_t len = zmq_msg_size(frame) / esize;
         size_t from = lo > at ? lo - at : 0, to = hi < at + len ? hi - at : len;
-        if (from < to) {
-            zps_dtype_axpy(j->s->dtype, j->samples, (const uint8_t *)zmq_msg_data(frame) +
-                           from * esize, acc + at + from, to - from);
+        const uint8_t *src = (const uint8_t *)zmq_msg_data(frame) + from * esize;
+        if (from < to && j->first) {
+            zps_dtype_axpy_set(j->s->dtype, j->samples, src, acc + at + from, to - from);
+        } else if (from < to) {
+            zps_dtype_axpy(j->s->dtype, j->samples, src, acc + at + from, to - from);
         }
         at += len;
     }
 }
 
-static void s_accumulate(zps_shard *s, const zps_wire_msg *m, float samples)
+static void s_accumulate(zps_shard *s, const zps_wire_msg *m, float samples, bool first)
 {
-    s_push_job j = {.s = s, .m = m, .samples = samples};
+    s_push_job j = {.s = s, .m = m, .samples = samples, .first = first};
     zps_pool_for(s->pool, m->payload_bytes / zps_dtype_size(s->dtype), 1, s_accumulate_range,
                  &j);
+}
+
+static void s_update(zps_shard *s, int bucket, const zps_wire_msg *m, float samples, bool alone);
+
+// Counts a checked push of bucket b: added to the accumulator, or, when it
+// is the one that completes the bucket, averaged with it and the bucket
+// updated in the same pass (the slices of a bucket are disjoint parts of
+// the batch, so the covered samples reach B exactly with its last push).
+static void s_count(zps_shard *s, const zps_wire_msg *m, int b)
+{
+    const Zps__Header *h = m->hdr;
+    bool first = s->covered[b] == 0;
+    s->covered[b] += h->samples;
+    if (s->covered[b] == s->global_batch) {
+        s_update(s, b, m, (float)h->samples, first);
+    } else {
+        s_accumulate(s, m, (float)h->samples, first);
+    }
+    if (b == 0) {
+        // The counted slices of one bucket tile the batch: each sample's
+        // loss once, whatever pieces the batch came in.
+        s->loss_sum += (double)h->samples * h->loss;
+        s->counted[h->rank] += h->samples; // the rank was checked against the plan
+    }
 }
 
 // Whether the push belongs to this step and plan; the reason otherwise.
@@ -390,18 +421,9 @@ zps_err zps_shard_push(zps_shard *s, const zps_wire_msg *m, int *ready, char *wh
                  h->batch_offset, h->samples, (unsigned long long)s->step, b);
         return ZPS_EDUP;
     }
-    s_accumulate(s, m, (float)h->samples);
-    if (b == 0) {
-        // The counted slices of one bucket tile the batch: each sample's
-        // loss once, whatever pieces the batch came in.
-        s->loss_sum += (double)h->samples * h->loss;
-        s->counted[h->rank] += h->samples; // the rank was checked against the plan
-    }
+    s_count(s, m, b);
     zps_bucket_set_add(&sl->buckets, b);
-    s->covered[b] += h->samples;
-    if (s->covered[b] == s->global_batch) {
-        *ready = b;
-    }
+    *ready = s->updated[b] ? b : -1;
     return ZPS_OK;
 }
 
@@ -467,51 +489,77 @@ static void s_prepare_snapshot(zps_shard *s)
     s->snap = fresh;
 }
 
-// One bucket being updated, for the threads.
-typedef struct s_apply_job {
+// The push that completes a bucket, being counted and the bucket updated,
+// for the threads.
+typedef struct s_update_job {
     zps_shard *s;
-    size_t first;      // the bucket's first element in the range
+    const zps_wire_msg *m; // borrowed: the push, its frames read in place
+    size_t first;          // the bucket's first element in the range
+    float samples;         // the push's sample count
+    bool alone;            // the bucket's only push this step: acc holds none
     float lr;
-} s_apply_job;
+} s_update_job;
 
-// Elements [lo, hi) of the bucket: averaged, updated, kept as before and
-// as sent, the accumulator reset. Block by block, so each element crosses
-// the memory bus once for all of it.
-static void s_apply_range(void *arg, size_t lo, size_t hi, int thread)
+// Elements [at, at + len) of the range, src the push's elements there (in
+// the wire dtype): the push added to the others and averaged, the
+// parameters kept as before, updated, and kept as sent. The bits of
+// accumulating the push first and averaging after: zps_dtype_axpy_mean.
+static void s_update_block(const s_update_job *j, const uint8_t *src, size_t at, size_t len,
+                           float *grad)
 {
-    const s_apply_job *j = arg;
     zps_shard *s = j->s;
-    double total = (double)s->global_batch;
-    size_t esize = zps_dtype_size(s->dtype);
-    float *grad = s->grad + (size_t)thread * ZPS_SHARD_BLOCK;
-    for (size_t at = j->first + lo, end = j->first + hi; at < end; at += ZPS_SHARD_BLOCK) {
-        size_t len = end - at < ZPS_SHARD_BLOCK ? end - at : ZPS_SHARD_BLOCK;
-        double *acc = s->acc + at;
-        for (size_t i = 0; i < len; i++) {
-            grad[i] = (float)(acc[i] / total);
-        }
-        memcpy(s->prev + at, s->params + at, len * sizeof(float));
-        if (s->optim.kind == ZPS_OPTIM_SGD) {
-            zps_optim_sgd(&s->optim, j->lr, s->params + at, s->state + at, grad, len);
-        } else {
-            zps_optim_adam(&s->optim, j->lr, s->optim_steps + 1, s->params + at, s->state + at,
-                           s->state + s->n + at, grad, len);
-        }
-        memset(acc, 0, len * sizeof(double));
-        zps_dtype_from_f32(s->dtype, s->params + at, s->snap->data + at * esize, len);
+    zps_dtype_axpy_mean(s->dtype, j->samples, src, j->alone ? NULL : s->acc + at,
+                        s->global_batch, grad, len);
+    memcpy(s->prev + at, s->params + at, len * sizeof(float));
+    if (s->optim.kind == ZPS_OPTIM_SGD) {
+        zps_optim_sgd(&s->optim, j->lr, s->params + at, s->state + at, grad, len);
+    } else {
+        zps_optim_adam(&s->optim, j->lr, s->optim_steps + 1, s->params + at, s->state + at,
+                       s->state + s->n + at, grad, len);
     }
+    zps_dtype_from_f32(s->dtype, s->params + at, s->snap->data + at * zps_dtype_size(s->dtype),
+                       len);
+}
+
+// Elements [lo, hi) of the bucket, which lie in one or more of the push's
+// frames: block by block, so that each element crosses the memory bus
+// once for all of it (the accumulator is read, never written back).
+static void s_update_range(void *arg, size_t lo, size_t hi, int thread)
+{
+    const s_update_job *j = arg;
+    size_t esize = zps_dtype_size(j->s->dtype), at = 0;
+    float *grad = j->s->grad + (size_t)thread * ZPS_SHARD_BLOCK;
+    for (int f = 0; f < j->m->n_frames && at < hi; f++) {
+        zmq_msg_t *frame = (zmq_msg_t *)&j->m->frames[f];
+        size_t len = zmq_msg_size(frame) / esize;
+        const uint8_t *data = zmq_msg_data(frame);
+        size_t from = lo > at ? lo : at, to = hi < at + len ? hi : at + len;
+        for (size_t i = from; i < to; i += ZPS_SHARD_BLOCK) {
+            size_t n = to - i < ZPS_SHARD_BLOCK ? to - i : ZPS_SHARD_BLOCK;
+            s_update_block(j, data + (i - at) * esize, j->first + i, n, grad);
+        }
+        at += len;
+    }
+}
+
+static void s_update(zps_shard *s, int bucket, const zps_wire_msg *m, float samples, bool alone)
+{
+    if (s->n_updated == 0) {
+        s_prepare_snapshot(s);
+    }
+    s_update_job j = {.s = s, .m = m, .first = s->buckets[bucket].lo - s->lo,
+                      .samples = samples, .alone = alone,
+                      .lr = zps_optim_lr_at(&s->optim, s->step)};
+    // Ranges of whole blocks, so that no block of the pass is cut in two.
+    zps_pool_for(s->pool, s->buckets[bucket].hi - s->buckets[bucket].lo, ZPS_SHARD_BLOCK,
+                 s_update_range, &j);
+    s->updated[bucket] = true;
+    s->n_updated++;
 }
 
 void zps_shard_apply(zps_shard *s, int bucket)
 {
-    if (s->n_applied == 0) {
-        s_prepare_snapshot(s);
-    }
-    s_apply_job j = {.s = s, .first = s->buckets[bucket].lo - s->lo,
-                     .lr = zps_optim_lr_at(&s->optim, s->step)};
-    // Ranges of whole blocks, so that no block of the pass is cut in two.
-    zps_pool_for(s->pool, s->buckets[bucket].hi - s->buckets[bucket].lo, ZPS_SHARD_BLOCK,
-                 s_apply_range, &j);
+    ZPS_ASSERT(s->updated[bucket] && !s->applied[bucket]);
     s->applied[bucket] = true;
     s->n_applied++;
 }
@@ -531,7 +579,9 @@ float zps_shard_end_step(zps_shard *s)
     float loss = (float)(s->loss_sum / s->global_batch);
     memset(s->covered, 0, sizeof s->covered);
     memset(s->applied, 0, sizeof s->applied);
+    memset(s->updated, 0, sizeof s->updated);
     s->n_applied = 0;
+    s->n_updated = 0;
     s->n_slices = 0;
     s->loss_sum = 0;
     memset(s->counted, 0, sizeof s->counted);
@@ -607,14 +657,14 @@ zps_err zps_shard_bucket_at(const zps_shard *s, int b, uint64_t step, const floa
     }
     size_t off = s->buckets[b].lo - s->lo;
     if (step == s->step) {
-        *values = (s->applied[b] ? s->prev : s->params) + off;
+        *values = (s->updated[b] ? s->prev : s->params) + off;
         return ZPS_OK;
     }
     if (step == s->step + 1) {
         *values = s->params + off;
-        return s->applied[b] ? ZPS_OK : ZPS_EAGAIN;
+        return s->updated[b] ? ZPS_OK : ZPS_EAGAIN;
     }
-    if (step + 1 == s->step && s->n_applied == 0) {
+    if (step + 1 == s->step && s->n_updated == 0) {
         *values = s->prev + off;
         return ZPS_OK;
     }
@@ -663,7 +713,9 @@ zps_err zps_shard_restore(zps_shard *s, const char *dir, uint64_t step, uint64_t
     memset(s->covered, 0, sizeof s->covered);
     memset(s->counted, 0, sizeof s->counted);
     memset(s->applied, 0, sizeof s->applied);
+    memset(s->updated, 0, sizeof s->updated);
     s->n_applied = 0;
+    s->n_updated = 0;
     s->n_slices = 0;
     s->loss_sum = 0;
     s->step = *loaded;
