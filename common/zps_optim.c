@@ -1,11 +1,35 @@
 /* zps_optim.c - SGD, Adam and AdamW (torch semantics) and the
- * learning-rate schedules. */
+ * learning-rate schedules.
+ *
+ * The update loops run over every parameter of a shard each step, block by
+ * block from L1 (server/zps_shard.c): on x86-64 with GCC or Clang and glibc
+ * they are also compiled for AVX-512 and AVX2 (target_clones, as
+ * common/zps_dtype.c does), and the loader picks the best the CPU has.
+ * Every clone gives the same bits: each element is the same sequence of
+ * single IEEE float operations (the square root included), never
+ * contracted into an FMA, whatever the vector width. */
 #include "zps_optim.h"
 
 #include <math.h>
 #include <string.h>
 
 #include "zps_log.h"
+
+#if defined(__x86_64__) && defined(__GNUC__) && defined(__GLIBC__)
+#define ZPS_OPTIM_CLONES __attribute__((target_clones("avx512f", "avx2", "default")))
+#else
+#define ZPS_OPTIM_CLONES
+#endif
+
+#if defined(__GNUC__) && !defined(__clang__) && !defined(__STRICT_ANSI__)
+// GNU C mode lets GCC fuse a * b + c into an FMA in the AVX-512 and AVX2
+// clones, so results would depend on the CPU (see common/zps_dtype.c).
+#error "build zps_optim.c in ISO C mode (-std=c11), where GCC does not contract a * b + c"
+#endif
+
+#ifdef __clang__
+#pragma STDC FP_CONTRACT OFF
+#endif
 
 static const char *const s_names[] = {
     [ZPS_OPTIM_SGD] = "sgd",
@@ -113,8 +137,11 @@ float zps_optim_lr_at(const zps_optim_cfg *cfg, uint64_t step)
     return (float)(cfg->lr * 0.5 * (1.0 + cos(M_PI * t / span)));
 }
 
-void zps_optim_sgd(const zps_optim_cfg *cfg, float lr, float *restrict params,
-                   float *restrict momentum_buf, const float *restrict grad, size_t n)
+// Static and wrapped by the public functions, as in common/zps_dtype.c:
+// Clang 14 gives a cloned function no symbol under its plain name.
+ZPS_OPTIM_CLONES
+static void s_sgd(const zps_optim_cfg *cfg, float lr, float *restrict params,
+                  float *restrict momentum_buf, const float *restrict grad, size_t n)
 {
     const float wd = cfg->weight_decay;
     const float mu = cfg->momentum;
@@ -146,9 +173,10 @@ void zps_optim_sgd(const zps_optim_cfg *cfg, float lr, float *restrict params,
 // float32 operation in torch's order, so that the bits follow torch's
 // formula (torch's own CPU kernels fuse some multiply-adds on AVX2; -std=c11
 // keeps the compiler from fusing any here, the same on every machine).
-void zps_optim_adam(const zps_optim_cfg *cfg, float lr, uint64_t t, float *restrict params,
-                    float *restrict exp_avg, float *restrict exp_avg_sq,
-                    const float *restrict grad, size_t n)
+ZPS_OPTIM_CLONES
+static void s_adam(const zps_optim_cfg *cfg, float lr, uint64_t t, float *restrict params,
+                   float *restrict exp_avg, float *restrict exp_avg_sq,
+                   const float *restrict grad, size_t n)
 {
     ZPS_ASSERT(t >= 1 && cfg->kind != ZPS_OPTIM_SGD);
     const double bias_correction1 = 1.0 - pow(cfg->beta1, (double)t);
@@ -182,4 +210,17 @@ void zps_optim_adam(const zps_optim_cfg *cfg, float lr, uint64_t t, float *restr
         exp_avg_sq[i] = v;
         params[i] = p + neg_step_size * m / denom;
     }
+}
+
+void zps_optim_sgd(const zps_optim_cfg *cfg, float lr, float *restrict params,
+                   float *restrict momentum_buf, const float *restrict grad, size_t n)
+{
+    s_sgd(cfg, lr, params, momentum_buf, grad, n);
+}
+
+void zps_optim_adam(const zps_optim_cfg *cfg, float lr, uint64_t t, float *restrict params,
+                    float *restrict exp_avg, float *restrict exp_avg_sq,
+                    const float *restrict grad, size_t n)
+{
+    s_adam(cfg, lr, t, params, exp_avg, exp_avg_sq, grad, n);
 }
