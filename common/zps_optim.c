@@ -140,14 +140,15 @@ float zps_optim_lr_at(const zps_optim_cfg *cfg, uint64_t step)
 // Static and wrapped by the public functions, as in common/zps_dtype.c:
 // Clang 14 gives a cloned function no symbol under its plain name.
 ZPS_OPTIM_CLONES
-static void s_sgd(const zps_optim_cfg *cfg, float lr, float *restrict params,
-                  float *restrict momentum_buf, const float *restrict grad, size_t n)
+static void s_sgd(const zps_optim_cfg *cfg, float lr, const float *restrict params,
+                  float *restrict out, float *restrict momentum_buf, const float *restrict grad,
+                  size_t n)
 {
     const float wd = cfg->weight_decay;
     const float mu = cfg->momentum;
     if (mu == 0.0f) {
         for (size_t i = 0; i < n; i++) {
-            params[i] -= lr * (grad[i] + wd * params[i]);
+            out[i] = params[i] - lr * (grad[i] + wd * params[i]);
         }
         return;
     }
@@ -156,14 +157,14 @@ static void s_sgd(const zps_optim_cfg *cfg, float lr, float *restrict params,
             float g = grad[i] + wd * params[i];
             float b = mu * momentum_buf[i] + g;
             momentum_buf[i] = b;
-            params[i] -= lr * (g + mu * b);
+            out[i] = params[i] - lr * (g + mu * b);
         }
         return;
     }
     for (size_t i = 0; i < n; i++) {
         float b = mu * momentum_buf[i] + (grad[i] + wd * params[i]);
         momentum_buf[i] = b;
-        params[i] -= lr * b;
+        out[i] = params[i] - lr * b;
     }
 }
 
@@ -174,8 +175,8 @@ static void s_sgd(const zps_optim_cfg *cfg, float lr, float *restrict params,
 // formula (torch's own CPU kernels fuse some multiply-adds on AVX2; -std=c11
 // keeps the compiler from fusing any here, the same on every machine).
 ZPS_OPTIM_CLONES
-static void s_adam(const zps_optim_cfg *cfg, float lr, uint64_t t, float *restrict params,
-                   float *restrict exp_avg, float *restrict exp_avg_sq,
+static void s_adam(const zps_optim_cfg *cfg, float lr, uint64_t t, const float *restrict params,
+                   float *restrict out, float *restrict exp_avg, float *restrict exp_avg_sq,
                    const float *restrict grad, size_t n)
 {
     ZPS_ASSERT(t >= 1 && cfg->kind != ZPS_OPTIM_SGD);
@@ -208,19 +209,48 @@ static void s_adam(const zps_optim_cfg *cfg, float lr, uint64_t t, float *restri
         float denom = sqrtf(v) / bias_correction2_sqrt + eps;
         exp_avg[i] = m;
         exp_avg_sq[i] = v;
-        params[i] = p + neg_step_size * m / denom;
+        out[i] = p + neg_step_size * m / denom;
     }
 }
+
+void zps_optim_sgd_to(const zps_optim_cfg *cfg, float lr, const float *restrict params,
+                      float *restrict out, float *restrict momentum_buf,
+                      const float *restrict grad, size_t n)
+{
+    s_sgd(cfg, lr, params, out, momentum_buf, grad, n);
+}
+
+void zps_optim_adam_to(const zps_optim_cfg *cfg, float lr, uint64_t t,
+                       const float *restrict params, float *restrict out,
+                       float *restrict exp_avg, float *restrict exp_avg_sq,
+                       const float *restrict grad, size_t n)
+{
+    s_adam(cfg, lr, t, params, out, exp_avg, exp_avg_sq, grad, n);
+}
+
+// The updates in place: a block at a time into a buffer and back, so that
+// one loop (with every pointer restrict) computes both kinds of update.
+#define S_INPLACE_BLOCK 1024
 
 void zps_optim_sgd(const zps_optim_cfg *cfg, float lr, float *restrict params,
                    float *restrict momentum_buf, const float *restrict grad, size_t n)
 {
-    s_sgd(cfg, lr, params, momentum_buf, grad, n);
+    float out[S_INPLACE_BLOCK];
+    for (size_t at = 0; at < n; at += S_INPLACE_BLOCK) {
+        size_t len = n - at < S_INPLACE_BLOCK ? n - at : S_INPLACE_BLOCK;
+        s_sgd(cfg, lr, params + at, out, momentum_buf + at, grad + at, len);
+        memcpy(params + at, out, len * sizeof(float));
+    }
 }
 
 void zps_optim_adam(const zps_optim_cfg *cfg, float lr, uint64_t t, float *restrict params,
                     float *restrict exp_avg, float *restrict exp_avg_sq,
                     const float *restrict grad, size_t n)
 {
-    s_adam(cfg, lr, t, params, exp_avg, exp_avg_sq, grad, n);
+    float out[S_INPLACE_BLOCK];
+    for (size_t at = 0; at < n; at += S_INPLACE_BLOCK) {
+        size_t len = n - at < S_INPLACE_BLOCK ? n - at : S_INPLACE_BLOCK;
+        s_adam(cfg, lr, t, params + at, out, exp_avg + at, exp_avg_sq + at, grad + at, len);
+        memcpy(params + at, out, len * sizeof(float));
+    }
 }

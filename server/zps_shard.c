@@ -15,10 +15,10 @@
 #define ZPS_SHARD_BLOCK 2048 // elements per pass of the update: the arrays stay in L1/L2
 #define ZPS_SHARD_MAX_RETIRED 8
 
-// The parameters as sent, in the wire dtype. ZeroMQ reads it from its I/O
-// thread; while any frame of it is in flight it must not change.
+// An array of parameters that may be sent zero-copy: ZeroMQ reads it from
+// its I/O thread, and while any frame of it is in flight it must not change.
 typedef struct s_snapshot {
-    uint8_t *data;       // owned: (hi - lo) elements of the wire dtype
+    uint8_t *data;       // owned: (hi - lo) elements (fp32, or the wire dtype)
     zps_wire_ref ref;    // frames still held by ZeroMQ
 } s_snapshot;
 
@@ -39,8 +39,12 @@ struct zps_shard {
     zps_dtype dtype;                                // wire element type
     zps_optim_cfg optim;                            // settings and schedule
     uint64_t step;                                  // steps completed
-    float *params;                                  // owned: master parameters, n
-    float *prev;                                    // owned: parameters before this step's update, n
+    // The parameters, fp32, in two arrays by the parity of the step: arr[t & 1]
+    // holds them as of step t (before its update), and the update of a
+    // bucket in step t reads them there and writes arr[(t + 1) & 1], so the
+    // values before and after it both stay, with no copy. With an fp32
+    // wire they are also what is sent, zero-copy (no snapshot).
+    s_snapshot *arr[2];                             // owned: n floats each
     float *state;                                   // owned: optimizer state, state_floats * n
     int state_floats;                               // 1: SGD's momentum; 2: exp_avg, exp_avg_sq
     uint64_t optim_steps;                           // updates applied: Adam's t is one more
@@ -48,7 +52,8 @@ struct zps_shard {
                                                     // a bucket's is set by its first push
     float *grad;                                    // owned: a block of the averaged gradient a thread
     zps_pool *pool;                                 // owned: --threads beyond the caller, or NULL
-    s_snapshot *snap;                               // owned: current parameters as sent
+    s_snapshot *snap;                               // owned: 16-bit wire dtype: current parameters
+                                                    // as sent (NULL for fp32: arr is sent)
     s_snapshot *retired[ZPS_SHARD_MAX_RETIRED];     // owned: old snapshots a peer still reads
     int n_buckets;                                  // buckets of the range
     zps_bucket buckets[ZPS_MODEL_MAX_BUCKETS];      // in push order
@@ -101,6 +106,43 @@ static void s_snapshot_free(s_snapshot **sp)
     }
 }
 
+// The parameters as of the step in progress (before its update), and
+// where its update writes them.
+static float *s_cur(const zps_shard *s)
+{
+    return (float *)(void *)s->arr[s->step & 1]->data;
+}
+
+static float *s_next(const zps_shard *s)
+{
+    return (float *)(void *)s->arr[(s->step + 1) & 1]->data;
+}
+
+static void s_prepare(zps_shard *s, s_snapshot **sp, size_t bytes);
+
+// Both arrays (and the snapshot) become values, between steps: those of a
+// checkpoint, or (values NULL) those of the step's own array, a new
+// shard's or rank 0's. Every buffer is made writable first: one a peer
+// still reads is replaced by a copy, which the source is taken from.
+static void s_set_all(zps_shard *s, const float *values)
+{
+    size_t bytes = s->n * sizeof(float);
+    s_prepare(s, &s->arr[0], bytes);
+    s_prepare(s, &s->arr[1], bytes);
+    if (s->snap) {
+        s_prepare(s, &s->snap, s->n * zps_dtype_size(s->dtype));
+    }
+    const float *src = values ? values : s_cur(s);
+    for (int k = 0; k < 2; k++) {
+        if ((const void *)s->arr[k]->data != (const void *)src) {
+            memcpy(s->arr[k]->data, src, bytes);
+        }
+    }
+    if (s->snap) {
+        zps_dtype_from_f32(s->dtype, src, s->snap->data, s->n);
+    }
+}
+
 zps_shard *zps_shard_new(const zps_shard_cfg *cfg)
 {
     zps_shard *s = calloc(1, sizeof *s);
@@ -119,8 +161,8 @@ zps_shard *zps_shard_new(const zps_shard_cfg *cfg)
     s->global_batch = cfg->global_batch;
     s->awaiting_init = cfg->await_init;
     s->n_buckets = zps_model_range_buckets(cfg->model, s->lo, s->hi, s->buckets);
-    s->params = s_alloc(s->n * sizeof(float));
-    s->prev = s_alloc(s->n * sizeof(float));
+    s->arr[0] = s_snapshot_new(s->n * sizeof(float));
+    s->arr[1] = s_snapshot_new(s->n * sizeof(float));
     // The second moment only for Adam and AdamW: SGD's shard stays as large as before.
     s->state_floats = zps_optim_state_floats(cfg->optim.kind);
     s->state = s_alloc((size_t)s->state_floats * s->n * sizeof(float));
@@ -130,13 +172,17 @@ zps_shard *zps_shard_new(const zps_shard_cfg *cfg)
     if (threads > 1 && !(s->pool = zps_pool_new(threads))) {
         goto fail;
     }
-    s->snap = s_snapshot_new(s->n * zps_dtype_size(s->dtype));
-    if (!s->params || !s->prev || !s->state || !s->acc || !s->grad || !s->snap) {
+    if (s->dtype != ZPS_DTYPE_F32) {
+        s->snap = s_snapshot_new(s->n * zps_dtype_size(s->dtype));
+    }
+    if (!s->arr[0] || !s->arr[1] || !s->state || !s->acc || !s->grad ||
+        (s->dtype != ZPS_DTYPE_F32 && !s->snap)) {
         goto fail;
     }
-    zps_model_init_range(cfg->model, cfg->seed, s->lo, s->hi, s->params);
-    memcpy(s->prev, s->params, s->n * sizeof(float));
-    zps_dtype_from_f32(s->dtype, s->params, s->snap->data, s->n);
+    // Both arrays alike at first, as after a restore: the step before the
+    // first reads the same values.
+    zps_model_init_range(cfg->model, cfg->seed, s->lo, s->hi, s_cur(s));
+    s_set_all(s, NULL);
     memset(s->state, 0, (size_t)s->state_floats * s->n * sizeof(float));
     memset(s->acc, 0, s->n * sizeof(double));
     return s;
@@ -158,8 +204,8 @@ void zps_shard_destroy(zps_shard **sp)
     for (int i = 0; i < ZPS_SHARD_MAX_RETIRED; i++) {
         s_snapshot_free(&s->retired[i]);
     }
-    free(s->params);
-    free(s->prev);
+    s_snapshot_free(&s->arr[0]);
+    s_snapshot_free(&s->arr[1]);
     free(s->state);
     free(s->acc);
     free(s->grad);
@@ -459,16 +505,16 @@ static void s_reap_retired(zps_shard *s)
     }
 }
 
-// Before the first update of a step: the replies of the last step have
-// long been read (every member pushed again), unless a peer does not read;
-// then that peer keeps the old snapshot and the shard moves to a new one.
-static void s_prepare_snapshot(zps_shard *s)
+// Before *sp is written (the first update of a step writes the array of
+// the next and the snapshot): the replies sent from it have long been read
+// (every member pushed again since), unless a peer does not read; then
+// that peer keeps the old buffer and the shard moves to a new one, a copy.
+static void s_prepare(zps_shard *s, s_snapshot **sp, size_t bytes)
 {
     s_reap_retired(s);
-    if (atomic_load(&s->snap->ref.inflight) == 0) {
+    if (atomic_load(&(*sp)->ref.inflight) == 0) {
         return;
     }
-    size_t bytes = s->n * zps_dtype_size(s->dtype);
     s_snapshot *fresh = s_snapshot_new(bytes);
     int slot = 0;
     while (slot < ZPS_SHARD_MAX_RETIRED && s->retired[slot]) {
@@ -481,12 +527,12 @@ static void s_prepare_snapshot(zps_shard *s)
                      s->index, ZPS_SHARD_MAX_RETIRED);
         free(fresh ? fresh->data : NULL);
         free(fresh);
-        (void)zps_wire_ref_wait(&s->snap->ref, 10000);
+        (void)zps_wire_ref_wait(&(*sp)->ref, 10000);
         return;
     }
-    memcpy(fresh->data, s->snap->data, bytes);
-    s->retired[slot] = s->snap;
-    s->snap = fresh;
+    memcpy(fresh->data, (*sp)->data, bytes);
+    s->retired[slot] = *sp;
+    *sp = fresh;
 }
 
 // The push that completes a bucket, being counted and the bucket updated,
@@ -502,7 +548,8 @@ typedef struct s_update_job {
 
 // Elements [at, at + len) of the range, src the push's elements there (in
 // the wire dtype): the push added to the others and averaged, the
-// parameters kept as before, updated, and kept as sent. The bits of
+// parameters updated into the next step's array (which is what is sent
+// with an fp32 wire; the snapshot otherwise). The bits of
 // accumulating the push first and averaging after: zps_dtype_axpy_mean.
 static void s_update_block(const s_update_job *j, const uint8_t *src, size_t at, size_t len,
                            float *grad)
@@ -510,15 +557,17 @@ static void s_update_block(const s_update_job *j, const uint8_t *src, size_t at,
     zps_shard *s = j->s;
     zps_dtype_axpy_mean(s->dtype, j->samples, src, j->alone ? NULL : s->acc + at,
                         s->global_batch, grad, len);
-    memcpy(s->prev + at, s->params + at, len * sizeof(float));
+    const float *in = s_cur(s) + at;
+    float *out = s_next(s) + at;
     if (s->optim.kind == ZPS_OPTIM_SGD) {
-        zps_optim_sgd(&s->optim, j->lr, s->params + at, s->state + at, grad, len);
+        zps_optim_sgd_to(&s->optim, j->lr, in, out, s->state + at, grad, len);
     } else {
-        zps_optim_adam(&s->optim, j->lr, s->optim_steps + 1, s->params + at, s->state + at,
-                       s->state + s->n + at, grad, len);
+        zps_optim_adam_to(&s->optim, j->lr, s->optim_steps + 1, in, out, s->state + at,
+                          s->state + s->n + at, grad, len);
     }
-    zps_dtype_from_f32(s->dtype, s->params + at, s->snap->data + at * zps_dtype_size(s->dtype),
-                       len);
+    if (s->snap) {
+        zps_dtype_from_f32(s->dtype, out, s->snap->data + at * zps_dtype_size(s->dtype), len);
+    }
 }
 
 // Elements [lo, hi) of the bucket, which lie in one or more of the push's
@@ -545,7 +594,10 @@ static void s_update_range(void *arg, size_t lo, size_t hi, int thread)
 static void s_update(zps_shard *s, int bucket, const zps_wire_msg *m, float samples, bool alone)
 {
     if (s->n_updated == 0) {
-        s_prepare_snapshot(s);
+        s_prepare(s, &s->arr[(s->step + 1) & 1], s->n * sizeof(float));
+        if (s->snap) {
+            s_prepare(s, &s->snap, s->n * zps_dtype_size(s->dtype));
+        }
     }
     s_update_job j = {.s = s, .m = m, .first = s->buckets[bucket].lo - s->lo,
                       .samples = samples, .alone = alone,
@@ -601,8 +653,15 @@ void zps_shard_bucket_params(zps_shard *s, int b, const void **data, uint64_t *o
 {
     *offset = s->buckets[b].lo;
     *count = s->buckets[b].hi - s->buckets[b].lo;
-    *data = s->snap->data + (s->buckets[b].lo - s->lo) * zps_dtype_size(s->dtype);
-    *ref = &s->snap->ref;
+    size_t off = s->buckets[b].lo - s->lo;
+    if (s->snap) {
+        *data = s->snap->data + off * zps_dtype_size(s->dtype);
+        *ref = &s->snap->ref;
+        return;
+    }
+    s_snapshot *a = s->arr[(s->step + (s->updated[b] ? 1 : 0)) & 1];
+    *data = (const float *)(const void *)a->data + off;
+    *ref = &a->ref;
 }
 
 zps_err zps_shard_take_init(zps_shard *s, const zps_wire_msg *m, bool *complete, char *why,
@@ -628,7 +687,7 @@ zps_err zps_shard_take_init(zps_shard *s, const zps_wire_msg *m, bool *complete,
         snprintf(why, why_len, "initial values of bucket %d came twice", b);
         return ZPS_EDUP;
     }
-    float *dst = s->params + (h->offset - s->lo);
+    float *dst = s_cur(s) + (h->offset - s->lo);
     for (int f = 0; f < m->n_frames; f++) {
         size_t bytes = zmq_msg_size((zmq_msg_t *)&m->frames[f]);
         memcpy(dst, zmq_msg_data((zmq_msg_t *)&m->frames[f]), bytes);
@@ -637,9 +696,7 @@ zps_err zps_shard_take_init(zps_shard *s, const zps_wire_msg *m, bool *complete,
     zps_bucket_set_add(&s->init_in, b);
     if (zps_bucket_set_full(&s->init_in, s->n_buckets)) {
         s->awaiting_init = false;
-        memcpy(s->prev, s->params, s->n * sizeof(float));
-        s_prepare_snapshot(s);
-        zps_dtype_from_f32(s->dtype, s->params, s->snap->data, s->n);
+        s_set_all(s, NULL);
         *complete = true;
     }
     return ZPS_OK;
@@ -657,15 +714,15 @@ zps_err zps_shard_bucket_at(const zps_shard *s, int b, uint64_t step, const floa
     }
     size_t off = s->buckets[b].lo - s->lo;
     if (step == s->step) {
-        *values = (s->updated[b] ? s->prev : s->params) + off;
+        *values = s_cur(s) + off; // whether updated or not: the update wrote the other array
         return ZPS_OK;
     }
     if (step == s->step + 1) {
-        *values = s->params + off;
+        *values = s_next(s) + off;
         return s->updated[b] ? ZPS_OK : ZPS_EAGAIN;
     }
     if (step + 1 == s->step && s->n_updated == 0) {
-        *values = s->prev + off;
+        *values = s_next(s) + off; // the array of step - 1, not yet written by this one
         return ZPS_OK;
     }
     return ZPS_ESTALE;
@@ -681,35 +738,34 @@ static zps_ckpt_meta s_meta(const zps_shard *s)
 zps_err zps_shard_save(const zps_shard *s, const char *dir, int keep)
 {
     zps_ckpt_meta meta = s_meta(s);
-    return zps_ckpt_write(dir, &meta, s->params, s->state, keep);
+    return zps_ckpt_write(dir, &meta, s_cur(s), s->state, keep);
 }
 
 zps_err zps_shard_restore(zps_shard *s, const char *dir, uint64_t step, uint64_t *loaded)
 {
     zps_ckpt_meta want = s_meta(s);
-    // Loaded aside first (prev and a scratch array), so a failure changes nothing.
+    // Loaded aside first (two scratch arrays), so a failure changes nothing.
     size_t state_bytes = (size_t)s->state_floats * s->n * sizeof(float);
-    float *state = s_alloc(state_bytes);
+    float *state = s_alloc(state_bytes), *params = s_alloc(s->n * sizeof(float));
     uint64_t optim_steps = 0;
-    zps_err err = !state ? ZPS_ENOMEM
+    zps_err err = !state || !params ? ZPS_ENOMEM
                   : step == UINT64_MAX
-                      ? zps_ckpt_load_newest(dir, &want, loaded, s->prev, state, &optim_steps)
-                      : zps_ckpt_load(dir, &want, step, s->prev, state, &optim_steps);
+                      ? zps_ckpt_load_newest(dir, &want, loaded, params, state, &optim_steps)
+                      : zps_ckpt_load(dir, &want, step, params, state, &optim_steps);
     if (err != ZPS_OK) {
-        memcpy(s->prev, s->params, s->n * sizeof(float));
+        free(params);
         free(state);
         return err;
     }
     if (step != UINT64_MAX) {
         *loaded = step;
     }
-    memcpy(s->params, s->prev, s->n * sizeof(float));
+    s_set_all(s, params); // both arrays, whatever the parity of the step restored
+    free(params);
     memcpy(s->state, state, state_bytes);
     free(state);
     s->optim_steps = optim_steps;
     memset(s->acc, 0, s->n * sizeof(double));
-    s_prepare_snapshot(s);
-    zps_dtype_from_f32(s->dtype, s->params, s->snap->data, s->n);
     memset(s->covered, 0, sizeof s->covered);
     memset(s->counted, 0, sizeof s->counted);
     memset(s->applied, 0, sizeof s->applied);
