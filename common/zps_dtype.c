@@ -183,6 +183,109 @@ static void s_dtype_axpy(zps_dtype d, float scale, const void *src, double *rest
     ZPS_ASSERT(!"axpy: invalid dtype");
 }
 
+ZPS_DTYPE_CLONES
+static void s_dtype_axpy_set(zps_dtype d, float scale, const void *src, double *restrict dst,
+                             size_t n)
+{
+    const unsigned char *s = (const unsigned char *)src;
+    const double k = scale;
+    switch (d) {
+    case ZPS_DTYPE_F32:
+        for (size_t i = 0; i < n; i++) {
+            float x;
+            memcpy(&x, s + i * 4, 4);
+            dst[i] = 0.0 + k * (double)x;
+        }
+        return;
+    case ZPS_DTYPE_BF16:
+        for (size_t i = 0; i < n; i++) {
+            uint16_t h;
+            memcpy(&h, s + i * 2, 2);
+            dst[i] = 0.0 + k * (double)zps_bf16_to_f32(h);
+        }
+        return;
+    case ZPS_DTYPE_F16:
+        for (size_t i = 0; i < n; i++) {
+            uint16_t h;
+            memcpy(&h, s + i * 2, 2);
+            dst[i] = 0.0 + k * (double)zps_f16_to_f32(h);
+        }
+        return;
+    }
+    ZPS_ASSERT(!"axpy_set: invalid dtype");
+}
+
+// Element i of src in dtype D. Always inlined into the cloned loops below,
+// each of which passes a constant D, so that the selection folds away and
+// every loop vectorizes at its clone's width.
+__attribute__((always_inline)) static inline float s_elem(zps_dtype D, const unsigned char *s,
+                                                          size_t i)
+{
+    if (D == ZPS_DTYPE_F32) {
+        float x;
+        memcpy(&x, s + i * 4, 4);
+        return x;
+    }
+    uint16_t h;
+    memcpy(&h, s + i * 2, 2);
+    return D == ZPS_DTYPE_BF16 ? zps_bf16_to_f32(h) : zps_f16_to_f32(h);
+}
+
+#define S_LOOP(D, EXPR)                         \
+    for (size_t i = 0; i < n; i++) {            \
+        float x = s_elem((D), s, i);            \
+        out[i] = (EXPR);                        \
+    }
+
+// The five ways of zps_dtype_axpy_mean (zps_dtype.h), each the same bits
+// as (float)((acc[i] + k * x) / total), acc[i] being 0.0 without one:
+// - only push, k == total: k * x is exact in double (24 by at most 24
+//   significant bits), 0.0 + turns -0.0 into +0.0 and changes nothing
+//   else, and the exact quotient (k * x) / k is x itself, which the casts
+//   keep; a NaN comes out quiet with its sign and payload. That is x + 0.0f.
+// - total a power of two: 1 / total is exact, so the product by it is the
+//   exact quotient rounded once, as the division rounds it (subnormals
+//   included): a multiplication instead of a division, several times as fast.
+// - otherwise the division itself.
+#define S_MEAN(D)                                                                   \
+    if (!acc && same) {                                                             \
+        S_LOOP(D, x + 0.0f)                                                         \
+    } else if (!acc && pow2) {                                                      \
+        S_LOOP(D, (float)((0.0 + k * (double)x) * inv))                             \
+    } else if (!acc) {                                                              \
+        S_LOOP(D, (float)((0.0 + k * (double)x) / t))                               \
+    } else if (pow2) {                                                              \
+        S_LOOP(D, (float)((acc[i] + k * (double)x) * inv))                          \
+    } else {                                                                        \
+        S_LOOP(D, (float)((acc[i] + k * (double)x) / t))                            \
+    }
+
+ZPS_DTYPE_CLONES
+static void s_dtype_axpy_mean(zps_dtype d, float scale, const void *src,
+                              const double *restrict acc, uint32_t total, float *restrict out,
+                              size_t n)
+{
+    const unsigned char *s = (const unsigned char *)src;
+    const double k = scale, t = (double)total, inv = 1.0 / t;
+    const bool same = k == t;
+    const bool pow2 = total != 0 && (total & (total - 1)) == 0;
+    switch (d) {
+    case ZPS_DTYPE_F32:
+        S_MEAN(ZPS_DTYPE_F32)
+        return;
+    case ZPS_DTYPE_BF16:
+        S_MEAN(ZPS_DTYPE_BF16)
+        return;
+    case ZPS_DTYPE_F16:
+        S_MEAN(ZPS_DTYPE_F16)
+        return;
+    }
+    ZPS_ASSERT(!"axpy_mean: invalid dtype");
+}
+
+#undef S_MEAN
+#undef S_LOOP
+
 // ---------------------------------------------------------------- public entry points
 
 void zps_dtype_from_f32(zps_dtype d, const float *src, void *dst, size_t n)
@@ -198,4 +301,15 @@ void zps_dtype_to_f32(zps_dtype d, const void *src, float *dst, size_t n)
 void zps_dtype_axpy(zps_dtype d, float scale, const void *src, double *dst, size_t n)
 {
     s_dtype_axpy(d, scale, src, dst, n);
+}
+
+void zps_dtype_axpy_set(zps_dtype d, float scale, const void *src, double *dst, size_t n)
+{
+    s_dtype_axpy_set(d, scale, src, dst, n);
+}
+
+void zps_dtype_axpy_mean(zps_dtype d, float scale, const void *src, const double *acc,
+                         uint32_t total, float *out, size_t n)
+{
+    s_dtype_axpy_mean(d, scale, src, acc, total, out, n);
 }

@@ -165,4 +165,19 @@ void zps_dtype_to_f32(zps_dtype d, const void *src, float *dst, size_t n);
 // every machine gives the same bits.
 void zps_dtype_axpy(zps_dtype d, float scale, const void *src, double *dst, size_t n);
 
+// The first push of a bucket: dst[i] = 0.0 + scale * src[i], the bits
+// zps_dtype_axpy leaves in a zeroed dst (the sum with +0.0 included, which
+// turns a -0.0 product into +0.0), so the accumulator needs no zeroing
+// between steps and is written without being read.
+void zps_dtype_axpy_set(zps_dtype d, float scale, const void *src, double *dst, size_t n);
+
+// The push that completes a bucket, and the average, in one pass:
+// out[i] = (float)((acc[i] + scale * src[i]) / (double)total), acc NULL
+// standing for a zeroed one (0.0 + ...), total the batch's samples (> 0).
+// The bits of zps_dtype_axpy into acc followed by that division (where a
+// cheaper operation gives the same bits it is used: zps_dtype.c says
+// when); the accumulator is only read.
+void zps_dtype_axpy_mean(zps_dtype d, float scale, const void *src, const double *acc,
+                         uint32_t total, float *out, size_t n);
+
 #endif

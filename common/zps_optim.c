@@ -1,11 +1,35 @@
 /* zps_optim.c - SGD, Adam and AdamW (torch semantics) and the
- * learning-rate schedules. */
+ * learning-rate schedules.
+ *
+ * The update loops run over every parameter of a shard each step, block by
+ * block from L1 (server/zps_shard.c): on x86-64 with GCC or Clang and glibc
+ * they are also compiled for AVX-512 and AVX2 (target_clones, as
+ * common/zps_dtype.c does), and the loader picks the best the CPU has.
+ * Every clone gives the same bits: each element is the same sequence of
+ * single IEEE float operations (the square root included), never
+ * contracted into an FMA, whatever the vector width. */
 #include "zps_optim.h"
 
 #include <math.h>
 #include <string.h>
 
 #include "zps_log.h"
+
+#if defined(__x86_64__) && defined(__GNUC__) && defined(__GLIBC__)
+#define ZPS_OPTIM_CLONES __attribute__((target_clones("avx512f", "avx2", "default")))
+#else
+#define ZPS_OPTIM_CLONES
+#endif
+
+#if defined(__GNUC__) && !defined(__clang__) && !defined(__STRICT_ANSI__)
+// GNU C mode lets GCC fuse a * b + c into an FMA in the AVX-512 and AVX2
+// clones, so results would depend on the CPU (see common/zps_dtype.c).
+#error "build zps_optim.c in ISO C mode (-std=c11), where GCC does not contract a * b + c"
+#endif
+
+#ifdef __clang__
+#pragma STDC FP_CONTRACT OFF
+#endif
 
 static const char *const s_names[] = {
     [ZPS_OPTIM_SGD] = "sgd",
@@ -113,14 +137,18 @@ float zps_optim_lr_at(const zps_optim_cfg *cfg, uint64_t step)
     return (float)(cfg->lr * 0.5 * (1.0 + cos(M_PI * t / span)));
 }
 
-void zps_optim_sgd(const zps_optim_cfg *cfg, float lr, float *restrict params,
-                   float *restrict momentum_buf, const float *restrict grad, size_t n)
+// Static and wrapped by the public functions, as in common/zps_dtype.c:
+// Clang 14 gives a cloned function no symbol under its plain name.
+ZPS_OPTIM_CLONES
+static void s_sgd(const zps_optim_cfg *cfg, float lr, const float *restrict params,
+                  float *restrict out, float *restrict momentum_buf, const float *restrict grad,
+                  size_t n)
 {
     const float wd = cfg->weight_decay;
     const float mu = cfg->momentum;
     if (mu == 0.0f) {
         for (size_t i = 0; i < n; i++) {
-            params[i] -= lr * (grad[i] + wd * params[i]);
+            out[i] = params[i] - lr * (grad[i] + wd * params[i]);
         }
         return;
     }
@@ -129,14 +157,14 @@ void zps_optim_sgd(const zps_optim_cfg *cfg, float lr, float *restrict params,
             float g = grad[i] + wd * params[i];
             float b = mu * momentum_buf[i] + g;
             momentum_buf[i] = b;
-            params[i] -= lr * (g + mu * b);
+            out[i] = params[i] - lr * (g + mu * b);
         }
         return;
     }
     for (size_t i = 0; i < n; i++) {
         float b = mu * momentum_buf[i] + (grad[i] + wd * params[i]);
         momentum_buf[i] = b;
-        params[i] -= lr * b;
+        out[i] = params[i] - lr * b;
     }
 }
 
@@ -146,9 +174,10 @@ void zps_optim_sgd(const zps_optim_cfg *cfg, float lr, float *restrict params,
 // float32 operation in torch's order, so that the bits follow torch's
 // formula (torch's own CPU kernels fuse some multiply-adds on AVX2; -std=c11
 // keeps the compiler from fusing any here, the same on every machine).
-void zps_optim_adam(const zps_optim_cfg *cfg, float lr, uint64_t t, float *restrict params,
-                    float *restrict exp_avg, float *restrict exp_avg_sq,
-                    const float *restrict grad, size_t n)
+ZPS_OPTIM_CLONES
+static void s_adam(const zps_optim_cfg *cfg, float lr, uint64_t t, const float *restrict params,
+                   float *restrict out, float *restrict exp_avg, float *restrict exp_avg_sq,
+                   const float *restrict grad, size_t n)
 {
     ZPS_ASSERT(t >= 1 && cfg->kind != ZPS_OPTIM_SGD);
     const double bias_correction1 = 1.0 - pow(cfg->beta1, (double)t);
@@ -180,6 +209,48 @@ void zps_optim_adam(const zps_optim_cfg *cfg, float lr, uint64_t t, float *restr
         float denom = sqrtf(v) / bias_correction2_sqrt + eps;
         exp_avg[i] = m;
         exp_avg_sq[i] = v;
-        params[i] = p + neg_step_size * m / denom;
+        out[i] = p + neg_step_size * m / denom;
+    }
+}
+
+void zps_optim_sgd_to(const zps_optim_cfg *cfg, float lr, const float *restrict params,
+                      float *restrict out, float *restrict momentum_buf,
+                      const float *restrict grad, size_t n)
+{
+    s_sgd(cfg, lr, params, out, momentum_buf, grad, n);
+}
+
+void zps_optim_adam_to(const zps_optim_cfg *cfg, float lr, uint64_t t,
+                       const float *restrict params, float *restrict out,
+                       float *restrict exp_avg, float *restrict exp_avg_sq,
+                       const float *restrict grad, size_t n)
+{
+    s_adam(cfg, lr, t, params, out, exp_avg, exp_avg_sq, grad, n);
+}
+
+// The updates in place: a block at a time into a buffer and back, so that
+// one loop (with every pointer restrict) computes both kinds of update.
+#define S_INPLACE_BLOCK 1024
+
+void zps_optim_sgd(const zps_optim_cfg *cfg, float lr, float *restrict params,
+                   float *restrict momentum_buf, const float *restrict grad, size_t n)
+{
+    float out[S_INPLACE_BLOCK];
+    for (size_t at = 0; at < n; at += S_INPLACE_BLOCK) {
+        size_t len = n - at < S_INPLACE_BLOCK ? n - at : S_INPLACE_BLOCK;
+        s_sgd(cfg, lr, params + at, out, momentum_buf + at, grad + at, len);
+        memcpy(params + at, out, len * sizeof(float));
+    }
+}
+
+void zps_optim_adam(const zps_optim_cfg *cfg, float lr, uint64_t t, float *restrict params,
+                    float *restrict exp_avg, float *restrict exp_avg_sq,
+                    const float *restrict grad, size_t n)
+{
+    float out[S_INPLACE_BLOCK];
+    for (size_t at = 0; at < n; at += S_INPLACE_BLOCK) {
+        size_t len = n - at < S_INPLACE_BLOCK ? n - at : S_INPLACE_BLOCK;
+        s_adam(cfg, lr, t, params + at, out, exp_avg + at, exp_avg_sq + at, grad + at, len);
+        memcpy(params + at, out, len * sizeof(float));
     }
 }

@@ -5,6 +5,9 @@
 #include <stdio.h>
 #include <string.h>
 #include <time.h>
+#ifdef __GLIBC__
+#include <malloc.h>
+#endif
 
 #include "zps_clock.h"
 #include "zps_dtype.h"
@@ -443,6 +446,22 @@ void zps_wire_copy_payload(const zps_wire_msg *m, void *dst)
         memcpy(d, zmq_msg_data(f), zmq_msg_size(f));
         d += zmq_msg_size(f);
     }
+}
+
+// Above the largest frame, so that frames never get a mapping of their
+// own; and free memory kept at the top of a heap up to many steps' worth
+// of frames. Setting either also stops glibc's own adjustment of both.
+#define S_MMAP_THRESHOLD (2 * ZPS_WIRE_MAX_MSG_BYTES)
+#define S_TRIM_THRESHOLD (64 << 20)
+
+void zps_wire_tune_malloc(void)
+{
+#ifdef __GLIBC__
+    if (mallopt(M_MMAP_THRESHOLD, (int)S_MMAP_THRESHOLD) != 1 ||
+        mallopt(M_TRIM_THRESHOLD, S_TRIM_THRESHOLD) != 1) {
+        zps_log_warn("mallopt refused: received frames will page-fault their memory each step");
+    }
+#endif
 }
 
 zps_err zps_wire_ref_wait(zps_wire_ref *ref, int timeout_ms)

@@ -136,6 +136,18 @@ void zps_wire_copy_payload(const zps_wire_msg *m, void *dst);
 // The message type's name for log lines ("PUSH"; "unknown" if none).
 const char *zps_wire_type_name(int type);
 
+// For a daemon's main(), before any thread starts: ZeroMQ allocates every
+// received frame (up to ZPS_WIRE_FRAME_BYTES) in its I/O thread and the
+// loop frees it. glibc serves frames over 128 KiB with mmap at first and
+// gives the I/O thread's heap back to the kernel as soon as a step's
+// frames are freed, so each frame of each step page-faults its memory
+// again (about a page fault per 4 KiB received: a third of a shard's CPU
+// time on a 2.7 MB step). Frames come from the heap, which keeps what
+// it had, from here on. Process-wide, so libzps leaves it to the
+// program (README: GLIBC_TUNABLES does the same for one's own process).
+// A no-op without glibc.
+void zps_wire_tune_malloc(void);
+
 // Waits until ZeroMQ released every frame of ref, at most timeout_ms.
 zps_err zps_wire_ref_wait(zps_wire_ref *ref, int timeout_ms);
 

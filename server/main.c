@@ -12,6 +12,7 @@
 #include "common/zps_log.h"
 #include "common/zps_opts.h"
 #include "common/zps_plan.h"
+#include "common/zps_wire.h"
 #include "server/zps_server.h"
 
 // What the flags set: the server's options, and the log's, which main
@@ -351,5 +352,6 @@ int main(int argc, char **argv)
     if (status >= 0) {
         return status;
     }
+    zps_wire_tune_malloc(); // before ZeroMQ's threads: every push's frames
     return zps_server_run(&f.srv);
 }

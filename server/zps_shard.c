@@ -15,10 +15,10 @@
 #define ZPS_SHARD_BLOCK 2048 // elements per pass of the update: the arrays stay in L1/L2
 #define ZPS_SHARD_MAX_RETIRED 8
 
-// The parameters as sent, in the wire dtype. ZeroMQ reads it from its I/O
-// thread; while any frame of it is in flight it must not change.
+// An array of parameters that may be sent zero-copy: ZeroMQ reads it from
+// its I/O thread, and while any frame of it is in flight it must not change.
 typedef struct s_snapshot {
-    uint8_t *data;       // owned: (hi - lo) elements of the wire dtype
+    uint8_t *data;       // owned: (hi - lo) elements (fp32, or the wire dtype)
     zps_wire_ref ref;    // frames still held by ZeroMQ
 } s_snapshot;
 
@@ -39,21 +39,29 @@ struct zps_shard {
     zps_dtype dtype;                                // wire element type
     zps_optim_cfg optim;                            // settings and schedule
     uint64_t step;                                  // steps completed
-    float *params;                                  // owned: master parameters, n
-    float *prev;                                    // owned: parameters before this step's update, n
+    // The parameters, fp32, in two arrays by the parity of the step: arr[t & 1]
+    // holds them as of step t (before its update), and the update of a
+    // bucket in step t reads them there and writes arr[(t + 1) & 1], so the
+    // values before and after it both stay, with no copy. With an fp32
+    // wire they are also what is sent, zero-copy (no snapshot).
+    s_snapshot *arr[2];                             // owned: n floats each
     float *state;                                   // owned: optimizer state, state_floats * n
     int state_floats;                               // 1: SGD's momentum; 2: exp_avg, exp_avg_sq
     uint64_t optim_steps;                           // updates applied: Adam's t is one more
-    double *acc;                                    // owned: sum of n_i * g_i, n (order-free)
+    double *acc;                                    // owned: sum of n_i * g_i, n (order-free);
+                                                    // a bucket's is set by its first push
     float *grad;                                    // owned: a block of the averaged gradient a thread
     zps_pool *pool;                                 // owned: --threads beyond the caller, or NULL
-    s_snapshot *snap;                               // owned: current parameters as sent
+    s_snapshot *snap;                               // owned: 16-bit wire dtype: current parameters
+                                                    // as sent (NULL for fp32: arr is sent)
     s_snapshot *retired[ZPS_SHARD_MAX_RETIRED];     // owned: old snapshots a peer still reads
     int n_buckets;                                  // buckets of the range
     zps_bucket buckets[ZPS_MODEL_MAX_BUCKETS];      // in push order
     uint32_t covered[ZPS_MODEL_MAX_BUCKETS];        // samples pushed for each bucket this step
-    bool applied[ZPS_MODEL_MAX_BUCKETS];            // bucket updated this step
-    int n_applied;                                  // buckets updated this step
+    bool updated[ZPS_MODEL_MAX_BUCKETS];            // bucket's numbers updated this step
+    int n_updated;                                  // buckets updated this step
+    bool applied[ZPS_MODEL_MAX_BUCKETS];            // bucket updated and zps_shard_apply'd
+    int n_applied;                                  // buckets applied this step
     s_slice slices[ZPS_MAX_MEMBERS];                // slices seen this step
     int n_slices;
     double loss_sum;                                // sum of count * loss over slices this step
@@ -98,6 +106,43 @@ static void s_snapshot_free(s_snapshot **sp)
     }
 }
 
+// The parameters as of the step in progress (before its update), and
+// where its update writes them.
+static float *s_cur(const zps_shard *s)
+{
+    return (float *)(void *)s->arr[s->step & 1]->data;
+}
+
+static float *s_next(const zps_shard *s)
+{
+    return (float *)(void *)s->arr[(s->step + 1) & 1]->data;
+}
+
+static void s_prepare(zps_shard *s, s_snapshot **sp, size_t bytes);
+
+// Both arrays (and the snapshot) become values, between steps: those of a
+// checkpoint, or (values NULL) those of the step's own array, a new
+// shard's or rank 0's. Every buffer is made writable first: one a peer
+// still reads is replaced by a copy, which the source is taken from.
+static void s_set_all(zps_shard *s, const float *values)
+{
+    size_t bytes = s->n * sizeof(float);
+    s_prepare(s, &s->arr[0], bytes);
+    s_prepare(s, &s->arr[1], bytes);
+    if (s->snap) {
+        s_prepare(s, &s->snap, s->n * zps_dtype_size(s->dtype));
+    }
+    const float *src = values ? values : s_cur(s);
+    for (int k = 0; k < 2; k++) {
+        if ((const void *)s->arr[k]->data != (const void *)src) {
+            memcpy(s->arr[k]->data, src, bytes);
+        }
+    }
+    if (s->snap) {
+        zps_dtype_from_f32(s->dtype, src, s->snap->data, s->n);
+    }
+}
+
 zps_shard *zps_shard_new(const zps_shard_cfg *cfg)
 {
     zps_shard *s = calloc(1, sizeof *s);
@@ -116,8 +161,8 @@ zps_shard *zps_shard_new(const zps_shard_cfg *cfg)
     s->global_batch = cfg->global_batch;
     s->awaiting_init = cfg->await_init;
     s->n_buckets = zps_model_range_buckets(cfg->model, s->lo, s->hi, s->buckets);
-    s->params = s_alloc(s->n * sizeof(float));
-    s->prev = s_alloc(s->n * sizeof(float));
+    s->arr[0] = s_snapshot_new(s->n * sizeof(float));
+    s->arr[1] = s_snapshot_new(s->n * sizeof(float));
     // The second moment only for Adam and AdamW: SGD's shard stays as large as before.
     s->state_floats = zps_optim_state_floats(cfg->optim.kind);
     s->state = s_alloc((size_t)s->state_floats * s->n * sizeof(float));
@@ -127,13 +172,17 @@ zps_shard *zps_shard_new(const zps_shard_cfg *cfg)
     if (threads > 1 && !(s->pool = zps_pool_new(threads))) {
         goto fail;
     }
-    s->snap = s_snapshot_new(s->n * zps_dtype_size(s->dtype));
-    if (!s->params || !s->prev || !s->state || !s->acc || !s->grad || !s->snap) {
+    if (s->dtype != ZPS_DTYPE_F32) {
+        s->snap = s_snapshot_new(s->n * zps_dtype_size(s->dtype));
+    }
+    if (!s->arr[0] || !s->arr[1] || !s->state || !s->acc || !s->grad ||
+        (s->dtype != ZPS_DTYPE_F32 && !s->snap)) {
         goto fail;
     }
-    zps_model_init_range(cfg->model, cfg->seed, s->lo, s->hi, s->params);
-    memcpy(s->prev, s->params, s->n * sizeof(float));
-    zps_dtype_from_f32(s->dtype, s->params, s->snap->data, s->n);
+    // Both arrays alike at first, as after a restore: the step before the
+    // first reads the same values.
+    zps_model_init_range(cfg->model, cfg->seed, s->lo, s->hi, s_cur(s));
+    s_set_all(s, NULL);
     memset(s->state, 0, (size_t)s->state_floats * s->n * sizeof(float));
     memset(s->acc, 0, s->n * sizeof(double));
     return s;
@@ -155,8 +204,8 @@ void zps_shard_destroy(zps_shard **sp)
     for (int i = 0; i < ZPS_SHARD_MAX_RETIRED; i++) {
         s_snapshot_free(&s->retired[i]);
     }
-    free(s->params);
-    free(s->prev);
+    s_snapshot_free(&s->arr[0]);
+    s_snapshot_free(&s->arr[1]);
     free(s->state);
     free(s->acc);
     free(s->grad);
@@ -267,10 +316,12 @@ typedef struct s_push_job {
     zps_shard *s;
     const zps_wire_msg *m;
     float samples;
+    bool first;     // the bucket's first push this step: acc is set, not added to
 } s_push_job;
 
-// acc[lo, hi) of the push's range += samples * its elements [lo, hi),
-// which lie in one or more of its frames.
+// acc[lo, hi) of the push's range += samples * its elements [lo, hi)
+// (or = 0.0 + samples * them, for the first), which lie in one or more of
+// its frames.
 static void s_accumulate_range(void *arg, size_t lo, size_t hi, int thread)
 {
     (void)thread;
@@ -281,19 +332,45 @@ static void s_accumulate_range(void *arg, size_t lo, size_t hi, int thread)
         zmq_msg_t *frame = (zmq_msg_t *)&j->m->frames[f];
         size_t len = zmq_msg_size(frame) / esize;
         size_t from = lo > at ? lo - at : 0, to = hi < at + len ? hi - at : len;
-        if (from < to) {
-            zps_dtype_axpy(j->s->dtype, j->samples, (const uint8_t *)zmq_msg_data(frame) +
-                           from * esize, acc + at + from, to - from);
+        const uint8_t *src = (const uint8_t *)zmq_msg_data(frame) + from * esize;
+        if (from < to && j->first) {
+            zps_dtype_axpy_set(j->s->dtype, j->samples, src, acc + at + from, to - from);
+        } else if (from < to) {
+            zps_dtype_axpy(j->s->dtype, j->samples, src, acc + at + from, to - from);
         }
         at += len;
     }
 }
 
-static void s_accumulate(zps_shard *s, const zps_wire_msg *m, float samples)
+static void s_accumulate(zps_shard *s, const zps_wire_msg *m, float samples, bool first)
 {
-    s_push_job j = {.s = s, .m = m, .samples = samples};
+    s_push_job j = {.s = s, .m = m, .samples = samples, .first = first};
     zps_pool_for(s->pool, m->payload_bytes / zps_dtype_size(s->dtype), 1, s_accumulate_range,
                  &j);
+}
+
+static void s_update(zps_shard *s, int bucket, const zps_wire_msg *m, float samples, bool alone);
+
+// Counts a checked push of bucket b: added to the accumulator, or, when it
+// is the one that completes the bucket, averaged with it and the bucket
+// updated in the same pass (the slices of a bucket are disjoint parts of
+// the batch, so the covered samples reach B exactly with its last push).
+static void s_count(zps_shard *s, const zps_wire_msg *m, int b)
+{
+    const Zps__Header *h = m->hdr;
+    bool first = s->covered[b] == 0;
+    s->covered[b] += h->samples;
+    if (s->covered[b] == s->global_batch) {
+        s_update(s, b, m, (float)h->samples, first);
+    } else {
+        s_accumulate(s, m, (float)h->samples, first);
+    }
+    if (b == 0) {
+        // The counted slices of one bucket tile the batch: each sample's
+        // loss once, whatever pieces the batch came in.
+        s->loss_sum += (double)h->samples * h->loss;
+        s->counted[h->rank] += h->samples; // the rank was checked against the plan
+    }
 }
 
 // Whether the push belongs to this step and plan; the reason otherwise.
@@ -390,18 +467,9 @@ zps_err zps_shard_push(zps_shard *s, const zps_wire_msg *m, int *ready, char *wh
                  h->batch_offset, h->samples, (unsigned long long)s->step, b);
         return ZPS_EDUP;
     }
-    s_accumulate(s, m, (float)h->samples);
-    if (b == 0) {
-        // The counted slices of one bucket tile the batch: each sample's
-        // loss once, whatever pieces the batch came in.
-        s->loss_sum += (double)h->samples * h->loss;
-        s->counted[h->rank] += h->samples; // the rank was checked against the plan
-    }
+    s_count(s, m, b);
     zps_bucket_set_add(&sl->buckets, b);
-    s->covered[b] += h->samples;
-    if (s->covered[b] == s->global_batch) {
-        *ready = b;
-    }
+    *ready = s->updated[b] ? b : -1;
     return ZPS_OK;
 }
 
@@ -437,16 +505,16 @@ static void s_reap_retired(zps_shard *s)
     }
 }
 
-// Before the first update of a step: the replies of the last step have
-// long been read (every member pushed again), unless a peer does not read;
-// then that peer keeps the old snapshot and the shard moves to a new one.
-static void s_prepare_snapshot(zps_shard *s)
+// Before *sp is written (the first update of a step writes the array of
+// the next and the snapshot): the replies sent from it have long been read
+// (every member pushed again since), unless a peer does not read; then
+// that peer keeps the old buffer and the shard moves to a new one, a copy.
+static void s_prepare(zps_shard *s, s_snapshot **sp, size_t bytes)
 {
     s_reap_retired(s);
-    if (atomic_load(&s->snap->ref.inflight) == 0) {
+    if (atomic_load(&(*sp)->ref.inflight) == 0) {
         return;
     }
-    size_t bytes = s->n * zps_dtype_size(s->dtype);
     s_snapshot *fresh = s_snapshot_new(bytes);
     int slot = 0;
     while (slot < ZPS_SHARD_MAX_RETIRED && s->retired[slot]) {
@@ -459,59 +527,91 @@ static void s_prepare_snapshot(zps_shard *s)
                      s->index, ZPS_SHARD_MAX_RETIRED);
         free(fresh ? fresh->data : NULL);
         free(fresh);
-        (void)zps_wire_ref_wait(&s->snap->ref, 10000);
+        (void)zps_wire_ref_wait(&(*sp)->ref, 10000);
         return;
     }
-    memcpy(fresh->data, s->snap->data, bytes);
-    s->retired[slot] = s->snap;
-    s->snap = fresh;
+    memcpy(fresh->data, (*sp)->data, bytes);
+    s->retired[slot] = *sp;
+    *sp = fresh;
 }
 
-// One bucket being updated, for the threads.
-typedef struct s_apply_job {
+// The push that completes a bucket, being counted and the bucket updated,
+// for the threads.
+typedef struct s_update_job {
     zps_shard *s;
-    size_t first;      // the bucket's first element in the range
+    const zps_wire_msg *m; // borrowed: the push, its frames read in place
+    size_t first;          // the bucket's first element in the range
+    float samples;         // the push's sample count
+    bool alone;            // the bucket's only push this step: acc holds none
     float lr;
-} s_apply_job;
+} s_update_job;
 
-// Elements [lo, hi) of the bucket: averaged, updated, kept as before and
-// as sent, the accumulator reset. Block by block, so each element crosses
-// the memory bus once for all of it.
-static void s_apply_range(void *arg, size_t lo, size_t hi, int thread)
+// Elements [at, at + len) of the range, src the push's elements there (in
+// the wire dtype): the push added to the others and averaged, the
+// parameters updated into the next step's array (which is what is sent
+// with an fp32 wire; the snapshot otherwise). The bits of
+// accumulating the push first and averaging after: zps_dtype_axpy_mean.
+static void s_update_block(const s_update_job *j, const uint8_t *src, size_t at, size_t len,
+                           float *grad)
 {
-    const s_apply_job *j = arg;
     zps_shard *s = j->s;
-    double total = (double)s->global_batch;
-    size_t esize = zps_dtype_size(s->dtype);
-    float *grad = s->grad + (size_t)thread * ZPS_SHARD_BLOCK;
-    for (size_t at = j->first + lo, end = j->first + hi; at < end; at += ZPS_SHARD_BLOCK) {
-        size_t len = end - at < ZPS_SHARD_BLOCK ? end - at : ZPS_SHARD_BLOCK;
-        double *acc = s->acc + at;
-        for (size_t i = 0; i < len; i++) {
-            grad[i] = (float)(acc[i] / total);
-        }
-        memcpy(s->prev + at, s->params + at, len * sizeof(float));
-        if (s->optim.kind == ZPS_OPTIM_SGD) {
-            zps_optim_sgd(&s->optim, j->lr, s->params + at, s->state + at, grad, len);
-        } else {
-            zps_optim_adam(&s->optim, j->lr, s->optim_steps + 1, s->params + at, s->state + at,
-                           s->state + s->n + at, grad, len);
-        }
-        memset(acc, 0, len * sizeof(double));
-        zps_dtype_from_f32(s->dtype, s->params + at, s->snap->data + at * esize, len);
+    zps_dtype_axpy_mean(s->dtype, j->samples, src, j->alone ? NULL : s->acc + at,
+                        s->global_batch, grad, len);
+    const float *in = s_cur(s) + at;
+    float *out = s_next(s) + at;
+    if (s->optim.kind == ZPS_OPTIM_SGD) {
+        zps_optim_sgd_to(&s->optim, j->lr, in, out, s->state + at, grad, len);
+    } else {
+        zps_optim_adam_to(&s->optim, j->lr, s->optim_steps + 1, in, out, s->state + at,
+                          s->state + s->n + at, grad, len);
     }
+    if (s->snap) {
+        zps_dtype_from_f32(s->dtype, out, s->snap->data + at * zps_dtype_size(s->dtype), len);
+    }
+}
+
+// Elements [lo, hi) of the bucket, which lie in one or more of the push's
+// frames: block by block, so that each element crosses the memory bus
+// once for all of it (the accumulator is read, never written back).
+static void s_update_range(void *arg, size_t lo, size_t hi, int thread)
+{
+    const s_update_job *j = arg;
+    size_t esize = zps_dtype_size(j->s->dtype), at = 0;
+    float *grad = j->s->grad + (size_t)thread * ZPS_SHARD_BLOCK;
+    for (int f = 0; f < j->m->n_frames && at < hi; f++) {
+        zmq_msg_t *frame = (zmq_msg_t *)&j->m->frames[f];
+        size_t len = zmq_msg_size(frame) / esize;
+        const uint8_t *data = zmq_msg_data(frame);
+        size_t from = lo > at ? lo : at, to = hi < at + len ? hi : at + len;
+        for (size_t i = from; i < to; i += ZPS_SHARD_BLOCK) {
+            size_t n = to - i < ZPS_SHARD_BLOCK ? to - i : ZPS_SHARD_BLOCK;
+            s_update_block(j, data + (i - at) * esize, j->first + i, n, grad);
+        }
+        at += len;
+    }
+}
+
+static void s_update(zps_shard *s, int bucket, const zps_wire_msg *m, float samples, bool alone)
+{
+    if (s->n_updated == 0) {
+        s_prepare(s, &s->arr[(s->step + 1) & 1], s->n * sizeof(float));
+        if (s->snap) {
+            s_prepare(s, &s->snap, s->n * zps_dtype_size(s->dtype));
+        }
+    }
+    s_update_job j = {.s = s, .m = m, .first = s->buckets[bucket].lo - s->lo,
+                      .samples = samples, .alone = alone,
+                      .lr = zps_optim_lr_at(&s->optim, s->step)};
+    // Ranges of whole blocks, so that no block of the pass is cut in two.
+    zps_pool_for(s->pool, s->buckets[bucket].hi - s->buckets[bucket].lo, ZPS_SHARD_BLOCK,
+                 s_update_range, &j);
+    s->updated[bucket] = true;
+    s->n_updated++;
 }
 
 void zps_shard_apply(zps_shard *s, int bucket)
 {
-    if (s->n_applied == 0) {
-        s_prepare_snapshot(s);
-    }
-    s_apply_job j = {.s = s, .first = s->buckets[bucket].lo - s->lo,
-                     .lr = zps_optim_lr_at(&s->optim, s->step)};
-    // Ranges of whole blocks, so that no block of the pass is cut in two.
-    zps_pool_for(s->pool, s->buckets[bucket].hi - s->buckets[bucket].lo, ZPS_SHARD_BLOCK,
-                 s_apply_range, &j);
+    ZPS_ASSERT(s->updated[bucket] && !s->applied[bucket]);
     s->applied[bucket] = true;
     s->n_applied++;
 }
@@ -531,7 +631,9 @@ float zps_shard_end_step(zps_shard *s)
     float loss = (float)(s->loss_sum / s->global_batch);
     memset(s->covered, 0, sizeof s->covered);
     memset(s->applied, 0, sizeof s->applied);
+    memset(s->updated, 0, sizeof s->updated);
     s->n_applied = 0;
+    s->n_updated = 0;
     s->n_slices = 0;
     s->loss_sum = 0;
     memset(s->counted, 0, sizeof s->counted);
@@ -551,8 +653,15 @@ void zps_shard_bucket_params(zps_shard *s, int b, const void **data, uint64_t *o
 {
     *offset = s->buckets[b].lo;
     *count = s->buckets[b].hi - s->buckets[b].lo;
-    *data = s->snap->data + (s->buckets[b].lo - s->lo) * zps_dtype_size(s->dtype);
-    *ref = &s->snap->ref;
+    size_t off = s->buckets[b].lo - s->lo;
+    if (s->snap) {
+        *data = s->snap->data + off * zps_dtype_size(s->dtype);
+        *ref = &s->snap->ref;
+        return;
+    }
+    s_snapshot *a = s->arr[(s->step + (s->updated[b] ? 1 : 0)) & 1];
+    *data = (const float *)(const void *)a->data + off;
+    *ref = &a->ref;
 }
 
 bool zps_shard_bucket_params_are(const zps_shard *s, int b, uint64_t step)
@@ -583,7 +692,7 @@ zps_err zps_shard_take_init(zps_shard *s, const zps_wire_msg *m, bool *complete,
         snprintf(why, why_len, "initial values of bucket %d came twice", b);
         return ZPS_EDUP;
     }
-    float *dst = s->params + (h->offset - s->lo);
+    float *dst = s_cur(s) + (h->offset - s->lo);
     for (int f = 0; f < m->n_frames; f++) {
         size_t bytes = zmq_msg_size((zmq_msg_t *)&m->frames[f]);
         memcpy(dst, zmq_msg_data((zmq_msg_t *)&m->frames[f]), bytes);
@@ -592,9 +701,7 @@ zps_err zps_shard_take_init(zps_shard *s, const zps_wire_msg *m, bool *complete,
     zps_bucket_set_add(&s->init_in, b);
     if (zps_bucket_set_full(&s->init_in, s->n_buckets)) {
         s->awaiting_init = false;
-        memcpy(s->prev, s->params, s->n * sizeof(float));
-        s_prepare_snapshot(s);
-        zps_dtype_from_f32(s->dtype, s->params, s->snap->data, s->n);
+        s_set_all(s, NULL);
         *complete = true;
     }
     return ZPS_OK;
@@ -612,15 +719,15 @@ zps_err zps_shard_bucket_at(const zps_shard *s, int b, uint64_t step, const floa
     }
     size_t off = s->buckets[b].lo - s->lo;
     if (step == s->step) {
-        *values = (s->applied[b] ? s->prev : s->params) + off;
+        *values = s_cur(s) + off; // whether updated or not: the update wrote the other array
         return ZPS_OK;
     }
     if (step == s->step + 1) {
-        *values = s->params + off;
-        return s->applied[b] ? ZPS_OK : ZPS_EAGAIN;
+        *values = s_next(s) + off;
+        return s->updated[b] ? ZPS_OK : ZPS_EAGAIN;
     }
-    if (step + 1 == s->step && s->n_applied == 0) {
-        *values = s->prev + off;
+    if (step + 1 == s->step && s->n_updated == 0) {
+        *values = s_next(s) + off; // the array of step - 1, not yet written by this one
         return ZPS_OK;
     }
     return ZPS_ESTALE;
@@ -636,39 +743,40 @@ static zps_ckpt_meta s_meta(const zps_shard *s)
 zps_err zps_shard_save(const zps_shard *s, const char *dir, int keep)
 {
     zps_ckpt_meta meta = s_meta(s);
-    return zps_ckpt_write(dir, &meta, s->params, s->state, keep);
+    return zps_ckpt_write(dir, &meta, s_cur(s), s->state, keep);
 }
 
 zps_err zps_shard_restore(zps_shard *s, const char *dir, uint64_t step, uint64_t *loaded)
 {
     zps_ckpt_meta want = s_meta(s);
-    // Loaded aside first (prev and a scratch array), so a failure changes nothing.
+    // Loaded aside first (two scratch arrays), so a failure changes nothing.
     size_t state_bytes = (size_t)s->state_floats * s->n * sizeof(float);
-    float *state = s_alloc(state_bytes);
+    float *state = s_alloc(state_bytes), *params = s_alloc(s->n * sizeof(float));
     uint64_t optim_steps = 0;
-    zps_err err = !state ? ZPS_ENOMEM
+    zps_err err = !state || !params ? ZPS_ENOMEM
                   : step == UINT64_MAX
-                      ? zps_ckpt_load_newest(dir, &want, loaded, s->prev, state, &optim_steps)
-                      : zps_ckpt_load(dir, &want, step, s->prev, state, &optim_steps);
+                      ? zps_ckpt_load_newest(dir, &want, loaded, params, state, &optim_steps)
+                      : zps_ckpt_load(dir, &want, step, params, state, &optim_steps);
     if (err != ZPS_OK) {
-        memcpy(s->prev, s->params, s->n * sizeof(float));
+        free(params);
         free(state);
         return err;
     }
     if (step != UINT64_MAX) {
         *loaded = step;
     }
-    memcpy(s->params, s->prev, s->n * sizeof(float));
+    s_set_all(s, params); // both arrays, whatever the parity of the step restored
+    free(params);
     memcpy(s->state, state, state_bytes);
     free(state);
     s->optim_steps = optim_steps;
     memset(s->acc, 0, s->n * sizeof(double));
-    s_prepare_snapshot(s);
-    zps_dtype_from_f32(s->dtype, s->params, s->snap->data, s->n);
     memset(s->covered, 0, sizeof s->covered);
     memset(s->counted, 0, sizeof s->counted);
     memset(s->applied, 0, sizeof s->applied);
+    memset(s->updated, 0, sizeof s->updated);
     s->n_applied = 0;
+    s->n_updated = 0;
     s->n_slices = 0;
     s->loss_sum = 0;
     s->step = *loaded;

@@ -82,13 +82,16 @@ uint32_t zps_shard_generation(const zps_shard *s);
 // of a slice already counted for the bucket, a member's push for a step
 // already complete, one computed under a superseded plan, or one for a step
 // the shard has not reached (it restarted; a rollback follows), returns
-// ZPS_EDUP and is dropped. On success *ready is the bucket now complete (update it with
-// zps_shard_apply), or -1.
+// ZPS_EDUP and is dropped. On success *ready is the bucket this push
+// completed, or -1. The push that completes a bucket updates it, in one
+// pass with its own frames (read in place: m must stay valid for the
+// call only); zps_shard_apply then says its new values may go out.
 zps_err zps_shard_push(zps_shard *s, const zps_wire_msg *m, int *ready, char *why,
                        size_t why_len);
 
-// Updates a ready bucket with the step's learning rate. Once every bucket
-// is updated the step is over: zps_shard_step_done says so.
+// Marks a ready bucket (updated by the push that completed it) as
+// applied: zps_shard_applied turns true, and once every bucket is applied
+// the step is over: zps_shard_step_done says so.
 void zps_shard_apply(zps_shard *s, int bucket);
 bool zps_shard_applied(const zps_shard *s, int bucket);
 bool zps_shard_step_done(const zps_shard *s);

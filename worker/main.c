@@ -27,6 +27,7 @@
 #include "common/zps_model.h"
 #include "common/zps_opts.h"
 #include "common/zps_pidfile.h"
+#include "common/zps_wire.h"
 #include "include/zps.h"
 #include "worker/zps_backend.h"
 #include "worker/zps_train.h"
@@ -259,6 +260,7 @@ int main(int argc, char **argv)
     if (!zps_backend_supports(o.device)) {
         return 2;
     }
+    zps_wire_tune_malloc(); // before ZeroMQ's threads: every step's parameters
     if (o.check_device) {
         zps_log_info("--device %s can compute here", o.device);
         return 0;

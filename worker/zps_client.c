@@ -58,6 +58,16 @@ typedef enum s_phase {
     P_OVER,       // ended: stopped, over, or failed
 } s_phase;
 
+// A frame of the next step's parameters, kept as it came until all are
+// in: the current parameters stay whole until then (a slice of the step in
+// progress may be handed to this worker while it waits), and the frames
+// are copied into them once, in one pass, rather than into a buffer of
+// their own and from there again.
+typedef struct s_held {
+    zmq_msg_t frame;  // owned: the received frame
+    uint64_t offset;  // the parameter its first element is
+} s_held;
+
 // What a wait for parameters was for.
 typedef enum s_after {
     A_JOIN,       // the first parameters
@@ -81,7 +91,9 @@ struct zps_client {
     zps_schedule schedule;                         // what to compute at each step
     // Buffers.
     float *params;                                 // borrowed: the caller's parameters
-    float *next;                                   // owned: parameters of the next step, arriving
+    s_held *held;                                  // owned: frames of the next step's parameters,
+                                                   // kept as they arrive (n_held of cap_held)
+    int n_held, cap_held;
     uint8_t *wire;                                 // owned: gradient in a 16-bit wire dtype
     zps_wire_ref grad_ref;                         // the caller's gradient still held by ZeroMQ
     bool has_data;                                 // zps_set_dataset called
@@ -391,9 +403,63 @@ static zps_err s_on_refusal(zps_client *c, int i, uint64_t step, const Zps__Head
     }
 }
 
+// Lets go of the frames kept (a wait that starts over, or ends).
+static void s_release_held(zps_client *c)
+{
+    for (int i = 0; i < c->n_held; i++) {
+        ZPS_ASSERT(zmq_msg_close(&c->held[i].frame) == 0);
+    }
+    c->n_held = 0;
+}
+
+// Keeps the frames of a checked PARAMS message of the parameters from
+// `offset` on (they leave m empty); ZPS_ENOMEM if there is no room.
+static zps_err s_hold(zps_client *c, zps_wire_msg *m, uint64_t offset)
+{
+    if (c->n_held + m->n_frames > c->cap_held) {
+        int cap = 2 * (c->n_held + m->n_frames) + 16;
+        s_held *more = malloc((size_t)cap * sizeof *more);
+        if (!more) {
+            zps_log_error("out of memory keeping the parameters received");
+            return ZPS_ENOMEM;
+        }
+        for (int i = 0; i < c->n_held; i++) {
+            more[i].offset = c->held[i].offset;
+            ZPS_ASSERT(zmq_msg_init(&more[i].frame) == 0);
+            ZPS_ASSERT(zmq_msg_move(&more[i].frame, &c->held[i].frame) == 0);
+            ZPS_ASSERT(zmq_msg_close(&c->held[i].frame) == 0);
+        }
+        free(c->held);
+        c->held = more;
+        c->cap_held = cap;
+    }
+    size_t esize = zps_dtype_size(c->dtype);
+    for (int f = 0; f < m->n_frames; f++) {
+        s_held *k = &c->held[c->n_held++];
+        k->offset = offset;
+        ZPS_ASSERT(zmq_msg_init(&k->frame) == 0);
+        ZPS_ASSERT(zmq_msg_move(&k->frame, &m->frames[f]) == 0);
+        offset += zmq_msg_size(&k->frame) / esize;
+    }
+    return ZPS_OK;
+}
+
+// The parameters received become the caller's, in one pass over the
+// frames kept; they are let go of.
+static void s_take_held(zps_client *c)
+{
+    size_t esize = zps_dtype_size(c->dtype);
+    for (int i = 0; i < c->n_held; i++) {
+        zmq_msg_t *frame = &c->held[i].frame;
+        zps_dtype_to_f32(c->dtype, zmq_msg_data(frame), c->params + c->held[i].offset,
+                         zmq_msg_size(frame) / esize);
+    }
+    s_release_held(c);
+}
+
 // Checks a PARAMS message from shard i against what step `step` expects
-// and drops its bucket into the next step's buffer.
-static zps_err s_take_bucket(zps_client *c, int i, uint64_t step, const zps_wire_msg *m)
+// and keeps its frames until the step's parameters are all in.
+static zps_err s_take_bucket(zps_client *c, int i, uint64_t step, zps_wire_msg *m)
 {
     zps_conn_shard *sc = &c->conn.shards[i];
     const Zps__Header *h = m->hdr;
@@ -440,15 +506,9 @@ static zps_err s_take_bucket(zps_client *c, int i, uint64_t step, const zps_wire
         zps_log_error("%s sent bad parameters: %s", sc->endpoint, why);
         return ZPS_EPROTO;
     }
-    // Into the next step's buffer: the current parameters must stay whole
-    // until the step is over, in case a slice of it is handed to us.
-    float *dst = c->next + h->offset;
-    size_t esize = zps_dtype_size(c->dtype);
-    for (int f = 0; f < m->n_frames; f++) {
-        zmq_msg_t *frame = (zmq_msg_t *)&m->frames[f];
-        size_t len = zmq_msg_size(frame) / esize;
-        zps_dtype_to_f32(c->dtype, zmq_msg_data(frame), dst, len);
-        dst += len;
+    zps_err err = s_hold(c, m, h->offset);
+    if (err != ZPS_OK) {
+        return err;
     }
     zps_bucket_set_add(&sc->received, b);
     c->retry_ms = ZPS_CLIENT_RETRY_MS;
@@ -473,7 +533,7 @@ static bool s_all_received(const zps_client *c)
 // A message from shard i while waiting for parameters: a bucket of them,
 // or (from the coordinator) a new plan, maybe with slices of the step in
 // progress to compute right away.
-static zps_err s_take_message(zps_client *c, int i, uint64_t step, const zps_wire_msg *m)
+static zps_err s_take_message(zps_client *c, int i, uint64_t step, zps_wire_msg *m)
 {
     const Zps__Header *h = m->hdr;
     if (i == 0 && h->type == ZPS__MSG_TYPE__ROLLBACK && h->plan) {
@@ -652,6 +712,7 @@ static zps_err s_wait(zps_client *c)
         for (int i = 0; i < c->conn.n_shards; i++) {
             c->conn.shards[i].received = (zps_bucket_set){0};
         }
+        s_release_held(c); // of a wait that did not finish
         c->wait_start = zps_clock_ms();
         c->next_log = c->wait_start + ZPS_CLIENT_WAIT_LOG_MS;
         c->next_beat = c->wait_start + c->conn.heartbeat_ms;
@@ -715,7 +776,7 @@ static zps_err s_wait(zps_client *c)
         c->pull_again_ms[i] = 0;
     }
     c->redo_ms = 0;
-    memcpy(c->params, c->next, c->model.n_params * sizeof(float));
+    s_take_held(c);
     zps_schedule_forget_before(&c->schedule, step);
     double now = zps_clock_ms();
     if (c->params_ms > 0) {
@@ -847,9 +908,10 @@ void zps_client_destroy(zps_client **cp)
     if (!c) {
         return;
     }
-    zps_conn_fini(&c->conn); // first: ZeroMQ lets go of the caller's gradient
+    s_release_held(c);
+    free(c->held);
+    zps_conn_fini(&c->conn); // then ZeroMQ lets go of the caller's gradient
     free(c->wire);
-    free(c->next);
     zps_sampler_fini(&c->sampler);
     zps_decl_fini(&c->decl);
     free(c);
@@ -1032,10 +1094,9 @@ zps_err zps_set_params(zps_client *c, float *params, size_t n)
         return s_einval(c, "the parameter buffer must hold the model's %zu floats (join first)",
                         c->joined ? c->model.n_params : 0);
     }
-    if ((c->dtype != ZPS_DTYPE_F32 && !c->wire &&
-         !(c->wire = malloc(c->model.n_params * zps_dtype_size(c->dtype)))) ||
-        (!c->next && !(c->next = malloc(c->model.n_params * sizeof(float))))) {
-        zps_log_error("cannot allocate the wire and parameter buffers");
+    if (c->dtype != ZPS_DTYPE_F32 && !c->wire &&
+        !(c->wire = malloc(c->model.n_params * zps_dtype_size(c->dtype)))) {
+        zps_log_error("cannot allocate the wire buffer");
         return s_fail(c, ZPS_ENOMEM);
     }
     c->params = params;

@@ -477,6 +477,64 @@ START_TEST(test_dtype_axpy_matches_reference)
 }
 END_TEST
 
+// The shard's fused pass (server/zps_shard.c) gives the bits of the plain
+// one: the first push set with axpy_set is axpy into zeros, and the last
+// push averaged with axpy_mean is axpy followed by the division, for
+// totals that are powers of two (a multiplication instead) or not, and
+// for a push that is the bucket's only one (scale == total: x + 0.0f),
+// -0, Inf, subnormals and (one NaN operand, whose NaN comes out) NaN
+// included.
+START_TEST(test_dtype_axpy_mean_matches_axpy_then_divide)
+{
+    static const zps_dtype types[] = {ZPS_DTYPE_F32, ZPS_DTYPE_BF16, ZPS_DTYPE_F16};
+    static const uint32_t totals[] = {1, 2, 3, 7, 8, 16, 24, 128, 1000, 1u << 20, 16777217u};
+    uint32_t bits[BULK_N];
+    double *acc = malloc(BULK_N * sizeof(double));
+    double *ref = malloc(BULK_N * sizeof(double));
+    float *got = malloc(BULK_N * sizeof(float));
+    unsigned char *src = malloc(BULK_N * 4 + 1);
+    ck_assert(acc && ref && got && src);
+    zps_rng r;
+    zps_rng_seed(&r, 46, 0);
+    for (size_t t = 0; t < 3; t++) {
+        zps_dtype d = types[t];
+        for (size_t ti = 0; ti < sizeof totals / sizeof totals[0]; ti++) {
+            uint32_t total = totals[ti];
+            for (int alone = 0; alone < 2; alone++) {
+                // Alone: the push is the whole batch; else a part of it after others.
+                float scale = alone ? (float)total : (float)(total / 2 ? total / 2 : 1);
+                s_fill(&r, bits, BULK_N, alone);
+                zps_dtype_from_f32(d, (const float *)(void *)bits, src + 1, BULK_N);
+                for (size_t i = 0; i < BULK_N; i++) {
+                    acc[i] = zps_rng_normal(&r) * 1e3;
+                    ref[i] = alone ? 0.0 : acc[i];
+                }
+                if (alone) {
+                    // The first push: set, as axpy into zeros would.
+                    zps_dtype_axpy_set(d, scale, src + 1, acc, BULK_N);
+                    zps_dtype_axpy(d, scale, src + 1, ref, BULK_N);
+                    ck_assert(memcmp(acc, ref, BULK_N * sizeof(double)) == 0);
+                    memset(ref, 0, BULK_N * sizeof(double));
+                }
+                zps_dtype_axpy_mean(d, scale, src + 1, alone ? NULL : acc, total, got, BULK_N);
+                zps_dtype_axpy(d, scale, src + 1, ref, BULK_N);
+                for (size_t i = 0; i < BULK_N; i++) {
+                    volatile double q = ref[i] / (double)total;
+                    float want = (float)q;
+                    ck_assert_msg(memcmp(&got[i], &want, sizeof want) == 0,
+                                  "%s mean[%zu] total %u%s: %a, not %a", zps_dtype_name(d), i,
+                                  total, alone ? " alone" : "", got[i], want);
+                }
+            }
+        }
+    }
+    free(src);
+    free(got);
+    free(ref);
+    free(acc);
+}
+END_TEST
+
 // An unchecked dtype reaching the bulk functions is a bug: they abort.
 START_TEST(test_dtype_bulk_aborts_on_invalid_dtype)
 {
@@ -505,6 +563,7 @@ Suite *zps_suite_dtype(void)
 #endif
     tcase_add_test(tc, test_dtype_bulk_matches_scalar_unaligned);
     tcase_add_test(tc, test_dtype_axpy_matches_reference);
+    tcase_add_test(tc, test_dtype_axpy_mean_matches_axpy_then_divide);
     tcase_add_test_raise_signal(tc, test_dtype_bulk_aborts_on_invalid_dtype, SIGABRT);
     suite_add_tcase(s, tc);
     return s;

@@ -1,6 +1,7 @@
 /* check_shard.c - the shard's per-bucket accumulate/average/update and its
  * refusals, fed messages built as the wire would deliver them. */
 #include <math.h>
+#include <stdatomic.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -299,6 +300,75 @@ START_TEST(test_shard_serves_parameters_of_the_step_in_progress)
 }
 END_TEST
 
+// One step of both ranks pushing both buckets with gradient g, applied.
+static void s_step_both(zps_shard *s, const float *g)
+{
+    uint64_t step = zps_shard_step(s);
+    int ready;
+    for (uint32_t r = 0; r < 2; r++) {
+        ck_assert_int_eq(s_feed(s, r, r ? 22 : 11, step, r ? 30 : 10, 4, g + 2, 3, &ready),
+                         ZPS_OK);
+    }
+    zps_shard_apply(s, ready);
+    for (uint32_t r = 0; r < 2; r++) {
+        ck_assert_int_eq(s_feed(s, r, r ? 22 : 11, step, r ? 30 : 10, 2, g, 2, &ready),
+                         ZPS_OK);
+    }
+    zps_shard_apply(s, ready);
+    ck_assert(zps_shard_step_done(s));
+    zps_shard_end_step(s);
+}
+
+// The parameters live in two arrays by step parity (zps_shard.c): each
+// step serves the values before and after its update, the step before it
+// until its own first update, and a buffer sent zero-copy that a peer
+// still reads is never written, however many steps go by.
+START_TEST(test_shard_keeps_what_a_peer_reads_and_serves_both_sides_of_an_update)
+{
+    zps_model_spec model = s_model();
+    zps_shard *s = s_shard(&model, ZPS_DTYPE_F32, 0.9f);
+    float g[HI - LO] = {1, -2, 0.5f, 4, -1};
+    float p0[HI - LO], p1[HI - LO], p2[HI - LO], held[3];
+    s_params(s, p0);
+    s_step_both(s, g);
+    s_params(s, p1);
+    // Bucket 0 as sent after step 0, held by a peer that does not read.
+    const void *data;
+    uint64_t off, count;
+    zps_wire_ref *ref;
+    zps_shard_bucket_params(s, 0, &data, &off, &count, &ref);
+    ck_assert_uint_eq(off, 4);
+    memcpy(held, data, sizeof held);
+    atomic_fetch_add(&ref->inflight, 1);
+    const float *v;
+    ck_assert_int_eq(zps_shard_bucket_at(s, 0, 0, &v), ZPS_OK); // the step before, not yet updated
+    ck_assert_mem_eq(v, p0 + 2, 3 * sizeof(float));
+    for (int t = 1; t < 5; t++) {
+        s_step_both(s, g);
+        ck_assert_mem_eq(data, held, sizeof held); // never written while held
+    }
+    s_params(s, p2);
+    ck_assert(memcmp(p2, p1, sizeof p2) != 0);
+    atomic_fetch_sub(&ref->inflight, 1);
+    // Mid-step: the bucket updated serves its values before and after.
+    uint64_t step = zps_shard_step(s);
+    int ready;
+    for (uint32_t r = 0; r < 2; r++) {
+        ck_assert_int_eq(s_feed(s, r, r ? 22 : 11, step, r ? 30 : 10, 4, g + 2, 3, &ready),
+                         ZPS_OK);
+    }
+    zps_shard_apply(s, ready);
+    ck_assert_int_eq(zps_shard_bucket_at(s, 0, step, &v), ZPS_OK);
+    ck_assert_mem_eq(v, p2 + 2, 3 * sizeof(float));
+    ck_assert_int_eq(zps_shard_bucket_at(s, 0, step + 1, &v), ZPS_OK);
+    ck_assert(memcmp(v, p2 + 2, 3 * sizeof(float)) != 0);
+    ck_assert_int_eq(zps_shard_bucket_at(s, 0, step - 1, &v), ZPS_ESTALE);
+    zps_shard_bucket_params(s, 0, &data, &off, &count, &ref);
+    ck_assert_mem_eq(data, v, 3 * sizeof(float)); // what is sent is the new values
+    zps_shard_destroy(&s);
+}
+END_TEST
+
 // A declared model's shard: nothing served and no push counted until rank
 // 0's initial values of every bucket are in; then they are the parameters.
 START_TEST(test_shard_waits_for_initial_values_then_serves_them)
@@ -586,6 +656,7 @@ Suite *zps_suite_shard(void)
     tcase_add_test(tc, test_shard_refusals_leave_parameters_untouched);
     tcase_add_test(tc, test_shard_counts_handed_slices_once_and_follows_generations);
     tcase_add_test(tc, test_shard_serves_parameters_of_the_step_in_progress);
+    tcase_add_test(tc, test_shard_keeps_what_a_peer_reads_and_serves_both_sides_of_an_update);
     tcase_add_test(tc, test_shard_bf16_pushes_and_replies);
     tcase_add_test(tc, test_shard_waits_for_initial_values_then_serves_them);
     tcase_add_test(tc, test_shard_adamw_restored_from_checkpoint_continues_bitwise);
