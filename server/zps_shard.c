@@ -666,7 +666,7 @@ void zps_shard_bucket_params(zps_shard *s, int b, const void **data, uint64_t *o
 
 bool zps_shard_bucket_params_are(const zps_shard *s, int b, uint64_t step)
 {
-    return !s->awaiting_init && step == s->step + (s->applied[b] ? 1 : 0);
+    return !s->awaiting_init && step == s->step + (s->updated[b] ? 1 : 0);
 }
 
 zps_err zps_shard_take_init(zps_shard *s, const zps_wire_msg *m, bool *complete, char *why,
