@@ -12,6 +12,7 @@ int main(void)
         zps_suite_dtype,   zps_suite_ckpt,    zps_suite_opts, zps_suite_coord, zps_suite_msgtab,
         zps_suite_plans,   zps_suite_member,  zps_suite_client, zps_suite_layout,
         zps_suite_monitor, zps_suite_outbox, zps_suite_mlog, zps_suite_timers,
+        zps_suite_shm,     zps_suite_shard_shm,
     };
     SRunner *sr = srunner_create(suites[0]());
     for (size_t i = 1; i < sizeof suites / sizeof suites[0]; i++) {

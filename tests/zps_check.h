@@ -26,5 +26,7 @@ Suite *zps_suite_monitor(void);
 Suite *zps_suite_outbox(void);
 Suite *zps_suite_mlog(void);
 Suite *zps_suite_timers(void);
+Suite *zps_suite_shm(void);
+Suite *zps_suite_shard_shm(void);
 
 #endif
