@@ -48,6 +48,11 @@ static zps_err s_not_here(zps_shard_shm *t, uint32_t rank, const Zps__Header *h,
 static zps_err s_mapping(zps_shard_shm *t, uint32_t rank, const Zps__Header *h,
                          uint64_t range_bytes, char *why, size_t why_len)
 {
+    if (h->shm_size > range_bytes) {
+        snprintf(why, why_len, "a segment of %llu bytes; this shard takes at most %llu",
+                 (unsigned long long)h->shm_size, (unsigned long long)range_bytes);
+        return ZPS_ERANGE;
+    }
     zps_shm_map *map = &t->maps[rank];
     bool same_host = t->boot[0] && h->shm_boot && strcmp(h->shm_boot, t->boot) == 0;
     if (same_host && zps_shm_map_is(map, h->shm_pid, h->shm_fd, h->shm_size)) {
@@ -60,11 +65,6 @@ static zps_err s_mapping(zps_shard_shm *t, uint32_t rank, const Zps__Header *h,
     }
     if (!same_host) {
         return s_not_here(t, rank, h, why, why_len, "the worker is on another host (boot id)");
-    }
-    if (h->shm_size > range_bytes) {
-        snprintf(why, why_len, "a segment of %llu bytes; this shard takes at most %llu",
-                 (unsigned long long)h->shm_size, (unsigned long long)range_bytes);
-        return ZPS_ERANGE;
     }
     zps_shm_map fresh;
     char reason[200];
@@ -128,6 +128,7 @@ zps_err zps_shard_shm_own(zps_wire_msg *m)
     }
     memcpy(zmq_msg_data(&copy), zmq_msg_data(&m->frames[0]), bytes);
     (void)zmq_msg_close(&m->frames[0]);
+    (void)zmq_msg_init(&m->frames[0]);
     (void)zmq_msg_move(&m->frames[0], &copy);
     (void)zmq_msg_close(&copy);
     m->hdr->shm_size = 0; // frames now: counted again as any push is
