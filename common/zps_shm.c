@@ -20,7 +20,7 @@ zps_err zps_shm_boot_id(char out[ZPS_SHM_BOOT_ID_LEN])
         return ZPS_EIO;
     }
     bool ok = fgets(out, ZPS_SHM_BOOT_ID_LEN, f) != NULL;
-    fclose(f);
+    (void)fclose(f);
     out[strcspn(out, "\n")] = '\0';
     return ok && out[0] ? ZPS_OK : ZPS_EIO;
 }
