@@ -109,6 +109,7 @@ typedef struct run {
     const char *model; // --model (NULL: the default MLP)
     const char *dtype; // --wire-dtype
     const char *shm;   // the workers' --shm
+    const char *deny;  // the shards' --shm (NULL: their default)
 } run;
 
 // Two shards, two workers, 30 steps; every process must exit 0.
@@ -118,13 +119,15 @@ static void s_train(zps_procs *ps, const run *r)
     snprintf(tag, sizeof tag, "%s-s0", r->tag);
     const char *sargs[] = {"--workers", "2", "--global-batch", "64", "--steps", "30",
                            "--seed", "3", "--shards", "2", "--wire-dtype", r->dtype,
+                           "--shm", r->deny ? r->deny : "auto",
                            r->model ? "--model" : NULL, r->model, NULL};
     pid_t servers[2];
     char endpoint[256];
     snprintf(endpoint, sizeof endpoint, "%s",
              zps_procs_start_server(ps, tag, &servers[0], sargs, 10000));
     snprintf(tag, sizeof tag, "%s-s1", r->tag);
-    const char *kargs[] = {"--shard", "1", "--shards", "2", "--coordinator", endpoint, NULL};
+    const char *kargs[] = {"--shard", "1", "--shards", "2", "--coordinator", endpoint,
+                           "--shm", r->deny ? r->deny : "auto", NULL};
     zps_procs_start_server(ps, tag, &servers[1], kargs, 10000);
     pid_t pids[2];
     for (int i = 0; i < 2; i++) {
@@ -195,6 +198,36 @@ END_TEST
 START_TEST(test_shm_flat_bf16_equals_tcp_bitwise)
 {
     s_check_same_bits("flat:300000", "bf16");
+}
+END_TEST
+
+// Shards that refuse (--shm deny): each worker's first push to each is
+// refused once, computed again and sent as frames, and the run is the
+// TCP run, bit for bit.
+START_TEST(test_shm_refused_falls_back_to_frames_bitwise)
+{
+    zps_procs ps;
+    zps_procs_init(&ps, "shm-deny");
+    zps_model_spec spec;
+    ck_assert_int_eq(zps_model_parse("flat:300000", &spec), ZPS_OK);
+    run deny = {.tag = "deny", .model = "flat:300000", .dtype = "fp32", .shm = "on",
+                .deny = "deny"};
+    run tcp = {.tag = "tcp", .model = "flat:300000", .dtype = "fp32", .shm = "off"};
+    s_train(&ps, &deny);
+    s_train(&ps, &tcp);
+    for (int i = 0; i < 2; i++) {
+        char log[32];
+        snprintf(log, sizeof log, "deny-w%d.log", i);
+        ck_assert_int_eq(zps_procs_log_count(&ps, log, "pushing frames from now on"), 2);
+    }
+    ck_assert_int_eq(zps_procs_log_count(&ps, "deny-s0.log", "pushes through shared memory"), 0);
+    ck_assert_int_eq(zps_procs_log_count(&ps, "deny-s1.log", "--shm deny on this shard"), 2);
+    float *a = zps_procs_load_params(&ps, "deny-w0.bin", spec.n_params);
+    float *b = zps_procs_load_params(&ps, "tcp-w0.bin", spec.n_params);
+    ck_assert_msg(memcmp(a, b, spec.n_params * sizeof(float)) == 0, "refused and TCP differ");
+    free(a);
+    free(b);
+    zps_procs_fini(&ps, false);
 }
 END_TEST
 
@@ -416,6 +449,7 @@ Suite *zps_suite_shm_jobs(void)
     tcase_add_test(tc, test_shm_mlp_equals_tcp_bitwise);
     tcase_add_test(tc, test_shm_flat_equals_tcp_bitwise);
     tcase_add_test(tc, test_shm_flat_bf16_equals_tcp_bitwise);
+    tcase_add_test(tc, test_shm_refused_falls_back_to_frames_bitwise);
     tcase_add_test(tc, test_shm_killed_worker_leaves_no_segment);
     tcase_add_test(tc, test_shm_forged_header_is_refused_and_changes_nothing);
     suite_add_tcase(s, tc);
