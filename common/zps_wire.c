@@ -403,6 +403,7 @@ zps_err zps_wire_send_refusal(void *sock, zmq_msg_t *route, uint64_t job_id,
     h.batch_offset = refused->batch_offset;
     h.samples = refused->samples;
     h.generation = refused->generation;
+    h.shm_size = refused->shm_size; // a push through shared memory: it says so
     h.error_code = (int32_t)code;
     h.error = (char *)why;
     return zps_wire_send(sock, route, &h, NULL, 0, NULL);

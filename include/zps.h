@@ -117,6 +117,12 @@ typedef enum zps_opt {
     ZPS_OPT_JOIN_TIMEOUT_MS,  // int: bound on waiting for the job to start (600000)
     ZPS_OPT_HEARTBEAT_MS,     // int: heartbeat interval (1000)
     ZPS_OPT_SNDBUF,           // int: TCP send buffer per shard connection; 0 (default): the OS's
+    // int: gradients to the shards on this host through shared memory
+    // (a memfd; ZeroMQ carries only the header): 0 never; 1 (default) to
+    // shards whose endpoint is on this host (loopback, ipc, this host's
+    // name); 2 to every shard (one on another host refuses it once, and
+    // the piece is pushed again as frames). A shard may refuse (--shm).
+    ZPS_OPT_SHM,
 } zps_opt;
 
 // Options, before zps_connect. ZPS_EINVAL for an unknown option or a value

@@ -7,6 +7,7 @@
 #include <stddef.h>
 #include <stdio.h>
 #include <stdlib.h>
+#include <string.h>
 #include <unistd.h>
 
 #include "common/zps_log.h"
@@ -39,6 +40,18 @@ static bool s_parse_schedule(const char *text, void *field)
 static bool s_parse_dtype(const char *text, void *field)
 {
     return zps_dtype_parse(text, (zps_dtype *)field) == ZPS_OK;
+}
+
+static bool s_parse_shm(const char *text, void *field)
+{
+    static const char *names[] = {"auto", "allow", "deny"};
+    for (int i = 0; i < 3; i++) {
+        if (strcmp(text, names[i]) == 0) {
+            *(int *)field = i; // zps_server_shm's order
+            return true;
+        }
+    }
+    return false;
 }
 
 // --betas B1,B2 into the optimizer's cfg: two numbers in [0, 1), as
@@ -225,6 +238,11 @@ static const zps_opts_row s_table[] = {
              "(docs/running.md)",
      .offset = offsetof(s_flags, srv.sndbuf), .ctype = ZPS_OPTS_C_INT,
      .lo = 4096, .hi = 1 << 30, .or_zero = true},
+    {.name = "shm", .kind = ZPS_OPTS_CUSTOM, .metavar = "auto|allow|deny", .def = "auto",
+     .help = "workers on this host push through shared memory (memfd, same user); auto: "
+             "except under CURVE (docs/choices.md)",
+     .offset = offsetof(s_flags, srv.shm), .ctype = ZPS_OPTS_C_PARSER,
+     .parse = s_parse_shm, .accepts = "auto, allow or deny"},
     {.name = "threads", .kind = ZPS_OPTS_INT, .metavar = "N", .def = "1",
      .help = "threads that share each bucket's accumulate and update (same bits for any N)",
      .offset = offsetof(s_flags, srv.threads), .ctype = ZPS_OPTS_C_INT, .lo = 1, .hi = 64},

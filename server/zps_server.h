@@ -15,6 +15,13 @@
 #include "common/zps_dtype.h"
 #include "common/zps_optim.h"
 
+// --shm: whether workers on this host may push through shared memory.
+typedef enum zps_server_shm {
+    ZPS_SERVER_SHM_AUTO = 0, // allowed, except under CURVE
+    ZPS_SERVER_SHM_ALLOW,    // allowed, under CURVE too (said in the log)
+    ZPS_SERVER_SHM_DENY,     // every push by frames
+} zps_server_shm;
+
 typedef struct zps_server_opts {
     uint32_t shard;             // this shard's index
     uint32_t shards;            // shard processes in the job
@@ -50,6 +57,7 @@ typedef struct zps_server_opts {
     const char *advertise;      // shard > 0: endpoint given to workers (default: bound one)
     const char *pid_file;       // for supervisors, or NULL
     int sndbuf;                 // TCP send buffer of the data socket (0: the OS's)
+    int shm;                    // --shm: a zps_server_shm
     int threads;                // threads of the shard's accumulate and update (1: the loop's only)
 } zps_server_opts;
 

@@ -56,6 +56,23 @@ static int s_setup_security(zps_server *srv)
     return 0;
 }
 
+// Whether workers on this host may push through shared memory: the
+// operator's --shm, or by default wherever CURVE is off. Under CURVE the
+// log says which it is.
+static void s_setup_shm(zps_server *srv)
+{
+    int shm = srv->o->shm;
+    bool allow = shm == ZPS_SERVER_SHM_ALLOW || (shm == ZPS_SERVER_SHM_AUTO && !srv->curve.on);
+    zps_shard_shm_init(&srv->io.shm, allow, srv->curve.on);
+    if (srv->curve.on && allow) {
+        zps_log_warn("--shm allow: workers on this host (same user) may push through shared "
+                     "memory, which CURVE does not encrypt");
+    } else if (srv->curve.on) {
+        zps_log_info("CURVE: every push comes by frames (--shm allow lets workers on this host "
+                     "push through shared memory)");
+    }
+}
+
 static int s_bind(zps_server *srv)
 {
     const zps_server_opts *o = srv->o;
@@ -314,6 +331,7 @@ int zps_setup_open(zps_server *srv, const zps_shard_io_hooks *hooks)
     if ((status = s_setup_security(srv)) != 0 || (status = s_bind(srv)) != 0) {
         return status;
     }
+    s_setup_shm(srv);
     if (o->pid_file && zps_pidfile_write(o->pid_file) != ZPS_OK) {
         return 2;
     }

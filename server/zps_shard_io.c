@@ -39,6 +39,7 @@ void zps_shard_io_fini(zps_shard_io *io)
     free(io->held);
     io->held = NULL;
     io->n_held = 0;
+    zps_shard_shm_fini(&io->shm);
     for (int i = 0; i < ZPS_SHARD_IO_PULLERS; i++) {
         if (io->pullers[i].used) {
             zps_wire_route_close(&io->pullers[i].route);
@@ -202,6 +203,10 @@ void zps_shard_io_on_pull(zps_shard_io *io, zps_wire_msg *m)
 
 static void s_hold(zps_shard_io *io, zps_wire_msg *m, const char *why)
 {
+    if (zps_shard_shm_own(m) != ZPS_OK) { // the segment moves on; a copy waits
+        s_refuse(io, m, ZPS_ENOMEM, "out of memory holding a push");
+        return;
+    }
     if (io->n_held == ZPS_SHARD_IO_HELD) {
         s_refuse(io, m, ZPS_EAGAIN, "too many pushes on hold; send again");
         return;
@@ -289,7 +294,15 @@ zps_err zps_shard_io_on_push(zps_shard_io *io, zps_wire_msg *m, int *ready)
         return ZPS_ESTATE;
     }
     char why[256];
-    zps_err err = zps_shard_push(io->shard, m, ready, why, sizeof why);
+    // Twice the range in fp32 bounds a worker's segment (one per step parity).
+    uint64_t seg_max = 2 * (zps_shard_hi(io->shard) - zps_shard_lo(io->shard)) * sizeof(float);
+    zps_err err = zps_shard_shm_view(&io->shm, m->hdr->rank, seg_max, io->dtype, m, why,
+                                     sizeof why);
+    if (err != ZPS_OK) {
+        s_refuse(io, m, err, why); // nothing counted, nothing mapped anew
+        return err;
+    }
+    err = zps_shard_push(io->shard, m, ready, why, sizeof why);
     if (err == ZPS_EAGAIN) {
         s_hold(io, m, why);
         return err;
@@ -373,6 +386,7 @@ void zps_shard_io_end_step(zps_shard_io *io)
     }
     io->n_in = 0;
     io->quorum_ms = 0;
+    zps_shard_shm_sweep(&io->shm); // the segments of workers gone go with them
 }
 
 void zps_shard_io_forget_step(zps_shard_io *io)
@@ -396,6 +410,7 @@ void zps_shard_io_forget_step(zps_shard_io *io)
 
 void zps_shard_io_plan_added(zps_shard_io *io)
 {
+    zps_shard_shm_sweep(&io->shm); // a plan without a worker: it may be gone
     io->replay_held = io->n_held > 0; // from the loop, not from inside a push's handling
 }
 

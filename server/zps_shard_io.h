@@ -19,6 +19,7 @@
 #include "common/zps_plan.h"
 #include "common/zps_wire.h"
 #include "server/zps_shard.h"
+#include "server/zps_shard_shm.h"
 
 #define ZPS_SHARD_IO_HELD 32    // pushes of a plan not heard of yet, kept until it arrives
 #define ZPS_SHARD_IO_PULLERS 32 // PULLs waiting for a step not reached yet
@@ -67,6 +68,7 @@ typedef struct zps_shard_io {
     bool replay_held;                     // a plan arrived: count the held pushes
     zps_shard_io_puller pullers[ZPS_SHARD_IO_PULLERS]; // PULLs waiting for a step
     uint64_t duplicates;                  // second copies of slices, dropped
+    zps_shard_shm shm;                    // pushes through shared memory (same host)
 } zps_shard_io;
 
 // zps_shard_io_init readies an embedded io for `sock`; ZPS_ENOMEM if the

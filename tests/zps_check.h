@@ -29,5 +29,7 @@ Suite *zps_suite_timers(void);
 Suite *zps_suite_outer(void);
 Suite *zps_suite_quant(void);
 Suite *zps_suite_dyl(void);
+Suite *zps_suite_shm(void);
+Suite *zps_suite_shard_shm(void);
 
 #endif

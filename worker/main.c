@@ -54,6 +54,7 @@ typedef struct s_opts {
     bool stall_seed_set;      // --stall-seed given (else the pid draws)
     const char *pid_file;     // for supervisors, or NULL
     int sndbuf;               // TCP send buffer of the shard sockets (0: the OS's)
+    int shm;                  // ZPS_OPT_SHM: 0 off, 1 auto, 2 on
     zps_log_level log_level;  // --log-level (zps_opts_log_level applies it)
     bool log_json;            // --log-json
 } s_opts;
@@ -97,6 +98,18 @@ static zps_err s_save_params(const zps_train *t, const char *path)
 
 // ---------------------------------------------------------------------------
 // Flags and start-up.
+
+static bool s_parse_shm(const char *text, void *field)
+{
+    static const char *names[] = {"off", "auto", "on"}; // ZPS_OPT_SHM's values
+    for (int i = 0; i < 3; i++) {
+        if (strcmp(text, names[i]) == 0) {
+            *(int *)field = i;
+            return true;
+        }
+    }
+    return false;
+}
 
 static bool s_parse_gpu_math(const char *text, void *field)
 {
@@ -153,6 +166,11 @@ static const zps_opts_row s_table[] = {
              "(docs/running.md)",
      .offset = offsetof(s_opts, sndbuf), .ctype = ZPS_OPTS_C_INT,
      .lo = 4096, .hi = 1 << 30, .or_zero = true},
+    {.name = "shm", .kind = ZPS_OPTS_CUSTOM, .metavar = "auto|on|off", .def = "auto",
+     .help = "gradients to shards on this host through shared memory; auto: those whose "
+             "endpoint is this host's; on: any (a shard elsewhere refuses once)",
+     .offset = offsetof(s_opts, shm), .ctype = ZPS_OPTS_C_PARSER,
+     .parse = s_parse_shm, .accepts = "auto, on or off"},
     {.name = "slowdown", .kind = ZPS_OPTS_REAL, .metavar = "F",
      .help = "fault injection: compute takes F times longer",
      .offset = offsetof(s_opts, slowdown), .ctype = ZPS_OPTS_C_DOUBLE,
@@ -200,7 +218,7 @@ static const zps_opts_prog s_prog = {
 static int s_parse_opts(int argc, char **argv, s_opts *o, char *cache_buf, size_t cache_len)
 {
     *o = (s_opts){.device = "cpu", .threads = 1, .timeout_ms = 60000, .join_timeout_ms = 600000,
-                  .heartbeat_ms = 1000, .log_level = ZPS_LOG_INFO};
+                  .heartbeat_ms = 1000, .shm = 1, .log_level = ZPS_LOG_INFO};
     bool given[sizeof s_table / sizeof s_table[0]] = {false};
     int status = zps_opts_parse_main(&s_prog, argc, argv, o, given);
     if (status >= 0) {
@@ -239,7 +257,8 @@ static zps_client *s_client_new(const s_opts *o)
         zps_client_set_int(c, ZPS_OPT_TIMEOUT_MS, o->timeout_ms) != ZPS_OK ||
         zps_client_set_int(c, ZPS_OPT_JOIN_TIMEOUT_MS, o->join_timeout_ms) != ZPS_OK ||
         zps_client_set_int(c, ZPS_OPT_HEARTBEAT_MS, o->heartbeat_ms) != ZPS_OK ||
-        zps_client_set_int(c, ZPS_OPT_SNDBUF, o->sndbuf) != ZPS_OK) {
+        zps_client_set_int(c, ZPS_OPT_SNDBUF, o->sndbuf) != ZPS_OK ||
+        zps_client_set_int(c, ZPS_OPT_SHM, o->shm) != ZPS_OK) {
         fprintf(stderr, "zps-worker: %s\n", zps_errmsg(c));
         zps_client_destroy(&c);
     } else if (o->curve_secret && zps_client_set_curve(c, o->curve_secret, o->server_key) != ZPS_OK) {

@@ -371,6 +371,9 @@ static zps_err s_on_refusal(zps_client *c, int i, uint64_t step, const Zps__Head
         c->init_again_ms[i] = s_backoff(c);
         return ZPS_OK;
     }
+    if (h->refused == ZPS__MSG_TYPE__PUSH && h->shm_size > 0 && h->error_code == ZPS_EAGAIN) {
+        zps_conn_shm_refused(&c->conn, i, h->error); // frames from now on, this piece too
+    }
     switch (zps_conn_judge(h, c->conn.shards[i].endpoint)) {
     case ZPS_CONN_RETRY: {
         double at = s_backoff(c);
@@ -944,6 +947,7 @@ zps_err zps_client_set_int(zps_client *c, zps_opt opt, int64_t v)
     case ZPS_OPT_JOIN_TIMEOUT_MS: dst = &c->join_timeout_ms; lo = 100; hi = 86400000; break;
     case ZPS_OPT_HEARTBEAT_MS: dst = &c->conn.heartbeat_ms; lo = 10; hi = 3600000; break;
     case ZPS_OPT_SNDBUF: dst = &c->conn.sndbuf; lo = 0; hi = 1L << 30; break;
+    case ZPS_OPT_SHM: dst = &c->conn.shm; lo = ZPS_CONN_SHM_OFF; hi = ZPS_CONN_SHM_ON; break;
     default: return s_einval(c, "option %d is not a number option", (int)opt);
     }
     if (v < lo || v > hi) {

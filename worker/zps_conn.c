@@ -318,6 +318,66 @@ zps_err zps_conn_pull(zps_conn *n, int i, uint64_t step)
     return zps_conn_send(n, i, &h, NULL, 0, NULL);
 }
 
+// Whether shard i's endpoint is on this host: loopback, ipc, or this
+// host's name (ZPS_CONN_SHM_AUTO offers shared memory to those only).
+static bool s_endpoint_here(const char *ep)
+{
+    if (strncmp(ep, "ipc://", 6) == 0 || strncmp(ep, "tcp://127.", 10) == 0 ||
+        strncmp(ep, "tcp://localhost:", 16) == 0 || strncmp(ep, "tcp://[::1]:", 12) == 0) {
+        return true;
+    }
+    char host[256] = "";
+    size_t len;
+    if (strncmp(ep, "tcp://", 6) != 0 || gethostname(host, sizeof host - 1) != 0 ||
+        !(len = strlen(host))) {
+        return false;
+    }
+    return strncmp(ep + 6, host, len) == 0 && ep[6 + len] == ':';
+}
+
+void zps_conn_shm_refused(zps_conn *n, int i, const char *why)
+{
+    zps_conn_shard *sc = &n->shards[i];
+    if (!sc->shm_off) {
+        zps_log_info("%s: %s; pushing frames from now on", sc->endpoint, why ? why : "");
+    }
+    sc->shm_off = true;
+    zps_shm_seg_fini(&sc->seg);
+}
+
+// Where piece p of step goes in shard i's segment, when it goes through
+// shared memory: the half of the step's parity (the shard has read the
+// other before this worker sees the parameters that let it compute the
+// step after). A second piece of the same step would overwrite the first
+// before the shard read it: frames, as would a shard that refused; NULL.
+static uint8_t *s_shm_half(zps_conn *n, int i, uint64_t step, const zps_piece *p,
+                           zps_dtype dtype)
+{
+    zps_conn_shard *sc = &n->shards[i];
+    if (n->shm == ZPS_CONN_SHM_OFF || sc->shm_off || !n->boot[0] ||
+        (n->shm == ZPS_CONN_SHM_AUTO && !s_endpoint_here(sc->endpoint))) {
+        return NULL;
+    }
+    if (sc->shm_step == step + 1 &&
+        (sc->shm_piece.offset != p->offset || sc->shm_piece.count != p->count)) {
+        return NULL;
+    }
+    size_t half = (size_t)(sc->hi - sc->lo) * zps_dtype_size(dtype);
+    if (sc->seg.size != 2 * half) {
+        zps_shm_seg_fini(&sc->seg);
+        char why[200];
+        if (zps_shm_seg_create(&sc->seg, 2 * half, why, sizeof why) != ZPS_OK) {
+            zps_conn_shm_refused(n, i, why);
+            return NULL;
+        }
+        zps_log_info("%s: pushes through shared memory (%.1f MiB)", sc->endpoint,
+                     (double)sc->seg.size / (1 << 20));
+    }
+    sc->shm_step = step + 1;
+    sc->shm_piece = *p;
+    return (uint8_t *)sc->seg.base + (step & 1) * half;
+}
+
 zps_err zps_conn_push(zps_conn *n, int i, uint64_t step, const zps_piece *p, uint64_t lo,
                       uint64_t hi, zps_dtype dtype, const float *grad, uint8_t *wire, float loss,
                       float data_ms, float compute_ms, zps_wire_ref *ref)
@@ -338,6 +398,18 @@ zps_err zps_conn_push(zps_conn *n, int i, uint64_t step, const zps_piece *p, uin
     const float *g = grad + lo;
     const void *payload = g;
     size_t esize = zps_dtype_size(dtype);
+    uint8_t *half = s_shm_half(n, i, step, p, dtype);
+    if (half) {
+        const zps_conn_shard *sc = &n->shards[i];
+        uint8_t *dst = half + (lo - sc->lo) * esize;
+        zps_dtype_from_f32(dtype, g, dst, h.count); // a copy for fp32
+        h.shm_size = sc->seg.size;
+        h.shm_offset = (uint64_t)(dst - (uint8_t *)sc->seg.base);
+        h.shm_pid = (uint32_t)getpid();
+        h.shm_fd = (uint32_t)sc->seg.fd;
+        h.shm_boot = n->boot;
+        return zps_conn_send(n, i, &h, NULL, 0, NULL);
+    }
     if (dtype != ZPS_DTYPE_F32) {
         payload = wire + lo * esize;
         zps_dtype_from_f32(dtype, g, wire + lo * esize, h.count);
@@ -350,6 +422,8 @@ zps_err zps_conn_init(zps_conn *n, const char *coordinator)
     memset(n, 0, sizeof *n);
     snprintf(n->device, sizeof n->device, "cpu");
     n->heartbeat_ms = 1000;
+    n->shm = ZPS_CONN_SHM_AUTO;
+    (void)zps_shm_boot_id(n->boot); // "" if unreadable: no shared memory
     snprintf(n->shards[0].endpoint, sizeof n->shards[0].endpoint, "%s", coordinator);
     n->ctx = zmq_ctx_new();
     return n->ctx ? ZPS_OK : ZPS_ENOMEM;
@@ -367,6 +441,7 @@ void zps_conn_fini(zps_conn *n)
             (void)zmq_close(n->shards[i].sock);
             n->shards[i].sock = NULL;
         }
+        zps_shm_seg_fini(&n->shards[i].seg);
     }
     if (n->ctx) {
         zmq_ctx_term(n->ctx); // flushes the BYE within the linger, releases the gradient's frames

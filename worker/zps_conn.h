@@ -18,6 +18,7 @@
 #include "common/zps_dtype.h"
 #include "common/zps_err.h"
 #include "common/zps_model.h"
+#include "common/zps_shm.h"
 #include "common/zps_wire.h"
 #include "worker/zps_decl.h"
 #include "worker/zps_heartbeat.h"
@@ -33,13 +34,22 @@ typedef struct zps_conn_shard {
     int n_buckets;                              // buckets of the range
     zps_bucket buckets[ZPS_MODEL_MAX_BUCKETS];  // as the shard sees them
     zps_bucket_set received;                    // buckets of parameters in this step
+    zps_shm_seg seg;                            // owned: pushes through shared memory, or empty
+    bool shm_off;                               // refused (or failed): frames only
+    uint64_t shm_step;                          // 1 + the step whose piece is in seg (0: none)
+    zps_piece shm_piece;                        // that piece: the step's others go as frames
 } zps_conn_shard;
+
+// ZPS_OPT_SHM: which shards get gradients through shared memory.
+enum { ZPS_CONN_SHM_OFF = 0, ZPS_CONN_SHM_AUTO = 1, ZPS_CONN_SHM_ON = 2 };
 
 typedef struct zps_conn {
     char device[64];                            // for HELLO
     uint32_t share;                             // for HELLO
     const zps_decl *decl;                       // borrowed, for HELLO: a declared model, or NULL
     int sndbuf;                                 // TCP send buffer, 0: the OS's
+    int shm;                                    // ZPS_CONN_SHM_*
+    char boot[ZPS_SHM_BOOT_ID_LEN];             // this host's boot id, for the shards to compare
     int heartbeat_ms;                           // heartbeat interval
     zps_curve curve;                            // CURVE keys, if on
     volatile sig_atomic_t stop;                 // set: every wait returns ZPS_ECLOSED
@@ -109,5 +119,9 @@ zps_err zps_conn_pull(zps_conn *n, int i, uint64_t step);
 zps_err zps_conn_push(zps_conn *n, int i, uint64_t step, const zps_piece *p, uint64_t lo,
                       uint64_t hi, zps_dtype dtype, const float *grad, uint8_t *wire, float loss,
                       float data_ms, float compute_ms, zps_wire_ref *ref);
+
+// Shard i refused a push through shared memory (why, from its refusal):
+// its pushes go as frames from now on. Logged once.
+void zps_conn_shm_refused(zps_conn *n, int i, const char *why);
 
 #endif

@@ -98,7 +98,7 @@ def batch_indices(n_train, global_batch, seed, step, offset=0, count=None):
 
 _INT_OPTS = {"share": _lib.OPT_SHARE, "timeout_ms": _lib.OPT_TIMEOUT_MS,
              "join_timeout_ms": _lib.OPT_JOIN_TIMEOUT_MS, "heartbeat_ms": _lib.OPT_HEARTBEAT_MS,
-             "sndbuf": _lib.OPT_SNDBUF}
+             "sndbuf": _lib.OPT_SNDBUF, "shm": _lib.OPT_SHM}
 _INFO = {"job_id": _lib.INFO_JOB_ID, "rank": _lib.INFO_RANK, "seed": _lib.INFO_SEED,
          "global_batch": _lib.INFO_GLOBAL_BATCH, "total_steps": _lib.INFO_TOTAL_STEPS,
          "steps_per_epoch": _lib.INFO_STEPS_PER_EPOCH, "start_step": _lib.INFO_START_STEP,
@@ -124,7 +124,7 @@ class Client:
 
     def set(self, name, value):
         """An option before connect(): share, timeout_ms, join_timeout_ms,
-        heartbeat_ms, sndbuf (ints) or device (a string)."""
+        heartbeat_ms, sndbuf, shm (ints: 0 off, 1 auto, 2 on) or device (a string)."""
         if name == "device":
             err = lib.zps_client_set_str(self._c, _lib.OPT_DEVICE, str(value).encode())
         elif name in _INT_OPTS:

@@ -18,6 +18,7 @@ Suite *zps_suite_netns(void);
 Suite *zps_suite_gpu(void);
 Suite *zps_suite_chaos(void);
 Suite *zps_suite_external(void);
+Suite *zps_suite_shm_jobs(void);
 
 // Where tests keep decompressed datasets between runs.
 #define ZPS_TEST_CACHE "build/test-cache"

@@ -1,0 +1,196 @@
+/* zps_shm.c - shared-memory segments between a worker and a shard on one
+ * host (zps_shm.h). */
+#include "zps_shm.h"
+
+#include <errno.h>
+#include <fcntl.h>
+#include <poll.h>
+#include <stdio.h>
+#include <string.h>
+#include <sys/mman.h>
+#include <sys/pidfd.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+zps_err zps_shm_boot_id(char out[ZPS_SHM_BOOT_ID_LEN])
+{
+    out[0] = '\0';
+    FILE *f = fopen("/proc/sys/kernel/random/boot_id", "r");
+    if (!f) {
+        return ZPS_EIO;
+    }
+    bool ok = fgets(out, ZPS_SHM_BOOT_ID_LEN, f) != NULL;
+    (void)fclose(f);
+    out[strcspn(out, "\n")] = '\0';
+    return ok && out[0] ? ZPS_OK : ZPS_EIO;
+}
+
+// ---------------------------------------------------------------------------
+// The creator's side.
+
+zps_err zps_shm_seg_create(zps_shm_seg *seg, size_t size, char *why, size_t why_len)
+{
+    *seg = (zps_shm_seg){.fd = -1};
+    if (size == 0) {
+        snprintf(why, why_len, "an empty segment");
+        return ZPS_EINVAL;
+    }
+    int fd = memfd_create(ZPS_SHM_NAME, MFD_CLOEXEC | MFD_ALLOW_SEALING);
+    if (fd < 0) {
+        snprintf(why, why_len, "memfd_create: %s", strerror(errno));
+        return ZPS_EIO;
+    }
+    if (ftruncate(fd, (off_t)size) != 0 ||
+        fcntl(fd, F_ADD_SEALS, F_SEAL_SHRINK | F_SEAL_GROW | F_SEAL_SEAL) != 0) {
+        snprintf(why, why_len, "sizing the segment to %zu bytes: %s", size, strerror(errno));
+        close(fd);
+        return ZPS_EIO;
+    }
+    void *base = mmap(NULL, size, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
+    if (base == MAP_FAILED) {
+        snprintf(why, why_len, "mapping %zu bytes: %s", size, strerror(errno));
+        close(fd);
+        return ZPS_ENOMEM;
+    }
+    *seg = (zps_shm_seg){.base = base, .size = size, .fd = fd};
+    return ZPS_OK;
+}
+
+void zps_shm_seg_fini(zps_shm_seg *seg)
+{
+    if (seg->base) { // an fd only with a mapping: zeroed memory holds no fd 0
+        (void)munmap(seg->base, seg->size);
+        close(seg->fd);
+    }
+    *seg = (zps_shm_seg){.fd = -1};
+}
+
+// ---------------------------------------------------------------------------
+// The peer's side.
+
+// Opens pid's fd read-only once /proc says it is a zps segment.
+static zps_err s_open_peer_fd(int64_t pid, int64_t fd, int *out, char *why, size_t why_len)
+{
+    char path[64];
+    char target[128];
+    snprintf(path, sizeof path, "/proc/%lld/fd/%lld", (long long)pid, (long long)fd);
+    ssize_t n = readlink(path, target, sizeof target - 1);
+    if (n < 0) {
+        snprintf(why, why_len, "%s: %s", path, strerror(errno));
+        return errno == ENOENT ? ZPS_ENOENT : ZPS_EPERM;
+    }
+    target[n] = '\0';
+    if (strncmp(target, "/memfd:" ZPS_SHM_NAME " ", strlen("/memfd:" ZPS_SHM_NAME " ")) != 0) {
+        snprintf(why, why_len, "%s is not a zps segment", path);
+        return ZPS_EPROTO;
+    }
+    *out = open(path, O_RDONLY | O_CLOEXEC);
+    if (*out < 0) {
+        snprintf(why, why_len, "%s: %s", path, strerror(errno));
+        return ZPS_EPERM;
+    }
+    return ZPS_OK;
+}
+
+// Checks an opened segment: ours (same user), sealed against shrinking,
+// at least size bytes.
+static zps_err s_check_peer_fd(int fd, uint64_t size, char *why, size_t why_len)
+{
+    struct stat st;
+    int seals = fcntl(fd, F_GET_SEALS);
+    if (fstat(fd, &st) != 0 || seals < 0) {
+        snprintf(why, why_len, "not a sealable segment: %s", strerror(errno));
+        return ZPS_EPROTO;
+    }
+    if (st.st_uid != geteuid()) {
+        snprintf(why, why_len, "the segment belongs to another user");
+        return ZPS_EPERM;
+    }
+    if (!(seals & F_SEAL_SHRINK)) {
+        snprintf(why, why_len, "the segment is not sealed against shrinking");
+        return ZPS_EPROTO;
+    }
+    if (st.st_size < 0 || (uint64_t)st.st_size < size) {
+        snprintf(why, why_len, "the segment has %lld bytes, not %llu", (long long)st.st_size,
+                 (unsigned long long)size);
+        return ZPS_EPROTO;
+    }
+    return ZPS_OK;
+}
+
+zps_err zps_shm_map_open(zps_shm_map *map, int64_t pid, int64_t fd, uint64_t size, char *why,
+                         size_t why_len)
+{
+    *map = (zps_shm_map){.pidfd = -1};
+    if (pid <= 0 || pid > INT32_MAX || fd < 0 || fd > INT32_MAX || size == 0 ||
+        size > (uint64_t)SIZE_MAX / 2) {
+        snprintf(why, why_len, "pid %lld, fd %lld, %llu bytes: out of range", (long long)pid,
+                 (long long)fd, (unsigned long long)size);
+        return ZPS_ERANGE;
+    }
+    // The pidfd first: if pid dies and is reused before /proc is read, the
+    // pidfd (of the first process) says so below.
+    int pidfd = pidfd_open((pid_t)pid, 0);
+    if (pidfd < 0) {
+        snprintf(why, why_len, "pidfd_open(%lld): %s", (long long)pid, strerror(errno));
+        return ZPS_ENOENT;
+    }
+    int sfd = -1;
+    zps_err err = s_open_peer_fd(pid, fd, &sfd, why, why_len);
+    if (err == ZPS_OK) {
+        err = s_check_peer_fd(sfd, size, why, why_len);
+    }
+    const void *base = MAP_FAILED;
+    if (err == ZPS_OK) {
+        base = mmap(NULL, (size_t)size, PROT_READ, MAP_SHARED, sfd, 0);
+        if (base == MAP_FAILED) {
+            snprintf(why, why_len, "mapping %llu bytes: %s", (unsigned long long)size,
+                     strerror(errno));
+            err = ZPS_EIO;
+        }
+    }
+    if (sfd >= 0) {
+        close(sfd); // the mapping keeps the memory
+    }
+    *map = (zps_shm_map){.base = err == ZPS_OK ? base : NULL, .size = (size_t)size,
+                         .pid = (int32_t)pid, .fd = (int32_t)fd, .pidfd = pidfd};
+    if (err == ZPS_OK && !zps_shm_map_alive(map)) {
+        snprintf(why, why_len, "process %lld is gone", (long long)pid);
+        err = ZPS_ENOENT;
+    }
+    if (err != ZPS_OK) {
+        if (!map->base) {
+            close(pidfd);
+        }
+        zps_shm_map_fini(map);
+    }
+    return err;
+}
+
+bool zps_shm_map_alive(const zps_shm_map *map)
+{
+    if (!map->base || map->pidfd < 0) {
+        return false;
+    }
+    struct pollfd p = {.fd = map->pidfd, .events = POLLIN};
+    return poll(&p, 1, 0) == 0; // readable (or failing): the process exited
+}
+
+void zps_shm_map_fini(zps_shm_map *map)
+{
+    if (map->base) { // a pidfd only with a mapping: zeroed memory holds no fd 0
+        (void)munmap((void *)map->base, map->size);
+        close(map->pidfd);
+    }
+    *map = (zps_shm_map){.pidfd = -1};
+}
+
+bool zps_shm_map_is(const zps_shm_map *map, int64_t pid, int64_t fd, uint64_t size)
+{
+    return map->base && map->pid == pid && map->fd == fd && map->size == size;
+}
+
+bool zps_shm_span_ok(uint64_t size, uint64_t offset, uint64_t bytes)
+{
+    return offset <= size && bytes <= size - offset;
+}

@@ -1,0 +1,72 @@
+/* zps_shm.h - shared-memory segments between a worker and a shard on one
+ * host (docs/choices.md, "Same-host shared memory").
+ *
+ * A segment is an anonymous memfd ("memfd:zps-push"): no name ever exists
+ * in /dev/shm or elsewhere, so nothing can be left behind. Its creator (the
+ * worker) keeps the fd open and says on the wire which pid and fd it is;
+ * the peer (the shard) opens /proc/<pid>/fd/<fd>, which the kernel allows
+ * only to the same user, checks that it is such a segment, sealed against
+ * shrinking (so a mapping never faults past the end of its file, whatever
+ * the creator does later), maps it read-only and closes the fd. The memory
+ * is gone once both processes unmapped it: the creator on exit, however it
+ * exits, the peer when its pidfd says the creator is gone.
+ *
+ * Nothing here trusts the peer: every failure is a zps_err with a reason. */
+#ifndef ZPS_SHM_H
+#define ZPS_SHM_H
+
+#include <stdbool.h>
+#include <stddef.h>
+#include <stdint.h>
+
+#include "zps_err.h"
+
+#define ZPS_SHM_NAME "zps-push"   // the memfd's name, as /proc/<pid>/maps shows it
+#define ZPS_SHM_BOOT_ID_LEN 40     // a boot id (36 characters) and its NUL
+
+// A segment this process created: writable, its fd kept open for the peer.
+typedef struct zps_shm_seg {
+    void *base;  // owned: the mapping, NULL if none
+    size_t size; // its bytes
+    int fd;      // owned: the memfd, -1 if none
+} zps_shm_seg;
+
+// A peer's segment mapped here, read-only, with the peer's liveness.
+typedef struct zps_shm_map {
+    const void *base; // owned: the mapping, NULL if none
+    size_t size;      // its bytes
+    int32_t pid;      // the creator, as it named itself
+    int32_t fd;       // its fd there
+    int pidfd;        // owned: readable once the creator exited, -1 if none
+} zps_shm_map;
+
+// This host's boot id (/proc/sys/kernel/random/boot_id): two processes
+// with the same one run on one kernel. ZPS_EIO if it cannot be read.
+zps_err zps_shm_boot_id(char out[ZPS_SHM_BOOT_ID_LEN]);
+
+// Creates a segment of size bytes (> 0), zeroed, sealed against resizing.
+// ZPS_EIO or ZPS_ENOMEM on failure, with the reason in why; *seg is then
+// empty (safe to zps_shm_seg_fini).
+zps_err zps_shm_seg_create(zps_shm_seg *seg, size_t size, char *why, size_t why_len);
+// Unmaps and closes; safe on zeroed memory and twice.
+void zps_shm_seg_fini(zps_shm_seg *seg);
+
+// Maps the segment of size bytes that process pid holds as fd. Refused,
+// with the reason in why and *map empty: a pid or fd out of range, a
+// process that is gone, /proc refusing (another user, no such fd), an fd
+// that is not a zps segment, not sealed against shrinking, or smaller than
+// size (ZPS_EPERM, ZPS_ENOENT, ZPS_EPROTO or ZPS_EIO).
+zps_err zps_shm_map_open(zps_shm_map *map, int64_t pid, int64_t fd, uint64_t size, char *why,
+                         size_t why_len);
+// Whether the creator of a mapped segment still runs (never waits).
+bool zps_shm_map_alive(const zps_shm_map *map);
+// Unmaps and closes; safe on zeroed memory and twice.
+void zps_shm_map_fini(zps_shm_map *map);
+// Whether map is the mapping of that pid's fd of that size.
+bool zps_shm_map_is(const zps_shm_map *map, int64_t pid, int64_t fd, uint64_t size);
+
+// Whether [offset, offset + bytes) lies inside a mapping of size bytes
+// (without overflowing, whatever the values).
+bool zps_shm_span_ok(uint64_t size, uint64_t offset, uint64_t bytes);
+
+#endif

@@ -1,0 +1,157 @@
+/* zps_shard_shm.c - the shard's side of same-host shared memory
+ * (zps_shard_shm.h). */
+#include "server/zps_shard_shm.h"
+
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "common/zps_log.h"
+
+void zps_shard_shm_init(zps_shard_shm *t, bool allow, bool curve)
+{
+    zps_shard_shm_fini(t);
+    memset(t, 0, sizeof *t);
+    t->allow = allow;
+    t->curve = curve;
+    if (zps_shm_boot_id(t->boot) != ZPS_OK) {
+        t->boot[0] = '\0'; // never equal to a worker's: every push by frames
+        if (allow) {
+            zps_log_warn("no boot id here (/proc/sys/kernel/random/boot_id): pushes come by "
+                         "frames, never through shared memory");
+        }
+    }
+}
+
+void zps_shard_shm_fini(zps_shard_shm *t)
+{
+    for (int r = 0; r < ZPS_MAX_MEMBERS; r++) {
+        zps_shm_map_fini(&t->maps[r]);
+    }
+}
+
+// A refusal that says only "not here": the worker sends frames instead.
+// Logged once for each process of a rank.
+static zps_err s_not_here(zps_shard_shm *t, uint32_t rank, const Zps__Header *h, char *why,
+                          size_t why_len, const char *reason)
+{
+    snprintf(why, why_len, "shared memory refused: %s; send the tensor as frames", reason);
+    if (t->refused_pid[rank] != (int32_t)h->shm_pid) {
+        t->refused_pid[rank] = (int32_t)h->shm_pid;
+        zps_log_info("rank %u (process %u): %s", rank, h->shm_pid, why);
+    }
+    return ZPS_EAGAIN;
+}
+
+// Makes maps[rank] the segment h names (kept if it is already): checked
+// against the operator's choice, the host and the segment itself.
+static zps_err s_mapping(zps_shard_shm *t, uint32_t rank, const Zps__Header *h,
+                         uint64_t range_bytes, char *why, size_t why_len)
+{
+    if (h->shm_size > range_bytes) {
+        snprintf(why, why_len, "a segment of %llu bytes; this shard takes at most %llu",
+                 (unsigned long long)h->shm_size, (unsigned long long)range_bytes);
+        return ZPS_ERANGE;
+    }
+    zps_shm_map *map = &t->maps[rank];
+    bool same_host = t->boot[0] && h->shm_boot && strcmp(h->shm_boot, t->boot) == 0;
+    if (same_host && zps_shm_map_is(map, h->shm_pid, h->shm_fd, h->shm_size)) {
+        return ZPS_OK;
+    }
+    if (!t->allow) {
+        return s_not_here(t, rank, h, why, why_len,
+                          t->curve ? "a CURVE job, and --shm allow was not given"
+                                   : "--shm deny on this shard");
+    }
+    if (!same_host) {
+        return s_not_here(t, rank, h, why, why_len, "the worker is on another host (boot id)");
+    }
+    zps_shm_map fresh;
+    char reason[200];
+    if (zps_shm_map_open(&fresh, h->shm_pid, h->shm_fd, h->shm_size, reason, sizeof reason) !=
+        ZPS_OK) {
+        return s_not_here(t, rank, h, why, why_len, reason);
+    }
+    zps_shm_map_fini(map);
+    *map = fresh;
+    zps_log_info("rank %u pushes through shared memory (process %u, %.1f MiB)%s", rank,
+                 h->shm_pid, (double)h->shm_size / (1 << 20),
+                 t->curve ? "; a CURVE job, as --shm allow permits (not encrypted, same user)"
+                          : "");
+    return ZPS_OK;
+}
+
+zps_err zps_shard_shm_view(zps_shard_shm *t, uint32_t rank, uint64_t range_bytes,
+                           zps_dtype dtype, zps_wire_msg *m, char *why, size_t why_len)
+{
+    const Zps__Header *h = m->hdr;
+    if (h->shm_size == 0) {
+        return ZPS_OK;
+    }
+    if (m->n_frames != 0 || (int)h->dtype != (int)dtype) {
+        snprintf(why, why_len, "a push through shared memory with %s",
+                 m->n_frames ? "payload frames" : "another dtype than the job's");
+        return ZPS_EPROTO;
+    }
+    zps_err err = s_mapping(t, rank, h, range_bytes, why, why_len);
+    if (err != ZPS_OK) {
+        return err;
+    }
+    const zps_shm_map *map = &t->maps[rank];
+    size_t esize = zps_dtype_size(dtype);
+    if (h->count > UINT64_MAX / esize ||
+        !zps_shm_span_ok(map->size, h->shm_offset, h->count * esize)) {
+        snprintf(why, why_len, "tensor of %llu elements at byte %llu: outside the segment of "
+                 "%zu bytes", (unsigned long long)h->count, (unsigned long long)h->shm_offset,
+                 map->size);
+        return ZPS_ERANGE;
+    }
+    size_t bytes = (size_t)(h->count * esize);
+    // A view, freed by nobody (no free function): the mapping outlives it.
+    (void)zmq_msg_init_data(&m->frames[0], (char *)map->base + h->shm_offset, bytes, NULL,
+                            NULL);
+    m->n_frames = 1;
+    m->payload_bytes = bytes;
+    t->pushes++;
+    return ZPS_OK;
+}
+
+zps_err zps_shard_shm_own(zps_wire_msg *m)
+{
+    if (!m->hdr || m->hdr->shm_size == 0 || m->n_frames != 1) {
+        return ZPS_OK;
+    }
+    zmq_msg_t copy;
+    size_t bytes = zmq_msg_size(&m->frames[0]);
+    if (zmq_msg_init_size(&copy, bytes) != 0) {
+        return ZPS_ENOMEM;
+    }
+    memcpy(zmq_msg_data(&copy), zmq_msg_data(&m->frames[0]), bytes);
+    (void)zmq_msg_close(&m->frames[0]);
+    (void)zmq_msg_init(&m->frames[0]);
+    (void)zmq_msg_move(&m->frames[0], &copy);
+    (void)zmq_msg_close(&copy);
+    m->hdr->shm_size = 0; // frames now: counted again as any push is
+    return ZPS_OK;
+}
+
+void zps_shard_shm_sweep(zps_shard_shm *t)
+{
+    for (uint32_t r = 0; r < ZPS_MAX_MEMBERS; r++) {
+        zps_shm_map *map = &t->maps[r];
+        if (map->base && !zps_shm_map_alive(map)) {
+            zps_log_info("rank %u: process %d is gone; its segment is unmapped", r,
+                         (int)map->pid);
+            zps_shm_map_fini(map);
+        }
+    }
+}
+
+int zps_shard_shm_mapped(const zps_shard_shm *t)
+{
+    int n = 0;
+    for (int r = 0; r < ZPS_MAX_MEMBERS; r++) {
+        n += t->maps[r].base != NULL;
+    }
+    return n;
+}

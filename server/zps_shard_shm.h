@@ -1,0 +1,55 @@
+/* zps_shard_shm.h - the shard's side of same-host shared memory
+ * (common/zps_shm.h, docs/choices.md): a PUSH that names a worker's
+ * segment instead of carrying frames is read from the mapping.
+ *
+ * One mapping per rank, opened at the first such push of its process and
+ * kept while it runs; a push naming another process or segment replaces
+ * it. Everything in the header is checked before a byte is read: the
+ * operator's --shm, the host (boot id), the process and its fd, the
+ * segment's size and seals, and the tensor's span inside it. A refusal
+ * changes nothing: the mapping stays as it was, and the push is answered
+ * "not yet" (the worker sends it again as frames) or, for a span outside
+ * the segment, as malformed. */
+#ifndef ZPS_SHARD_SHM_H
+#define ZPS_SHARD_SHM_H
+
+#include <stdbool.h>
+#include <stdint.h>
+
+#include "common/zps_dtype.h"
+#include "common/zps_plan.h"
+#include "common/zps_shm.h"
+#include "common/zps_wire.h"
+
+typedef struct zps_shard_shm {
+    bool allow;                           // the operator's --shm (or its default)
+    bool curve;                           // the job is under CURVE: said in the log line
+    char boot[ZPS_SHM_BOOT_ID_LEN];       // this host's boot id ("": unknown, never shared)
+    zps_shm_map maps[ZPS_MAX_MEMBERS];    // owned: per rank, its process's segment
+    int32_t refused_pid[ZPS_MAX_MEMBERS]; // per rank: the process last refused (logged once)
+    uint64_t pushes;                      // pushes read from shared memory
+} zps_shard_shm;
+
+// Ready, with the operator's choice; no mapping yet.
+void zps_shard_shm_init(zps_shard_shm *t, bool allow, bool curve);
+// Unmaps every segment. Safe on zeroed memory.
+void zps_shard_shm_fini(zps_shard_shm *t);
+
+// For a PUSH of rank (< ZPS_MAX_MEMBERS) whose header names a segment
+// (shm_size > 0): makes m's payload a view of its tensor in the mapping,
+// valid while the mapping is, so the shard reads it as it reads frames.
+// range_bytes bounds the segment (twice the shard's range in fp32). A push
+// without shm_size is left alone (ZPS_OK). Refused with the reason in why
+// and nothing changed: ZPS_EAGAIN (shared memory not possible: send frames)
+// or ZPS_EPROTO / ZPS_ERANGE (a header that lies).
+zps_err zps_shard_shm_view(zps_shard_shm *t, uint32_t rank, uint64_t range_bytes,
+                           zps_dtype dtype, zps_wire_msg *m, char *why, size_t why_len);
+// Turns a view into a copy of its own (the mapping may move on while a
+// message is held): ZPS_ENOMEM if it cannot. Nothing for frames.
+zps_err zps_shard_shm_own(zps_wire_msg *m);
+// Unmaps the segments of processes that are gone.
+void zps_shard_shm_sweep(zps_shard_shm *t);
+// Segments mapped now.
+int zps_shard_shm_mapped(const zps_shard_shm *t);
+
+#endif

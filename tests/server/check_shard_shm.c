@@ -1,0 +1,244 @@
+/* check_shard_shm.c - server/zps_shard_shm: a PUSH naming a segment is
+ * read from it, and every lie in its header is refused with nothing
+ * changed. The segments are this process's own (the shard and the worker
+ * are one process here, as /proc allows). */
+#include <check.h>
+#include <signal.h>
+#include <string.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include "server/zps_shard_shm.h"
+#include "tests/zps_check.h"
+
+#define N_FLOATS 1024
+#define SEG_BYTES (2 * N_FLOATS * sizeof(float))
+
+static zps_shm_seg s_seg;
+static zps_shard_shm s_t;
+static char s_boot[ZPS_SHM_BOOT_ID_LEN];
+
+static void s_setup(void)
+{
+    char why[200];
+    ck_assert_int_eq(zps_shm_seg_create(&s_seg, SEG_BYTES, why, sizeof why), ZPS_OK);
+    float *f = s_seg.base;
+    for (int i = 0; i < 2 * N_FLOATS; i++) {
+        f[i] = (float)i;
+    }
+    memset(&s_t, 0, sizeof s_t);
+    zps_shard_shm_init(&s_t, true, false);
+    ck_assert_int_eq(zps_shm_boot_id(s_boot), ZPS_OK);
+}
+
+static void s_teardown(void)
+{
+    zps_shard_shm_fini(&s_t);
+    zps_shm_seg_fini(&s_seg);
+}
+
+// A PUSH of count floats at byte offset of the segment (the header is the
+// caller's; m is not zps_wire_msg_fini'd, only its frames closed).
+static void s_push(Zps__Header *h, zps_wire_msg *m, uint64_t offset, uint64_t count)
+{
+    zps_wire_header_init(h, ZPS__MSG_TYPE__PUSH);
+    h->dtype = ZPS__DTYPE__F32;
+    h->offset = 0;
+    h->count = count;
+    h->shm_size = SEG_BYTES;
+    h->shm_offset = offset;
+    h->shm_pid = (uint32_t)getpid();
+    h->shm_fd = (uint32_t)s_seg.fd;
+    h->shm_boot = s_boot;
+    memset(m, 0, sizeof *m);
+    m->hdr = h;
+}
+
+static void s_close(zps_wire_msg *m)
+{
+    for (int f = 0; f < m->n_frames; f++) {
+        zmq_msg_close(&m->frames[f]);
+    }
+    m->n_frames = 0;
+}
+
+static zps_err s_view(zps_wire_msg *m, char *why)
+{
+    return zps_shard_shm_view(&s_t, 3, SEG_BYTES, ZPS_DTYPE_F32, m, why, 256);
+}
+
+START_TEST(test_shard_shm_push_reads_the_segment)
+{
+    Zps__Header h;
+    zps_wire_msg m;
+    char why[256] = "";
+    s_push(&h, &m, N_FLOATS * sizeof(float) + 8, 10); // odd half, element 2 on
+    ck_assert_int_eq(s_view(&m, why), ZPS_OK);
+    ck_assert_int_eq(m.n_frames, 1);
+    ck_assert_uint_eq(m.payload_bytes, 10 * sizeof(float));
+    const float *v = zmq_msg_data(&m.frames[0]);
+    ck_assert(v[0] == (float)(N_FLOATS + 2) && v[9] == (float)(N_FLOATS + 11));
+    ck_assert_int_eq(zps_shard_shm_mapped(&s_t), 1);
+    s_close(&m);
+    // The same segment again: the mapping of before, no second one.
+    s_push(&h, &m, 0, 2 * N_FLOATS);
+    ck_assert_int_eq(s_view(&m, why), ZPS_OK);
+    ck_assert_int_eq(zps_shard_shm_mapped(&s_t), 1);
+    ck_assert_uint_eq(s_t.pushes, 2);
+    s_close(&m);
+    // Frames are left alone.
+    s_push(&h, &m, 0, 1);
+    h.shm_size = 0;
+    ck_assert_int_eq(s_view(&m, why), ZPS_OK);
+    ck_assert_int_eq(m.n_frames, 0);
+}
+END_TEST
+
+// The lies of a header: each refused with a reason, nothing read, the
+// mapping as it was.
+START_TEST(test_shard_shm_refuses_spans_outside_the_segment)
+{
+    Zps__Header h;
+    zps_wire_msg m;
+    char why[256];
+    s_push(&h, &m, 0, 1);
+    ck_assert_int_eq(s_view(&m, why), ZPS_OK);
+    s_close(&m);
+    const void *base = s_t.maps[3].base;
+    struct {
+        uint64_t offset, count;
+    } lies[] = {{SEG_BYTES, 1}, {SEG_BYTES - 4, 2}, {4, 2 * N_FLOATS}, {UINT64_MAX - 3, 1},
+                {0, UINT64_MAX / 2}, {0, UINT64_MAX}, {SEG_BYTES + 4096, 0}};
+    for (size_t i = 0; i < sizeof lies / sizeof lies[0]; i++) {
+        s_push(&h, &m, lies[i].offset, lies[i].count);
+        why[0] = '\0';
+        ck_assert_int_eq(s_view(&m, why), ZPS_ERANGE);
+        ck_assert(strstr(why, "outside the segment"));
+        ck_assert_int_eq(m.n_frames, 0);
+        ck_assert_ptr_eq(s_t.maps[3].base, base);
+    }
+    ck_assert_uint_eq(s_t.pushes, 1);
+}
+END_TEST
+
+START_TEST(test_shard_shm_refuses_segments_it_cannot_take)
+{
+    Zps__Header h;
+    zps_wire_msg m;
+    char why[256];
+    s_push(&h, &m, 0, 1);
+    ck_assert_int_eq(s_view(&m, why), ZPS_OK);
+    s_close(&m);
+    const void *base = s_t.maps[3].base;
+    // A buffer that is not mapped and cannot be: "not here", frames instead.
+    s_push(&h, &m, 0, 1);
+    h.shm_fd = 999;
+    ck_assert_int_eq(s_view(&m, why), ZPS_EAGAIN);
+    ck_assert(strstr(why, "shared memory refused"));
+    ck_assert_ptr_eq(s_t.maps[3].base, base);
+    // Another host.
+    s_push(&h, &m, 0, 1);
+    h.shm_boot = "00000000-0000-0000-0000-000000000000";
+    ck_assert_int_eq(s_view(&m, why), ZPS_EAGAIN);
+    ck_assert(strstr(why, "another host"));
+    s_push(&h, &m, 0, 1);
+    h.shm_boot = NULL;
+    ck_assert_int_eq(s_view(&m, why), ZPS_EAGAIN);
+    // A segment larger than the shard takes, frames beside it, another dtype.
+    s_push(&h, &m, 0, 1);
+    ck_assert_int_eq(zps_shard_shm_view(&s_t, 3, SEG_BYTES / 2, ZPS_DTYPE_F32, &m, why, 256),
+                     ZPS_ERANGE);
+    s_push(&h, &m, 0, 1);
+    m.n_frames = 1; // as if a frame came: never looked at, never closed
+    ck_assert_int_eq(s_view(&m, why), ZPS_EPROTO);
+    m.n_frames = 0;
+    s_push(&h, &m, 0, 1);
+    h.dtype = ZPS__DTYPE__BF16;
+    ck_assert_int_eq(s_view(&m, why), ZPS_EPROTO);
+    ck_assert_ptr_eq(s_t.maps[3].base, base);
+    ck_assert_int_eq(m.n_frames, 0);
+    ck_assert_uint_eq(s_t.pushes, 1);
+}
+END_TEST
+
+START_TEST(test_shard_shm_deny)
+{
+    zps_shard_shm_init(&s_t, false, true);
+    Zps__Header h;
+    zps_wire_msg m;
+    char why[256];
+    s_push(&h, &m, 0, 1);
+    ck_assert_int_eq(s_view(&m, why), ZPS_EAGAIN);
+    ck_assert(strstr(why, "CURVE"));
+    ck_assert_int_eq(zps_shard_shm_mapped(&s_t), 0);
+}
+END_TEST
+
+// A held push takes a copy: the worker may write the segment again.
+START_TEST(test_shard_shm_own_copies)
+{
+    Zps__Header h;
+    zps_wire_msg m;
+    char why[256];
+    s_push(&h, &m, 16, 4);
+    ck_assert_int_eq(s_view(&m, why), ZPS_OK);
+    ck_assert_int_eq(zps_shard_shm_own(&m), ZPS_OK);
+    ck_assert_uint_eq(h.shm_size, 0);
+    ((float *)s_seg.base)[4] = -1.0f;
+    const float *v = zmq_msg_data(&m.frames[0]);
+    ck_assert(v[0] == 4.0f && v[3] == 7.0f);
+    ck_assert_int_eq(zps_shard_shm_own(&m), ZPS_OK); // frames now: nothing
+    s_close(&m);
+}
+END_TEST
+
+// A worker SIGKILLed: the sweep unmaps its segment.
+START_TEST(test_shard_shm_sweep_unmaps_the_dead)
+{
+    int p[2];
+    ck_assert_int_eq(pipe(p), 0);
+    pid_t child = fork();
+    if (child == 0) {
+        zps_shm_seg seg;
+        char why[200];
+        int fd = zps_shm_seg_create(&seg, SEG_BYTES, why, sizeof why) == ZPS_OK ? seg.fd : -1;
+        (void)!write(p[1], &fd, sizeof fd);
+        pause();
+        _exit(0);
+    }
+    int fd;
+    ck_assert_int_eq(read(p[0], &fd, sizeof fd), (ssize_t)sizeof fd);
+    Zps__Header h;
+    zps_wire_msg m;
+    char why[256];
+    s_push(&h, &m, 0, 1);
+    h.shm_pid = (uint32_t)child;
+    h.shm_fd = (uint32_t)fd;
+    ck_assert_int_eq(s_view(&m, why), ZPS_OK);
+    s_close(&m);
+    zps_shard_shm_sweep(&s_t);
+    ck_assert_int_eq(zps_shard_shm_mapped(&s_t), 1);
+    kill(child, SIGKILL);
+    ck_assert_int_eq(waitpid(child, NULL, 0), child);
+    zps_shard_shm_sweep(&s_t);
+    ck_assert_int_eq(zps_shard_shm_mapped(&s_t), 0);
+    close(p[0]);
+    close(p[1]);
+}
+END_TEST
+
+Suite *zps_suite_shard_shm(void)
+{
+    Suite *s = suite_create("shard_shm");
+    TCase *tc = tcase_create("shard_shm");
+    tcase_add_checked_fixture(tc, s_setup, s_teardown);
+    tcase_set_timeout(tc, 20);
+    tcase_add_test(tc, test_shard_shm_push_reads_the_segment);
+    tcase_add_test(tc, test_shard_shm_refuses_spans_outside_the_segment);
+    tcase_add_test(tc, test_shard_shm_refuses_segments_it_cannot_take);
+    tcase_add_test(tc, test_shard_shm_deny);
+    tcase_add_test(tc, test_shard_shm_own_copies);
+    tcase_add_test(tc, test_shard_shm_sweep_unmaps_the_dead);
+    suite_add_tcase(s, tc);
+    return s;
+}
