@@ -241,9 +241,14 @@ run_comm() {
     launch "$run/$tag.log" "$secs" bash bench/comm --csv "$run/$tag.csv" "$@"
     wait_all
 }
-# comm_field TAG W FIELD: column FIELD (1-based) of the CSV row of W workers.
+# comm_field TAG W NAME [SHM]: the column named NAME (bench/comm's CSV
+# header) of the row of W workers (and of the workers' --shm SHM); by name,
+# so that a column bench/comm adds moves nothing here.
 comm_field() {
-    awk -F, -v w="$2" -v f="$3" 'NR > 1 && $4 == w {print $f; exit}' "$run/$1.csv"
+    awk -F, -v w="$2" -v name="$3" -v shm="${4:-}" '
+        NR == 1 { for (i = 1; i <= NF; i++) col[$i] = i; next }
+        $col["workers"] == w && (shm == "" || $col["shm"] == shm) { print $col[name]; exit }' \
+        "$run/$1.csv"
 }
 
 # torch_run TAG SECONDS WORLD STEPS [THREADS]: bench/torch_ddp.py on the
@@ -289,8 +294,8 @@ case_a() {
             fail_case a "bench/comm" "$run/a-$rep.log"
             return
         fi
-        zs+=("$(comm_field "a-$rep" 1 9)")
-        cs+=("$(comm_field "a-$rep" 1 11)")
+        zs+=("$(comm_field "a-$rep" 1 zps_step_ms)")
+        cs+=("$(comm_field "a-$rep" 1 ceiling_step_ms)")
         figure a "bench/comm's CSV" "$run/a-$rep.log" "${zs[-1]}" || return 0
         figure a "bench/comm's CSV" "$run/a-$rep.log" "${cs[-1]}" || return 0
     done
@@ -382,17 +387,19 @@ case_b() {
 }
 
 case_c() {
-    local rep zs=() cs=() bs=() gs=() v P=16777216 steps=$c_steps
-    note "c: flat:16M, 2 workers, 2 shards: zps (and the ZeroMQ ceiling), the bare PS, gloo all_reduce; $repeats x $steps steps"
+    local rep zs=() ss=() cs=() bs=() gs=() v P=16777216 steps=$c_steps
+    note "c: flat:16M, 2 workers, 2 shards: zps over TCP and with shared memory (and the ZeroMQ ceiling), the bare PS, gloo all_reduce; $repeats x $steps steps"
     for ((rep = 1; rep <= repeats; rep++)); do
         if ! run_comm "c-$rep" 600 --floats "$P" --workers 2 --shards 2 --repeats 1 \
-            --steps "$steps" --skip 2; then
+            --steps "$steps" --skip 2 --shm off,on; then
             fail_case c "bench/comm" "$run/c-$rep.log"
             return
         fi
-        zs+=("$(comm_field "c-$rep" 2 9)")
-        cs+=("$(comm_field "c-$rep" 2 11)")
+        zs+=("$(comm_field "c-$rep" 2 zps_step_ms off)")
+        ss+=("$(comm_field "c-$rep" 2 zps_step_ms on)")
+        cs+=("$(comm_field "c-$rep" 2 ceiling_step_ms off)")
         figure c "bench/comm's CSV" "$run/c-$rep.log" "${zs[-1]}" || return 0
+        figure c "bench/comm's CSV" "$run/c-$rep.log" "${ss[-1]}" || return 0
         figure c "bench/comm's CSV" "$run/c-$rep.log" "${cs[-1]}" || return 0
         launch "$run/bare-$rep.log" 300 build/bench/bare_ps --workers 2 --shards 2 --floats "$P" \
             --steps $((steps - 2)) --warmup 2
@@ -408,30 +415,31 @@ case_c() {
             return
         fi
         gs+=("$got")
-        note "   repeat $rep: zps ${zs[-1]}, ceiling ${cs[-1]}, bare PS ${bs[-1]}, gloo ${gs[-1]} ms/step"
+        note "   repeat $rep: zps ${zs[-1]} (shared memory ${ss[-1]}), ceiling ${cs[-1]}, bare PS ${bs[-1]}, gloo ${gs[-1]} ms/step"
     done
-    local z c b g r name="flat:16M, 2 workers, 2 shards"
+    local z zm c b g r name="flat:16M, 2 workers, 2 shards"
     z=$(printf '%s\n' "${zs[@]}" | median)
+    zm=$(printf '%s\n' "${ss[@]}" | median)
     c=$(printf '%s\n' "${cs[@]}" | median)
     b=$(printf '%s\n' "${bs[@]}" | median)
     g=$(printf '%s\n' "${gs[@]}" | grep -v '^-$' | median || true)
-    if ! { [ -n "$z" ] && [ -n "$b" ] && [ -n "$c" ]; }; then
+    if ! { [ -n "$z" ] && [ -n "$zm" ] && [ -n "$b" ] && [ -n "$c" ]; }; then
         fail_case c "parsing a figure" "$run/c-1.log"
         return
     fi
     r=$(pratio "${zs[*]}" "${bs[*]}")
-    row "c. $name" "$(fmt "$z" 1) ms/step" "bare C parameter server (bare_ps, TCP): $(fmt "$b" 1) ms" \
+    row "c. $name" "$(fmt "$z" 1) ms/step (TCP, --shm off)" "bare C parameter server (bare_ps, TCP): $(fmt "$b" 1) ms" \
         "$r ×" "≤ 0.75 ×" "$(met "$r" 0.75)"
     if [ -n "$g" ]; then
-        r=$(pratio "${zs[*]}" "${gs[*]}")
-        row "c. $name" "$(fmt "$z" 1) ms/step (TCP)" "gloo all_reduce, 2 ranks: $(fmt "$g" 1) ms" \
+        r=$(pratio "${ss[*]}" "${gs[*]}")
+        row "c. $name" "$(fmt "$zm" 1) ms/step (gradients through shared memory)" "gloo all_reduce, 2 ranks: $(fmt "$g" 1) ms" \
             "$r ×" "≤ 1.0 × (shared-memory path)" "$(met "$r" 1.0)"
     else
-        row "c. $name" "$(fmt "$z" 1) ms/step (TCP)" "gloo: SKIPPED (no python3-torch for $py)" "-" \
+        row "c. $name" "$(fmt "$zm" 1) ms/step (gradients through shared memory)" "gloo: SKIPPED (no python3-torch for $py)" "-" \
             "≤ 1.0 × (shared-memory path)" "-"
     fi
     r=$(pratio "${zs[*]}" "${cs[*]}")
-    row "c. $name" "$(fmt "$z" 1) ms/step" "raw ZeroMQ, same bytes, no arithmetic: $(fmt "$c" 1) ms" \
+    row "c. $name" "$(fmt "$z" 1) ms/step (TCP, --shm off)" "raw ZeroMQ, same bytes, no arithmetic: $(fmt "$c" 1) ms" \
         "$r ×" "-" "-"
 }
 
@@ -443,9 +451,9 @@ case_d() {
         return
     fi
     local r2 r32 src r
-    r2=$(comm_field d 2 14)
-    r32=$(comm_field d 32 14)
-    src=$(comm_field d 32 15)
+    r2=$(comm_field d 2 shard_peak_rss_mib)
+    r32=$(comm_field d 32 shard_peak_rss_mib)
+    src=$(comm_field d 32 rss_source)
     if ! { [ -n "$r2" ] && [ -n "$r32" ]; }; then
         fail_case d "bench/comm's CSV" "$run/d.log"
         return
