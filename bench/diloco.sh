@@ -1,0 +1,511 @@
+#!/usr/bin/env bash
+# bench/diloco.sh - the figures of the low-communication mode (issue 19):
+# time and bytes on the wire to reach a test accuracy (0.85) on
+# Fashion-MNIST over slow links, for synchronous zps, PyTorch DDP (gloo)
+# and DiLoCo (zps-server --mode diloco) with H inner steps, fp32 and int8
+# pseudo-gradients; and, with one worker slowed 2x, fixed H against
+# --inner-steps auto (seconds per outer round). Every host is a network
+# namespace of deploy/netns-cluster.sh with every link limited by tc tbf
+# (100 Mbit/s, both ways); the job is zps's default MLP 784-512-512-10,
+# global batch 128, SGD lr 0.05 momentum 0.9, cosine over --steps. Needs
+# root; DDP needs /usr/bin/python3 with torch; the plots need gnuplot.
+#
+#   sudo bench/diloco.sh [-o DIR] [--md FILE] [--only LIST] [options]
+#
+# Cases (--only, a comma list; default all): sync, ddp, h10, h50, h10-int8,
+# h50-int8, slow-h10, slow-auto. The DiLoCo cases are skipped, and the
+# table says so, while bin/zps-server has no --mode.
+#
+# A run stops at the first evaluation (zps: every epoch's end, the
+# server's metrics log; DDP: bench/ddp_fmnist.py at the same steps) at or
+# above the target, or after --max-epochs evaluations, or at --bound
+# seconds. Wall time counts from the launch of the hosts' processes; bytes
+# on the wire are what every host sent, read from the rx_bytes of its
+# link's far end (the hub's veth port, /sys/class/net/*/statistics) every
+# 0.5 s: payload and TCP/IP/Ethernet headers, each byte once.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+
+usage() {
+    cat <<'EOF'
+usage: sudo bench/diloco.sh [options]
+  -o DIR           plots (diloco-time.svg, diloco-bytes.svg), their data
+                   (diloco-CASE.tsv) and the table (diloco.md) (default:
+                   the run directory)
+  --md FILE        the table as Markdown to FILE as well
+  --only LIST      cases, e.g. sync,h10 (default sync,ddp,h10,h50,h10-int8,
+                   h50-int8,slow-h10,slow-auto)
+  -r RATE          every host's link, both ways (default 100mbit)
+  -w W             workers (default 4; 1 shard host besides them)
+  --target A       the test accuracy to reach (default 0.85)
+  --steps S        the schedule's length in global batches: cosine decays
+                   over it; a multiple of every H (default 4500)
+  --max-epochs E   stop a run after E evaluations whatever the accuracy
+                   (default 6)
+  --min-epochs E   DiLoCo runs go on to at least E evaluations, so that
+                   int8 and fp32 meet at the same epochs (default 2)
+  --bound SECONDS  per run (default 1500)
+  --repeats R      runs of every case; figures are the medians (default 1)
+  --keep-logs      keep the run directory
+  -h, --help       this text
+EOF
+}
+die() {
+    echo "bench/diloco.sh: $*" >&2
+    exit 2
+}
+
+outdir='' md='' only=sync,ddp,h10,h50,h10-int8,h50-int8,slow-h10,slow-auto
+rate=100mbit workers=4 target=0.85 steps=4500 max_epochs=6 min_epochs=2 bound=1500
+repeats=1 keep_logs=0
+while [ $# -gt 0 ]; do
+    case $1 in
+    -h | --help) usage; exit 0 ;;
+    --keep-logs) keep_logs=1; shift ;;
+    -o | --md | --only | -r | -w | --target | --steps | --max-epochs | --min-epochs | --bound | --repeats)
+        [ $# -ge 2 ] || die "$1 needs a value"
+        case $1 in
+        -o) outdir=$2 ;;
+        --md) md=$2 ;;
+        --only) only=$2 ;;
+        -r) rate=$2 ;;
+        -w) workers=$2 ;;
+        --target) target=$2 ;;
+        --steps) steps=$2 ;;
+        --max-epochs) max_epochs=$2 ;;
+        --min-epochs) min_epochs=$2 ;;
+        --bound) bound=$2 ;;
+        --repeats) repeats=$2 ;;
+        esac
+        shift 2
+        ;;
+    *) die "unknown option $1 (--help lists them)" ;;
+    esac
+done
+all_cases=(sync ddp h10 h50 h10-int8 h50-int8 slow-h10 slow-auto)
+IFS=, read -r -a cases <<<"$only"
+for c in "${cases[@]}"; do
+    [[ " ${all_cases[*]} " == *" $c "* ]] || die "--only: no case '$c' (${all_cases[*]})"
+done
+for v in "$workers" "$steps" "$max_epochs" "$min_epochs" "$bound" "$repeats"; do
+    [[ $v =~ ^[1-9][0-9]*$ ]] || die "'$v' is not a positive integer"
+done
+wants() { [[ ",$only," == *",$1,"* ]]; }
+[ "$(id -u)" -eq 0 ] || die "needs root (deploy/netns-cluster.sh: ip netns, tc)"
+for f in bin/zps-server bin/zps-worker; do
+    [ -x "$f" ] || die "$f is missing: run make"
+done
+{ command -v ip && command -v tc; } >/dev/null || die "needs ip and tc (iproute2)"
+
+run=$(mktemp -d "${TMPDIR:-/tmp}/zps-bench-diloco-XXXXXX")
+[ -n "$outdir" ] || outdir=$run/out
+mkdir -p "$outdir"
+outdir=$(cd "$outdir" && pwd)
+[ -z "$md" ] || : >"$md" || die "cannot write $md"
+
+have_diloco=1
+bin/zps-server --help 2>&1 | grep -q -- '--mode sync' || have_diloco=0
+have_torch=1
+timeout 120 /usr/bin/python3 -c 'import torch.distributed' 2>/dev/null || have_torch=0
+have_gnuplot=1
+command -v gnuplot >/dev/null || have_gnuplot=0
+
+# ---------------------------------------------------------------- processes
+
+nc_pid=''
+# shellcheck disable=SC2317 # called by the traps
+stop_cluster() {
+    [ -n "$nc_pid" ] || return 0
+    # netns-cluster.sh kills its processes by pid and removes its
+    # namespaces on exit; a bounded wait, then KILL (its trap has run or
+    # never will).
+    kill -TERM "$nc_pid" 2>/dev/null || true
+    local i
+    for ((i = 0; i < 100; i++)); do
+        kill -0 "$nc_pid" 2>/dev/null || break
+        sleep 0.1
+    done
+    kill -KILL "$nc_pid" 2>/dev/null || true
+    wait "$nc_pid" 2>/dev/null || true
+    # What its trap would have removed, had it been killed before it ran.
+    local ns
+    for ns in $(ip netns list 2>/dev/null | awk -v t="zps$nc_pid-" 'index($1, t) == 1 {print $1}'); do
+        ip netns del "$ns" 2>/dev/null || true
+    done
+    nc_pid=''
+}
+# shellcheck disable=SC2317
+cleanup() {
+    stop_cluster
+    if [ "$keep_logs" = 1 ]; then
+        echo "bench/diloco.sh: logs in $run" >&2
+    elif [[ $outdir == "$run"/* ]]; then
+        rm -rf "${run:?}"/[!o]*
+        echo "bench/diloco.sh: figures and data in $outdir" >&2
+    else
+        rm -rf "$run"
+    fi
+}
+trap cleanup EXIT
+trap 'exit 130' INT
+trap 'exit 143' TERM
+
+note() { echo "[$(date -u +%H:%M:%S)] $*"; }
+median() { sort -g | awk '{a[NR] = $1} END {if (NR) print (NR % 2) ? a[(NR + 1) / 2] : (a[NR / 2] + a[NR / 2 + 1]) / 2}'; }
+now() { date +%s.%N; }
+
+# The bytes every host of the cluster sent so far: the rx_bytes of the
+# hub's veth ports (each host's link, seen from the bridge).
+hub_bytes() {
+    ip netns exec "$1" sh -c 'cat /sys/class/net/[sw][0-9]*/statistics/rx_bytes' 2>/dev/null |
+        awk '{s += $1} END {printf "%.0f\n", s}'
+}
+
+# evals FILE: "epoch accuracy" for each evaluation line of FILE (zps's
+# metrics log or bench/ddp_fmnist.py's output: the same keys).
+evals() {
+    sed -n 's/.*"epoch": *\([0-9]*\).*"test_accuracy": *\([0-9.]*\).*/\1 \2/p' "$1" 2>/dev/null
+}
+
+# cluster TAG MIN-EPOCHS EVAL-FILE SERVER-HOST NETNS-CLUSTER-ARGS...: one
+# run (SERVER-HOST: s0, or "" for none); polls its bytes and
+# evaluations every 0.5 s into $run/TAG.evals ("seconds bytes epoch
+# accuracy") and $run/TAG.ticks ("seconds bytes"), and stops it at the
+# first evaluation at or above the target past MIN-EPOCHS of them, after
+# --max-epochs, or at --bound. Evaluations are read from EVAL-FILE, under
+# $run/TAG (netns-cluster.sh's -o). Returns 1 if the run failed before
+# reaching the target.
+cluster() {
+    local tag=$1 min=$2 ev=$run/$1/$3 server_ns=$4
+    shift 4
+    local dir=$run/$tag hub t0 t b seen=0 n line reached=0 rc=0 up=0
+    rm -rf "$dir"
+    mkdir -p "$dir"
+    : >"$run/$tag.evals"
+    : >"$run/$tag.ticks"
+    t0=$(now)
+    nice -n 5 deploy/netns-cluster.sh -o "$dir" -t "$((bound + 30))" "$@" >"$run/$tag.log" 2>&1 &
+    nc_pid=$!
+    hub="zps$nc_pid-hub"
+    while kill -0 "$nc_pid" 2>/dev/null; do
+        sleep 0.5
+        t=$(awk -v a="$(now)" -v b="$t0" 'BEGIN {printf "%.2f", a - b}')
+        b=$(hub_bytes "$hub")
+        [ -n "$b" ] || continue
+        echo "$t $b" >>"$run/$tag.ticks"
+        # The coordinator's host empty: the server has exited (done, or
+        # failed: its workers would wait for it until their timeouts).
+        if [ -n "$server_ns" ] && [ -n "$(ip netns pids "zps$nc_pid-$server_ns" 2>/dev/null)" ]; then
+            up=1
+        elif [ "$up" = 1 ]; then
+            echo "bench/diloco.sh: $tag: the server has exited" >&2
+            n=$(evals "$ev" | wc -l)
+            [ "$n" -gt "$seen" ] || { rc=1; break; }
+        fi
+        n=$(evals "$ev" | wc -l)
+        if [ "$n" -gt "$seen" ]; then
+            evals "$ev" | tail -n +$((seen + 1)) | while read -r line; do
+                echo "$t $b $line"
+            done >>"$run/$tag.evals"
+            seen=$n
+            if awk -v a="$(tail -n 1 "$run/$tag.evals" | cut -d' ' -f4)" -v g="$target" 'BEGIN {exit !(a >= g)}'; then
+                reached=1
+            fi
+            if { [ "$reached" = 1 ] && [ "$seen" -ge "$min" ]; } || [ "$seen" -ge "$max_epochs" ]; then
+                break
+            fi
+        fi
+        if awk -v t="$t" -v m="$bound" 'BEGIN {exit !(t > m)}'; then
+            echo "bench/diloco.sh: $tag: still running after $bound s" >&2
+            break
+        fi
+    done
+    if kill -0 "$nc_pid" 2>/dev/null; then
+        stop_cluster
+    else
+        wait "$nc_pid" || rc=1
+        nc_pid=''
+    fi
+    # Whatever the state, the accuracy and bytes of a stopped run count.
+    if [ "$reached" = 0 ] && [ "$rc" = 1 ]; then
+        echo "bench/diloco.sh: $tag failed; the end of its logs:" >&2
+        tail -n 5 "$run/$tag.log" "$dir"/*.log 2>/dev/null | sed 's/^/    /' >&2
+        return 1
+    fi
+    return 0
+}
+
+# ---------------------------------------------------------------- cases
+
+# Per case: zps's server flags (an empty string: DDP) and the slowdowns.
+job=(--workers "$workers" --steps "$steps" --model mlp:784-512-512-10 --global-batch 128)
+case_flags() {
+    case $1 in
+    sync | ddp) echo "" ;;
+    h10) echo "--mode diloco --inner-steps 10 --compress none" ;;
+    h50) echo "--mode diloco --inner-steps 50 --compress none" ;;
+    h10-int8) echo "--mode diloco --inner-steps 10 --compress int8" ;;
+    h50-int8) echo "--mode diloco --inner-steps 50 --compress int8" ;;
+    slow-h10) echo "--mode diloco --inner-steps 10 --compress none" ;;
+    slow-auto) echo "--mode diloco --inner-steps auto --compress none" ;;
+    esac
+}
+case_name() {
+    case $1 in
+    sync) echo "synchronous zps" ;;
+    ddp) echo "DDP (gloo)" ;;
+    h10) echo "DiLoCo H=10, fp32" ;;
+    h50) echo "DiLoCo H=50, fp32" ;;
+    h10-int8) echo "DiLoCo H=10, int8" ;;
+    h50-int8) echo "DiLoCo H=50, int8" ;;
+    slow-h10) echo "DiLoCo H=10, worker 0 slowed 2x" ;;
+    slow-auto) echo "DiLoCo --inner-steps auto, worker 0 slowed 2x" ;;
+    esac
+}
+
+# run_case CASE REP: one run; its files are $run/CASE-REP.*
+run_case() {
+    local c=$1 rep=$2 tag=$1-$2 flags slow=- min=1 here
+    here=$PWD
+    read -r -a flags <<<"$(case_flags "$c")"
+    case $c in
+    slow-*) slow=2 ;;
+    esac
+    case $c in
+    h* | slow-*) min=$min_epochs ;;
+    esac
+    if [ "$c" = ddp ]; then
+        cluster "$tag" 1 w0.log '' -s 0 -w "$workers" -r "$rate" \
+            -x "PYTHONPATH=$here/python exec bash $here/bench/diloco-host.sh ddp $here/bench/ddp_fmnist.py --init $run/init.bin --steps $steps --global-batch 128 --target $target"
+    else
+        cluster "$tag" "$min" metrics.jsonl s0 -s 1 -w "$workers" -r "$rate" \
+            -x "exec bash $here/bench/diloco-host.sh zps $here/bin $run/$tag/metrics.jsonl $slow ${job[*]} ${flags[*]}"
+    fi
+}
+
+# make_init: zps's initial parameters of the job into $run/init.bin (one
+# step at lr 0 on loopback, --save-params), for DDP to start from them.
+make_init() {
+    local ep=$run/init.ep p
+    timeout -k 5 120 bin/zps-server --listen 'tcp://127.0.0.1:*' --endpoint-file "$ep" \
+        --workers 1 --steps 1 --lr 0 --momentum 0 --lr-schedule constant --model mlp:784-512-512-10 \
+        --global-batch 128 >"$run/init-s.log" 2>&1 &
+    p=$!
+    for _ in $(seq 300); do [ -s "$ep" ] && break; sleep 0.1; done
+    timeout -k 5 120 bin/zps-worker --coordinator "$(cat "$ep")" --save-params "$run/init.bin" \
+        >"$run/init-w.log" 2>&1 || true
+    wait "$p" || true
+    [ -s "$run/init.bin" ]
+}
+
+# reach TAG: "seconds bytes epoch accuracy" of the first evaluation at or
+# above the target; nothing if none.
+reach() {
+    awk -v g="$target" '$4 >= g {print; exit}' "$run/$1.evals"
+}
+# round_s TAG: the median seconds of an outer round (zps's step lines'
+# step_ms) past the first 2.
+round_s() {
+    sed -n 's/.*"step_ms": *\([0-9.eE+-]*\).*/\1/p' "$run/$1/metrics.jsonl" 2>/dev/null |
+        tail -n +3 | awk '{print $1 / 1000}' | median
+}
+
+# ---------------------------------------------------------------- the run
+
+rev=$(git rev-parse --short HEAD 2>/dev/null || echo unknown)
+git diff --quiet HEAD 2>/dev/null || rev="$rev+changes"
+header="zps bench/diloco.sh: $(date -u +%Y-%m-%dT%H:%MZ), commit $rev, $(nproc) cores, load $(cut -d' ' -f1-3 /proc/loadavg) at the start; $workers workers + 1 shard host, every link $rate (tc tbf), target $target, cosine over $steps steps, median of $repeats run(s)"
+echo "$header"
+start=$SECONDS
+declare -A skip=()
+for c in "${cases[@]}"; do
+    case $c in
+    ddp) [ "$have_torch" = 1 ] || skip[$c]="no torch for /usr/bin/python3 (apt-get install python3-torch)" ;;
+    h* | slow-*) [ "$have_diloco" = 1 ] || skip[$c]="bin/zps-server has no --mode (DiLoCo is not built yet)" ;;
+    esac
+    if [ -n "${skip[$c]:-}" ]; then
+        echo "SKIPPED: $c: ${skip[$c]}"
+    fi
+done
+if wants ddp && [ -z "${skip[ddp]:-}" ] && ! make_init; then
+    skip[ddp]="could not write zps's initial parameters (see $run/init-*.log)"
+    keep_logs=1
+fi
+for ((rep = 1; rep <= repeats; rep++)); do
+    for c in "${cases[@]}"; do
+        [ -z "${skip[$c]:-}" ] || continue
+        note "$(case_name "$c"), run $rep of $repeats"
+        if ! run_case "$c" "$rep"; then
+            skip[$c]="FAILED (run $rep; logs kept in $run)"
+            keep_logs=1
+            continue
+        fi
+        r=$(reach "$c-$rep")
+        note "   evaluations (s, bytes, epoch, accuracy): $(tr '\n' ';' <"$run/$c-$rep.evals")"
+        note "   first at $target: ${r:-not reached}"
+    done
+done
+
+# ---------------------------------------------------------------- figures
+
+# fig CASE FIELD: the median over the repeats of FIELD (1 seconds, 2 bytes,
+# 3 epoch) of the first evaluation at the target; nothing if a run missed it.
+fig() {
+    local rep v vs=()
+    for ((rep = 1; rep <= repeats; rep++)); do
+        v=$(reach "$1-$rep" 2>/dev/null | cut -d' ' -f"$2")
+        [ -n "$v" ] || return 0
+        vs+=("$v")
+    done
+    printf '%s\n' "${vs[@]}" | median
+}
+ran() { wants "$1" && [ -z "${skip[$1]:-}" ]; }
+mb() { awk -v b="$1" 'BEGIN {printf "%.0f", b / 1e6}'; }
+f2() { awk -v v="$1" 'BEGIN {printf "%.2f", v}'; }
+
+: >"$run/rows"
+row() { printf '%s\t%s\t%s\t%s\t%s\t%s\n' "$@" >>"$run/rows"; }
+sync_t='' sync_b=''
+if ran sync; then
+    sync_t=$(fig sync 1)
+    sync_b=$(fig sync 2)
+fi
+for c in sync ddp h10 h50 h10-int8 h50-int8; do
+    wants "$c" || continue
+    name=$(case_name "$c")
+    if [ -n "${skip[$c]:-}" ]; then
+        row "$name" "SKIPPED: ${skip[$c]}" "-" "-" "-" "-"
+        continue
+    fi
+    t=$(fig "$c" 1)
+    b=$(fig "$c" 2)
+    e=$(fig "$c" 3)
+    last=$(tail -n 1 "$run/$c-1.evals" | awk '{printf "%.4f (epoch %d)", $4, $3}')
+    if [ -z "$t" ]; then
+        row "$name" "not reached; last $last" "-" "-" "-" "-"
+        continue
+    fi
+    what="$(f2 "$t") s, $(mb "$b") MB (epoch $e)"
+    case $c in
+    sync)
+        row "$name" "$what" "-" "-" "reference" "-"
+        ;;
+    ddp)
+        if [ -n "$sync_t" ]; then
+            row "$name" "$what" "$(f2 "$(awk -v a="$sync_t" -v b="$t" 'BEGIN {print a / b}')") ×" \
+                "$(awk -v a="$b" -v s="$sync_b" 'BEGIN {printf "%.3f", a / s}')" "-" "-"
+        else
+            row "$name" "$what" "-" "-" "-" "-"
+        fi
+        ;;
+    h*)
+        h=${c#h}
+        h=${h%%-*}
+        if [ -n "$sync_t" ]; then
+            sp=$(awk -v a="$sync_t" -v b="$t" 'BEGIN {printf "%.2f", a / b}')
+            br=$(awk -v a="$b" -v s="$sync_b" 'BEGIN {printf "%.4f", a / s}')
+            ok=$(awk -v sp="$sp" -v br="$br" -v h="$h" 'BEGIN {print (sp >= 5 && br <= 1 / h) ? "met" : "not met"}')
+            row "$name" "$what" "$sp ×" "$br (1/$h = $(awk -v h="$h" 'BEGIN {printf "%.4f", 1 / h}'))" \
+                "≥ 5 × sooner, ≤ 1/$h of the bytes" "$ok"
+        else
+            row "$name" "$what" "-" "-" "≥ 5 × sooner, ≤ 1/$h of the bytes" "no sync run"
+        fi
+        ;;
+    esac
+done
+# int8 against fp32: the accuracy at the last epoch both runs evaluated.
+for h in 10 50; do
+    if ! { ran "h$h" && ran "h$h-int8"; }; then continue; fi
+    d=$(awk 'NR == FNR {a[$3] = $4; next} ($3 in a) {e = $3; d = $4 - a[$3]} END {if (e != "") printf "%.4f %d %.4f %.4f\n", d, e, a[e], a[e] + d}' \
+        "$run/h$h-1.evals" "$run/h$h-int8-1.evals")
+    if [ -z "$d" ]; then
+        row "DiLoCo H=$h, int8 against fp32" "no epoch evaluated by both" "-" "-" "within 0.005" "-"
+        continue
+    fi
+    read -r diff ep fa ia <<<"$d"
+    ok=$(awk -v d="$diff" 'BEGIN {print (d >= -0.005 && d <= 0.005) ? "met" : "not met"}')
+    row "DiLoCo H=$h, int8 against fp32" "epoch $ep: int8 $ia, fp32 $fa" "-" "$diff (int8 - fp32)" \
+        "within 0.005 (0.5 points)" "$ok"
+done
+# The slowed worker: seconds per outer round.
+if wants slow-h10 || wants slow-auto; then
+    if ran slow-h10 && ran slow-auto; then
+        fs=() as=()
+        for ((rep = 1; rep <= repeats; rep++)); do
+            fs+=("$(round_s "slow-h10-$rep")")
+            as+=("$(round_s "slow-auto-$rep")")
+        done
+        fm=$(printf '%s\n' "${fs[@]}" | median)
+        am=$(printf '%s\n' "${as[@]}" | median)
+        if [ -n "$fm" ] && [ -n "$am" ]; then
+            sp=$(awk -v a="$fm" -v b="$am" 'BEGIN {printf "%.2f", a / b}')
+            row "worker 0 slowed 2x: auto against H=10" "auto $(awk -v v="$am" 'BEGIN {printf "%.3f", v}') s/round, H=10 $(awk -v v="$fm" 'BEGIN {printf "%.3f", v}') s/round" \
+                "$sp × faster per round" "-" "≥ 1.5 ×" "$(awk -v s="$sp" 'BEGIN {print (s >= 1.5) ? "met" : "not met"}')"
+        else
+            row "worker 0 slowed 2x: auto against H=10" "FAILED: no step lines" "-" "-" "≥ 1.5 ×" "-"
+        fi
+        for c in slow-h10 slow-auto; do
+            t=$(fig "$c" 1)
+            b=$(fig "$c" 2)
+            row "$(case_name "$c")" "${t:+$(f2 "$t") s, $(mb "$b") MB to $target}${t:-not reached}" "-" "-" "-" "-"
+        done
+    else
+        row "worker 0 slowed 2x: auto against H=10" "SKIPPED: ${skip[slow-h10]:-${skip[slow-auto]:-}}" "-" "-" "≥ 1.5 ×" "-"
+    fi
+fi
+
+# Plot data: the first run of each case.
+for c in "${cases[@]}"; do
+    [ -s "$run/$c-1.evals" ] || continue
+    { echo "# $(case_name "$c"): seconds bytes epoch test_accuracy"; cat "$run/$c-1.evals"; } >"$outdir/diloco-$c.tsv"
+done
+plots=''
+if [ "$have_gnuplot" = 1 ] && ls "$outdir"/diloco-*.tsv >/dev/null 2>&1; then
+    for axis in time bytes; do
+        {
+            echo "set terminal svg size 720,440 dynamic font 'sans,12'"
+            echo "set output '$outdir/diloco-$axis.svg'"
+            echo "set key bottom right"
+            echo "set grid"
+            echo "set ylabel 'test accuracy'"
+            echo "set yrange [0.7:0.92]"
+            echo "set arrow from graph 0, first $target to graph 1, first $target nohead dashtype 2 lc rgb 'gray'"
+            if [ "$axis" = time ]; then
+                echo "set xlabel 'wall time (s), every link $rate'"
+                col=1
+            else
+                echo "set xlabel 'bytes on the wire (MB, log scale)'"
+                echo "set logscale x"
+                col="(\$2/1e6)" # gnuplot's column 2
+            fi
+            printf 'plot '
+            sep=''
+            for c in "${cases[@]}"; do
+                [ -s "$outdir/diloco-$c.tsv" ] || continue
+                printf "%s'%s' using %s:4 with linespoints title '%s'" "$sep" "$outdir/diloco-$c.tsv" "$col" "$(case_name "$c")"
+                sep=', '
+            done
+            echo
+        } >"$run/$axis.gp"
+        gnuplot "$run/$axis.gp" || echo "bench/diloco.sh: gnuplot failed on $run/$axis.gp" >&2
+    done
+    plots="$outdir/diloco-time.svg, $outdir/diloco-bytes.svg"
+else
+    echo "bench/diloco.sh: no plots (no gnuplot, or no run: apt-get install gnuplot-nox)" >&2
+fi
+
+{
+    echo "$header"
+    echo
+    echo "| case | to $target: time, bytes | sync's time / this | bytes / sync's | target | met |"
+    echo "|---|---|---|---|---|---|"
+    awk -F'\t' '{ printf "|"; for (i = 1; i <= NF; i++) { gsub(/\|/, "\\|", $i); printf " %s |", $i } print "" }' "$run/rows"
+    echo
+    echo "Command: \`bench/diloco.sh --only $only -r $rate -w $workers --target $target --steps $steps --repeats $repeats\`." \
+        "Time from the launch of the processes; bytes: what every host sent (the hub's veth rx_bytes), headers included."
+} >"$outdir/diloco.md"
+echo
+cat "$outdir/diloco.md"
+[ -z "$md" ] || cp "$outdir/diloco.md" "$md"
+[ -z "$plots" ] || echo "plots: $plots"
+echo "$((SECONDS - start)) s"
