@@ -15,6 +15,7 @@
 #include "common/zps_err.h"
 #include "common/zps_model.h"
 #include "common/zps_optim.h"
+#include "common/zps_outer.h"
 #include "common/zps_plan.h"
 #include "common/zps_wire.h"
 #include "server/zps_outbox.h"
@@ -40,7 +41,9 @@ typedef struct zps_coord_cfg {
     bool adaptive_split;          // shares follow measured throughput
     uint64_t n_params;            // length of the flat vector
     uint32_t shards;              // shard processes, this one (shard 0) included
-    zps_optim_cfg optim;          // sent to the other shards
+    zps_optim_cfg optim;          // sent to the other shards (diloco: the outer step's)
+    zps_outer_mode mode;          // --mode diloco; zeroed: synchronous
+    zps_optim_cfg inner;          // diloco: sent to the workers, zps-worker's inner optimizer
     zps_dtype wire_dtype;         // element type of tensors on the wire
     const char *endpoint;         // borrowed: shard 0's endpoint, sent to workers
     FILE *metrics;                // borrowed: JSON lines, or NULL

@@ -104,6 +104,9 @@ struct zps_coord {
 
 // zps_coord.c
 double zps_coord_now(const zps_coord *c);
+// The epoch that `step`'s first global batch belongs to (diloco: a step is
+// a round of H of them).
+uint64_t zps_coord_epoch(const zps_coord *c, uint64_t step);
 void zps_coord_refuse(zps_coord *c, zps_outbox *out, zps_wire_msg *m, zps_err err,
                       const char *why);
 

@@ -61,7 +61,7 @@ void zps_coord_on_status(zps_coord *c, zps_outbox *out, zps_wire_msg *m, uint64_
     st.dataset = (char *)c->cfg.dataset;
     st.step = step;
     st.total_steps = c->cfg.total_steps;
-    st.epoch = c->cfg.steps_per_epoch ? step / c->cfg.steps_per_epoch : 0;
+    st.epoch = zps_coord_epoch(c, step);
     st.global_batch = c->cfg.global_batch;
     st.workers_expected = c->cfg.workers;
     st.n_members = c->n_members;
@@ -264,7 +264,7 @@ void zps_coord_log_step(zps_coord *c, uint64_t step, float loss, double step_ms,
         const zps_plan_gen *g = zps_plans_at(&c->plans, step);
         fputc('{', f);
         zps_mlog_uint(f, true, ZPS_MLOG_STEP, step);
-        zps_mlog_uint(f, false, ZPS_MLOG_EPOCH, step / c->cfg.steps_per_epoch);
+        zps_mlog_uint(f, false, ZPS_MLOG_EPOCH, zps_coord_epoch(c, step));
         zps_mlog_real(f, false, ZPS_MLOG_LOSS, loss, 6);
         zps_mlog_uint(f, false, ZPS_MLOG_SAMPLES, samples);
         zps_mlog_real(f, false, ZPS_MLOG_STEP_MS, step_ms, 3);
