@@ -229,6 +229,17 @@ uint64_t zps_coord_epoch(const zps_coord *c, uint64_t step)
     return c->cfg.steps_per_epoch ? step * h / c->cfg.steps_per_epoch : 0;
 }
 
+void zps_coord_note_round(zps_coord *c, uint64_t step, uint32_t rank, uint32_t inner_steps,
+                          float delta_norm, uint64_t bytes)
+{
+    zps_monitor_round(c->mon, step, rank, inner_steps, delta_norm, bytes);
+}
+
+bool zps_coord_diloco(const zps_coord *c)
+{
+    return c->cfg.mode.diloco;
+}
+
 static void s_log_progress(zps_coord *c)
 {
     double mean = c->n_step_ms ? c->sum_step_ms / (double)c->n_step_ms : 0;

@@ -53,6 +53,7 @@ typedef struct zps_coord_member {
     bool has_job;         // was sent its JOB: plans go to it from now on
     bool route_known;     // route is valid (false after a coordinator restart until it calls)
     uint32_t adapted;     // share from the adaptive split (0: none)
+    uint32_t inner_steps; // diloco --inner-steps auto: its own, by DyLU (0: the job's H)
     uint64_t covered;     // its slices of steps before this one were also handed to others
     double last_seen_ms;  // last message from it (heartbeats included)
 } zps_coord_member;

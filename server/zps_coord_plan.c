@@ -221,6 +221,7 @@ zps_err zps_coord_make_plan(zps_coord *c, zps_plan *out)
     for (uint32_t i = 0; i < n; i++) {
         out->slices[i].rank = c->members[live[i]].rank;
         out->slices[i].member_id = c->members[live[i]].member_id;
+        out->slices[i].inner_steps = c->cfg.mode.auto_steps ? c->members[live[i]].inner_steps : 0;
     }
     return ZPS_OK;
 }
