@@ -4,6 +4,7 @@
  * worker killed in the middle of a round is missing from it, and the run
  * goes on. Every wait bounded; every process killed by pid at the end. */
 #include <signal.h>
+#include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -209,6 +210,73 @@ START_TEST(test_diloco_worker_killed_mid_round_is_missing_and_run_completes)
 }
 END_TEST
 
+// The inner steps of `rank` in the last round of a metrics log, or -1.
+static int s_last_inner_steps(zps_procs *ps, const char *metrics, uint32_t rank)
+{
+    FILE *f = fopen(zps_procs_path(ps, metrics), "r");
+    ck_assert_ptr_nonnull(f);
+    char line[4096], want[32];
+    int found = -1;
+    snprintf(want, sizeof want, "{\"rank\":%u,", rank);
+    while (fgets(line, sizeof line, f)) {
+        const char *row = strstr(line, want);
+        const char *steps = row ? strstr(row, "\"inner_steps\":") : NULL;
+        if (steps) {
+            found = atoi(steps + strlen("\"inner_steps\":"));
+        }
+    }
+    fclose(f);
+    return found;
+}
+
+// --inner-steps auto: a worker slowed 2x takes about half the inner steps
+// of the fast one, which takes H; both end with the same bits.
+START_TEST(test_diloco_auto_gives_a_worker_slowed_2x_about_half_the_inner_steps)
+{
+    zps_procs ps;
+    zps_procs_init(&ps, "diloco-auto");
+    const char *const flags[] = {"--lr", "0.05", "--mode", "diloco", "--inner-steps", "auto:10",
+                                 NULL};
+    pid_t server, w[2];
+    const char *ep = s_start_server(&ps, "auto", &server, "2", "400", flags);
+    w[0] = s_start_worker(&ps, ep, "auto", 0);
+    char out[64];
+    snprintf(out, sizeof out, "%s", zps_procs_path(&ps, "auto-w1.bin"));
+    const char *slow[] = {"--coordinator", ep, "--save-params", out, "--cache-dir",
+                          ZPS_TEST_CACHE, "--timeout-ms", "30000", "--slowdown", "2", NULL};
+    w[1] = zps_procs_start(&ps, "zps-worker", "auto-w1.log", slow);
+    // Which rank the slowed process is.
+    double deadline = zps_clock_ms() + 60000;
+    uint32_t slow_rank = UINT32_MAX;
+    while (slow_rank == UINT32_MAX) {
+        ck_assert_msg(zps_clock_ms() < deadline, "the job did not start within 60 s");
+        zps_wire_msg m;
+        zps_procs_status(ep, &m);
+        for (size_t i = 0; i < m.hdr->status->n_members; i++) {
+            if (m.hdr->status->members[i]->pid == (uint32_t)w[1]) {
+                slow_rank = m.hdr->status->members[i]->rank;
+            }
+        }
+        zps_wire_msg_fini(&m);
+        struct timespec ts = {0, 20 * 1000000L};
+        nanosleep(&ts, NULL);
+    }
+    for (int i = 0; i < 2; i++) {
+        ck_assert_int_eq(zps_procs_wait(&ps, w[i], RUN_TIMEOUT_MS), 0);
+    }
+    ck_assert_int_eq(zps_procs_wait(&ps, server, 30000), 0);
+    int slow_h = s_last_inner_steps(&ps, "auto-metrics.jsonl", slow_rank);
+    int fast_h = s_last_inner_steps(&ps, "auto-metrics.jsonl", 1 - slow_rank);
+    fprintf(stderr, "inner steps auto:10 in the last round: slowed 2x %d, the other %d\n", slow_h,
+            fast_h);
+    ck_assert_int_eq(fast_h, 10);
+    ck_assert_msg(slow_h >= 3 && slow_h <= 7, "the slowed worker took %d inner steps", slow_h);
+    ck_assert(zps_procs_log_has(&ps, "auto.log", "inner steps auto: rank"));
+    s_check_aligned(&ps, "auto", 2);
+    zps_procs_fini(&ps, false);
+}
+END_TEST
+
 Suite *zps_suite_diloco(void)
 {
     Suite *s = suite_create("diloco");
@@ -219,6 +287,7 @@ Suite *zps_suite_diloco(void)
     tcase_add_test(tc, test_diloco_workers_hold_the_same_bits_after_rounds_int8);
     tcase_add_test(tc, test_diloco_workers_hold_the_same_bits_after_rounds_e3m0);
     tcase_add_test(tc, test_diloco_worker_killed_mid_round_is_missing_and_run_completes);
+    tcase_add_test(tc, test_diloco_auto_gives_a_worker_slowed_2x_about_half_the_inner_steps);
     suite_add_tcase(s, tc);
     return s;
 }
