@@ -210,6 +210,61 @@ START_TEST(test_diloco_worker_killed_mid_round_is_missing_and_run_completes)
 }
 END_TEST
 
+// Shard 1 killed and restarted from its checkpoint: the job goes back to
+// that round's outer step (parameters and outer momentum) and trains the
+// rounds again. With a stateless inner optimizer (SGD without momentum) and
+// fp32 pushes the replay gives the same bits as a run never interrupted.
+START_TEST(test_diloco_shard_restarted_from_checkpoint_goes_back_to_its_round)
+{
+    zps_procs ps;
+    zps_procs_init(&ps, "diloco-restart");
+    const char *const flags[] = {"--lr", "0.05", "--momentum", "0", "--mode", "diloco",
+                                 "--inner-steps", "5", NULL};
+    s_run(&ps, "ref", 2, "100", flags);
+    char ck0[512], ck1[512], shard1[64];
+    snprintf(ck0, sizeof ck0, "%s", zps_procs_path(&ps, "ck0"));
+    snprintf(ck1, sizeof ck1, "%s", zps_procs_path(&ps, "ck1"));
+    snprintf(shard1, sizeof shard1, "tcp://127.0.0.1:%d", zps_free_port());
+    const char *const more[] = {"--lr", "0.05", "--momentum", "0", "--mode", "diloco",
+                                "--inner-steps", "5", "--shards", "2", "--checkpoint-every",
+                                "4", "--checkpoint-dir", ck0, "--worker-timeout-ms", "30000",
+                                NULL};
+    pid_t s0, s1, w[2];
+    char ep[256];
+    snprintf(ep, sizeof ep, "%s", s_start_server(&ps, "restart", &s0, "2", "100", more));
+    const char *args1[] = {"--shard", "1", "--shards", "2", "--coordinator", ep, "--listen",
+                           shard1, "--checkpoint-dir", ck1, NULL};
+    s1 = zps_procs_start(&ps, "zps-server", "shard1.log", args1);
+    for (int i = 0; i < 2; i++) {
+        w[i] = s_start_worker(&ps, ep, "restart", i);
+    }
+    double deadline = zps_clock_ms() + 60000;
+    while (s_step(ep) < 10) {
+        ck_assert_msg(zps_clock_ms() < deadline, "round 10 not reached within 60 s");
+        struct timespec ts = {0, 5 * 1000000L};
+        nanosleep(&ts, NULL);
+    }
+    ck_assert_int_eq(kill(s1, SIGKILL), 0);
+    zps_procs_wait(&ps, s1, 5000);
+    const char *again[] = {"--shard", "1", "--shards", "2", "--coordinator", ep, "--listen",
+                           shard1, "--checkpoint-dir", ck1, "--resume", NULL};
+    s1 = zps_procs_start(&ps, "zps-server", "shard1.log", again);
+    for (int i = 0; i < 2; i++) {
+        ck_assert_int_eq(zps_procs_wait(&ps, w[i], RUN_TIMEOUT_MS), 0);
+    }
+    ck_assert_int_eq(zps_procs_wait(&ps, s1, 30000), 0);
+    ck_assert_int_eq(zps_procs_wait(&ps, s0, 30000), 0);
+    ck_assert_msg(zps_procs_log_has(&ps, "restart.log", "rolls back to it"), "no rollback");
+    size_t n = s_n_params();
+    double d = zps_procs_params_diff(&ps, "ref-w0.bin", "restart-w0.bin", n);
+    fprintf(stderr, "diloco with shard 1 restarted at round 10: max |uninterrupted - run| = %.3g\n",
+            d);
+    ck_assert_double_eq(d, 0);
+    s_check_aligned(&ps, "restart", 2);
+    zps_procs_fini(&ps, false);
+}
+END_TEST
+
 // The inner steps of `rank` in the last round of a metrics log, or -1.
 static int s_last_inner_steps(zps_procs *ps, const char *metrics, uint32_t rank)
 {
@@ -288,6 +343,7 @@ Suite *zps_suite_diloco(void)
     tcase_add_test(tc, test_diloco_workers_hold_the_same_bits_after_rounds_e3m0);
     tcase_add_test(tc, test_diloco_worker_killed_mid_round_is_missing_and_run_completes);
     tcase_add_test(tc, test_diloco_auto_gives_a_worker_slowed_2x_about_half_the_inner_steps);
+    tcase_add_test(tc, test_diloco_shard_restarted_from_checkpoint_goes_back_to_its_round);
     suite_add_tcase(s, tc);
     return s;
 }
