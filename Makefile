@@ -116,13 +116,14 @@ WORKER_OBJ := $(call obj,$(WORKER_SRC))
 # the public API alone (worker/libzps.map). zps-worker links the archive;
 # its training loop and backends (the "user code") are not in the library.
 LIBZPS_SRC := $(PROTO_C) $(addprefix common/,zps_curve.c zps_dtype.c zps_err.c zps_layout.c \
-	zps_log.c zps_model.c zps_plan.c zps_plans.c zps_shm.c zps_wire.c) \
+	zps_log.c zps_model.c zps_optim.c zps_outer.c zps_plan.c zps_plans.c zps_quant.c zps_shm.c \
+	zps_wire.c) \
 	$(addprefix worker/,zps_client.c zps_conn.c zps_decl.c zps_heartbeat.c zps_sampler.c \
-	zps_schedule.c)
+	zps_round.c zps_schedule.c)
 LIBZPS_OBJ := $(call obj,$(LIBZPS_SRC))
 LIBZPS_PIC := $(patsubst $(B)/obj/%,$(B)/pic/%,$(LIBZPS_OBJ))
 ZPS_SO_MAJOR := 1
-ZPS_SO_VERSION := 1.1.0
+ZPS_SO_VERSION := 1.2.0
 LIBZPS_SO := $(BIN)/libzps.so.$(ZPS_SO_VERSION)
 LIBZPS_LIBS := $(shell pkg-config --libs libzmq libprotobuf-c 2>/dev/null) -lm -pthread
 ZPS_WORKER_OBJ := $(call obj,worker/main.c worker/zps_train.c worker/zps_backend.c worker/zps_cpu.c)

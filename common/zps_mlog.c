@@ -16,6 +16,10 @@ static const char *const s_names[ZPS_MLOG_N_KEYS] = {
     [ZPS_MLOG_COMPUTE_MS] = "compute_ms",
     [ZPS_MLOG_TEST_ACCURACY] = "test_accuracy",
     [ZPS_MLOG_TEST_LOSS] = "test_loss",
+    [ZPS_MLOG_INNER_STEPS] = "inner_steps",
+    [ZPS_MLOG_INNER_SAMPLES] = "inner_samples",
+    [ZPS_MLOG_DELTA_NORM] = "delta_norm",
+    [ZPS_MLOG_BYTES] = "bytes",
 };
 
 const char *zps_mlog_name(zps_mlog_key k)

@@ -10,6 +10,8 @@
  *   {"step":S,"epoch":E,"loss":L,"samples":N,"step_ms":T,"plan":G,"replans":R,
  *    "counted":[[rank,n],...],
  *    "workers":[{"rank":r,"lag_ms":x,"compute_ms":y,"samples":n},...]}
+ * (a diloco round's rows add "inner_steps", "inner_samples", "delta_norm",
+ * "bytes")
  *
  * and an evaluation: {"epoch":E,"test_accuracy":A,"test_loss":L}. */
 #ifndef ZPS_MLOG_H
@@ -34,6 +36,10 @@ typedef enum zps_mlog_key {
     ZPS_MLOG_COMPUTE_MS,    // worker row
     ZPS_MLOG_TEST_ACCURACY, // evaluation
     ZPS_MLOG_TEST_LOSS,     // evaluation
+    ZPS_MLOG_INNER_STEPS,   // worker row, diloco: its inner steps of the round
+    ZPS_MLOG_INNER_SAMPLES, // worker row, diloco: the samples they trained
+    ZPS_MLOG_DELTA_NORM,    // worker row, diloco: the norm of its pseudo-gradient
+    ZPS_MLOG_BYTES,         // worker row, diloco: payload bytes it pushed in the round
     ZPS_MLOG_N_KEYS
 } zps_mlog_key;
 

@@ -5,6 +5,7 @@
 #include <math.h>
 
 #include "zps_log.h"
+#include "zps_quant.h"
 
 #ifdef __clang__
 // Clang contracts a * b + c within one expression by default (GCC does not
@@ -39,6 +40,14 @@ zps_err zps_outer_validate(const zps_outer_cfg *cfg)
         return ZPS_EINVAL;
     }
     return ZPS_OK;
+}
+
+zps_err zps_outer_mode_check(const zps_outer_mode *mode)
+{
+    bool steps_ok = mode->inner_steps >= 1 && mode->inner_steps <= ZPS_OUTER_MAX_INNER_STEPS;
+    bool compress_ok = mode->compress == 0 || mode->compress == ZPS_QUANT_INT8 ||
+                       mode->compress == ZPS_QUANT_E3M0;
+    return steps_ok && compress_ok ? ZPS_OK : ZPS_EINVAL;
 }
 
 zps_optim_cfg zps_outer_optim(const zps_outer_cfg *cfg)

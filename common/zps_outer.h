@@ -36,6 +36,28 @@ typedef struct zps_outer_cfg {
     float momentum; // --outer-momentum, in [0, 1); 0: plain SGD, no buffer
 } zps_outer_cfg;
 
+#define ZPS_OUTER_INNER_STEPS 10 // --inner-steps' default, and auto's base H
+
+// What --mode diloco makes of a job; all zero: a synchronous job. The
+// job's steps are then outer rounds: round r's inner step h (h < H_i, the
+// member's own inner steps) trains the member's slice of global batch
+// r * H + h, so a run is reproducible from (seed, plan), and a worker with
+// fewer inner steps trains the first of the round's batches.
+typedef struct zps_outer_mode {
+    bool diloco;          // --mode diloco
+    uint32_t inner_steps; // H >= 1 (auto: the fastest member's)
+    bool auto_steps;      // --inner-steps auto: each member's in proportion to its speed
+    int compress;         // a zps_quant_kind for the pushes; 0: fp32
+    zps_outer_cfg outer;  // the shards' optimizer
+} zps_outer_mode;
+
+#define ZPS_OUTER_MAX_INNER_STEPS (1u << 20) // --inner-steps' bound
+
+// Whether a mode that came from the coordinator is one this build runs:
+// H in [1, ZPS_OUTER_MAX_INNER_STEPS], compress 0 or a zps_quant_kind.
+// ZPS_EINVAL, unlogged, otherwise.
+zps_err zps_outer_mode_check(const zps_outer_mode *mode);
+
 // Whether cfg is usable: lr >= 0 and finite, momentum in [0, 1) (torch
 // takes any momentum >= 0, but from 1 on the buffer grows without bound).
 // ZPS_EINVAL, logged with the flag at fault, otherwise.

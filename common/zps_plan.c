@@ -73,7 +73,8 @@ zps_err zps_plan_from_wire(Zps__Slice *const *slices, size_t n, uint32_t global_
             return ZPS_EPROTO;
         }
         out->slices[i] = (zps_plan_slice){
-            .rank = s->rank, .member_id = s->member_id, .offset = s->offset, .count = s->count};
+            .rank = s->rank, .member_id = s->member_id, .offset = s->offset, .count = s->count,
+            .inner_steps = s->inner_steps};
         offset += s->count;
     }
     if (offset != global_batch) {

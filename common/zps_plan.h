@@ -19,6 +19,7 @@ typedef struct zps_plan_slice {
     uint64_t member_id; // the id the member's pushes must carry
     uint32_t offset;    // first sample of the global batch
     uint32_t count;     // samples
+    uint32_t inner_steps; // --mode diloco: the member's inner steps per round (0: the job's H)
 } zps_plan_slice;
 
 typedef struct zps_plan {

@@ -48,6 +48,27 @@ static void s_usage(FILE *f)
             ZPS_CTL_DEFAULT_ENDPOINT, ZPS_CTL_TOP_INTERVAL_MS);
 }
 
+// A diloco job's last complete round of each member: what it trained and
+// what it sent.
+static void s_print_rounds(const Zps__Status *st)
+{
+    bool any = false;
+    for (size_t i = 0; i < st->n_members; i++) {
+        any = any || st->members[i]->inner_steps > 0;
+    }
+    if (!any) {
+        return;
+    }
+    printf("%4s  %11s %13s %12s %12s\n", "rank", "inner_steps", "inner_samples", "delta_norm",
+           "round_bytes");
+    for (size_t i = 0; i < st->n_members; i++) {
+        const Zps__Member *m = st->members[i];
+        printf("%4u  %11u %13llu %12.4g %12llu\n", m->rank, m->inner_steps,
+               (unsigned long long)m->inner_steps * m->share, m->delta_norm,
+               (unsigned long long)m->round_bytes);
+    }
+}
+
 static void s_print_status(const Zps__Header *h)
 {
     const Zps__Status *st = h->status;
@@ -76,6 +97,7 @@ static void s_print_status(const Zps__Header *h)
                m->samples_per_s, m->pid,
                !m->live ? "gone" : m->straggler ? "STRAGGLER" : "ok");
     }
+    s_print_rounds(st);
 }
 
 static int s_status(const char *endpoint, const zps_curve *curve)

@@ -41,7 +41,7 @@ extern "C" {
 #endif
 
 #define ZPS_VERSION_MAJOR 1
-#define ZPS_VERSION_MINOR 1
+#define ZPS_VERSION_MINOR 2
 #define ZPS_VERSION_PATCH 0
 #define ZPS_VERSION (ZPS_VERSION_MAJOR * 10000 + ZPS_VERSION_MINOR * 100 + ZPS_VERSION_PATCH)
 
@@ -177,7 +177,17 @@ typedef enum zps_info {
     ZPS_INFO_STEP,            // the step being computed
     ZPS_INFO_N_PARAMS,        // P, floats of the flat parameter vector
     ZPS_INFO_N_BUCKETS,       // buckets of the gradient (zps_bucket_range)
+    ZPS_INFO_MODE,            // ZPS_MODE_SYNC or ZPS_MODE_DILOCO (zps-server --mode)
+    ZPS_INFO_INNER_STEPS,     // diloco: H, the job's inner steps per round (auto: the most)
 } zps_info;
+
+// What a job computes. Synchronous: every step one global batch, and the
+// shards' optimizer. DiLoCo (zps-server --mode diloco; docs/diloco.md):
+// every step an outer round, in which this worker trains inner_steps
+// global batches with its own optimizer and the library pushes its
+// pseudo-gradient (the round's start minus its parameters); ZPS_INFO_STEP,
+// ZPS_INFO_TOTAL_STEPS and ZPS_INFO_START_STEP count rounds then.
+enum { ZPS_MODE_SYNC = 0, ZPS_MODE_DILOCO = 1 };
 enum { ZPS_INFO_MODEL = 100, ZPS_INFO_DATASET }; // strings, for zps_info_str
 
 // A number of the job; 0 for an unknown key or before zps_join.
@@ -221,7 +231,12 @@ typedef struct zps_work {
     const uint32_t *indices;  // TRAIN with a dataset: count train indices; borrowed
                               // until the next zps_next_work; else NULL
     double data_ms;           // set by the caller: ms spent loading it (metrics)
-    uint64_t reserved_[6];    // future fields; zero
+    // Diloco (1.2): this TRAIN item is inner step `inner` (0-based) of the
+    // inner_steps this worker takes in outer round `round`; step is then
+    // the global batch it trains, round * H + inner. All 0 in sync mode.
+    uint32_t inner, inner_steps;
+    uint64_t round;
+    uint64_t reserved_[4];    // future fields; zero
 } zps_work;
 
 typedef enum zps_next {
@@ -259,6 +274,15 @@ zps_err zps_push_bucket(zps_client *c, const zps_work *w, int bucket, const floa
                         float loss);
 // w is computed and every bucket pushed; the first failed push's code.
 zps_err zps_work_done(zps_client *c, const zps_work *w);
+// Diloco, instead of zps_push_bucket and zps_work_done: inner step w is
+// done (forward, backward, and the caller's own optimizer step on the
+// parameter buffer), with its mean loss over the piece. After the round's
+// last one the library pushes the pseudo-gradient to the shards (fp32, or
+// compressed with error feedback, as the job says); the next
+// zps_next_work waits for the round's outer parameters, which it writes
+// into the buffer: every worker then holds the same bits. Keep the inner
+// optimizer's state across rounds, as DiLoCo does.
+zps_err zps_inner_done(zps_client *c, const zps_work *w, float loss);
 // EVAL item w: of its count records, `correct` were classified right and
 // their losses sum to loss_sum. Sent to the coordinator.
 zps_err zps_eval_done(zps_client *c, const zps_work *w, uint32_t correct, double loss_sum);

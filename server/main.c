@@ -13,6 +13,7 @@
 #include "common/zps_log.h"
 #include "common/zps_opts.h"
 #include "common/zps_plan.h"
+#include "common/zps_quant.h"
 #include "common/zps_wire.h"
 #include "server/zps_server.h"
 
@@ -40,6 +41,50 @@ static bool s_parse_schedule(const char *text, void *field)
 static bool s_parse_dtype(const char *text, void *field)
 {
     return zps_dtype_parse(text, (zps_dtype *)field) == ZPS_OK;
+}
+
+static bool s_parse_mode(const char *text, void *field)
+{
+    bool diloco = strcmp(text, "diloco") == 0;
+    if (!diloco && strcmp(text, "sync") != 0) {
+        return false;
+    }
+    *(bool *)field = diloco;
+    return true;
+}
+
+// --inner-steps H, auto or auto:H into the mode.
+static bool s_parse_inner_steps(const char *text, void *field)
+{
+    zps_outer_mode *mode = field;
+    bool auto_steps = strncmp(text, "auto", 4) == 0;
+    const char *number = auto_steps ? text + 4 : text;
+    long long h = ZPS_OUTER_INNER_STEPS;
+    if (auto_steps && *number == ':') {
+        number++;
+    } else if (auto_steps && *number != '\0') {
+        return false;
+    }
+    if ((!auto_steps || *number) && !zps_opts_read_int(number, 1, ZPS_OUTER_MAX_INNER_STEPS, &h)) {
+        return false;
+    }
+    mode->inner_steps = (uint32_t)h;
+    mode->auto_steps = auto_steps;
+    return true;
+}
+
+static bool s_parse_compress(const char *text, void *field)
+{
+    zps_quant_kind kind;
+    if (strcmp(text, "none") == 0) {
+        *(int *)field = 0;
+        return true;
+    }
+    if (zps_quant_parse(text, &kind) != ZPS_OK) {
+        return false;
+    }
+    *(int *)field = (int)kind;
+    return true;
 }
 
 static bool s_parse_shm(const char *text, void *field)
@@ -168,6 +213,28 @@ static const zps_opts_row s_table[] = {
      .help = "linear warm-up to the peak learning rate",
      .offset = offsetof(s_flags, srv.optim.warmup_steps), .ctype = ZPS_OPTS_C_U64,
      .lo = 0, .hi = LLONG_MAX},
+    {.name = "mode", .kind = ZPS_OPTS_CUSTOM, .metavar = "sync|diloco", .def = "sync",
+     .help = "diloco: workers train --inner-steps alone, shards take an outer Nesterov step on "
+             "their pseudo-gradients; leaves the one-process promise (docs/diloco.md)",
+     .offset = offsetof(s_flags, srv.mode.diloco), .ctype = ZPS_OPTS_C_PARSER,
+     .parse = s_parse_mode, .accepts = "sync or diloco"},
+    {.name = "inner-steps", .kind = ZPS_OPTS_CUSTOM, .metavar = "H|auto[:H]", .def = "10",
+     .help = "diloco: global batches per round; auto: the fastest worker H, each other in "
+             "proportion to its speed",
+     .offset = offsetof(s_flags, srv.mode), .ctype = ZPS_OPTS_C_PARSER,
+     .parse = s_parse_inner_steps, .accepts = "a number 1..1048576, auto or auto:H"},
+    {.name = "outer-lr", .kind = ZPS_OPTS_REAL, .metavar = "X", .def = "0.7",
+     .help = "diloco: the outer step's learning rate",
+     .offset = offsetof(s_flags, srv.mode.outer.lr), .ctype = ZPS_OPTS_C_FLOAT,
+     .real_lo = 0, .real_hi = FLT_MAX},
+    {.name = "outer-momentum", .kind = ZPS_OPTS_REAL, .metavar = "X", .def = "0.9",
+     .help = "diloco: the outer step's Nesterov momentum, in [0, 1) (0: plain SGD)",
+     .offset = offsetof(s_flags, srv.mode.outer.momentum), .ctype = ZPS_OPTS_C_FLOAT,
+     .real_lo = 0, .real_hi = 0.9999999f},
+    {.name = "compress", .kind = ZPS_OPTS_CUSTOM, .metavar = "none|int8|e3m0", .def = "none",
+     .help = "diloco: pseudo-gradients pushed in int8 or 4 bits, error feedback on the worker",
+     .offset = offsetof(s_flags, srv.mode.compress), .ctype = ZPS_OPTS_C_PARSER,
+     .parse = s_parse_compress, .accepts = "none, int8 or e3m0"},
     {.name = "seed", .kind = ZPS_OPTS_INT, .metavar = "N", .def = "0",
      .help = "initialisation and data order",
      .offset = offsetof(s_flags, srv.seed), .ctype = ZPS_OPTS_C_U64,
@@ -329,6 +396,27 @@ static bool s_check_pairs(const zps_server_opts *o)
     return true;
 }
 
+// --mode diloco's flags need it, and it refuses what would break it: the
+// pieces of speculation and adaptive shares are a synchronous step's, and
+// compression replaces a 16-bit wire.
+static bool s_check_mode(const zps_server_opts *o, const bool *given)
+{
+    static const char *const own[] = {"inner-steps", "outer-lr", "outer-momentum", "compress"};
+    for (size_t i = 0; !o->mode.diloco && i < sizeof own / sizeof own[0]; i++) {
+        if (zps_opts_given(&s_prog, given, own[i])) {
+            fprintf(stderr, "zps-server: --%s needs --mode diloco\n", own[i]);
+            return false;
+        }
+    }
+    if (o->mode.diloco && (o->speculate_after > 0 || o->adaptive_split ||
+                           o->wire_dtype != ZPS_DTYPE_F32)) {
+        fprintf(stderr, "zps-server: --mode diloco takes neither --speculate-after, "
+                        "--adaptive-split nor --wire-dtype (--compress int8 instead)\n");
+        return false;
+    }
+    return true;
+}
+
 // The flags into *f. Returns -1 to run, or the exit status of a process
 // that ends here: 0 after --help, 2 after a refusal (said in one line).
 static int s_parse_flags(int argc, char **argv, s_flags *f)
@@ -349,6 +437,8 @@ static int s_parse_flags(int argc, char **argv, s_flags *f)
             .worker_timeout_ms = 10000,
             .stall_warn_ms = 5000,
             .threads = 1,
+            .mode = {.inner_steps = ZPS_OUTER_INNER_STEPS,
+                     .outer = {.lr = ZPS_OUTER_LR, .momentum = ZPS_OUTER_MOMENTUM}},
         },
         .log_level = ZPS_LOG_INFO,
     };
@@ -360,7 +450,10 @@ static int s_parse_flags(int argc, char **argv, s_flags *f)
     if (f->log_json) {
         zps_log_set_json(true);
     }
-    return s_check_optim_flags(&f->srv, given) && s_check_pairs(&f->srv) ? -1 : 2;
+    return s_check_optim_flags(&f->srv, given) && s_check_pairs(&f->srv) &&
+                   s_check_mode(&f->srv, given)
+               ? -1
+               : 2;
 }
 
 int main(int argc, char **argv)

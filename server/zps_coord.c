@@ -223,13 +223,29 @@ void zps_coord_note_push(zps_coord *c, uint64_t step, uint32_t rank, uint32_t sa
     }
 }
 
+uint64_t zps_coord_epoch(const zps_coord *c, uint64_t step)
+{
+    uint64_t h = c->cfg.mode.diloco ? c->cfg.mode.inner_steps : 1;
+    return c->cfg.steps_per_epoch ? step * h / c->cfg.steps_per_epoch : 0;
+}
+
+void zps_coord_note_round(zps_coord *c, uint64_t step, uint32_t rank, uint32_t inner_steps,
+                          float delta_norm, uint64_t bytes)
+{
+    zps_monitor_round(c->mon, step, rank, inner_steps, delta_norm, bytes);
+}
+
+bool zps_coord_diloco(const zps_coord *c)
+{
+    return c->cfg.mode.diloco;
+}
+
 static void s_log_progress(zps_coord *c)
 {
-    uint64_t spe = c->cfg.steps_per_epoch;
     double mean = c->n_step_ms ? c->sum_step_ms / (double)c->n_step_ms : 0;
     zps_log_info("step %llu/%llu epoch %llu: loss %.4f, %.2f ms/step", (unsigned long long)c->steps_done,
                  (unsigned long long)c->cfg.total_steps,
-                 (unsigned long long)(c->steps_done / spe), c->last_loss, mean);
+                 (unsigned long long)zps_coord_epoch(c, c->steps_done), c->last_loss, mean);
     if (c->cfg.metrics) {
         fflush(c->cfg.metrics);
     }

@@ -15,6 +15,7 @@
 #include "common/zps_err.h"
 #include "common/zps_model.h"
 #include "common/zps_optim.h"
+#include "common/zps_outer.h"
 #include "common/zps_plan.h"
 #include "common/zps_wire.h"
 #include "server/zps_outbox.h"
@@ -40,7 +41,9 @@ typedef struct zps_coord_cfg {
     bool adaptive_split;          // shares follow measured throughput
     uint64_t n_params;            // length of the flat vector
     uint32_t shards;              // shard processes, this one (shard 0) included
-    zps_optim_cfg optim;          // sent to the other shards
+    zps_optim_cfg optim;          // sent to the other shards (diloco: the outer step's)
+    zps_outer_mode mode;          // --mode diloco; zeroed: synchronous
+    zps_optim_cfg inner;          // diloco: sent to the workers, zps-worker's inner optimizer
     zps_dtype wire_dtype;         // element type of tensors on the wire
     const char *endpoint;         // borrowed: shard 0's endpoint, sent to workers
     FILE *metrics;                // borrowed: JSON lines, or NULL
@@ -135,6 +138,11 @@ bool zps_coord_take_rollback(zps_coord *c, uint64_t *step);
 // Records a member's push arriving at now_ms (lag, timings for status).
 void zps_coord_note_push(zps_coord *c, uint64_t step, uint32_t rank, uint32_t samples,
                          float compute_ms, double now_ms);
+// A diloco member's figures of round `step` (its push with inner steps).
+void zps_coord_note_round(zps_coord *c, uint64_t step, uint32_t rank, uint32_t inner_steps,
+                          float delta_norm, uint64_t bytes);
+// True for a --mode diloco job.
+bool zps_coord_diloco(const zps_coord *c);
 // Host and device of a rank, for log lines ("?" if unknown; borrowed).
 const char *zps_coord_member_device(const zps_coord *c, uint32_t rank);
 

@@ -53,6 +53,7 @@ typedef struct zps_coord_member {
     bool has_job;         // was sent its JOB: plans go to it from now on
     bool route_known;     // route is valid (false after a coordinator restart until it calls)
     uint32_t adapted;     // share from the adaptive split (0: none)
+    uint32_t inner_steps; // diloco --inner-steps auto: its own, by DyLU (0: the job's H)
     uint64_t covered;     // its slices of steps before this one were also handed to others
     double last_seen_ms;  // last message from it (heartbeats included)
 } zps_coord_member;
@@ -104,6 +105,9 @@ struct zps_coord {
 
 // zps_coord.c
 double zps_coord_now(const zps_coord *c);
+// The epoch that `step`'s first global batch belongs to (diloco: a step is
+// a round of H of them).
+uint64_t zps_coord_epoch(const zps_coord *c, uint64_t step);
 void zps_coord_refuse(zps_coord *c, zps_outbox *out, zps_wire_msg *m, zps_err err,
                       const char *why);
 

@@ -14,6 +14,15 @@ static void s_depart(zps_coord *c, zps_outbox *out, zps_coord_member *mem, zps_m
         return;
     }
     if (c->state == ZPS_COORD_TRAINING && why != ZPS_EXIT_FINISHED) {
+        if (c->cfg.mode.diloco) {
+            // Its inner steps are lost with it: its slice is handed on to
+            // be pushed with no weight (worker/zps_client.c), unless its
+            // pseudo-gradient is in already.
+            zps_log_warn("round %llu: rank %u (%s) left during its inner steps; unless its "
+                         "pseudo-gradient had arrived, it is missing from the round, which "
+                         "averages the others", (unsigned long long)zps_coord_global_done(c),
+                         mem->rank, mem->host);
+        }
         zps_coord_note_change(c);
         zps_coord_reassign(c, out);
         if (zps_coord_live_members(c) == 0) {

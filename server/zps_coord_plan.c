@@ -3,6 +3,7 @@
 
 #include <string.h>
 
+#include "common/zps_quant.h"
 #include "server/zps_token.h"
 
 // ---------------------------------------------------------------------------
@@ -40,6 +41,7 @@ void zps_coord_plan_to_wire(const zps_plan *plan, const zps_coord_member *only,
         slices[i].rank = plan->slices[i].rank;
         slices[i].offset = plan->slices[i].offset;
         slices[i].count = plan->slices[i].count;
+        slices[i].inner_steps = plan->slices[i].inner_steps;
         // Ids authenticate pushes: a worker learns only its own.
         slices[i].member_id = !only || plan->slices[i].rank == only->rank
                                   ? plan->slices[i].member_id : 0;
@@ -103,8 +105,13 @@ void zps_coord_send_job(zps_coord *c, zps_outbox *out, zmq_msg_t *route, Zps__Ms
     Zps__ShardInfo shards[ZPS_MAX_SHARDS];
     Zps__ShardInfo *shard_ptrs[ZPS_MAX_SHARDS];
     s_shards_to_wire(c, shards, shard_ptrs);
-    Zps__Optim optim;
+    Zps__Optim optim, inner;
     s_optim_to_wire(&c->cfg.optim, &optim);
+    s_optim_to_wire(&c->cfg.inner, &inner);
+    Zps__Outer outer = ZPS__OUTER__INIT;
+    outer.inner_steps = c->cfg.mode.inner_steps;
+    outer.auto_steps = c->cfg.mode.auto_steps;
+    outer.compress = (uint32_t)c->cfg.mode.compress;
     Zps__Extra extras[ZPS_PLANS_HANDED_MAX];
     Zps__Extra *extra_ptrs[ZPS_PLANS_HANDED_MAX];
     char *keys[ZPS_MAX_SHARDS];
@@ -131,6 +138,8 @@ void zps_coord_send_job(zps_coord *c, zps_outbox *out, zmq_msg_t *route, Zps__Ms
     job.plan_effective = g->effective;
     job.start_step = mem ? mem->life.from : g->effective; // the step it is active from
     job.optim = mem ? NULL : &optim;
+    job.outer = c->cfg.mode.diloco ? &outer : NULL;
+    job.inner = c->cfg.mode.diloco && mem ? &inner : NULL;
     job.checkpoint_every = c->cfg.checkpoint_every;
     job.shard_token = shard_token;
     job.n_shard_keys = mem ? c->cfg.shards : 0;
@@ -166,6 +175,13 @@ void zps_coord_start_workers(zps_coord *c, zps_outbox *out)
                  (unsigned long long)c->cfg.total_steps,
                  (unsigned long long)c->cfg.steps_per_epoch, c->cfg.model,
                  zps_dtype_name(c->cfg.wire_dtype));
+    if (c->cfg.mode.diloco) {
+        zps_log_info("mode diloco: each step is a round of %s%u inner steps of the workers' "
+                     "own optimizer, pseudo-gradients %s, outer Nesterov lr %g momentum %g",
+                     c->cfg.mode.auto_steps ? "at most " : "", c->cfg.mode.inner_steps,
+                     c->cfg.mode.compress ? zps_quant_name(c->cfg.mode.compress) : "fp32",
+                     (double)c->cfg.mode.outer.lr, (double)c->cfg.mode.outer.momentum);
+    }
 }
 
 // A plan over the members of the next plan (joining and active) in rank
@@ -205,6 +221,7 @@ zps_err zps_coord_make_plan(zps_coord *c, zps_plan *out)
     for (uint32_t i = 0; i < n; i++) {
         out->slices[i].rank = c->members[live[i]].rank;
         out->slices[i].member_id = c->members[live[i]].member_id;
+        out->slices[i].inner_steps = c->cfg.mode.auto_steps ? c->members[live[i]].inner_steps : 0;
     }
     return ZPS_OK;
 }

@@ -3,11 +3,14 @@
 
 #include <math.h>
 
+#include "common/zps_dyl.h"
+
 // ---------------------------------------------------------------------------
 // Adaptive split and speculation.
 
 #define ZPS_COORD_ADAPT_EVERY 20   // steps between looks at the split
 #define ZPS_COORD_ADAPT_GAIN 0.9   // replan only if the step gets this much shorter
+#define ZPS_COORD_DYL_EVERY 2      // diloco rounds between looks at the inner steps
 
 double zps_coord_median_step_ms(const zps_coord *c)
 {
@@ -41,8 +44,58 @@ static void s_proportional(uint32_t B, const double *w, uint32_t n, uint32_t *ou
     }
 }
 
+// --inner-steps auto: every few rounds, each member's inner steps from its
+// measured speed, in inner steps per second (zps_dyl_steps: the fastest
+// takes H); a member not measured yet takes H. A change re-plans at the
+// next round's boundary, so a round's inner steps are fixed in its plan.
+static void s_adapt_inner_steps(zps_coord *c)
+{
+    if (c->steps_done % ZPS_COORD_DYL_EVERY != 0) {
+        return;
+    }
+    double speed[ZPS_MAX_MEMBERS];
+    uint32_t idx[ZPS_MAX_MEMBERS], steps[ZPS_MAX_MEMBERS], n = 0;
+    const zps_plan *plan = &zps_coord_newest(c)->plan;
+    for (uint32_t i = 0; i < c->n_members; i++) {
+        const zps_plan_slice *sl = zps_plan_find(plan, c->members[i].rank);
+        if (!zps_member_planned(&c->members[i].life) || !sl) {
+            continue;
+        }
+        zps_monitor_view v;
+        bool measured = zps_monitor_view_of(c->mon, c->members[i].rank, &v) &&
+                        v.samples_per_s > 0;
+        speed[n] = measured ? v.samples_per_s / sl->count : 0; // inner steps per second
+        idx[n++] = i;
+    }
+    if (n == 0 || zps_dyl_steps(c->cfg.mode.inner_steps, speed, n, steps) != ZPS_OK) {
+        return;
+    }
+    bool changed = false;
+    for (uint32_t k = 0; k < n; k++) {
+        zps_coord_member *m = &c->members[idx[k]];
+        uint32_t now = m->inner_steps ? m->inner_steps : c->cfg.mode.inner_steps;
+        // Within a tenth of H the count stays: the speeds of shared cores
+        // wander, and each change is a re-plan.
+        uint32_t gap = steps[k] > now ? steps[k] - now : now - steps[k];
+        if (10 * gap <= c->cfg.mode.inner_steps) {
+            continue;
+        }
+        zps_log_info("inner steps auto: rank %u (%s) %u -> %u inner steps a round "
+                     "(%.1f inner steps/s)", m->rank, m->host, now, steps[k], speed[k]);
+        changed = true;
+        m->inner_steps = steps[k];
+    }
+    if (changed) {
+        zps_coord_note_change(c); // the plan with them comes at the next boundary
+    }
+}
+
 void zps_coord_adapt(zps_coord *c)
 {
+    if (c->cfg.mode.auto_steps && c->state == ZPS_COORD_TRAINING && c->steps_done > 0) {
+        s_adapt_inner_steps(c);
+        return;
+    }
     if (!c->cfg.adaptive_split || c->state != ZPS_COORD_TRAINING || c->steps_done == 0 ||
         c->steps_done % ZPS_COORD_ADAPT_EVERY != 0) {
         return;

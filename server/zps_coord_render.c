@@ -44,6 +44,9 @@ static void s_status_members(const zps_coord *c, Zps__Member *members, Zps__Memb
             members[i].lag_ms = v.lag_ms;
             members[i].straggler = v.straggler;
             members[i].samples_per_s = v.samples_per_s;
+            members[i].inner_steps = v.inner_steps;
+            members[i].delta_norm = v.delta_norm;
+            members[i].round_bytes = v.bytes;
         }
         ptrs[i] = &members[i];
     }
@@ -61,7 +64,7 @@ void zps_coord_on_status(zps_coord *c, zps_outbox *out, zps_wire_msg *m, uint64_
     st.dataset = (char *)c->cfg.dataset;
     st.step = step;
     st.total_steps = c->cfg.total_steps;
-    st.epoch = c->cfg.steps_per_epoch ? step / c->cfg.steps_per_epoch : 0;
+    st.epoch = zps_coord_epoch(c, step);
     st.global_batch = c->cfg.global_batch;
     st.workers_expected = c->cfg.workers;
     st.n_members = c->n_members;
@@ -159,14 +162,19 @@ static void s_render_metrics(const zps_coord *c, uint64_t step, uint64_t bad, FI
     fprintf(f, "zps_membership_changes_total %llu\n", (unsigned long long)c->membership_changes);
     s_metric_head(f, "zps_test_accuracy", "gauge", "Last complete test-set evaluation.");
     fprintf(f, "zps_test_accuracy %.6f\n", zps_eval_accuracy(c->eval));
-    static const char *names[5] = {"zps_worker_lag_seconds", "zps_worker_compute_seconds",
+    static const char *names[8] = {"zps_worker_lag_seconds", "zps_worker_compute_seconds",
                                    "zps_worker_samples_per_second", "zps_worker_share",
-                                   "zps_worker_straggler"};
-    static const char *help[5] = {"Lag behind the step's first arrival (shard 0's clock).",
+                                   "zps_worker_straggler", "zps_worker_inner_steps",
+                                   "zps_worker_delta_norm", "zps_worker_round_bytes"};
+    static const char *help[8] = {"Lag behind the step's first arrival (shard 0's clock).",
                                   "Mean compute time of a step.", "Measured throughput.",
                                   "Samples of the global batch in the current plan.",
-                                  "1 if flagged a straggler."};
-    for (int k = 0; k < 5; k++) {
+                                  "1 if flagged a straggler.",
+                                  "Diloco: inner steps of its last complete round.",
+                                  "Diloco: the norm of its last round's pseudo-gradient.",
+                                  "Diloco: payload bytes it pushed in its last round."};
+    int n_metrics = c->cfg.mode.diloco ? 8 : 5;
+    for (int k = 0; k < n_metrics; k++) {
         s_metric_head(f, names[k], "gauge", help[k]);
         for (uint32_t i = 0; i < c->n_members; i++) {
             const zps_coord_member *m = &c->members[i];
@@ -177,8 +185,9 @@ static void s_render_metrics(const zps_coord *c, uint64_t step, uint64_t bad, FI
             (void)zps_monitor_view_of(c->mon, m->rank, &v);
             const zps_plan *plan = zps_coord_plan(c);
             const zps_plan_slice *sl = plan ? zps_plan_find(plan, m->rank) : NULL;
-            double value[5] = {v.lag_ms / 1e3, v.compute_ms / 1e3, v.samples_per_s,
-                               sl ? sl->count : 0, v.straggler};
+            double value[8] = {v.lag_ms / 1e3, v.compute_ms / 1e3, v.samples_per_s,
+                               sl ? sl->count : 0, v.straggler, v.inner_steps,
+                               v.delta_norm, (double)v.bytes};
             fprintf(f, "%s{rank=\"%u\",host=\"", names[k], m->rank);
             s_label(f, m->host);
             fputs("\",device=\"", f);
@@ -200,12 +209,14 @@ static json_t *s_render_status(const zps_coord *c, uint64_t step, uint64_t bad)
         bool live = zps_member_live(&m->life);
         json_array_append_new(
             members,
-            json_pack("{s:i, s:s, s:s, s:i, s:b, s:b, s:i, s:f, s:f, s:f, s:I}", "rank",
-                      (int)m->rank, "host", m->host, "device", m->device, "pid", (int)m->pid,
-                      "live", live, "straggler", v.straggler, "share",
+            json_pack("{s:i, s:s, s:s, s:i, s:b, s:b, s:i, s:f, s:f, s:f, s:I, s:i, s:f, s:I}",
+                      "rank", (int)m->rank, "host", m->host, "device", m->device, "pid",
+                      (int)m->pid, "live", live, "straggler", v.straggler, "share",
                       sl && live ? (int)sl->count : 0, "lag_ms", (double)v.lag_ms,
                       "compute_ms", (double)v.compute_ms, "samples_per_s", v.samples_per_s,
-                      "pushes", (json_int_t)m->pushes));
+                      "pushes", (json_int_t)m->pushes, "inner_steps", (int)v.inner_steps,
+                      "delta_norm", (double)v.delta_norm, "round_bytes",
+                      (json_int_t)v.bytes));
     }
     char job[24];
     snprintf(job, sizeof job, "%016llx", (unsigned long long)c->job_id);
@@ -264,7 +275,7 @@ void zps_coord_log_step(zps_coord *c, uint64_t step, float loss, double step_ms,
         const zps_plan_gen *g = zps_plans_at(&c->plans, step);
         fputc('{', f);
         zps_mlog_uint(f, true, ZPS_MLOG_STEP, step);
-        zps_mlog_uint(f, false, ZPS_MLOG_EPOCH, step / c->cfg.steps_per_epoch);
+        zps_mlog_uint(f, false, ZPS_MLOG_EPOCH, zps_coord_epoch(c, step));
         zps_mlog_real(f, false, ZPS_MLOG_LOSS, loss, 6);
         zps_mlog_uint(f, false, ZPS_MLOG_SAMPLES, samples);
         zps_mlog_real(f, false, ZPS_MLOG_STEP_MS, step_ms, 3);

@@ -34,6 +34,9 @@
 typedef struct s_sample {
     float lag_ms, compute_ms; // of one step
     uint32_t samples;
+    uint32_t inner_steps;     // diloco: of the round (0: synchronous)
+    float delta_norm;
+    uint64_t bytes;
     bool held;                // the step waited for this rank, a slow one
 } s_sample;
 
@@ -42,6 +45,9 @@ typedef struct s_rank {
     double last_ms;                      // its last push's arrival
     float compute_ms;                    // summed over the step's slices
     uint32_t samples;
+    uint32_t inner_steps;                // diloco: the round's figures
+    float delta_norm;
+    uint64_t bytes;
     s_sample ring[ZPS_MONITOR_WINDOW];   // closed steps, newest at (n - 1) % WINDOW
     uint64_t n;                          // records ever closed
     bool straggler;
@@ -90,6 +96,9 @@ void zps_monitor_push(zps_monitor *m, uint64_t step, uint32_t rank, uint32_t sam
         r->step = step;
         r->compute_ms = 0;
         r->samples = 0;
+        r->inner_steps = 0;
+        r->delta_norm = 0;
+        r->bytes = 0;
     }
     // Every bucket push of a slice carries the same slice: count it once,
     // by its compute time growing (a new slice) or staying (another bucket).
@@ -98,6 +107,23 @@ void zps_monitor_push(zps_monitor *m, uint64_t step, uint32_t rank, uint32_t sam
         r->samples = samples;
     }
     r->last_ms = now_ms;
+}
+
+void zps_monitor_round(zps_monitor *m, uint64_t step, uint32_t rank, uint32_t inner_steps,
+                       float delta_norm, uint64_t bytes)
+{
+    if (rank < ZPS_MAX_MEMBERS && m->ranks[rank].step == step) {
+        s_rank *r = &m->ranks[rank];
+        r->inner_steps = inner_steps;
+        r->delta_norm = delta_norm;
+        r->bytes = bytes;
+    }
+}
+
+// The samples a record trained: a diloco round's slice in every inner step.
+static double s_trained(const s_sample *x)
+{
+    return (double)x->samples * (x->inner_steps ? x->inner_steps : 1);
 }
 
 static int s_cmp(const void *a, const void *b)
@@ -135,7 +161,7 @@ static bool s_pace(const s_rank *r, double *median, double *noise)
     for (uint64_t k = 0; k < recent; k++) {
         const s_sample *x = &r->ring[(r->n - 1 - k) % ZPS_MONITOR_WINDOW];
         if (x->samples > 0) {
-            v[n++] = (double)x->compute_ms / (double)x->samples;
+            v[n++] = (double)x->compute_ms / s_trained(x);
         }
     }
     if (n == 0) {
@@ -230,7 +256,8 @@ void zps_monitor_step_done(zps_monitor *m, uint64_t step, double step_ms, FILE *
         if (r->step == step) {
             r->ring[r->n++ % ZPS_MONITOR_WINDOW] = (s_sample){
                 .lag_ms = (float)(r->last_ms - m->first_ms), .compute_ms = r->compute_ms,
-                .samples = r->samples};
+                .samples = r->samples, .inner_steps = r->inner_steps,
+                .delta_norm = r->delta_norm, .bytes = r->bytes};
             r->seen = step;
         }
     }
@@ -250,6 +277,12 @@ void zps_monitor_step_done(zps_monitor *m, uint64_t step, double step_ms, FILE *
             zps_mlog_real(json, false, ZPS_MLOG_LAG_MS, s->lag_ms, 3);
             zps_mlog_real(json, false, ZPS_MLOG_COMPUTE_MS, s->compute_ms, 3);
             zps_mlog_uint(json, false, ZPS_MLOG_SAMPLES, s->samples);
+            if (s->inner_steps) {
+                zps_mlog_uint(json, false, ZPS_MLOG_INNER_STEPS, s->inner_steps);
+                zps_mlog_uint(json, false, ZPS_MLOG_INNER_SAMPLES, (uint64_t)s_trained(s));
+                zps_mlog_real(json, false, ZPS_MLOG_DELTA_NORM, s->delta_norm, 6);
+                zps_mlog_uint(json, false, ZPS_MLOG_BYTES, s->bytes);
+            }
             fputc('}', json);
             first = false;
         }
@@ -266,7 +299,7 @@ bool zps_monitor_view_of(const zps_monitor *m, uint32_t rank, zps_monitor_view *
     double compute = 0, samples = 0;
     for (uint64_t k = 0; k < n; k++) {
         compute += r->ring[k].compute_ms;
-        samples += r->ring[k].samples;
+        samples += s_trained(&r->ring[k]);
     }
     *out = (zps_monitor_view){
         .lag_ms = r->ring[(r->n - 1) % ZPS_MONITOR_WINDOW].lag_ms,
@@ -274,5 +307,9 @@ bool zps_monitor_view_of(const zps_monitor *m, uint32_t rank, zps_monitor_view *
         .samples_per_s = compute > 0 ? samples / compute * 1e3 : 0,
         .straggler = r->straggler,
     };
+    const s_sample *last = &r->ring[(r->n - 1) % ZPS_MONITOR_WINDOW];
+    out->inner_steps = last->inner_steps;
+    out->delta_norm = last->delta_norm;
+    out->bytes = last->bytes;
     return true;
 }

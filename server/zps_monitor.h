@@ -23,6 +23,10 @@ typedef struct zps_monitor_view {
     float compute_ms;     // mean over the window
     double samples_per_s; // throughput over the window (0 if unknown)
     bool straggler;       // lagging in most recent steps
+    // Diloco, of the last complete round (0 in a synchronous job):
+    uint32_t inner_steps; // its inner steps
+    float delta_norm;     // the norm of its pseudo-gradient
+    uint64_t bytes;       // payload bytes it pushed
 } zps_monitor_view;
 
 // Caller owns the result; NULL on failure.
@@ -33,6 +37,11 @@ void zps_monitor_destroy(zps_monitor **m);
 // what the worker reported for the slice.
 void zps_monitor_push(zps_monitor *m, uint64_t step, uint32_t rank, uint32_t samples,
                       float compute_ms, double now_ms);
+// Diloco: what the worker of `rank` reported of round `step` with its
+// pushes (call after zps_monitor_push of them): throughput then counts
+// samples times inner steps.
+void zps_monitor_round(zps_monitor *m, uint64_t step, uint32_t rank, uint32_t inner_steps,
+                       float delta_norm, uint64_t bytes);
 // The step completed after step_ms: closes its record for every rank that
 // pushed, updates the straggler flags (logging each change) and, with
 // metrics, writes the step's per-worker record ("workers":[...]).

@@ -70,6 +70,15 @@ static zps_err s_assignment_cfg(zps_server *srv, const Zps__Job *job, zps_shard_
         zps_log_error("the coordinator sent optimizer settings this shard cannot use");
         return ZPS_EPROTO;
     }
+    if (job->outer) {
+        cfg->mode = (zps_outer_mode){.diloco = true, .inner_steps = job->outer->inner_steps,
+                                     .auto_steps = job->outer->auto_steps,
+                                     .compress = (int)job->outer->compress};
+        if (zps_outer_mode_check(&cfg->mode) != ZPS_OK || cfg->dtype != ZPS_DTYPE_F32) {
+            zps_log_error("the coordinator sent a diloco mode this shard cannot use");
+            return ZPS_EPROTO;
+        }
+    }
     cfg->shards = srv->o->shards;
     cfg->threads = srv->o->threads;
     return ZPS_OK;

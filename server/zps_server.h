@@ -14,6 +14,7 @@
 
 #include "common/zps_dtype.h"
 #include "common/zps_optim.h"
+#include "common/zps_outer.h"
 
 // --shm: whether workers on this host may push through shared memory.
 typedef enum zps_server_shm {
@@ -36,7 +37,8 @@ typedef struct zps_server_opts {
     uint64_t epochs;            // run length in epochs, if steps is 0
     uint64_t steps;             // run length in steps (wins over epochs)
     const char *optimizer;      // "sgd"
-    zps_optim_cfg optim;        // lr, momentum, schedule
+    zps_optim_cfg optim;        // lr, momentum, schedule (diloco: zps-worker's inner optimizer)
+    zps_outer_mode mode;        // --mode diloco and its flags; zeroed: synchronous
     uint64_t seed;              // init, data order
     zps_dtype wire_dtype;       // gradients and parameters on the wire
     const char *metrics_log;    // JSON lines, or NULL

@@ -149,6 +149,28 @@ static int s_job_steps(zps_server *srv, uint32_t n_train, uint64_t *spe, char *w
         snprintf(why, len, "the run has no steps (--epochs 0 or --steps 0)");
         return 2;
     }
+    if (o->mode.diloco) {
+        // The server's steps are rounds of H global batches each.
+        uint64_t h = o->mode.inner_steps;
+        if (o->steps && o->steps % h != 0) {
+            snprintf(why, len, "--steps %llu is not a whole number of rounds of --inner-steps %llu",
+                     (unsigned long long)o->steps, (unsigned long long)h);
+            return 2;
+        }
+        if (srv->total_steps < h) {
+            snprintf(why, len, "the run's %llu global batches make no round of --inner-steps %llu",
+                     (unsigned long long)srv->total_steps, (unsigned long long)h);
+            return 2;
+        }
+        if ((uint64_t)o->global_batch * h >= (1u << 24)) {
+            // A shard weighs each pseudo-gradient by its samples of every
+            // inner step, in a float that must hold it exactly.
+            snprintf(why, len, "--global-batch %u times --inner-steps %llu must stay below 2^24",
+                     o->global_batch, (unsigned long long)h);
+            return 2;
+        }
+        srv->total_steps /= h;
+    }
     return 0;
 }
 
@@ -165,8 +187,13 @@ int zps_setup_start_coordinator(zps_server *srv, uint32_t n_train, uint32_t n_te
     zps_shard_cfg cfg = {.index = 0, .model = &srv->model, .seed = o->seed,
                          .global_batch = o->global_batch, .dtype = o->wire_dtype,
                          .optim = o->optim, .await_init = srv->declared != NULL,
-                         .threads = o->threads};
+                         .threads = o->threads, .mode = o->mode};
     cfg.optim.total_steps = srv->total_steps;
+    zps_optim_cfg inner = o->optim;
+    if (o->mode.diloco) {
+        cfg.optim = zps_outer_optim(&o->mode.outer);
+        inner.total_steps = srv->total_steps * o->mode.inner_steps;
+    }
     zps_model_shard_range(srv->model.n_params, 0, o->shards, &cfg.lo, &cfg.hi);
     cfg.shards = o->shards;
     srv->ckpt_every = o->checkpoint_every;
@@ -184,6 +211,7 @@ int zps_setup_start_coordinator(zps_server *srv, uint32_t n_train, uint32_t n_te
         .wire_dtype = o->wire_dtype, .endpoint = srv->endpoint, .metrics = srv->metrics,
         .worker_timeout_ms = o->worker_timeout_ms, .checkpoint_every = o->checkpoint_every,
         .adaptive_split = o->adaptive_split, .restore = s_coord_restore, .restore_arg = srv,
+        .mode = o->mode, .inner = inner,
     };
     if (!(srv->coord = zps_coord_new(&cc))) {
         zps_shard_destroy(&srv->shard);
@@ -212,7 +240,8 @@ static int s_setup_coordinator(zps_server *srv)
     const zps_server_opts *o = srv->o;
     char why[320] = "";
     int status = 2;
-    if (zps_optim_check(o->optimizer, &o->optim) != ZPS_OK) {
+    if (zps_optim_check(o->optimizer, &o->optim) != ZPS_OK ||
+        (o->mode.diloco && zps_outer_validate(&o->mode.outer) != ZPS_OK)) {
         fprintf(stderr, "HINT: zps-server --help lists the flags\n");
         return 2;
     }

@@ -9,6 +9,7 @@
 
 #include "common/zps_log.h"
 #include "common/zps_plans.h"
+#include "common/zps_quant.h"
 #include "server/zps_ckpt.h"
 #include "server/zps_pool.h"
 
@@ -58,13 +59,19 @@ struct zps_shard {
     int n_buckets;                                  // buckets of the range
     zps_bucket buckets[ZPS_MODEL_MAX_BUCKETS];      // in push order
     uint32_t covered[ZPS_MODEL_MAX_BUCKETS];        // samples pushed for each bucket this step
+    uint32_t weight[ZPS_MODEL_MAX_BUCKETS];         // and their weights (samples; diloco:
+                                                    // samples * inner steps), the mean's divisor
     bool updated[ZPS_MODEL_MAX_BUCKETS];            // bucket's numbers updated this step
     int n_updated;                                  // buckets updated this step
     bool applied[ZPS_MODEL_MAX_BUCKETS];            // bucket updated and zps_shard_apply'd
     int n_applied;                                  // buckets applied this step
     s_slice slices[ZPS_MAX_MEMBERS];                // slices seen this step
     int n_slices;
-    double loss_sum;                                // sum of count * loss over slices this step
+    double loss_sum;                                // sum of weight * loss over slices this step
+    uint32_t loss_weight;                           // sum of those weights
+    zps_outer_mode mode;                            // diloco: pushes are pseudo-gradients
+    float *decoded;                                 // owned, diloco: n floats, a compressed push
+                                                    // decoded, or the zeros of a missing member
     uint32_t counted[ZPS_MAX_MEMBERS];              // samples of bucket 0 counted from each rank this step
     zps_plans plans;                                // plan generations still in use
     bool awaiting_init;                             // rank 0's initial values not all in
@@ -160,6 +167,7 @@ zps_shard *zps_shard_new(const zps_shard_cfg *cfg)
     s->optim = cfg->optim;
     s->global_batch = cfg->global_batch;
     s->awaiting_init = cfg->await_init;
+    s->mode = cfg->mode;
     s->n_buckets = zps_model_range_buckets(cfg->model, s->lo, s->hi, s->buckets);
     s->arr[0] = s_snapshot_new(s->n * sizeof(float));
     s->arr[1] = s_snapshot_new(s->n * sizeof(float));
@@ -167,6 +175,9 @@ zps_shard *zps_shard_new(const zps_shard_cfg *cfg)
     s->state_floats = zps_optim_state_floats(cfg->optim.kind);
     s->state = s_alloc((size_t)s->state_floats * s->n * sizeof(float));
     s->acc = s_alloc(s->n * sizeof(double));
+    if (s->mode.diloco && !(s->decoded = s_alloc(s->n * sizeof(float)))) {
+        goto fail;
+    }
     int threads = cfg->threads > 1 ? cfg->threads : 1;
     s->grad = s_alloc((size_t)threads * ZPS_SHARD_BLOCK * sizeof(float));
     if (threads > 1 && !(s->pool = zps_pool_new(threads))) {
@@ -208,6 +219,7 @@ void zps_shard_destroy(zps_shard **sp)
     s_snapshot_free(&s->arr[1]);
     free(s->state);
     free(s->acc);
+    free(s->decoded);
     free(s->grad);
     zps_pool_destroy(&s->pool);
     free(s);
@@ -349,28 +361,110 @@ static void s_accumulate(zps_shard *s, const zps_wire_msg *m, float samples, boo
                  &j);
 }
 
-static void s_update(zps_shard *s, int bucket, const zps_wire_msg *m, float samples, bool alone);
+static void s_update(zps_shard *s, int bucket, const zps_wire_msg *m, float weight, bool alone);
 
-// Counts a checked push of bucket b: added to the accumulator, or, when it
-// is the one that completes the bucket, averaged with it and the bucket
-// updated in the same pass (the slices of a bucket are disjoint parts of
-// the batch, so the covered samples reach B exactly with its last push).
-static void s_count(zps_shard *s, const zps_wire_msg *m, int b)
+// Counts a checked push of bucket b, whose values are m's frames, with its
+// weight: added to the accumulator, or, when it is the one that completes
+// the bucket, averaged with it and the bucket updated in the same pass
+// (the slices of a bucket are disjoint parts of the batch, so the covered
+// samples reach B exactly with its last push).
+static void s_count(zps_shard *s, const zps_wire_msg *m, int b, uint32_t weight)
 {
     const Zps__Header *h = m->hdr;
     bool first = s->covered[b] == 0;
     s->covered[b] += h->samples;
+    s->weight[b] += weight;
     if (s->covered[b] == s->global_batch) {
-        s_update(s, b, m, (float)h->samples, first);
+        s_update(s, b, m, (float)weight, first);
     } else {
-        s_accumulate(s, m, (float)h->samples, first);
+        s_accumulate(s, m, (float)weight, first);
     }
     if (b == 0) {
         // The counted slices of one bucket tile the batch: each sample's
         // loss once, whatever pieces the batch came in.
-        s->loss_sum += (double)h->samples * h->loss;
+        s->loss_sum += (double)weight * h->loss;
+        s->loss_weight += weight;
         s->counted[h->rank] += h->samples; // the rank was checked against the plan
     }
+}
+
+// --mode diloco: whether the push is a pseudo-gradient this job takes (its
+// compression, and inner steps up to the round's H), as a tensor of the
+// range; a synchronous job's carries neither field.
+static zps_err s_check_values(const zps_shard *s, const zps_wire_msg *m, char *why, size_t len)
+{
+    const Zps__Header *h = m->hdr;
+    if (!s->mode.diloco && (h->inner_steps || h->compress)) {
+        snprintf(why, len, "inner steps or compression in a push of a synchronous job");
+        return ZPS_EPROTO;
+    }
+    if (h->compress != (uint32_t)s->mode.compress || h->inner_steps > s->mode.inner_steps) {
+        snprintf(why, len, "push of %u inner steps compressed as %s; the job's are at most %u, %s",
+                 h->inner_steps, h->compress ? zps_quant_name(h->compress) : "none",
+                 s->mode.inner_steps,
+                 s->mode.compress ? zps_quant_name(s->mode.compress) : "none");
+        return ZPS_EPROTO;
+    }
+    if (!h->compress) {
+        return zps_wire_check_tensor(m, (int)s->dtype, s->lo, s->hi, why, len);
+    }
+    // The tensor's fields as for fp32; its payload the encoding, one frame.
+    size_t size = 0;
+    if (h->dtype != ZPS__DTYPE__F32 || h->count == 0 || h->offset < s->lo ||
+        h->offset >= s->hi || h->count > s->hi - h->offset) {
+        snprintf(why, len, "compressed tensor [%llu, +%llu) of dtype %d outside [%llu, %llu)",
+                 (unsigned long long)h->offset, (unsigned long long)h->count, (int)h->dtype,
+                 (unsigned long long)s->lo, (unsigned long long)s->hi);
+        return ZPS_ERANGE;
+    }
+    (void)zps_quant_size(h->compress, h->count, ZPS_QUANT_BLOCK, &size);
+    if (m->n_frames != 1 || m->payload_bytes != size) {
+        snprintf(why, len, "compressed payload of %zu bytes in %d frames; %llu elements take "
+                 "%zu in one", m->payload_bytes, m->n_frames, (unsigned long long)h->count,
+                 size);
+        return ZPS_EPROTO;
+    }
+    return ZPS_OK;
+}
+
+// A diloco push's values as fp32 into s->decoded: the decoding of a
+// compressed one, or zeros for a member missing from the round (inner
+// steps 0: what it sent counts for nothing). ZPS_EPROTO for an encoding
+// that is not one. Before anything is counted; the next push overwrites it.
+static zps_err s_outer_decode(zps_shard *s, const zps_wire_msg *m, char *why, size_t len)
+{
+    const Zps__Header *h = m->hdr;
+    float *x = s->decoded + (h->offset - s->lo);
+    if (h->inner_steps == 0) {
+        memset(x, 0, h->count * sizeof(float));
+        return ZPS_OK;
+    }
+    const uint8_t *buf = zmq_msg_data((zmq_msg_t *)&m->frames[0]);
+    if (zps_quant_decode(h->compress, ZPS_QUANT_BLOCK, buf, m->payload_bytes, x, h->count) !=
+        ZPS_OK) {
+        snprintf(why, len, "the %s encoding of [%llu, +%llu) does not decode",
+                 zps_quant_name(h->compress), (unsigned long long)h->offset,
+                 (unsigned long long)h->count);
+        return ZPS_EPROTO;
+    }
+    return ZPS_OK;
+}
+
+// Whether a push's values are s->decoded's rather than its frames.
+static bool s_decodes(const zps_shard *s, const Zps__Header *h)
+{
+    return s->mode.diloco && (h->compress || h->inner_steps == 0);
+}
+
+// s_count of m with the values s_outer_decode wrote, as one fp32 frame.
+static void s_count_decoded(zps_shard *s, const zps_wire_msg *m, int b, uint32_t weight)
+{
+    zps_wire_msg view = {.hdr = m->hdr, .n_frames = 1};
+    view.payload_bytes = m->hdr->count * sizeof(float);
+    zmq_msg_init_data(&view.frames[0], s->decoded + (m->hdr->offset - s->lo),
+                      view.payload_bytes, NULL, NULL);
+    s_count(s, &view, b, weight);
+    zmq_msg_close(&view.frames[0]);
 }
 
 // Whether the push belongs to this step and plan; the reason otherwise.
@@ -432,7 +526,7 @@ zps_err zps_shard_push(zps_shard *s, const zps_wire_msg *m, int *ready, char *wh
     }
     // Cheapest and most basic first: the shape of the message, then whether
     // it belongs to this step and plan, then what it covers.
-    zps_err err = zps_wire_check_tensor(m, (int)s->dtype, s->lo, s->hi, why, why_len);
+    zps_err err = s_check_values(s, m, why, why_len);
     if (err != ZPS_OK || (err = s_check_sender(s, h, why, why_len)) != ZPS_OK) {
         return err;
     }
@@ -447,6 +541,9 @@ zps_err zps_shard_push(zps_shard *s, const zps_wire_msg *m, int *ready, char *wh
         snprintf(why, why_len, "[%llu, +%llu) is not one of the shard's buckets",
                  (unsigned long long)h->offset, (unsigned long long)h->count);
         return ZPS_EPROTO;
+    }
+    if (s_decodes(s, h) && (err = s_outer_decode(s, m, why, why_len)) != ZPS_OK) {
+        return err;
     }
     bool partly;
     s_slice *sl = s_slice_for(s, h->batch_offset, h->samples, b, &partly);
@@ -467,7 +564,14 @@ zps_err zps_shard_push(zps_shard *s, const zps_wire_msg *m, int *ready, char *wh
                  h->batch_offset, h->samples, (unsigned long long)s->step, b);
         return ZPS_EDUP;
     }
-    s_count(s, m, b);
+    // The weight of a member's pseudo-gradient is its samples of every
+    // inner step (B * H < 2^24, checked at setup: exact in a float).
+    uint32_t weight = s->mode.diloco ? h->samples * h->inner_steps : h->samples;
+    if (s_decodes(s, h)) {
+        s_count_decoded(s, m, b, weight);
+    } else {
+        s_count(s, m, b, weight);
+    }
     zps_bucket_set_add(&sl->buckets, b);
     *ready = s->updated[b] ? b : -1;
     return ZPS_OK;
@@ -541,7 +645,8 @@ typedef struct s_update_job {
     zps_shard *s;
     const zps_wire_msg *m; // borrowed: the push, its frames read in place
     size_t first;          // the bucket's first element in the range
-    float samples;         // the push's sample count
+    float weight;          // the push's weight
+    uint32_t total;        // the weights of the bucket's pushes this step, the push's too
     bool alone;            // the bucket's only push this step: acc holds none
     float lr;
 } s_update_job;
@@ -555,8 +660,8 @@ static void s_update_block(const s_update_job *j, const uint8_t *src, size_t at,
                            float *grad)
 {
     zps_shard *s = j->s;
-    zps_dtype_axpy_mean(s->dtype, j->samples, src, j->alone ? NULL : s->acc + at,
-                        s->global_batch, grad, len);
+    zps_dtype_axpy_mean(s->dtype, j->weight, src, j->alone ? NULL : s->acc + at, j->total,
+                        grad, len);
     const float *in = s_cur(s) + at;
     float *out = s_next(s) + at;
     if (s->optim.kind == ZPS_OPTIM_SGD) {
@@ -591,7 +696,7 @@ static void s_update_range(void *arg, size_t lo, size_t hi, int thread)
     }
 }
 
-static void s_update(zps_shard *s, int bucket, const zps_wire_msg *m, float samples, bool alone)
+static void s_update(zps_shard *s, int bucket, const zps_wire_msg *m, float weight, bool alone)
 {
     if (s->n_updated == 0) {
         s_prepare(s, &s->arr[(s->step + 1) & 1], s->n * sizeof(float));
@@ -599,12 +704,18 @@ static void s_update(zps_shard *s, int bucket, const zps_wire_msg *m, float samp
             s_prepare(s, &s->snap, s->n * zps_dtype_size(s->dtype));
         }
     }
-    s_update_job j = {.s = s, .m = m, .first = s->buckets[bucket].lo - s->lo,
-                      .samples = samples, .alone = alone,
-                      .lr = zps_optim_lr_at(&s->optim, s->step)};
-    // Ranges of whole blocks, so that no block of the pass is cut in two.
-    zps_pool_for(s->pool, s->buckets[bucket].hi - s->buckets[bucket].lo, ZPS_SHARD_BLOCK,
-                 s_update_range, &j);
+    size_t first = s->buckets[bucket].lo - s->lo, len = s->buckets[bucket].hi - s->buckets[bucket].lo;
+    if (s->weight[bucket] == 0) {
+        // A diloco round that no member's pseudo-gradient reached (each one
+        // missing): there is no mean, and the outer step is not taken.
+        memcpy(s_next(s) + first, s_cur(s) + first, len * sizeof(float));
+    } else {
+        s_update_job j = {.s = s, .m = m, .first = first, .weight = weight,
+                          .total = s->weight[bucket], .alone = alone,
+                          .lr = zps_optim_lr_at(&s->optim, s->step)};
+        // Ranges of whole blocks, so that no block of the pass is cut in two.
+        zps_pool_for(s->pool, len, ZPS_SHARD_BLOCK, s_update_range, &j);
+    }
     s->updated[bucket] = true;
     s->n_updated++;
 }
@@ -628,8 +739,10 @@ bool zps_shard_applied(const zps_shard *s, int bucket)
 
 float zps_shard_end_step(zps_shard *s)
 {
-    float loss = (float)(s->loss_sum / s->global_batch);
+    float loss = s->loss_weight ? (float)(s->loss_sum / s->loss_weight) : 0.0f;
     memset(s->covered, 0, sizeof s->covered);
+    memset(s->weight, 0, sizeof s->weight);
+    s->loss_weight = 0;
     memset(s->applied, 0, sizeof s->applied);
     memset(s->updated, 0, sizeof s->updated);
     s->n_applied = 0;
@@ -772,6 +885,8 @@ zps_err zps_shard_restore(zps_shard *s, const char *dir, uint64_t step, uint64_t
     s->optim_steps = optim_steps;
     memset(s->acc, 0, s->n * sizeof(double));
     memset(s->covered, 0, sizeof s->covered);
+    memset(s->weight, 0, sizeof s->weight);
+    s->loss_weight = 0;
     memset(s->counted, 0, sizeof s->counted);
     memset(s->applied, 0, sizeof s->applied);
     memset(s->updated, 0, sizeof s->updated);

@@ -20,6 +20,7 @@
 #include "common/zps_err.h"
 #include "common/zps_model.h"
 #include "common/zps_optim.h"
+#include "common/zps_outer.h"
 #include "common/zps_plan.h"
 #include "common/zps_wire.h"
 
@@ -42,6 +43,11 @@ typedef struct zps_shard_cfg {
     // caller's included (0 or 1: none besides it). Element-wise: the
     // parameters are the same bits for any number.
     int threads;
+    // --mode diloco: a push is a member's pseudo-gradient of its inner
+    // steps (header inner_steps, 0..H; 0: the member is missing, its
+    // payload counts for nothing), weighted by samples * inner steps, fp32
+    // or compressed as mode.compress says; optim is the outer step.
+    zps_outer_mode mode;
 } zps_shard_cfg;
 
 // Caller owns the result; NULL on failure, logged.

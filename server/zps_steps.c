@@ -20,8 +20,16 @@ void zps_steps_on_push(zps_server *srv, zps_wire_msg *m)
         zps_timers_at(&srv->timers, srv->t_speculate, srv->io.quorum_ms); // the slices not in
     }
     if (srv->coord && err == ZPS_OK) {
-        zps_coord_note_push(srv->coord, m->hdr->step, m->hdr->rank, m->hdr->samples,
-                            m->hdr->compute_ms, zps_clock_ms());
+        // A diloco slice pushed as missing keeps its sender alive and
+        // counts nothing of it.
+        const Zps__Header *h = m->hdr;
+        bool missing = zps_coord_diloco(srv->coord) && h->inner_steps == 0;
+        zps_coord_note_push(srv->coord, h->step, h->rank, missing ? 0 : h->samples,
+                            missing ? 0.0f : h->compute_ms, zps_clock_ms());
+        if (h->inner_steps > 0) {
+            zps_coord_note_round(srv->coord, h->step, h->rank, h->inner_steps, h->delta_norm,
+                                 h->round_bytes);
+        }
     }
     if (ready < 0) {
         return;

@@ -31,5 +31,7 @@ Suite *zps_suite_quant(void);
 Suite *zps_suite_dyl(void);
 Suite *zps_suite_shm(void);
 Suite *zps_suite_shard_shm(void);
+Suite *zps_suite_shard_outer(void);
+Suite *zps_suite_round(void);
 
 #endif

@@ -27,11 +27,15 @@
 #include "common/zps_layout.h"
 #include "common/zps_log.h"
 #include "common/zps_model.h"
+#include "common/zps_optim.h"
+#include "common/zps_outer.h"
 #include "common/zps_plan.h"
 #include "common/zps_wire.h"
 #include "worker/zps_conn.h"
 #include "worker/zps_decl.h"
 #include "worker/zps_heartbeat.h"
+#include "worker/zps_client_int.h"
+#include "worker/zps_round.h"
 #include "worker/zps_sampler.h"
 #include "worker/zps_schedule.h"
 
@@ -147,6 +151,15 @@ struct zps_client {
     zps_decl decl;                                 // what HELLO declares
     bool send_init;                                // rank 0 of a first start: send INIT
     double init_again_ms[ZPS_CONN_MAX_SHARDS];     // when to send a refused INIT again (0: no)
+    // --mode diloco: the round in progress (step t is round t).
+    zps_outer_mode mode;                           // zeroed: synchronous
+    zps_optim_cfg inner;                           // zps-worker's inner optimizer, from JOB
+    zps_round round;                               // owned: theta_sync, the delta, its payloads
+    zps_piece own;                                 // this worker's slice of the round
+    uint32_t inner_h, inner_n;                     // inner steps handed out, and to take
+    bool round_pushed;                             // the round's pseudo-gradient is out
+    double inner_loss;                             // the round's inner losses, summed
+    double round_ms;                               // the round's compute, summed
 };
 
 // ---------------------------------------------------------------------------
@@ -209,6 +222,54 @@ static zps_err s_take_plan(zps_client *c, Zps__Slice *const *slices, size_t n_sl
     return ZPS_OK;
 }
 
+// A diloco job's round: its ranges are the pushes of zps_push_bucket, a
+// bucket cut to each shard, in the same order.
+static zps_err s_take_mode(zps_client *c, const Zps__Job *job)
+{
+    zps_round_fini(&c->round);
+    memset(&c->mode, 0, sizeof c->mode);
+    if (!job->outer) {
+        return ZPS_OK;
+    }
+    c->mode = (zps_outer_mode){.diloco = true, .inner_steps = job->outer->inner_steps,
+                               .auto_steps = job->outer->auto_steps,
+                               .compress = (int)job->outer->compress};
+    if (zps_outer_mode_check(&c->mode) != ZPS_OK || c->dtype != ZPS_DTYPE_F32) {
+        zps_log_error("the coordinator sent a diloco mode this library cannot run");
+        return ZPS_EPROTO;
+    }
+    if (job->inner) {
+        const Zps__Optim *o = job->inner;
+        c->inner = (zps_optim_cfg){
+            .kind = (zps_optim_kind)o->kind, .lr = o->lr, .momentum = o->momentum,
+            .nesterov = o->nesterov, .weight_decay = o->weight_decay, .beta1 = o->beta1,
+            .beta2 = o->beta2, .eps = o->eps, .schedule = (zps_lr_schedule)o->schedule,
+            .warmup_steps = o->warmup_steps, .total_steps = c->total_steps * c->mode.inner_steps};
+    }
+    int nb = zps_model_n_buckets(&c->model), n = 0;
+    uint64_t *lo = malloc(((size_t)nb + ZPS_CONN_MAX_SHARDS) * sizeof *lo);
+    uint64_t *hi = malloc(((size_t)nb + ZPS_CONN_MAX_SHARDS) * sizeof *hi);
+    zps_err err = lo && hi ? ZPS_OK : ZPS_ENOMEM;
+    for (int b = 0; err == ZPS_OK && b < nb; b++) {
+        uint64_t blo, bhi;
+        zps_model_bucket(&c->model, b, &blo, &bhi);
+        for (int i = 0; i < c->conn.n_shards; i++) {
+            uint64_t l = blo > c->conn.shards[i].lo ? blo : c->conn.shards[i].lo;
+            uint64_t r = bhi < c->conn.shards[i].hi ? bhi : c->conn.shards[i].hi;
+            if (l < r) {
+                lo[n] = l;
+                hi[n++] = r;
+            }
+        }
+    }
+    if (err == ZPS_OK) {
+        err = zps_round_init(&c->round, c->model.n_params, c->mode.compress, lo, hi, n);
+    }
+    free(lo);
+    free(hi);
+    return err;
+}
+
 static zps_err s_take_job(zps_client *c, const Zps__Header *h)
 {
     const Zps__Job *job = h->job;
@@ -264,6 +325,9 @@ static zps_err s_take_job(zps_client *c, const Zps__Header *h)
                  (unsigned long long)c->conn.job_id, c->conn.rank, (unsigned long long)c->start_step,
                  c->global_batch, job->model, job->dataset);
     err = zps_conn_take_shards(&c->conn, job, &c->model);
+    if (err == ZPS_OK) {
+        err = s_take_mode(c, job);
+    }
     c->joined = c->joined || err == ZPS_OK;
     return err;
 }
@@ -915,6 +979,7 @@ void zps_client_destroy(zps_client **cp)
     free(c->held);
     zps_conn_fini(&c->conn); // then ZeroMQ lets go of the caller's gradient
     free(c->wire);
+    zps_round_fini(&c->round);
     zps_sampler_fini(&c->sampler);
     zps_decl_fini(&c->decl);
     free(c);
@@ -1070,6 +1135,8 @@ uint64_t zps_info_u64(const zps_client *c, int key)
     case ZPS_INFO_STEP: return c->t;
     case ZPS_INFO_N_PARAMS: return c->model.n_params;
     case ZPS_INFO_N_BUCKETS: return (uint64_t)zps_model_n_buckets(&c->model);
+    case ZPS_INFO_MODE: return c->mode.diloco ? ZPS_MODE_DILOCO : ZPS_MODE_SYNC;
+    case ZPS_INFO_INNER_STEPS: return c->mode.inner_steps;
     default: return 0;
     }
 }
@@ -1158,9 +1225,135 @@ static int s_end(zps_client *c, zps_err err)
     return ZPS_NEXT_ERROR;
 }
 
+// ---------------------------------------------------------------------------
+// --mode diloco: a round's own slice is handed out as inner steps, one per
+// global batch; every other piece of the round (a slice handed over by a
+// member that left) is pushed at once as missing (inner steps 0), since
+// its member's inner steps died with it.
+
+// The inner steps this worker takes in round t: its slice's, or the job's H.
+static uint32_t s_inner_steps(const zps_client *c, uint64_t t)
+{
+    const zps_plan_gen *g = zps_plans_at(&c->schedule.plans, t);
+    const zps_plan_slice *own = g ? zps_plan_find(&g->plan, c->conn.rank) : NULL;
+    uint32_t h = own && own->inner_steps ? own->inner_steps : c->mode.inner_steps;
+    return h < c->mode.inner_steps ? h : c->mode.inner_steps;
+}
+
+// Whether piece p of round t is this worker's own slice in the plan.
+static bool s_is_own(const zps_client *c, uint64_t t, const zps_piece *p)
+{
+    const zps_plan_gen *g = zps_plans_at(&c->schedule.plans, t);
+    const zps_plan_slice *own = g ? zps_plan_find(&g->plan, c->conn.rank) : NULL;
+    return own && own->offset == p->offset && own->count == p->count && g->gen == p->gen;
+}
+
+// Piece p of round `step` to every shard: the round's payloads with
+// `inner` inner steps (0: missing, and its payload counts for nothing).
+static zps_err s_push_round(zps_client *c, uint64_t step, const zps_piece *p, uint32_t inner,
+                            float loss, float compute_ms)
+{
+    zps_conn_outer o = {.inner_steps = inner, .compress = (uint32_t)c->mode.compress,
+                        .delta_norm = (float)c->round.norm, .round_bytes = c->round.bytes};
+    for (int k = 0; k < c->round.n_ranges; k++) {
+        uint64_t lo = c->round.lo[k], hi = c->round.hi[k];
+        int i = 0;
+        while (i < c->conn.n_shards - 1 && lo >= c->conn.shards[i].hi) {
+            i++;
+        }
+        const void *data;
+        size_t len;
+        zps_round_payload(&c->round, k, &data, &len);
+        zps_err err = zps_conn_push_delta(&c->conn, i, step, p, lo, hi, data, len, &o, loss,
+                                          compute_ms, &c->grad_ref);
+        if (err != ZPS_OK) {
+            return err;
+        }
+    }
+    return ZPS_OK;
+}
+
+// Records piece p of round t as pushed: the evaluation of the round's end
+// is split by the pieces pushed, as in a synchronous step.
+static void s_note_done(zps_client *c, uint64_t t, const zps_piece *p)
+{
+    if (c->done_step != t) {
+        c->done_step = t;
+        c->n_done = 0;
+    }
+    if (c->n_done < ZPS_CLIENT_QUEUE) {
+        c->done[c->n_done++] = *p;
+    }
+}
+
+// A piece of round `step` that is not trained here: the own slice once
+// more (refused "not yet": the same payloads again), or another member's,
+// pushed as missing. The payloads of a round not trained here are zero.
+static zps_err s_push_untrained(zps_client *c, uint64_t step, const zps_piece *p)
+{
+    bool again = step == c->t && c->round_pushed && s_is_own(c, step, p);
+    if (again) {
+        zps_log_info("round %llu: the pseudo-gradient of [%u, %u) again",
+                     (unsigned long long)step, p->offset, p->offset + p->count);
+        return s_push_round(c, step, p, c->inner_n, (float)(c->inner_loss / c->inner_n), 0);
+    }
+    zps_log_warn("round %llu: slice [%u, %u) of a member that left is missing from the round "
+                 "(pushed with no weight)", (unsigned long long)step, p->offset,
+                 p->offset + p->count);
+    s_note_done(c, step, p);
+    return s_push_round(c, step, p, 0, 0, 0);
+}
+
+// The next inner step to hand out, or 0 with nothing to train (the pieces
+// queued pushed, as missing or again).
+static int s_outer_hand_out(zps_client *c, zps_work *out)
+{
+    zps_err err = zps_wire_ref_wait(&c->grad_ref, c->timeout_ms);
+    while (err == ZPS_OK && c->inner_h == c->inner_n && s_queued(c)) {
+        zps_piece p = c->queue[c->queue_pos++];
+        uint64_t step = c->queue_step;
+        if (step == c->t && !c->round_pushed && c->inner_n == 0 && s_is_own(c, step, &p)) {
+            c->own = p;
+            c->inner_n = s_inner_steps(c, step);
+            c->inner_h = 0;
+            c->inner_loss = 0;
+            c->round_ms = 0;
+        } else {
+            err = s_push_untrained(c, step, &p);
+        }
+    }
+    if (err != ZPS_OK) {
+        return s_end(c, err);
+    }
+    if (c->inner_h == c->inner_n) {
+        return 0;
+    }
+    uint32_t h = c->inner_h++;
+    uint64_t batch = c->t * c->mode.inner_steps + h;
+    const uint32_t *idx = NULL;
+    if (c->has_data &&
+        !(idx = zps_sampler_slice(&c->sampler, batch, c->own.offset, c->own.count))) {
+        return s_end(c, ZPS_EINVAL);
+    }
+    c->cur_step = c->t;
+    c->cur_work = c->own;
+    c->push_err = ZPS_OK;
+    c->skip = false;
+    c->handed = true;
+    c->step_t0 = zps_clock_ms();
+    *out = (zps_work){.kind = ZPS_WORK_TRAIN, .id = ++c->work_id, .step = batch,
+                      .epoch = batch / c->steps_per_epoch, .offset = c->own.offset,
+                      .count = c->own.count, .indices = idx, .inner = h,
+                      .inner_steps = c->inner_n, .round = c->t};
+    return ZPS_NEXT_WORK;
+}
+
 // Hands out the next queued piece.
 static int s_hand_out(zps_client *c, zps_work *out)
 {
+    if (c->mode.diloco) {
+        return s_outer_hand_out(c, out);
+    }
     zps_piece p = c->queue[c->queue_pos++];
     uint64_t step = c->queue_step;
     // ZeroMQ may still hold the last push's frames of the gradient buffer.
@@ -1222,6 +1415,8 @@ static int s_wait_over(zps_client *c, zps_err err)
         return 0;
     }
     if (c->after == A_START_OVER) {
+        // Gone back, or admitted anew: the last push may not have counted.
+        zps_round_reset_feedback(&c->round);
         c->t = c->wait_step;
         c->phase = P_STEP;
         bool rejoined = c->rejoined;
@@ -1234,8 +1429,9 @@ static int s_wait_over(zps_client *c, zps_err err)
     // batch, so the ranges tile the test set, a worker's share of it
     // follows its share of the batch, and the pieces of a late slice carry
     // the evaluation of its owner, who may have been away then.
-    uint64_t t = c->t;
-    bool epoch_end = (t + 1) % c->steps_per_epoch == 0;
+    // A diloco round is H global batches: its end may end an epoch.
+    uint64_t t = c->t, h = c->mode.diloco ? c->mode.inner_steps : 1, spe = c->steps_per_epoch;
+    bool epoch_end = (t + 1) * h / spe > t * h / spe;
     c->n_eval = c->eval_pos = 0;
     if (c->has_data && (epoch_end || t + 1 == c->total_steps) && c->done_step == t) {
         uint64_t B = c->global_batch;
@@ -1244,7 +1440,7 @@ static int s_wait_over(zps_client *c, zps_err err)
             c->eval_hi[c->n_eval++] =
                 (uint32_t)(c->n_test * (c->done[i].offset + c->done[i].count) / B);
         }
-        c->eval_epoch = t / c->steps_per_epoch;
+        c->eval_epoch = ((t + 1) * h - 1) / spe;
     }
     c->phase = P_EVAL;
     return 0;
@@ -1288,6 +1484,11 @@ int zps_next_work(zps_client *c, zps_work *out)
                 c->phase = P_DONE;
                 return ZPS_NEXT_DONE;
             }
+            if (c->mode.diloco) {
+                zps_round_begin(&c->round, c->params);
+                c->round_pushed = false;
+                c->inner_h = c->inner_n = 0;
+            }
             c->n_queue = zps_schedule_take(&c->schedule, c->t, c->queue, ZPS_CLIENT_QUEUE);
             c->queue_pos = 0;
             c->queue_step = c->t;
@@ -1303,8 +1504,11 @@ int zps_next_work(zps_client *c, zps_work *out)
             if (piece_err != ZPS_OK) {
                 return s_end(c, piece_err);
             }
-            if (s_queued(c)) {
-                return s_hand_out(c, out);
+            if (s_queued(c) && (r = s_hand_out(c, out)) != 0) {
+                return r;
+            }
+            if (c->mode.diloco && c->inner_h < c->inner_n) {
+                return s_hand_out(c, out); // the round's inner steps go on
             }
             // Nothing to compute (a member only from the next step on): ask.
             c->t2 = zps_clock_ms();
@@ -1320,7 +1524,10 @@ int zps_next_work(zps_client *c, zps_work *out)
                 err = s_wait(c);
             }
             if (err == ZPS_OK && s_queued(c)) {
-                return s_hand_out(c, out);
+                if ((r = s_hand_out(c, out)) != 0) {
+                    return r;
+                }
+                break; // diloco: pushed as missing, nothing to train; wait on
             }
             if ((r = s_wait_over(c, err)) != 0) {
                 return r;
@@ -1374,7 +1581,7 @@ zps_err zps_work_start(zps_client *c, const zps_work *w)
     if (!s_is_current(c, w, ZPS_WORK_TRAIN)) {
         return ZPS_EINVAL;
     }
-    if (s_step_over(c, w->step)) {
+    if (s_step_over(c, c->cur_step)) {
         c->skip = true;
         return ZPS_EAGAIN;
     }
@@ -1386,6 +1593,10 @@ zps_err zps_push_bucket(zps_client *c, const zps_work *w, int bucket, const floa
 {
     if (!s_is_current(c, w, ZPS_WORK_TRAIN)) {
         return ZPS_EINVAL;
+    }
+    if (c->mode.diloco) {
+        return s_einval(c, "a diloco job pushes no gradients: step your optimizer, then "
+                           "zps_inner_done");
     }
     if (bucket < 0 || bucket >= zps_model_n_buckets(&c->model) || !grad) {
         return s_einval(c, "bucket %d: the model has %d", bucket, zps_model_n_buckets(&c->model));
@@ -1407,6 +1618,9 @@ zps_err zps_work_done(zps_client *c, const zps_work *w)
     if (!s_is_current(c, w, ZPS_WORK_TRAIN)) {
         return ZPS_EINVAL;
     }
+    if (c->mode.diloco) {
+        return s_einval(c, "a diloco job's inner steps end with zps_inner_done");
+    }
     if (c->done_step != w->step) {
         c->done_step = w->step;
         c->n_done = 0;
@@ -1417,6 +1631,48 @@ zps_err zps_work_done(zps_client *c, const zps_work *w)
     c->sum_data_ms += w->data_ms;
     c->sum_compute_ms += zps_clock_ms() - c->step_t0 - w->data_ms;
     return c->push_err == ZPS_OK ? ZPS_OK : s_fail(c, c->push_err);
+}
+
+zps_err zps_client_inner_optim(const zps_client *c, zps_optim_cfg *out)
+{
+    if (!c->mode.diloco) {
+        return ZPS_EINVAL;
+    }
+    *out = c->inner;
+    return ZPS_OK;
+}
+
+zps_err zps_inner_done(zps_client *c, const zps_work *w, float loss)
+{
+    if (!s_is_current(c, w, ZPS_WORK_TRAIN)) {
+        return ZPS_EINVAL;
+    }
+    if (!c->mode.diloco || w->inner != c->inner_h - 1) {
+        return s_einval(c, c->mode.diloco ? "not the inner step handed out last"
+                                          : "not a diloco job: zps_push_bucket, zps_work_done");
+    }
+    double ms = zps_clock_ms() - c->step_t0 - w->data_ms;
+    c->inner_loss += loss;
+    c->round_ms += ms;
+    c->sum_data_ms += w->data_ms;
+    c->sum_compute_ms += ms;
+    if (c->inner_h < c->inner_n) {
+        return ZPS_OK;
+    }
+    // The round's last inner step: its pseudo-gradient, once ZeroMQ has
+    // let go of the payloads of the pushes before.
+    zps_err err = zps_wire_ref_wait(&c->grad_ref, c->timeout_ms);
+    if (err == ZPS_OK) {
+        err = zps_round_delta(&c->round, c->params);
+    }
+    if (err == ZPS_OK) {
+        err = s_push_round(c, c->t, &c->own, c->inner_n, (float)(c->inner_loss / c->inner_n),
+                           (float)c->round_ms);
+    }
+    c->round_pushed = true;
+    s_note_done(c, c->t, &c->own);
+    c->push_err = err;
+    return err == ZPS_OK ? ZPS_OK : s_fail(c, err);
 }
 
 zps_err zps_eval_done(zps_client *c, const zps_work *w, uint32_t correct, double loss_sum)

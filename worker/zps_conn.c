@@ -417,6 +417,30 @@ zps_err zps_conn_push(zps_conn *n, int i, uint64_t step, const zps_piece *p, uin
     return zps_conn_send(n, i, &h, payload, h.count * esize, ref);
 }
 
+zps_err zps_conn_push_delta(zps_conn *n, int i, uint64_t step, const zps_piece *p, uint64_t lo,
+                            uint64_t hi, const void *payload, size_t len,
+                            const zps_conn_outer *o, float loss, float compute_ms,
+                            zps_wire_ref *ref)
+{
+    Zps__Header h;
+    zps_wire_header_init(&h, ZPS__MSG_TYPE__PUSH);
+    h.step = step;
+    h.shard = (uint32_t)i;
+    h.offset = lo;
+    h.count = hi - lo;
+    h.dtype = ZPS__DTYPE__F32;
+    h.samples = p->count;
+    h.batch_offset = p->offset;
+    h.generation = p->gen;
+    h.loss = loss;
+    h.compute_ms = compute_ms;
+    h.inner_steps = o->inner_steps;
+    h.compress = o->compress;
+    h.delta_norm = o->delta_norm;
+    h.round_bytes = o->round_bytes;
+    return zps_conn_send(n, i, &h, payload, len, ref);
+}
+
 zps_err zps_conn_init(zps_conn *n, const char *coordinator)
 {
     memset(n, 0, sizeof *n);

@@ -119,6 +119,20 @@ zps_err zps_conn_pull(zps_conn *n, int i, uint64_t step);
 zps_err zps_conn_push(zps_conn *n, int i, uint64_t step, const zps_piece *p, uint64_t lo,
                       uint64_t hi, zps_dtype dtype, const float *grad, uint8_t *wire, float loss,
                       float data_ms, float compute_ms, zps_wire_ref *ref);
+// A diloco round's figures its pushes carry (proto/zps.proto's Header).
+typedef struct zps_conn_outer {
+    uint32_t inner_steps; // 0: the piece's member is missing from the round
+    uint32_t compress;    // zps_quant_kind of the payload; 0: fp32
+    float delta_norm;     // of the whole pseudo-gradient
+    uint64_t round_bytes; // payload bytes of the round, to every shard
+} zps_conn_outer;
+// PUSH of [lo, hi) of a diloco pseudo-gradient for piece p of round
+// `step` to shard i: payload (len bytes: fp32, or the encoding) by frames,
+// zero-copy, ref held by ZeroMQ until they are sent.
+zps_err zps_conn_push_delta(zps_conn *n, int i, uint64_t step, const zps_piece *p, uint64_t lo,
+                            uint64_t hi, const void *payload, size_t len,
+                            const zps_conn_outer *o, float loss, float compute_ms,
+                            zps_wire_ref *ref);
 
 // Shard i refused a push through shared memory (why, from its refusal):
 // its pushes go as frames from now on. Logged once.

@@ -12,7 +12,9 @@
 #include "common/zps_log.h"
 #include "common/zps_model.h"
 #include "common/zps_rng.h"
+#include "common/zps_optim.h"
 #include "worker/zps_backend.h"
+#include "worker/zps_client_int.h"
 
 #define ZPS_TRAIN_EVAL_CHUNK 1024u
 #define ZPS_TRAIN_CALIBRATE 20 // --slowdown: computes that fix the time per sample
@@ -30,13 +32,18 @@ struct zps_train {
     uint64_t fault_step;      // the step the injected pauses were last drawn for
     double ms_per_sample;     // --slowdown: own compute per sample
     int n_calib;              // computes it was measured on
+    // --mode diloco: the inner optimizer, this worker's own.
+    bool diloco;
+    zps_optim_cfg inner;      // the job's --optimizer, --lr, ...
+    float *inner_state;       // owned: its state, state floats per parameter
+    uint64_t inner_t;         // Adam's t: inner updates taken here
 };
 
 // The backend finished a bucket's gradient: push it while backward goes on.
 static void s_on_bucket(void *arg, int bucket)
 {
     zps_train *t = arg;
-    if (!t->opts.no_overlap) {
+    if (!t->opts.no_overlap && !t->diloco) {
         (void)zps_push_bucket(t->c, t->cur, bucket, zps_backend_grads(t->be),
                               zps_backend_loss(t->be));
     }
@@ -93,6 +100,14 @@ zps_train *zps_train_new(zps_client *c, const zps_train_opts *opts)
     if (zps_backend_uses_data(t->be) && !s_setup_data(t, rows)) {
         goto fail;
     }
+    if (zps_client_inner_optim(c, &t->inner) == ZPS_OK) {
+        t->diloco = true;
+        size_t floats = (size_t)zps_optim_state_floats(t->inner.kind) * t->model.n_params;
+        if (!(t->inner_state = calloc(floats ? floats : 1, sizeof(float)))) {
+            zps_log_error("cannot allocate the inner optimizer's %zu floats", floats);
+            goto fail;
+        }
+    }
     return t;
 fail:
     zps_train_destroy(&t);
@@ -110,6 +125,7 @@ void zps_train_destroy(zps_train **tp)
     free(t->x);
     free(t->labels);
     free(t->eval_idx);
+    free(t->inner_state);
     free(t);
     *tp = NULL;
 }
@@ -171,8 +187,26 @@ static void s_inject_faults(zps_train *t, uint64_t step, uint32_t samples)
     }
 }
 
+// Diloco: the inner optimizer's step on this worker's parameters, at the
+// learning rate of the global batch w trains (the schedule runs over every
+// inner step of the run, as one process's would over its steps).
+static void s_inner_step(zps_train *t, const zps_work *w)
+{
+    float *params = zps_backend_params(t->be);
+    const float *grad = zps_backend_grads(t->be);
+    size_t n = t->model.n_params;
+    float lr = zps_optim_lr_at(&t->inner, w->step);
+    if (t->inner.kind == ZPS_OPTIM_SGD) {
+        zps_optim_sgd(&t->inner, lr, params, t->inner_state, grad, n);
+    } else {
+        zps_optim_adam(&t->inner, lr, ++t->inner_t, params, t->inner_state,
+                       t->inner_state + n, grad, n);
+    }
+}
+
 // Computes piece w on the current parameters and pushes its gradient bucket
-// by bucket. ZPS_OK also when the client said to skip it.
+// by bucket (diloco: takes the inner step). ZPS_OK also when the client
+// said to skip it.
 static zps_err s_compute(zps_train *t, zps_work *w)
 {
     double t0 = zps_clock_ms();
@@ -193,6 +227,12 @@ static zps_err s_compute(zps_train *t, zps_work *w)
     double tc = zps_clock_ms();
     zps_err err = zps_backend_train_step(t->be, t->x, t->labels, w->count, &loss);
     s_calibrate(t, (zps_clock_ms() - tc) / (w->count ? w->count : 1));
+    if (err == ZPS_OK && t->diloco) {
+        s_inner_step(t, w);
+        err = zps_inner_done(t->c, w, loss);
+        t->cur = NULL;
+        return err;
+    }
     int n_buckets = (int)zps_info_u64(t->c, ZPS_INFO_N_BUCKETS);
     for (int b = 0; err == ZPS_OK && t->opts.no_overlap && b < n_buckets; b++) {
         (void)zps_push_bucket(t->c, w, b, zps_backend_grads(t->be), zps_backend_loss(t->be));

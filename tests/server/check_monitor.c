@@ -3,6 +3,7 @@
  * the steps wait for is, within a few steps, and cleared once it keeps up;
  * a slow one the split has made small (it holds nothing back) is not. */
 #include <stdlib.h>
+#include <string.h>
 
 #include "server/zps_monitor.h"
 #include "tests/zps_check.h"
@@ -151,6 +152,38 @@ START_TEST(test_monitor_flags_nobody_alone_and_only_the_slow_one_of_three)
 }
 END_TEST
 
+// A diloco round's row: what each worker reported with its pushes, and
+// throughput over the samples of all its inner steps.
+START_TEST(test_monitor_records_a_diloco_round_per_worker)
+{
+    zps_monitor *m = zps_monitor_new();
+    ck_assert_ptr_nonnull(m);
+    zps_monitor_push(m, 0, 0, 32, 100.0f, 1000.0);
+    zps_monitor_round(m, 0, 0, 10, 0.5f, 4096);
+    zps_monitor_push(m, 0, 1, 32, 100.0f, 1010.0);
+    zps_monitor_round(m, 0, 1, 5, 0.25f, 4096);
+    char *text = NULL;
+    size_t len = 0;
+    FILE *json = open_memstream(&text, &len);
+    ck_assert_ptr_nonnull(json);
+    zps_monitor_step_done(m, 0, 110.0, json);
+    fclose(json);
+    ck_assert_ptr_nonnull(strstr(text, "\"inner_steps\":10,\"inner_samples\":320"));
+    ck_assert_ptr_nonnull(strstr(text, "\"inner_steps\":5,\"inner_samples\":160"));
+    ck_assert_ptr_nonnull(strstr(text, "\"bytes\":4096"));
+    zps_monitor_view v;
+    ck_assert(zps_monitor_view_of(m, 0, &v));
+    ck_assert_uint_eq(v.inner_steps, 10);
+    ck_assert_float_eq(v.delta_norm, 0.5f);
+    ck_assert_uint_eq(v.bytes, 4096);
+    ck_assert_double_eq_tol(v.samples_per_s, 3200.0, 1e-9); // 320 samples in 100 ms
+    ck_assert(zps_monitor_view_of(m, 1, &v));
+    ck_assert_double_eq_tol(v.samples_per_s, 1600.0, 1e-9);
+    free(text);
+    zps_monitor_destroy(&m);
+}
+END_TEST
+
 Suite *zps_suite_monitor(void)
 {
     Suite *s = suite_create("monitor");
@@ -161,6 +194,7 @@ Suite *zps_suite_monitor(void)
     tcase_add_test(tc, test_monitor_clears_a_worker_that_keeps_up_again_once_and_for_good);
     tcase_add_test(tc, test_monitor_does_not_flag_a_slow_worker_the_step_does_not_wait_for);
     tcase_add_test(tc, test_monitor_flags_nobody_alone_and_only_the_slow_one_of_three);
+    tcase_add_test(tc, test_monitor_records_a_diloco_round_per_worker);
     suite_add_tcase(s, tc);
     return s;
 }

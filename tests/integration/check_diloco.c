@@ -1,0 +1,349 @@
+/* check_diloco.c - --mode diloco with real processes: one inner step with
+ * SGD and an outer step of lr 1, momentum 0 is synchronous SGD; every
+ * worker holds the same bits after the rounds, compressed or not; a
+ * worker killed in the middle of a round is missing from it, and the run
+ * goes on. Every wait bounded; every process killed by pid at the end. */
+#include <signal.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+
+#include "common/zps_clock.h"
+#include "common/zps_model.h"
+#include "zps_integration.h"
+#include "zps_proc.h"
+
+#define MODEL "mlp:784-512-512-10"
+#define RUN_TIMEOUT_MS 120000
+
+static size_t s_n_params(void)
+{
+    zps_model_spec spec;
+    ck_assert_int_eq(zps_model_parse(MODEL, &spec), ZPS_OK);
+    return spec.n_params;
+}
+
+// Starts shard 0 with the common flags, then `extra` (NULL-terminated).
+static const char *s_start_server(zps_procs *ps, const char *tag, pid_t *pid, const char *workers,
+                                  const char *steps, const char *const *extra)
+{
+    static char endpoint[256];
+    char metrics[64];
+    snprintf(metrics, sizeof metrics, "%s-metrics.jsonl", tag);
+    const char *args[40] = {"--workers", workers, "--global-batch", "96", "--steps", steps,
+                            "--model", MODEL, "--seed", "3", "--worker-timeout-ms", "1000",
+                            "--metrics-log", zps_procs_path(ps, metrics), NULL};
+    size_t n = 0;
+    while (args[n]) {
+        n++;
+    }
+    for (size_t i = 0; extra[i]; i++) {
+        ck_assert_uint_lt(n + 1, sizeof args / sizeof args[0]);
+        args[n++] = extra[i];
+    }
+    snprintf(endpoint, sizeof endpoint, "%s", zps_procs_start_server(ps, tag, pid, args, 10000));
+    return endpoint;
+}
+
+static pid_t s_start_worker(zps_procs *ps, const char *endpoint, const char *tag, int i)
+{
+    char out[64], log[64];
+    snprintf(out, sizeof out, "%s-w%d.bin", tag, i);
+    snprintf(log, sizeof log, "%s-w%d.log", tag, i);
+    const char *args[] = {"--coordinator", endpoint, "--save-params", zps_procs_path(ps, out),
+                          "--cache-dir", ZPS_TEST_CACHE, "--timeout-ms", "30000", NULL};
+    return zps_procs_start(ps, "zps-worker", log, args);
+}
+
+// A whole run of `workers` workers; every process must succeed.
+static void s_run(zps_procs *ps, const char *tag, int workers, const char *steps,
+                  const char *const *extra)
+{
+    char count[8];
+    snprintf(count, sizeof count, "%d", workers);
+    pid_t server, w[8];
+    const char *ep = s_start_server(ps, tag, &server, count, steps, extra);
+    for (int i = 0; i < workers; i++) {
+        w[i] = s_start_worker(ps, ep, tag, i);
+    }
+    for (int i = 0; i < workers; i++) {
+        ck_assert_msg(zps_procs_wait(ps, w[i], RUN_TIMEOUT_MS) == 0, "%s: worker %d failed", tag,
+                      i);
+    }
+    ck_assert_msg(zps_procs_wait(ps, server, 30000) == 0, "%s: the server failed", tag);
+}
+
+// The workers of a run hold the same bits, trained away from the start.
+static void s_check_aligned(zps_procs *ps, const char *tag, int workers)
+{
+    size_t n = s_n_params();
+    zps_model_spec spec;
+    ck_assert_int_eq(zps_model_parse(MODEL, &spec), ZPS_OK);
+    float *init = malloc(n * sizeof(float));
+    ck_assert_ptr_nonnull(init);
+    zps_model_init_params(&spec, 3, init);
+    char name[64];
+    snprintf(name, sizeof name, "%s-w0.bin", tag);
+    float *w0 = zps_procs_load_params(ps, name, n);
+    double moved = zps_max_abs_diff(w0, init, n);
+    fprintf(stderr, "%s: max |final - initial| = %.3g\n", tag, moved);
+    ck_assert_double_gt(moved, 1e-2);
+    for (int i = 1; i < workers; i++) {
+        snprintf(name, sizeof name, "%s-w%d.bin", tag, i);
+        float *wi = zps_procs_load_params(ps, name, n);
+        ck_assert_msg(memcmp(w0, wi, n * sizeof(float)) == 0, "%s: worker %d differs from 0",
+                      tag, i);
+        free(wi);
+    }
+    free(w0);
+    free(init);
+}
+
+// Inner SGD at lr 0.05 without momentum, one inner step, outer SGD at lr 1
+// without momentum: theta - 1 * mean(theta - (theta - 0.05 g_i)) is
+// theta - 0.05 mean(g_i), synchronous SGD, but for the last bits of the
+// subtractions. 40 steps: short of the horizon where training turns a
+// last-bit difference into a large one.
+START_TEST(test_diloco_one_inner_step_equals_synchronous_sgd)
+{
+    zps_procs ps;
+    zps_procs_init(&ps, "diloco-h1");
+    static const char *const sync[] = {"--lr", "0.05", "--momentum", "0", NULL};
+    static const char *const diloco[] = {"--lr", "0.05", "--momentum", "0", "--mode", "diloco",
+                                         "--inner-steps", "1", "--outer-lr", "1",
+                                         "--outer-momentum", "0", NULL};
+    s_run(&ps, "sync", 2, "40", sync);
+    s_run(&ps, "h1", 2, "40", diloco);
+    size_t n = s_n_params();
+    float *a = zps_procs_load_params(&ps, "sync-w0.bin", n);
+    float *b = zps_procs_load_params(&ps, "h1-w0.bin", n);
+    double d = zps_max_abs_diff(a, b, n);
+    fprintf(stderr, "diloco H=1 against synchronous SGD after 40 steps: max |diff| = %.3g\n", d);
+    ck_assert_msg(d <= 1e-6, "H = 1 ends %.3g from synchronous SGD", d);
+    s_check_aligned(&ps, "h1", 2);
+    free(a);
+    free(b);
+    zps_procs_fini(&ps, false);
+}
+END_TEST
+
+// Rounds of 4 inner steps of the default SGD with momentum (each worker's
+// own buffer), the outer Nesterov step at its defaults.
+static void s_check_rounds(const char *compress)
+{
+    zps_procs ps;
+    zps_procs_init(&ps, "diloco-rounds");
+    const char *const flags[] = {"--lr", "0.05", "--mode", "diloco", "--inner-steps", "4",
+                                 "--compress", compress, NULL};
+    s_run(&ps, compress, 3, "40", flags);
+    s_check_aligned(&ps, compress, 3);
+    zps_procs_fini(&ps, false);
+}
+
+START_TEST(test_diloco_workers_hold_the_same_bits_after_rounds_fp32)
+{
+    s_check_rounds("none");
+}
+END_TEST
+
+START_TEST(test_diloco_workers_hold_the_same_bits_after_rounds_int8)
+{
+    s_check_rounds("int8");
+}
+END_TEST
+
+START_TEST(test_diloco_workers_hold_the_same_bits_after_rounds_e3m0)
+{
+    s_check_rounds("e3m0");
+}
+END_TEST
+
+static uint64_t s_step(const char *endpoint)
+{
+    zps_wire_msg m;
+    zps_procs_status(endpoint, &m);
+    uint64_t step = m.hdr->status->step;
+    zps_wire_msg_fini(&m);
+    return step;
+}
+
+START_TEST(test_diloco_worker_killed_mid_round_is_missing_and_run_completes)
+{
+    zps_procs ps;
+    zps_procs_init(&ps, "diloco-kill");
+    const char *const flags[] = {"--lr", "0.05", "--mode", "diloco", "--inner-steps", "20",
+                                 "--compress", "int8", NULL};
+    pid_t server, w[3];
+    const char *ep = s_start_server(&ps, "kill", &server, "3", "400", flags);
+    for (int i = 0; i < 3; i++) {
+        w[i] = s_start_worker(&ps, ep, "kill", i);
+    }
+    double deadline = zps_clock_ms() + 60000;
+    while (s_step(ep) < 3) {
+        ck_assert_msg(zps_clock_ms() < deadline, "round 3 not reached within 60 s");
+        struct timespec ts = {0, 10 * 1000000L};
+        nanosleep(&ts, NULL);
+    }
+    // Some inner steps into a round (a round takes 20 of them).
+    struct timespec ts = {0, 50 * 1000000L};
+    nanosleep(&ts, NULL);
+    uint64_t killed_at = s_step(ep);
+    ck_assert_int_eq(kill(w[1], SIGKILL), 0);
+    ck_assert_int_eq(zps_procs_wait(&ps, w[1], 5000), -1);
+    ck_assert_int_eq(zps_procs_wait(&ps, w[0], RUN_TIMEOUT_MS), 0);
+    ck_assert_int_eq(zps_procs_wait(&ps, w[2], RUN_TIMEOUT_MS), 0);
+    ck_assert_int_eq(zps_procs_wait(&ps, server, 30000), 0);
+    ck_assert_msg(zps_procs_log_has(&ps, "kill.log", "rank 1 (") &&
+                      zps_procs_log_has(&ps, "kill.log", "left during its inner steps"),
+                  "the server's log does not name the round and the missing worker");
+    int missing = zps_procs_log_count(&ps, "kill-w0.log", "is missing from the round") +
+                  zps_procs_log_count(&ps, "kill-w2.log", "is missing from the round");
+    fprintf(stderr, "killed rank 1 after round %llu: its slice pushed as missing %d times\n",
+            (unsigned long long)killed_at, missing);
+    ck_assert_int_ge(missing, 1);
+    // The survivors took the same outer steps.
+    size_t n = s_n_params();
+    ck_assert_double_eq(zps_procs_params_diff(&ps, "kill-w0.bin", "kill-w2.bin", n), 0);
+    zps_procs_fini(&ps, false);
+}
+END_TEST
+
+// Shard 1 killed and restarted from its checkpoint: the job goes back to
+// that round's outer step (parameters and outer momentum) and trains the
+// rounds again. With a stateless inner optimizer (SGD without momentum) and
+// fp32 pushes the replay gives the same bits as a run never interrupted.
+START_TEST(test_diloco_shard_restarted_from_checkpoint_goes_back_to_its_round)
+{
+    zps_procs ps;
+    zps_procs_init(&ps, "diloco-restart");
+    const char *const flags[] = {"--lr", "0.05", "--momentum", "0", "--mode", "diloco",
+                                 "--inner-steps", "5", NULL};
+    s_run(&ps, "ref", 2, "100", flags);
+    char ck0[512], ck1[512], shard1[64];
+    snprintf(ck0, sizeof ck0, "%s", zps_procs_path(&ps, "ck0"));
+    snprintf(ck1, sizeof ck1, "%s", zps_procs_path(&ps, "ck1"));
+    snprintf(shard1, sizeof shard1, "tcp://127.0.0.1:%d", zps_free_port());
+    const char *const more[] = {"--lr", "0.05", "--momentum", "0", "--mode", "diloco",
+                                "--inner-steps", "5", "--shards", "2", "--checkpoint-every",
+                                "4", "--checkpoint-dir", ck0, "--worker-timeout-ms", "30000",
+                                NULL};
+    pid_t s0, s1, w[2];
+    char ep[256];
+    snprintf(ep, sizeof ep, "%s", s_start_server(&ps, "restart", &s0, "2", "100", more));
+    const char *args1[] = {"--shard", "1", "--shards", "2", "--coordinator", ep, "--listen",
+                           shard1, "--checkpoint-dir", ck1, NULL};
+    s1 = zps_procs_start(&ps, "zps-server", "shard1.log", args1);
+    for (int i = 0; i < 2; i++) {
+        w[i] = s_start_worker(&ps, ep, "restart", i);
+    }
+    double deadline = zps_clock_ms() + 60000;
+    while (s_step(ep) < 10) {
+        ck_assert_msg(zps_clock_ms() < deadline, "round 10 not reached within 60 s");
+        struct timespec ts = {0, 5 * 1000000L};
+        nanosleep(&ts, NULL);
+    }
+    ck_assert_int_eq(kill(s1, SIGKILL), 0);
+    zps_procs_wait(&ps, s1, 5000);
+    const char *again[] = {"--shard", "1", "--shards", "2", "--coordinator", ep, "--listen",
+                           shard1, "--checkpoint-dir", ck1, "--resume", NULL};
+    s1 = zps_procs_start(&ps, "zps-server", "shard1.log", again);
+    for (int i = 0; i < 2; i++) {
+        ck_assert_int_eq(zps_procs_wait(&ps, w[i], RUN_TIMEOUT_MS), 0);
+    }
+    ck_assert_int_eq(zps_procs_wait(&ps, s1, 30000), 0);
+    ck_assert_int_eq(zps_procs_wait(&ps, s0, 30000), 0);
+    ck_assert_msg(zps_procs_log_has(&ps, "restart.log", "rolls back to it"), "no rollback");
+    size_t n = s_n_params();
+    double d = zps_procs_params_diff(&ps, "ref-w0.bin", "restart-w0.bin", n);
+    fprintf(stderr, "diloco with shard 1 restarted at round 10: max |uninterrupted - run| = %.3g\n",
+            d);
+    ck_assert_double_eq(d, 0);
+    s_check_aligned(&ps, "restart", 2);
+    zps_procs_fini(&ps, false);
+}
+END_TEST
+
+// The inner steps of `rank` in the last round of a metrics log, or -1.
+static int s_last_inner_steps(zps_procs *ps, const char *metrics, uint32_t rank)
+{
+    FILE *f = fopen(zps_procs_path(ps, metrics), "r");
+    ck_assert_ptr_nonnull(f);
+    char line[4096], want[32];
+    int found = -1;
+    snprintf(want, sizeof want, "{\"rank\":%u,", rank);
+    while (fgets(line, sizeof line, f)) {
+        const char *row = strstr(line, want);
+        const char *steps = row ? strstr(row, "\"inner_steps\":") : NULL;
+        if (steps) {
+            found = atoi(steps + strlen("\"inner_steps\":"));
+        }
+    }
+    fclose(f);
+    return found;
+}
+
+// --inner-steps auto: a worker slowed 2x takes about half the inner steps
+// of the fast one, which takes H; both end with the same bits.
+START_TEST(test_diloco_auto_gives_a_worker_slowed_2x_about_half_the_inner_steps)
+{
+    zps_procs ps;
+    zps_procs_init(&ps, "diloco-auto");
+    const char *const flags[] = {"--lr", "0.05", "--mode", "diloco", "--inner-steps", "auto:10",
+                                 NULL};
+    pid_t server, w[2];
+    const char *ep = s_start_server(&ps, "auto", &server, "2", "400", flags);
+    w[0] = s_start_worker(&ps, ep, "auto", 0);
+    char out[64];
+    snprintf(out, sizeof out, "%s", zps_procs_path(&ps, "auto-w1.bin"));
+    const char *slow[] = {"--coordinator", ep, "--save-params", out, "--cache-dir",
+                          ZPS_TEST_CACHE, "--timeout-ms", "30000", "--slowdown", "2", NULL};
+    w[1] = zps_procs_start(&ps, "zps-worker", "auto-w1.log", slow);
+    // Which rank the slowed process is.
+    double deadline = zps_clock_ms() + 60000;
+    uint32_t slow_rank = UINT32_MAX;
+    while (slow_rank == UINT32_MAX) {
+        ck_assert_msg(zps_clock_ms() < deadline, "the job did not start within 60 s");
+        zps_wire_msg m;
+        zps_procs_status(ep, &m);
+        for (size_t i = 0; i < m.hdr->status->n_members; i++) {
+            if (m.hdr->status->members[i]->pid == (uint32_t)w[1]) {
+                slow_rank = m.hdr->status->members[i]->rank;
+            }
+        }
+        zps_wire_msg_fini(&m);
+        struct timespec ts = {0, 20 * 1000000L};
+        nanosleep(&ts, NULL);
+    }
+    for (int i = 0; i < 2; i++) {
+        ck_assert_int_eq(zps_procs_wait(&ps, w[i], RUN_TIMEOUT_MS), 0);
+    }
+    ck_assert_int_eq(zps_procs_wait(&ps, server, 30000), 0);
+    int slow_h = s_last_inner_steps(&ps, "auto-metrics.jsonl", slow_rank);
+    int fast_h = s_last_inner_steps(&ps, "auto-metrics.jsonl", 1 - slow_rank);
+    fprintf(stderr, "inner steps auto:10 in the last round: slowed 2x %d, the other %d\n", slow_h,
+            fast_h);
+    ck_assert_int_eq(fast_h, 10);
+    ck_assert_msg(slow_h >= 3 && slow_h <= 7, "the slowed worker took %d inner steps", slow_h);
+    ck_assert(zps_procs_log_has(&ps, "auto.log", "inner steps auto: rank"));
+    s_check_aligned(&ps, "auto", 2);
+    zps_procs_fini(&ps, false);
+}
+END_TEST
+
+Suite *zps_suite_diloco(void)
+{
+    Suite *s = suite_create("diloco");
+    TCase *tc = tcase_create("diloco");
+    tcase_set_timeout(tc, 300);
+    tcase_add_test(tc, test_diloco_one_inner_step_equals_synchronous_sgd);
+    tcase_add_test(tc, test_diloco_workers_hold_the_same_bits_after_rounds_fp32);
+    tcase_add_test(tc, test_diloco_workers_hold_the_same_bits_after_rounds_int8);
+    tcase_add_test(tc, test_diloco_workers_hold_the_same_bits_after_rounds_e3m0);
+    tcase_add_test(tc, test_diloco_worker_killed_mid_round_is_missing_and_run_completes);
+    tcase_add_test(tc, test_diloco_auto_gives_a_worker_slowed_2x_about_half_the_inner_steps);
+    tcase_add_test(tc, test_diloco_shard_restarted_from_checkpoint_goes_back_to_its_round);
+    suite_add_tcase(s, tc);
+    return s;
+}
