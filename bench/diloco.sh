@@ -13,7 +13,7 @@
 #   sudo bench/diloco.sh [-o DIR] [--md FILE] [--only LIST] [options]
 #
 # Cases (--only, a comma list; default all): sync, ddp, h10, h50, h10-int8,
-# h50-int8, slow-h10, slow-auto. The DiLoCo cases are skipped, and the
+# h50-int8, slow-h10, slow-auto (auto:10), slow-h50, slow-auto50. The DiLoCo cases are skipped, and the
 # table says so, while bin/zps-server has no --mode.
 #
 # A run stops at the first evaluation (zps: every epoch's end, the
@@ -33,8 +33,9 @@ usage: sudo bench/diloco.sh [options]
                    (diloco-CASE.tsv) and the table (diloco.md) (default:
                    the run directory)
   --md FILE        the table as Markdown to FILE as well
-  --only LIST      cases, e.g. sync,h10 (default sync,ddp,h10,h50,h10-int8,
-                   h50-int8,slow-h10,slow-auto)
+  --only LIST      cases, in the order to run them, e.g. sync,h10 (default
+                   sync,ddp,h10,h50,h10-int8,h50-int8,slow-h10,slow-auto,
+                   slow-h50,slow-auto50)
   -r RATE          every host's link, both ways (default 100mbit)
   -w W             workers (default 4; 1 shard host besides them)
   --target A       the test accuracy to reach (default 0.85)
@@ -55,7 +56,7 @@ die() {
     exit 2
 }
 
-outdir='' md='' only=sync,ddp,h10,h50,h10-int8,h50-int8,slow-h10,slow-auto
+outdir='' md='' only=sync,ddp,h10,h50,h10-int8,h50-int8,slow-h10,slow-auto,slow-h50,slow-auto50
 rate=100mbit workers=4 target=0.85 steps=4500 max_epochs=6 min_epochs=2 bound=1500
 repeats=1 keep_logs=0
 while [ $# -gt 0 ]; do
@@ -82,7 +83,7 @@ while [ $# -gt 0 ]; do
     *) die "unknown option $1 (--help lists them)" ;;
     esac
 done
-all_cases=(sync ddp h10 h50 h10-int8 h50-int8 slow-h10 slow-auto)
+all_cases=(sync ddp h10 h50 h10-int8 h50-int8 slow-h10 slow-auto slow-h50 slow-auto50)
 IFS=, read -r -a cases <<<"$only"
 for c in "${cases[@]}"; do
     [[ " ${all_cases[*]} " == *" $c "* ]] || die "--only: no case '$c' (${all_cases[*]})"
@@ -104,7 +105,8 @@ outdir=$(cd "$outdir" && pwd)
 [ -z "$md" ] || : >"$md" || die "cannot write $md"
 
 have_diloco=1
-bin/zps-server --help 2>&1 | grep -q -- '--mode sync' || have_diloco=0
+help=$(bin/zps-server --help 2>&1 || true) # not through grep -q: SIGPIPE, under pipefail
+[[ $help == *"--mode sync"* ]] || have_diloco=0
 have_torch=1
 timeout 120 /usr/bin/python3 -c 'import torch.distributed' 2>/dev/null || have_torch=0
 have_gnuplot=1
@@ -161,16 +163,20 @@ hub_bytes() {
         awk '{s += $1} END {printf "%.0f\n", s}'
 }
 
-# evals FILE: "epoch accuracy" for each evaluation line of FILE (zps's
-# metrics log or bench/ddp_fmnist.py's output: the same keys).
+# evals FILE: "K accuracy" for the K-th evaluation line of FILE (zps's
+# metrics log or bench/ddp_fmnist.py's output: the same keys), K from 1:
+# the epochs trained. (By ordinal, not by the line's epoch: in diloco mode
+# the evaluation of an epoch's end comes at the next round's boundary and
+# is labelled with the epoch that round is in.)
 evals() {
-    sed -n 's/.*"epoch": *\([0-9]*\).*"test_accuracy": *\([0-9.]*\).*/\1 \2/p' "$1" 2>/dev/null
+    sed -n 's/.*"epoch": *\([0-9]*\).*"test_accuracy": *\([0-9.]*\).*/\1 \2/p' "$1" 2>/dev/null |
+        awk '{print NR, $2}'
 }
 
 # cluster TAG MIN-EPOCHS EVAL-FILE SERVER-HOST NETNS-CLUSTER-ARGS...: one
 # run (SERVER-HOST: s0, or "" for none); polls its bytes and
 # evaluations every 0.5 s into $run/TAG.evals ("seconds bytes epoch
-# accuracy") and $run/TAG.ticks ("seconds bytes"), and stops it at the
+# accuracy", epoch K as evals gives it) and $run/TAG.ticks ("seconds bytes"), and stops it at the
 # first evaluation at or above the target past MIN-EPOCHS of them, after
 # --max-epochs, or at --bound. Evaluations are read from EVAL-FILE, under
 # $run/TAG (netns-cluster.sh's -o). Returns 1 if the run failed before
@@ -248,6 +254,8 @@ case_flags() {
     h50-int8) echo "--mode diloco --inner-steps 50 --compress int8" ;;
     slow-h10) echo "--mode diloco --inner-steps 10 --compress none" ;;
     slow-auto) echo "--mode diloco --inner-steps auto --compress none" ;;
+    slow-h50) echo "--mode diloco --inner-steps 50 --compress none" ;;
+    slow-auto50) echo "--mode diloco --inner-steps auto:50 --compress none" ;;
     esac
 }
 case_name() {
@@ -260,6 +268,8 @@ case_name() {
     h50-int8) echo "DiLoCo H=50, int8" ;;
     slow-h10) echo "DiLoCo H=10, worker 0 slowed 2x" ;;
     slow-auto) echo "DiLoCo --inner-steps auto, worker 0 slowed 2x" ;;
+    slow-h50) echo "DiLoCo H=50, worker 0 slowed 2x" ;;
+    slow-auto50) echo "DiLoCo --inner-steps auto:50, worker 0 slowed 2x" ;;
     esac
 }
 
@@ -349,7 +359,7 @@ done
 # ---------------------------------------------------------------- figures
 
 # fig CASE FIELD: the median over the repeats of FIELD (1 seconds, 2 bytes,
-# 3 epoch) of the first evaluation at the target; nothing if a run missed it.
+# 3 epochs) of the first evaluation at the target; nothing if a run missed it.
 fig() {
     local rep v vs=()
     for ((rep = 1; rep <= repeats; rep++)); do
@@ -380,12 +390,12 @@ for c in sync ddp h10 h50 h10-int8 h50-int8; do
     t=$(fig "$c" 1)
     b=$(fig "$c" 2)
     e=$(fig "$c" 3)
-    last=$(tail -n 1 "$run/$c-1.evals" | awk '{printf "%.4f (epoch %d)", $4, $3}')
+    last=$(tail -n 1 "$run/$c-1.evals" | awk '{printf "%.4f (%d epochs)", $4, $3}')
     if [ -z "$t" ]; then
         row "$name" "not reached; last $last" "-" "-" "-" "-"
         continue
     fi
-    what="$(f2 "$t") s, $(mb "$b") MB (epoch $e)"
+    what="$(f2 "$t") s, $(mb "$b") MB ($e epochs)"
     case $c in
     sync)
         row "$name" "$what" "-" "-" "reference" "-"
@@ -424,35 +434,41 @@ for h in 10 50; do
     fi
     read -r diff ep fa ia <<<"$d"
     ok=$(awk -v d="$diff" 'BEGIN {print (d >= -0.005 && d <= 0.005) ? "met" : "not met"}')
-    row "DiLoCo H=$h, int8 against fp32" "epoch $ep: int8 $ia, fp32 $fa" "-" "$diff (int8 - fp32)" \
+    row "DiLoCo H=$h, int8 against fp32" "after $ep epochs: int8 $ia, fp32 $fa" "-" "$diff (int8 - fp32)" \
         "within 0.005 (0.5 points)" "$ok"
 done
-# The slowed worker: seconds per outer round.
-if wants slow-h10 || wants slow-auto; then
-    if ran slow-h10 && ran slow-auto; then
-        fs=() as=()
-        for ((rep = 1; rep <= repeats; rep++)); do
-            fs+=("$(round_s "slow-h10-$rep")")
-            as+=("$(round_s "slow-auto-$rep")")
-        done
-        fm=$(printf '%s\n' "${fs[@]}" | median)
-        am=$(printf '%s\n' "${as[@]}" | median)
-        if [ -n "$fm" ] && [ -n "$am" ]; then
-            sp=$(awk -v a="$fm" -v b="$am" 'BEGIN {printf "%.2f", a / b}')
-            row "worker 0 slowed 2x: auto against H=10" "auto $(awk -v v="$am" 'BEGIN {printf "%.3f", v}') s/round, H=10 $(awk -v v="$fm" 'BEGIN {printf "%.3f", v}') s/round" \
-                "$sp × faster per round" "-" "≥ 1.5 ×" "$(awk -v s="$sp" 'BEGIN {print (s >= 1.5) ? "met" : "not met"}')"
-        else
-            row "worker 0 slowed 2x: auto against H=10" "FAILED: no step lines" "-" "-" "≥ 1.5 ×" "-"
-        fi
-        for c in slow-h10 slow-auto; do
-            t=$(fig "$c" 1)
-            b=$(fig "$c" 2)
-            row "$(case_name "$c")" "${t:+$(f2 "$t") s, $(mb "$b") MB to $target}${t:-not reached}" "-" "-" "-" "-"
-        done
-    else
-        row "worker 0 slowed 2x: auto against H=10" "SKIPPED: ${skip[slow-h10]:-${skip[slow-auto]:-}}" "-" "-" "≥ 1.5 ×" "-"
+# The slowed worker: seconds per outer round, auto against fixed H.
+for h in 10 50; do
+    fx=slow-h$h au=slow-auto$([ "$h" = 10 ] || echo "$h")
+    wants "$fx" || wants "$au" || continue
+    if ! { ran "$fx" && ran "$au"; }; then
+        row "worker 0 slowed 2x: auto against H=$h" "SKIPPED: ${skip[$fx]:-${skip[$au]:-not both asked for}}" "-" "-" "≥ 1.5 ×" "-"
+        continue
     fi
-fi
+    fs=() as=()
+    for ((rep = 1; rep <= repeats; rep++)); do
+        fs+=("$(round_s "$fx-$rep")")
+        as+=("$(round_s "$au-$rep")")
+    done
+    fm=$(printf '%s\n' "${fs[@]}" | median)
+    am=$(printf '%s\n' "${as[@]}" | median)
+    if [ -n "$fm" ] && [ -n "$am" ]; then
+        sp=$(awk -v a="$fm" -v b="$am" 'BEGIN {printf "%.2f", a / b}')
+        row "worker 0 slowed 2x: auto against H=$h" "auto $(awk -v v="$am" 'BEGIN {printf "%.3f", v}') s/round, H=$h $(awk -v v="$fm" 'BEGIN {printf "%.3f", v}') s/round" \
+            "$sp × faster per round" "-" "≥ 1.5 ×" "$(awk -v s="$sp" 'BEGIN {print (s >= 1.5) ? "met" : "not met"}')"
+    else
+        row "worker 0 slowed 2x: auto against H=$h" "FAILED: no step lines" "-" "-" "≥ 1.5 ×" "-"
+    fi
+    for c in "$fx" "$au"; do
+        t=$(fig "$c" 1)
+        b=$(fig "$c" 2)
+        if [ -n "$t" ]; then
+            row "$(case_name "$c")" "$(f2 "$t") s, $(mb "$b") MB ($(fig "$c" 3) epochs)" "-" "-" "-" "-"
+        else
+            row "$(case_name "$c")" "not reached" "-" "-" "-" "-"
+        fi
+    done
+done
 
 # Plot data: the first run of each case.
 for c in "${cases[@]}"; do
@@ -461,7 +477,17 @@ for c in "${cases[@]}"; do
 done
 plots=''
 if [ "$have_gnuplot" = 1 ] && ls "$outdir"/diloco-*.tsv >/dev/null 2>&1; then
-    for axis in time bytes; do
+    # diloco-time.svg, diloco-bytes.svg: every case but the slowed ones;
+    # diloco-slow.svg: those, against time.
+    for axis in time bytes slow; do
+        set_=()
+        for c in "${cases[@]}"; do
+            [ -s "$outdir/diloco-$c.tsv" ] || continue
+            case $axis:$c in
+            slow:slow-* | time:[!s]* | bytes:[!s]* | time:sync | bytes:sync) set_+=("$c") ;;
+            esac
+        done
+        [ ${#set_[@]} -gt 0 ] || continue
         {
             echo "set terminal svg size 720,440 dynamic font 'sans,12'"
             echo "set output '$outdir/diloco-$axis.svg'"
@@ -470,26 +496,28 @@ if [ "$have_gnuplot" = 1 ] && ls "$outdir"/diloco-*.tsv >/dev/null 2>&1; then
             echo "set ylabel 'test accuracy'"
             echo "set yrange [0.7:0.92]"
             echo "set arrow from graph 0, first $target to graph 1, first $target nohead dashtype 2 lc rgb 'gray'"
-            if [ "$axis" = time ]; then
-                echo "set xlabel 'wall time (s), every link $rate'"
-                col=1
-            else
+            if [ "$axis" = bytes ]; then
                 echo "set xlabel 'bytes on the wire (MB, log scale)'"
                 echo "set logscale x"
                 col="(\$2/1e6)" # gnuplot's column 2
+            else
+                echo "set xlabel 'wall time (s), $workers workers, every link $rate'"
+                col=1
             fi
             printf 'plot '
             sep=''
-            for c in "${cases[@]}"; do
-                [ -s "$outdir/diloco-$c.tsv" ] || continue
+            for c in "${set_[@]}"; do
                 printf "%s'%s' using %s:4 with linespoints title '%s'" "$sep" "$outdir/diloco-$c.tsv" "$col" "$(case_name "$c")"
                 sep=', '
             done
             echo
         } >"$run/$axis.gp"
-        gnuplot "$run/$axis.gp" || echo "bench/diloco.sh: gnuplot failed on $run/$axis.gp" >&2
+        if gnuplot "$run/$axis.gp"; then
+            plots="$plots${plots:+, }$outdir/diloco-$axis.svg"
+        else
+            echo "bench/diloco.sh: gnuplot failed on $run/$axis.gp" >&2
+        fi
     done
-    plots="$outdir/diloco-time.svg, $outdir/diloco-bytes.svg"
 else
     echo "bench/diloco.sh: no plots (no gnuplot, or no run: apt-get install gnuplot-nox)" >&2
 fi
