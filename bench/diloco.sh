@@ -24,6 +24,7 @@
 # link's far end (the hub's veth port, /sys/class/net/*/statistics) every
 # 0.5 s: payload and TCP/IP/Ethernet headers, each byte once.
 set -euo pipefail
+cwd=$PWD # -o and --md are relative to where it was called from
 cd "$(dirname "$0")/.."
 
 usage() {
@@ -56,6 +57,7 @@ die() {
     exit 2
 }
 
+abs() { case $1 in /*) echo "$1" ;; *) echo "$cwd/$1" ;; esac; }
 outdir='' md='' only=sync,ddp,h10,h50,h10-int8,h50-int8,slow-h10,slow-auto,slow-h50,slow-auto50
 rate=100mbit workers=4 target=0.85 steps=4500 max_epochs=6 min_epochs=2 bound=1500
 repeats=1 keep_logs=0
@@ -66,8 +68,8 @@ while [ $# -gt 0 ]; do
     -o | --md | --only | -r | -w | --target | --steps | --max-epochs | --min-epochs | --bound | --repeats)
         [ $# -ge 2 ] || die "$1 needs a value"
         case $1 in
-        -o) outdir=$2 ;;
-        --md) md=$2 ;;
+        -o) outdir=$(abs "$2") ;;
+        --md) md=$(abs "$2") ;;
         --only) only=$2 ;;
         -r) rate=$2 ;;
         -w) workers=$2 ;;
