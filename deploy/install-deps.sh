@@ -3,8 +3,9 @@
 # are missing: a machine that has them all is left untouched (no apt-get).
 # --python adds what the Python package (python/zps) needs, --test what
 # only the tests use (make test, the Python package's tests included), --ci
-# also what the checks of .ci/run need beyond make test, so that make demo
-# stays lean. torch is made to run on OpenBLAS, not the reference BLAS.
+# also what the checks of .ci/run need beyond make test, --bench what the
+# benchmarks of bench/ use beyond the build (their PyTorch baselines, the
+# emulated cluster, the plots), so that make demo stays lean. torch is made to run on OpenBLAS, not the reference BLAS.
 set -euo pipefail
 
 pkgs=(
@@ -19,7 +20,7 @@ pkgs=(
   dataset-fashion-mnist                # the demo's and tests' data
   libmicrohttpd-dev                    # zps-server --http: /metrics and /status
 )
-if [ "${1:-}" = --python ] || [ "${1:-}" = --test ] || [ "${1:-}" = --ci ]; then
+if [ "${1:-}" = --python ] || [ "${1:-}" = --test ] || [ "${1:-}" = --ci ] || [ "${1:-}" = --bench ]; then
   pkgs+=(
     python3-torch python3-numpy        # zps.torch: PyTorch models as zps workers
   )
@@ -38,6 +39,12 @@ if [ "${1:-}" = --test ] || [ "${1:-}" = --ci ]; then
   # npm) is kept: Debian's npm would conflict with it.
   command -v node >/dev/null || pkgs+=(nodejs)
   command -v npm >/dev/null || pkgs+=(npm)
+fi
+if [ "${1:-}" = --bench ]; then
+  pkgs+=(
+    iproute2                           # bench/cluster.sh, bench/diloco.sh: ip netns, veth, tc tbf
+    gnuplot-nox                        # bench/diloco.sh: its plots (SVG), accuracy against time and bytes
+  )
 fi
 if [ "${1:-}" = --ci ]; then
   pkgs+=(
@@ -81,4 +88,4 @@ if [ ${#missing[@]} -ne 0 ]; then
   as_root apt-get update -qq
   as_root apt-get install -y -qq --no-install-recommends "${missing[@]}"
 fi
-case "${1:-}" in --python | --test | --ci) openblas_for_torch ;; esac
+case "${1:-}" in --python | --test | --ci | --bench) openblas_for_torch ;; esac
