@@ -18,8 +18,8 @@
 #
 # A run stops at the first evaluation (zps: every epoch's end, the
 # server's metrics log; DDP: bench/ddp_fmnist.py at the same steps) at or
-# above the target, or after --max-epochs evaluations, or at --bound
-# seconds. Wall time counts from the launch of the hosts' processes; bytes
+# above the target (DiLoCo: and past --min-epochs), or after --max-epochs
+# evaluations (the slowed runs: --slow-epochs), or at --bound seconds. Wall time counts from the launch of the hosts' processes; bytes
 # on the wire are what every host sent, read from the rx_bytes of its
 # link's far end (the hub's veth port, /sys/class/net/*/statistics) every
 # 0.5 s: payload and TCP/IP/Ethernet headers, each byte once.
@@ -43,9 +43,11 @@ usage: sudo bench/diloco.sh [options]
   --steps S        the schedule's length in global batches: cosine decays
                    over it; a multiple of every H (default 4500)
   --max-epochs E   stop a run after E evaluations whatever the accuracy
-                   (default 6)
+                   (default 5)
   --min-epochs E   DiLoCo runs go on to at least E evaluations, so that
                    int8 and fp32 meet at the same epochs (default 2)
+  --slow-epochs E  the slowed-worker runs stop after E evaluations: their
+                   figure is the seconds per round (default 1)
   --bound SECONDS  per run (default 1500)
   --repeats R      runs of every case; figures are the medians (default 1)
   --keep-logs      keep the run directory
@@ -59,13 +61,13 @@ die() {
 
 abs() { case $1 in /*) echo "$1" ;; *) echo "$cwd/$1" ;; esac; }
 outdir='' md='' only=sync,ddp,h10,h50,h10-int8,h50-int8,slow-h10,slow-auto,slow-h50,slow-auto50
-rate=100mbit workers=4 target=0.85 steps=4500 max_epochs=6 min_epochs=2 bound=1500
+rate=100mbit workers=4 target=0.85 steps=4500 max_epochs=5 min_epochs=2 slow_epochs=1 bound=1500
 repeats=1 keep_logs=0
 while [ $# -gt 0 ]; do
     case $1 in
     -h | --help) usage; exit 0 ;;
     --keep-logs) keep_logs=1; shift ;;
-    -o | --md | --only | -r | -w | --target | --steps | --max-epochs | --min-epochs | --bound | --repeats)
+    -o | --md | --only | -r | -w | --target | --steps | --max-epochs | --min-epochs | --slow-epochs | --bound | --repeats)
         [ $# -ge 2 ] || die "$1 needs a value"
         case $1 in
         -o) outdir=$(abs "$2") ;;
@@ -77,6 +79,7 @@ while [ $# -gt 0 ]; do
         --steps) steps=$2 ;;
         --max-epochs) max_epochs=$2 ;;
         --min-epochs) min_epochs=$2 ;;
+        --slow-epochs) slow_epochs=$2 ;;
         --bound) bound=$2 ;;
         --repeats) repeats=$2 ;;
         esac
@@ -90,7 +93,7 @@ IFS=, read -r -a cases <<<"$only"
 for c in "${cases[@]}"; do
     [[ " ${all_cases[*]} " == *" $c "* ]] || die "--only: no case '$c' (${all_cases[*]})"
 done
-for v in "$workers" "$steps" "$max_epochs" "$min_epochs" "$bound" "$repeats"; do
+for v in "$workers" "$steps" "$max_epochs" "$min_epochs" "$slow_epochs" "$bound" "$repeats"; do
     [[ $v =~ ^[1-9][0-9]*$ ]] || die "'$v' is not a positive integer"
 done
 wants() { [[ ",$only," == *",$1,"* ]]; }
@@ -175,17 +178,17 @@ evals() {
         awk '{print NR, $2}'
 }
 
-# cluster TAG MIN-EPOCHS EVAL-FILE SERVER-HOST NETNS-CLUSTER-ARGS...: one
-# run (SERVER-HOST: s0, or "" for none); polls its bytes and
+# cluster TAG MIN-EPOCHS MAX-EPOCHS EVAL-FILE SERVER-HOST NETNS-CLUSTER-ARGS...:
+# one run (SERVER-HOST: s0, or "" for none); polls its bytes and
 # evaluations every 0.5 s into $run/TAG.evals ("seconds bytes epoch
 # accuracy", epoch K as evals gives it) and $run/TAG.ticks ("seconds bytes"), and stops it at the
 # first evaluation at or above the target past MIN-EPOCHS of them, after
-# --max-epochs, or at --bound. Evaluations are read from EVAL-FILE, under
+# MAX-EPOCHS, or at --bound. Evaluations are read from EVAL-FILE, under
 # $run/TAG (netns-cluster.sh's -o). Returns 1 if the run failed before
 # reaching the target.
 cluster() {
-    local tag=$1 min=$2 ev=$run/$1/$3 server_ns=$4
-    shift 4
+    local tag=$1 min=$2 max=$3 ev=$run/$1/$4 server_ns=$5
+    shift 5
     local dir=$run/$tag hub t0 t b seen=0 n line reached=0 rc=0 up=0
     rm -rf "$dir"
     mkdir -p "$dir"
@@ -219,7 +222,7 @@ cluster() {
             if awk -v a="$(tail -n 1 "$run/$tag.evals" | cut -d' ' -f4)" -v g="$target" 'BEGIN {exit !(a >= g)}'; then
                 reached=1
             fi
-            if { [ "$reached" = 1 ] && [ "$seen" -ge "$min" ]; } || [ "$seen" -ge "$max_epochs" ]; then
+            if { [ "$reached" = 1 ] && [ "$seen" -ge "$min" ]; } || [ "$seen" -ge "$max" ]; then
                 break
             fi
         fi
@@ -277,20 +280,20 @@ case_name() {
 
 # run_case CASE REP: one run; its files are $run/CASE-REP.*
 run_case() {
-    local c=$1 rep=$2 tag=$1-$2 flags slow=- min=1 here
+    local c=$1 rep=$2 tag=$1-$2 flags slow=- min=1 max=$max_epochs here
     here=$PWD
     read -r -a flags <<<"$(case_flags "$c")"
     case $c in
-    slow-*) slow=2 ;;
+    slow-*) slow=2 max=$slow_epochs ;;
     esac
     case $c in
     h* | slow-*) min=$min_epochs ;;
     esac
     if [ "$c" = ddp ]; then
-        cluster "$tag" 1 w0.log '' -s 0 -w "$workers" -r "$rate" \
+        cluster "$tag" 1 "$max" w0.log '' -s 0 -w "$workers" -r "$rate" \
             -x "PYTHONPATH=$here/python exec bash $here/bench/diloco-host.sh ddp $here/bench/ddp_fmnist.py --init $run/init.bin --steps $steps --global-batch 128 --target $target"
     else
-        cluster "$tag" "$min" metrics.jsonl s0 -s 1 -w "$workers" -r "$rate" \
+        cluster "$tag" "$min" "$max" metrics.jsonl s0 -s 1 -w "$workers" -r "$rate" \
             -x "exec bash $here/bench/diloco-host.sh zps $here/bin $run/$tag/metrics.jsonl $slow ${job[*]} ${flags[*]}"
     fi
 }
