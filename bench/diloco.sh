@@ -51,6 +51,8 @@ usage: sudo bench/diloco.sh [options]
   --bound SECONDS  per run (default 1500)
   --repeats R      runs of every case; figures are the medians (default 1)
   --keep-logs      keep the run directory
+  --report DIR     no runs: the table and plots again from DIR, a run
+                   directory kept by --keep-logs (after a change to them)
   -h, --help       this text
 EOF
 }
@@ -62,16 +64,17 @@ die() {
 abs() { case $1 in /*) echo "$1" ;; *) echo "$cwd/$1" ;; esac; }
 outdir='' md='' only=sync,ddp,h10,h50,h10-int8,h50-int8,slow-h10,slow-auto,slow-h50,slow-auto50
 rate=100mbit workers=4 target=0.85 steps=4500 max_epochs=5 min_epochs=2 slow_epochs=1 bound=1500
-repeats=1 keep_logs=0
+repeats=1 keep_logs=0 report=''
 while [ $# -gt 0 ]; do
     case $1 in
     -h | --help) usage; exit 0 ;;
     --keep-logs) keep_logs=1; shift ;;
-    -o | --md | --only | -r | -w | --target | --steps | --max-epochs | --min-epochs | --slow-epochs | --bound | --repeats)
+    -o | --md | --report | --only | -r | -w | --target | --steps | --max-epochs | --min-epochs | --slow-epochs | --bound | --repeats)
         [ $# -ge 2 ] || die "$1 needs a value"
         case $1 in
         -o) outdir=$(abs "$2") ;;
         --md) md=$(abs "$2") ;;
+        --report) report=$(abs "$2") ;;
         --only) only=$2 ;;
         -r) rate=$2 ;;
         -w) workers=$2 ;;
@@ -97,13 +100,17 @@ for v in "$workers" "$steps" "$max_epochs" "$min_epochs" "$slow_epochs" "$bound"
     [[ $v =~ ^[1-9][0-9]*$ ]] || die "'$v' is not a positive integer"
 done
 wants() { [[ ",$only," == *",$1,"* ]]; }
-[ "$(id -u)" -eq 0 ] || die "needs root (deploy/netns-cluster.sh: ip netns, tc)"
-for f in bin/zps-server bin/zps-worker; do
-    [ -x "$f" ] || die "$f is missing: run make"
-done
-{ command -v ip && command -v tc; } >/dev/null || die "needs ip and tc (iproute2)"
-
-run=$(mktemp -d "${TMPDIR:-/tmp}/zps-bench-diloco-XXXXXX")
+if [ -n "$report" ]; then
+    [ -s "$report/header" ] || die "--report $report: not a run directory of bench/diloco.sh --keep-logs"
+    run=$report keep_logs=1
+else
+    [ "$(id -u)" -eq 0 ] || die "needs root (deploy/netns-cluster.sh: ip netns, tc)"
+    for f in bin/zps-server bin/zps-worker; do
+        [ -x "$f" ] || die "$f is missing: run make"
+    done
+    { command -v ip && command -v tc; } >/dev/null || die "needs ip and tc (iproute2)"
+    run=$(mktemp -d "${TMPDIR:-/tmp}/zps-bench-diloco-XXXXXX")
+fi
 [ -n "$outdir" ] || outdir=$run/out
 mkdir -p "$outdir"
 outdir=$(cd "$outdir" && pwd)
@@ -169,13 +176,45 @@ hub_bytes() {
 }
 
 # evals FILE: "K accuracy" for the K-th evaluation line of FILE (zps's
-# metrics log or bench/ddp_fmnist.py's output: the same keys), K from 1:
-# the epochs trained. (By ordinal, not by the line's epoch: in diloco mode
-# the evaluation of an epoch's end comes at the next round's boundary and
-# is labelled with the epoch that round is in.)
+# metrics log or bench/ddp_fmnist.py's output: the same keys), K from 1.
 evals() {
     sed -n 's/.*"epoch": *\([0-9]*\).*"test_accuracy": *\([0-9.]*\).*/\1 \2/p' "$1" 2>/dev/null |
         awk '{print NR, $2}'
+}
+
+# epochs_trained FILE H: for each evaluation line of FILE, the epochs
+# trained before it: global batches / (60000 / 128), from the step lines
+# before it (H global batches each: a DiLoCo round's inner steps) or from
+# its own "step" (bench/ddp_fmnist.py). Not the line's epoch: in diloco
+# mode an epoch's end is evaluated at the next round's boundary, labelled
+# with the epoch that round is in, and an epoch may go unevaluated.
+epochs_trained() {
+    awk -v h="$2" -v per=$((60000 / 128)) '
+        /"test_accuracy"/ {
+            if (match($0, /"step": *[0-9]+/)) {
+                v = substr($0, RSTART, RLENGTH); sub(/.*: */, "", v); printf "%.2f\n", (v + 1) / per
+            } else printf "%.2f\n", n * h / per
+            next
+        }
+        /"step":/ { n++ }' "$1" 2>/dev/null
+}
+# set_epochs TAG H: $run/TAG.evals's third field from epochs_trained.
+set_epochs() {
+    local raw=$run/$1/metrics.jsonl
+    [ -e "$raw" ] || raw=$run/$1/w0.log
+    epochs_trained "$raw" "$2" >"$run/$1.epochs"
+    awk 'NR == FNR {e[FNR] = $1; next} {if (FNR in e) $3 = e[FNR]; print}' \
+        "$run/$1.epochs" "$run/$1.evals" >"$run/$1.evals.new"
+    mv "$run/$1.evals.new" "$run/$1.evals"
+}
+# case_h CASE: the global batches of a step line (1; DiLoCo: H, the fastest
+# worker's inner steps with auto).
+case_h() {
+    case $1 in
+    *50*) echo 50 ;;
+    h* | slow-*) echo 10 ;;
+    *) echo 1 ;;
+    esac
 }
 
 # cluster TAG MIN-EPOCHS MAX-EPOCHS EVAL-FILE SERVER-HOST NETNS-CLUSTER-ARGS...:
@@ -330,10 +369,26 @@ round_s() {
 rev=$(git rev-parse --short HEAD 2>/dev/null || echo unknown)
 git diff --quiet HEAD 2>/dev/null || rev="$rev+changes"
 header="zps bench/diloco.sh: $(date -u +%Y-%m-%dT%H:%MZ), commit $rev, $(nproc) cores, load $(cut -d' ' -f1-3 /proc/loadavg) at the start; $workers workers + 1 shard host, every link $rate (tc tbf), target $target, cosine over $steps steps, median of $repeats run(s)"
+command="bench/diloco.sh --only $only -r $rate -w $workers --target $target --steps $steps --repeats $repeats"
+if [ -n "$report" ]; then
+    header=$(cat "$run/header")
+    command=$(cat "$run/command")
+else
+    echo "$header" >"$run/header"
+    echo "$command" >"$run/command"
+fi
 echo "$header"
 start=$SECONDS
 declare -A skip=()
 for c in "${cases[@]}"; do
+    if [ -n "$report" ]; then
+        if [ -s "$run/$c-1.evals" ]; then
+            for ((rep = 1; rep <= repeats; rep++)); do set_epochs "$c-$rep" "$(case_h "$c")"; done
+        else
+            skip[$c]="not in $run"
+        fi
+        continue
+    fi
     case $c in
     ddp) [ "$have_torch" = 1 ] || skip[$c]="no torch for /usr/bin/python3 (apt-get install python3-torch)" ;;
     h* | slow-*) [ "$have_diloco" = 1 ] || skip[$c]="bin/zps-server has no --mode (DiLoCo is not built yet)" ;;
@@ -342,12 +397,13 @@ for c in "${cases[@]}"; do
         echo "SKIPPED: $c: ${skip[$c]}"
     fi
 done
-if wants ddp && [ -z "${skip[ddp]:-}" ] && ! make_init; then
+if [ -z "$report" ] && wants ddp && [ -z "${skip[ddp]:-}" ] && ! make_init; then
     skip[ddp]="could not write zps's initial parameters (see $run/init-*.log)"
     keep_logs=1
 fi
 for ((rep = 1; rep <= repeats; rep++)); do
     for c in "${cases[@]}"; do
+        [ -z "$report" ] || break
         [ -z "${skip[$c]:-}" ] || continue
         note "$(case_name "$c"), run $rep of $repeats"
         if ! run_case "$c" "$rep"; then
@@ -355,8 +411,9 @@ for ((rep = 1; rep <= repeats; rep++)); do
             keep_logs=1
             continue
         fi
+        set_epochs "$c-$rep" "$(case_h "$c")"
         r=$(reach "$c-$rep")
-        note "   evaluations (s, bytes, epoch, accuracy): $(tr '\n' ';' <"$run/$c-$rep.evals")"
+        note "   evaluations (s, bytes, epochs, accuracy): $(tr '\n' ';' <"$run/$c-$rep.evals")"
         note "   first at $target: ${r:-not reached}"
     done
 done
@@ -506,7 +563,8 @@ if [ "$have_gnuplot" = 1 ] && ls "$outdir"/diloco-*.tsv >/dev/null 2>&1; then
                 echo "set logscale x"
                 col="(\$2/1e6)" # gnuplot's column 2
             else
-                echo "set xlabel 'wall time (s), $workers workers, every link $rate'"
+                echo "set xlabel 'wall time (s, log scale), $workers workers, every link $rate'"
+                echo "set logscale x"
                 col=1
             fi
             printf 'plot '
@@ -534,7 +592,7 @@ fi
     echo "|---|---|---|---|---|---|"
     awk -F'\t' '{ printf "|"; for (i = 1; i <= NF; i++) { gsub(/\|/, "\\|", $i); printf " %s |", $i } print "" }' "$run/rows"
     echo
-    echo "Command: \`bench/diloco.sh --only $only -r $rate -w $workers --target $target --steps $steps --repeats $repeats\`." \
+    echo "Command: \`$command\`." \
         "Time from the launch of the processes; bytes: what every host sent (the hub's veth rx_bytes), headers included."
 } >"$outdir/diloco.md"
 echo
