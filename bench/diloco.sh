@@ -530,7 +530,7 @@ for h in 10 50; do
         if [ -n "$t" ]; then
             row "$(case_name "$c")" "$(f2 "$t") s, $(mb "$b") MB ($(fig "$c" 3) epochs)" "-" "-" "-" "-"
         else
-            row "$(case_name "$c")" "not reached" "-" "-" "-" "-"
+            row "$(case_name "$c")" "stopped at $(tail -n 1 "$run/$c-1.evals" | awk '{printf "%.4f after %s epochs (%.0f s, %.0f MB)", $4, $3, $1, $2 / 1e6}') (--slow-epochs $slow_epochs)" "-" "-" "-" "-"
         fi
     done
 done
