@@ -210,6 +210,37 @@ START_TEST(test_diloco_worker_killed_mid_round_is_missing_and_run_completes)
 }
 END_TEST
 
+// A worker joining a running job starts from the current round's
+// parameters, the last outer step, and ends with the others' bits.
+START_TEST(test_diloco_joining_worker_starts_from_the_current_round)
+{
+    zps_procs ps;
+    zps_procs_init(&ps, "diloco-join");
+    const char *const flags[] = {"--lr", "0.05", "--mode", "diloco", "--inner-steps", "10",
+                                 "--compress", "int8", NULL};
+    pid_t server, w[3];
+    const char *ep = s_start_server(&ps, "join", &server, "2", "400", flags);
+    for (int i = 0; i < 2; i++) {
+        w[i] = s_start_worker(&ps, ep, "join", i);
+    }
+    double deadline = zps_clock_ms() + 60000;
+    while (s_step(ep) < 3) {
+        ck_assert_msg(zps_clock_ms() < deadline, "round 3 not reached within 60 s");
+        struct timespec ts = {0, 10 * 1000000L};
+        nanosleep(&ts, NULL);
+    }
+    w[2] = s_start_worker(&ps, ep, "join", 2);
+    for (int i = 0; i < 3; i++) {
+        ck_assert_int_eq(zps_procs_wait(&ps, w[i], RUN_TIMEOUT_MS), 0);
+    }
+    ck_assert_int_eq(zps_procs_wait(&ps, server, 30000), 0);
+    ck_assert_msg(!zps_procs_log_has(&ps, "join-w2.log", "from step 0,"),
+                  "the joiner started from round 0");
+    s_check_aligned(&ps, "join", 3);
+    zps_procs_fini(&ps, false);
+}
+END_TEST
+
 // Shard 1 killed and restarted from its checkpoint: the job goes back to
 // that round's outer step (parameters and outer momentum) and trains the
 // rounds again. With a stateless inner optimizer (SGD without momentum) and
@@ -344,6 +375,7 @@ Suite *zps_suite_diloco(void)
     tcase_add_test(tc, test_diloco_worker_killed_mid_round_is_missing_and_run_completes);
     tcase_add_test(tc, test_diloco_auto_gives_a_worker_slowed_2x_about_half_the_inner_steps);
     tcase_add_test(tc, test_diloco_shard_restarted_from_checkpoint_goes_back_to_its_round);
+    tcase_add_test(tc, test_diloco_joining_worker_starts_from_the_current_round);
     suite_add_tcase(s, tc);
     return s;
 }
