@@ -164,7 +164,10 @@ deps:
 test-deps:
 	@bash deploy/install-deps.sh --test
 
-$(PROTO_C): proto/zps.proto
+# Both files of one protoc-c run: the header named as made here too, so
+# that an object whose dependency file lists it is rebuilt in the same run
+# that regenerates it (not the run after, against a stale struct layout).
+$(PROTO_C) $(B)/proto/zps.pb-c.h &: proto/zps.proto
 	@mkdir -p $(B)
 	protoc-c --proto_path=. --c_out=$(B) $<
 
@@ -382,6 +385,7 @@ ifeq ($(SAN),1)
 	$(error make valgrind runs the normal build; drop SAN=1)
 endif
 	ZPS_BIN_DIR=$(CURDIR)/$(BIN) bash tests/valgrind/train.sh
+	ZPS_BIN_DIR=$(CURDIR)/$(BIN) ZPS_VALGRIND_INNER_STEPS=5 bash tests/valgrind/train.sh
 
 # ---------------------------------------------------------------- lint
 # cppcheck over the sources as one project, then clang-tidy (.clang-tidy)
