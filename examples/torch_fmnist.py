@@ -165,6 +165,7 @@ def worker(a, model, x, y, xt, yt):
     t, n = run.timing, max(run.timing["pieces"], 1)
     print(f"worker rank {rank}: {t['pieces']} pieces; per piece: python layer "
           f"{t['python_s'] * 1e3 / n:.3f} ms, backward {t['backward_s'] * 1e3 / n:.2f} ms, "
+          + (f"optimizer {t['optimizer_s'] * 1e3 / n:.2f} ms, " if a.diloco else "") +
           f"pushes {t['lib_s'] * 1e3 / n:.2f} ms, waiting {t['wait_s'] * 1e3 / n:.2f} ms; "
           f"{'done' if run.done else 'ended before the job'}", flush=True)
     return run.done
