@@ -117,7 +117,7 @@ WORKER_OBJ := $(call obj,$(WORKER_SRC))
 # its training loop and backends (the "user code") are not in the library.
 LIBZPS_SRC := $(PROTO_C) $(addprefix common/,zps_curve.c zps_dtype.c zps_err.c zps_layout.c \
 	zps_log.c zps_model.c zps_optim.c zps_outer.c zps_plan.c zps_plans.c zps_quant.c zps_shm.c \
-	zps_wire.c) \
+	zps_sndbuf.c zps_wire.c) \
 	$(addprefix worker/,zps_client.c zps_conn.c zps_decl.c zps_heartbeat.c zps_sampler.c \
 	zps_round.c zps_schedule.c)
 LIBZPS_OBJ := $(call obj,$(LIBZPS_SRC))

@@ -28,6 +28,7 @@
 #include "common/zps_model.h"
 #include "common/zps_opts.h"
 #include "common/zps_pidfile.h"
+#include "common/zps_sndbuf.h"
 #include "common/zps_wire.h"
 #include "include/zps.h"
 #include "worker/zps_backend.h"
@@ -54,7 +55,7 @@ typedef struct s_opts {
     uint64_t stall_seed;      // fault injection: draws which steps pause
     bool stall_seed_set;      // --stall-seed given (else the pid draws)
     const char *pid_file;     // for supervisors, or NULL
-    int sndbuf;               // TCP send buffer of the shard sockets (0: the OS's)
+    int sndbuf;               // TCP send buffer of the shard sockets (0: the OS's, -1: auto)
     int shm;                  // ZPS_OPT_SHM: 0 off, 1 auto, 2 on
     zps_log_level log_level;  // --log-level (zps_opts_log_level applies it)
     bool log_json;            // --log-json
@@ -162,11 +163,11 @@ static const zps_opts_row s_table[] = {
      .help = "heartbeat interval to the coordinator",
      .offset = offsetof(s_opts, heartbeat_ms), .ctype = ZPS_OPTS_C_INT,
      .lo = 10, .hi = 3600000},
-    {.name = "sndbuf", .kind = ZPS_OPTS_INT, .metavar = "BYTES", .def = "0: the OS's",
-     .help = "TCP send buffer of each shard connection, 0 or 4096..1073741824 bytes "
-             "(docs/running.md)",
-     .offset = offsetof(s_opts, sndbuf), .ctype = ZPS_OPTS_C_INT,
-     .lo = 4096, .hi = 1 << 30, .or_zero = true},
+    {.name = "sndbuf", .kind = ZPS_OPTS_CUSTOM, .metavar = "auto|BYTES", .def = "auto",
+     .help = "TCP send buffer of each shard connection: auto (per connection, "
+             "docs/running.md), 0 (the OS's) or 4096..1073741824 bytes",
+     .offset = offsetof(s_opts, sndbuf), .ctype = ZPS_OPTS_C_PARSER,
+     .parse = zps_sndbuf_parse, .accepts = "auto, 0 or 4096..1073741824"},
     {.name = "shm", .kind = ZPS_OPTS_CUSTOM, .metavar = "auto|on|off", .def = "auto",
      .help = "gradients to shards on this host through shared memory; auto: those whose "
              "endpoint is this host's; on: any (a shard elsewhere refuses once)",
@@ -219,7 +220,8 @@ static const zps_opts_prog s_prog = {
 static int s_parse_opts(int argc, char **argv, s_opts *o, char *cache_buf, size_t cache_len)
 {
     *o = (s_opts){.device = "cpu", .threads = 1, .timeout_ms = 60000, .join_timeout_ms = 600000,
-                  .heartbeat_ms = 1000, .shm = 1, .log_level = ZPS_LOG_INFO};
+                  .heartbeat_ms = 1000, .shm = 1, .sndbuf = ZPS_SNDBUF_AUTO,
+                  .log_level = ZPS_LOG_INFO};
     bool given[sizeof s_table / sizeof s_table[0]] = {false};
     int status = zps_opts_parse_main(&s_prog, argc, argv, o, given);
     if (status >= 0) {

@@ -1011,7 +1011,7 @@ zps_err zps_client_set_int(zps_client *c, zps_opt opt, int64_t v)
     case ZPS_OPT_TIMEOUT_MS: dst = &c->timeout_ms; lo = 100; hi = 86400000; break;
     case ZPS_OPT_JOIN_TIMEOUT_MS: dst = &c->join_timeout_ms; lo = 100; hi = 86400000; break;
     case ZPS_OPT_HEARTBEAT_MS: dst = &c->conn.heartbeat_ms; lo = 10; hi = 3600000; break;
-    case ZPS_OPT_SNDBUF: dst = &c->conn.sndbuf; lo = 0; hi = 1L << 30; break;
+    case ZPS_OPT_SNDBUF: dst = &c->conn.sndbuf; lo = -1; hi = 1L << 30; break; // -1: auto
     case ZPS_OPT_SHM: dst = &c->conn.shm; lo = ZPS_CONN_SHM_OFF; hi = ZPS_CONN_SHM_ON; break;
     default: return s_einval(c, "option %d is not a number option", (int)opt);
     }
