@@ -1440,7 +1440,9 @@ static int s_wait_over(zps_client *c, zps_err err)
             c->eval_hi[c->n_eval++] =
                 (uint32_t)(c->n_test * (c->done[i].offset + c->done[i].count) / B);
         }
-        c->eval_epoch = ((t + 1) * h - 1) / spe;
+        // The epoch that ended in the round (the later one, if two did), or
+        // the job's last, still in progress.
+        c->eval_epoch = epoch_end ? (t + 1) * h / spe - 1 : ((t + 1) * h - 1) / spe;
     }
     c->phase = P_EVAL;
     return 0;

@@ -299,6 +299,27 @@ START_TEST(test_diloco_shard_restarted_from_checkpoint_goes_back_to_its_round)
 }
 END_TEST
 
+// Rounds of 4 global batches over epochs of 10 (synthetic:960, batch 96):
+// epochs end inside rounds 2, 4 and 7, and each is evaluated once, as the
+// epoch that ended; the last round evaluates the epoch in progress.
+START_TEST(test_diloco_every_epoch_is_evaluated_when_rounds_straddle_epochs)
+{
+    zps_procs ps;
+    zps_procs_init(&ps, "diloco-epochs");
+    const char *const flags[] = {"--mode", "diloco", "--inner-steps", "4", "--dataset",
+                                 "synthetic:960", NULL};
+    s_run(&ps, "epochs", 2, "40", flags);
+    for (int e = 0; e < 4; e++) {
+        char want[32];
+        snprintf(want, sizeof want, "{\"epoch\":%d,\"test_accuracy\"", e);
+        ck_assert_msg(zps_procs_log_count(&ps, "epochs-metrics.jsonl", want) == 1,
+                      "epoch %d is not evaluated once", e);
+    }
+    ck_assert_int_eq(zps_procs_log_count(&ps, "epochs-metrics.jsonl", "test_accuracy"), 4);
+    zps_procs_fini(&ps, false);
+}
+END_TEST
+
 // The inner steps of `rank` in the last round of a metrics log, or -1.
 static int s_last_inner_steps(zps_procs *ps, const char *metrics, uint32_t rank)
 {
@@ -383,6 +404,7 @@ Suite *zps_suite_diloco(void)
     tcase_add_test(tc, test_diloco_auto_gives_a_worker_slowed_3x_fewer_inner_steps);
     tcase_add_test(tc, test_diloco_shard_restarted_from_checkpoint_goes_back_to_its_round);
     tcase_add_test(tc, test_diloco_joining_worker_starts_from_the_current_round);
+    tcase_add_test(tc, test_diloco_every_epoch_is_evaluated_when_rounds_straddle_epochs);
     suite_add_tcase(s, tc);
     return s;
 }
