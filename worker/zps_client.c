@@ -158,6 +158,7 @@ struct zps_client {
     zps_piece own;                                 // this worker's slice of the round
     uint32_t inner_h, inner_n;                     // inner steps handed out, and to take
     bool round_pushed;                             // the round's pseudo-gradient is out
+    uint32_t inner_taken;                          // the work id zps_inner_done took last
     double inner_loss;                             // the round's inner losses, summed
     double round_ms;                               // the round's compute, summed
 };
@@ -1288,7 +1289,8 @@ static void s_note_done(zps_client *c, uint64_t t, const zps_piece *p)
 
 // A piece of round `step` that is not trained here: the own slice once
 // more (refused "not yet": the same payloads again), or another member's,
-// pushed as missing. The payloads of a round not trained here are zero.
+// pushed as missing: with the bytes of this worker's last pseudo-gradient
+// (zeros before the first), which the shard reads as zeros.
 static zps_err s_push_untrained(zps_client *c, uint64_t step, const zps_piece *p)
 {
     bool again = step == c->t && c->round_pushed && s_is_own(c, step, p);
@@ -1512,6 +1514,11 @@ int zps_next_work(zps_client *c, zps_work *out)
             if (c->mode.diloco && c->inner_h < c->inner_n) {
                 return s_hand_out(c, out); // the round's inner steps go on
             }
+            if (c->mode.diloco && c->inner_n > 0 && !c->round_pushed) {
+                s_einval(c, "round %llu: its last inner step was handed out and never ended "
+                            "with zps_inner_done", (unsigned long long)c->t);
+                return s_end(c, ZPS_EINVAL);
+            }
             // Nothing to compute (a member only from the next step on): ask.
             c->t2 = zps_clock_ms();
             err = s_start_wait(c, c->t + 1, A_STEP, c->n_step_work == 0);
@@ -1649,10 +1656,12 @@ zps_err zps_inner_done(zps_client *c, const zps_work *w, float loss)
     if (!s_is_current(c, w, ZPS_WORK_TRAIN)) {
         return ZPS_EINVAL;
     }
-    if (!c->mode.diloco || w->inner != c->inner_h - 1) {
-        return s_einval(c, c->mode.diloco ? "not the inner step handed out last"
-                                          : "not a diloco job: zps_push_bucket, zps_work_done");
+    if (!c->mode.diloco || w->inner != c->inner_h - 1 || c->inner_taken == w->id) {
+        return s_einval(c, !c->mode.diloco ? "not a diloco job: zps_push_bucket, zps_work_done"
+                           : c->inner_taken == w->id ? "this inner step is done already"
+                                                     : "not the inner step handed out last");
     }
+    c->inner_taken = w->id;
     double ms = zps_clock_ms() - c->step_t0 - w->data_ms;
     c->inner_loss += loss;
     c->round_ms += ms;
