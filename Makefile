@@ -117,7 +117,7 @@ WORKER_OBJ := $(call obj,$(WORKER_SRC))
 # its training loop and backends (the "user code") are not in the library.
 LIBZPS_SRC := $(PROTO_C) $(addprefix common/,zps_curve.c zps_dtype.c zps_err.c zps_layout.c \
 	zps_log.c zps_model.c zps_optim.c zps_outer.c zps_plan.c zps_plans.c zps_quant.c zps_shm.c \
-	zps_wire.c) \
+	zps_sndbuf.c zps_wire.c) \
 	$(addprefix worker/,zps_client.c zps_conn.c zps_decl.c zps_heartbeat.c zps_sampler.c \
 	zps_round.c zps_schedule.c)
 LIBZPS_OBJ := $(call obj,$(LIBZPS_SRC))
@@ -164,7 +164,10 @@ deps:
 test-deps:
 	@bash deploy/install-deps.sh --test
 
-$(PROTO_C): proto/zps.proto
+# Both files of one protoc-c run: the header named as made here too, so
+# that an object whose dependency file lists it is rebuilt in the same run
+# that regenerates it (not the run after, against a stale struct layout).
+$(PROTO_C) $(B)/proto/zps.pb-c.h &: proto/zps.proto
 	@mkdir -p $(B)
 	protoc-c --proto_path=. --c_out=$(B) $<
 
@@ -382,6 +385,7 @@ ifeq ($(SAN),1)
 	$(error make valgrind runs the normal build; drop SAN=1)
 endif
 	ZPS_BIN_DIR=$(CURDIR)/$(BIN) bash tests/valgrind/train.sh
+	ZPS_BIN_DIR=$(CURDIR)/$(BIN) ZPS_VALGRIND_INNER_STEPS=5 bash tests/valgrind/train.sh
 
 # ---------------------------------------------------------------- lint
 # cppcheck over the sources as one project, then clang-tidy (.clang-tidy)

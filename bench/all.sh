@@ -487,8 +487,8 @@ case_e() {
     fi
     # Its Markdown table: "| what | seconds per step | vs link bound |".
     local z g b zs
-    z=$(awk -F'|' '/the OS.s send buffers/ {gsub(/ /, "", $3); print $3}' "$run/e.log")
-    zs=$(awk -F'|' '/--sndbuf/ && /zps, W=/ {gsub(/ /, "", $3); print $3}' "$run/e.log")
+    z=$(awk -F'|' '/zps, W=/ && /default flags/ {gsub(/ /, "", $3); print $3}' "$run/e.log")
+    zs=$(awk -F'|' '/zps, W=/ && /, --sndbuf [1-9]/ {gsub(/ /, "", $3); print $3}' "$run/e.log")
     g=$(awk -F'|' '/gloo all_reduce, W=/ {gsub(/ /, "", $3); print $3}' "$run/e.log")
     b=$(awk -F'|' '/link bound, parameter server/ {gsub(/ /, "", $3); print $3}' "$run/e.log")
     if ! { [ -n "$z" ] && [ -n "$b" ]; }; then

@@ -5,6 +5,7 @@ or alone, with the same data order and the same initial values.
   zps-server --model external --global-batch 64 --steps 900 --workers 2 ...
   torch_fmnist.py --coordinator tcp://HOST:5555 [--share N] [--save FILE]
   torch_fmnist.py --single --steps 900 --global-batch 64 --lr 0.05 ... [--save FILE]
+  torch_fmnist.py --coordinator tcp://HOST:5555 --diloco --optimizer adamw --lr 1e-3 ...
 
 The first form is what a user's training loop becomes (the lines marked
 zps); the second trains alone on each step's whole global batch in zps's
@@ -17,6 +18,10 @@ past about 100, a last-bit difference grows).
 ReLU of zps-worker's built-in MLP, whose flat layout is the same: a torch
 worker then joins a job of C workers. The data are Debian's
 dataset-fashion-mnist files, scaled to [0, 1] as zps-worker does.
+
+--diloco joins a zps-server --mode diloco job: the worker trains each
+round's inner steps with torch.optim's optimizer of --optimizer, --lr, ...
+(constant lr), which it gives zt.Run, and keeps its state across rounds.
 """
 import argparse
 import gzip
@@ -143,9 +148,10 @@ def worker(a, model, x, y, xt, yt):
         model.train()
         return correct, loss
 
+    inner = optimizer(a, model.parameters()) if a.diloco else None  # diloco: this worker's
     run = zt.Run(a.coordinator, model, dataset_size=len(y), share=a.share,  # zps
                  test_size=len(yt), evaluate=evaluate, timeout=a.timeout,
-                 join_timeout=a.join_timeout)
+                 join_timeout=a.join_timeout, optimizer=inner)
     rank = run.rank
     with run:
         for work in run:                                       # zps
@@ -159,6 +165,7 @@ def worker(a, model, x, y, xt, yt):
     t, n = run.timing, max(run.timing["pieces"], 1)
     print(f"worker rank {rank}: {t['pieces']} pieces; per piece: python layer "
           f"{t['python_s'] * 1e3 / n:.3f} ms, backward {t['backward_s'] * 1e3 / n:.2f} ms, "
+          + (f"optimizer {t['optimizer_s'] * 1e3 / n:.2f} ms, " if a.diloco else "") +
           f"pushes {t['lib_s'] * 1e3 / n:.2f} ms, waiting {t['wait_s'] * 1e3 / n:.2f} ms; "
           f"{'done' if run.done else 'ended before the job'}", flush=True)
     return run.done
@@ -181,7 +188,10 @@ def main():
     p.add_argument("--join-timeout", type=float, default=600.0, help="s to wait for the job")
     p.add_argument("--sleep-ms", type=float, default=0, help="per piece: a slower worker")
     p.add_argument("--test-accuracy", action="store_true", help="print it at the end")
-    g = p.add_argument_group("--single: the job's settings, as zps-server was given them")
+    p.add_argument("--diloco", action="store_true", help="worker of a --mode diloco job: "
+                   "inner steps with torch.optim's --optimizer, --lr, ... (constant lr)")
+    g = p.add_argument_group("--single: the job's settings, as zps-server was given them; "
+                             "--diloco: the inner optimizer's")
     g.add_argument("--steps", type=int, default=30)
     g.add_argument("--global-batch", type=int, default=128)
     g.add_argument("--seed", type=int, default=0)

@@ -116,7 +116,9 @@ typedef enum zps_opt {
     ZPS_OPT_TIMEOUT_MS,       // int: leave when the coordinator is silent this long (60000)
     ZPS_OPT_JOIN_TIMEOUT_MS,  // int: bound on waiting for the job to start (600000)
     ZPS_OPT_HEARTBEAT_MS,     // int: heartbeat interval (1000)
-    ZPS_OPT_SNDBUF,           // int: TCP send buffer per shard connection; 0 (default): the OS's
+    // int: TCP send buffer per shard connection: -1 (default) auto, tuned
+    // per connection (docs/running.md); 0 the OS's; else that many bytes
+    ZPS_OPT_SNDBUF,
     // int: gradients to the shards on this host through shared memory
     // (a memfd; ZeroMQ carries only the header): 0 never; 1 (default) to
     // shards whose endpoint is on this host (loopback, ipc, this host's

@@ -14,6 +14,7 @@
 #include "common/zps_opts.h"
 #include "common/zps_plan.h"
 #include "common/zps_quant.h"
+#include "common/zps_sndbuf.h"
 #include "common/zps_wire.h"
 #include "server/zps_server.h"
 
@@ -300,11 +301,11 @@ static const zps_opts_row s_table[] = {
      .def = "the bound endpoint",
      .help = "shards > 0: where workers reach this shard (needed when --listen is 0.0.0.0)",
      .offset = offsetof(s_flags, srv.advertise), .ctype = ZPS_OPTS_C_STR},
-    {.name = "sndbuf", .kind = ZPS_OPTS_INT, .metavar = "BYTES", .def = "0: the OS's",
-     .help = "TCP send buffer of each connection, 0 or 4096..1073741824 bytes "
-             "(docs/running.md)",
-     .offset = offsetof(s_flags, srv.sndbuf), .ctype = ZPS_OPTS_C_INT,
-     .lo = 4096, .hi = 1 << 30, .or_zero = true},
+    {.name = "sndbuf", .kind = ZPS_OPTS_CUSTOM, .metavar = "auto|BYTES", .def = "auto",
+     .help = "TCP send buffer of each connection: auto (per connection, docs/running.md), "
+             "0 (the OS's) or 4096..1073741824 bytes",
+     .offset = offsetof(s_flags, srv.sndbuf), .ctype = ZPS_OPTS_C_PARSER,
+     .parse = zps_sndbuf_parse, .accepts = "auto, 0 or 4096..1073741824"},
     {.name = "shm", .kind = ZPS_OPTS_CUSTOM, .metavar = "auto|allow|deny", .def = "auto",
      .help = "workers on this host push through shared memory (memfd, same user); auto: "
              "except under CURVE (docs/choices.md)",
@@ -424,6 +425,7 @@ static int s_parse_flags(int argc, char **argv, s_flags *f)
     *f = (s_flags){
         .srv = {
             .listen = "tcp://127.0.0.1:5555",
+            .sndbuf = ZPS_SNDBUF_AUTO,
             .workers = 1,
             .model = "mlp:784-512-512-10",
             .dataset = NULL, // fashion-mnist, or for an external model the workers'

@@ -77,6 +77,14 @@ static void s_optim_to_wire(const zps_optim_cfg *o, Zps__Optim *w)
     w->eps = o->eps;
 }
 
+static void s_mode_to_wire(const zps_outer_mode *m, Zps__Outer *w)
+{
+    zps__outer__init(w);
+    w->inner_steps = m->inner_steps;
+    w->auto_steps = m->auto_steps;
+    w->compress = (uint32_t)m->compress;
+}
+
 // The handed-over slices member `mem` computes; their count.
 static size_t s_extras_of(const zps_coord *c, const zps_coord_member *mem, Zps__Extra *extras,
                           Zps__Extra **ptrs)
@@ -108,10 +116,8 @@ void zps_coord_send_job(zps_coord *c, zps_outbox *out, zmq_msg_t *route, Zps__Ms
     Zps__Optim optim, inner;
     s_optim_to_wire(&c->cfg.optim, &optim);
     s_optim_to_wire(&c->cfg.inner, &inner);
-    Zps__Outer outer = ZPS__OUTER__INIT;
-    outer.inner_steps = c->cfg.mode.inner_steps;
-    outer.auto_steps = c->cfg.mode.auto_steps;
-    outer.compress = (uint32_t)c->cfg.mode.compress;
+    Zps__Outer outer;
+    s_mode_to_wire(&c->cfg.mode, &outer);
     Zps__Extra extras[ZPS_PLANS_HANDED_MAX];
     Zps__Extra *extra_ptrs[ZPS_PLANS_HANDED_MAX];
     char *keys[ZPS_MAX_SHARDS];

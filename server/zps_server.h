@@ -58,7 +58,7 @@ typedef struct zps_server_opts {
     const char *http;           // HOST:PORT of /healthz, /readyz (shard 0: /metrics, /status)
     const char *advertise;      // shard > 0: endpoint given to workers (default: bound one)
     const char *pid_file;       // for supervisors, or NULL
-    int sndbuf;                 // TCP send buffer of the data socket (0: the OS's)
+    int sndbuf;                 // TCP send buffer of the data socket (0: the OS's, -1: auto)
     int shm;                    // --shm: a zps_server_shm
     int threads;                // threads of the shard's accumulate and update (1: the loop's only)
 } zps_server_opts;

@@ -11,6 +11,7 @@
 
 #include "common/zps_dataset.h"
 #include "common/zps_pidfile.h"
+#include "common/zps_sndbuf.h"
 #include "server/zps_ckpt.h"
 #include "server/zps_token.h"
 
@@ -349,7 +350,7 @@ int zps_setup_open(zps_server *srv, const zps_shard_io_hooks *hooks)
         return 1;
     }
     srv->sock = zps_wire_socket(srv->ctx, ZMQ_ROUTER, ZPS_SERVER_SEND_TIMEOUT_MS);
-    if (!srv->sock || zps_wire_set_sndbuf(srv->sock, o->sndbuf) != ZPS_OK ||
+    if (!srv->sock || zps_sndbuf_apply(srv->ctx, srv->sock, o->sndbuf) != ZPS_OK ||
         zps_wire_set_rcvhwm(srv->sock, ZPS_SERVER_RCVHWM) != ZPS_OK ||
         zps_shard_io_init(&srv->io, srv->sock, o->shard, hooks) != ZPS_OK) {
         return 1;

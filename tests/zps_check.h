@@ -33,5 +33,6 @@ Suite *zps_suite_shm(void);
 Suite *zps_suite_shard_shm(void);
 Suite *zps_suite_shard_outer(void);
 Suite *zps_suite_round(void);
+Suite *zps_suite_sndbuf(void);
 
 #endif

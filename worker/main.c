@@ -16,6 +16,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <strings.h>
 #include <unistd.h>
 #include <zmq.h>
 
@@ -27,6 +28,7 @@
 #include "common/zps_model.h"
 #include "common/zps_opts.h"
 #include "common/zps_pidfile.h"
+#include "common/zps_sndbuf.h"
 #include "common/zps_wire.h"
 #include "include/zps.h"
 #include "worker/zps_backend.h"
@@ -53,7 +55,7 @@ typedef struct s_opts {
     uint64_t stall_seed;      // fault injection: draws which steps pause
     bool stall_seed_set;      // --stall-seed given (else the pid draws)
     const char *pid_file;     // for supervisors, or NULL
-    int sndbuf;               // TCP send buffer of the shard sockets (0: the OS's)
+    int sndbuf;               // TCP send buffer of the shard sockets (0: the OS's, -1: auto)
     int shm;                  // ZPS_OPT_SHM: 0 off, 1 auto, 2 on
     zps_log_level log_level;  // --log-level (zps_opts_log_level applies it)
     bool log_json;            // --log-json
@@ -161,11 +163,11 @@ static const zps_opts_row s_table[] = {
      .help = "heartbeat interval to the coordinator",
      .offset = offsetof(s_opts, heartbeat_ms), .ctype = ZPS_OPTS_C_INT,
      .lo = 10, .hi = 3600000},
-    {.name = "sndbuf", .kind = ZPS_OPTS_INT, .metavar = "BYTES", .def = "0: the OS's",
-     .help = "TCP send buffer of each shard connection, 0 or 4096..1073741824 bytes "
-             "(docs/running.md)",
-     .offset = offsetof(s_opts, sndbuf), .ctype = ZPS_OPTS_C_INT,
-     .lo = 4096, .hi = 1 << 30, .or_zero = true},
+    {.name = "sndbuf", .kind = ZPS_OPTS_CUSTOM, .metavar = "auto|BYTES", .def = "auto",
+     .help = "TCP send buffer of each shard connection: auto (per connection, "
+             "docs/running.md), 0 (the OS's) or 4096..1073741824 bytes",
+     .offset = offsetof(s_opts, sndbuf), .ctype = ZPS_OPTS_C_PARSER,
+     .parse = zps_sndbuf_parse, .accepts = "auto, 0 or 4096..1073741824"},
     {.name = "shm", .kind = ZPS_OPTS_CUSTOM, .metavar = "auto|on|off", .def = "auto",
      .help = "gradients to shards on this host through shared memory; auto: those whose "
              "endpoint is this host's; on: any (a shard elsewhere refuses once)",
@@ -218,7 +220,8 @@ static const zps_opts_prog s_prog = {
 static int s_parse_opts(int argc, char **argv, s_opts *o, char *cache_buf, size_t cache_len)
 {
     *o = (s_opts){.device = "cpu", .threads = 1, .timeout_ms = 60000, .join_timeout_ms = 600000,
-                  .heartbeat_ms = 1000, .shm = 1, .log_level = ZPS_LOG_INFO};
+                  .heartbeat_ms = 1000, .shm = 1, .sndbuf = ZPS_SNDBUF_AUTO,
+                  .log_level = ZPS_LOG_INFO};
     bool given[sizeof s_table / sizeof s_table[0]] = {false};
     int status = zps_opts_parse_main(&s_prog, argc, argv, o, given);
     if (status >= 0) {
@@ -267,6 +270,25 @@ static zps_client *s_client_new(const s_opts *o)
     return c;
 }
 
+// OpenBLAS picks its kernels from its table of CPU models when it loads;
+// a model it does not know (a VM's plain "Intel(R) Xeon(R) Processor")
+// gets Prescott's SSE3 kernels, on the reference machine 3.8 x slower than
+// its AVX-512 ones for the default job (17.4 against 4.6 ms of compute a
+// step). It cannot change them once loaded, so say how (docs/running.md).
+static void s_check_blas_core(void)
+{
+    const char *core = openblas_get_corename();
+    const char *better = __builtin_cpu_supports("avx512f") ? "SkylakeX"
+                         : __builtin_cpu_supports("avx2") ? "Haswell"
+                                                          : NULL;
+    if (better && core && strcasecmp(core, "prescott") == 0 && !getenv("OPENBLAS_CORETYPE")) {
+        zps_log_warn("OpenBLAS took its Prescott kernels on a CPU with %s, a model its table "
+                     "does not know: OPENBLAS_CORETYPE=%s makes the compute about 4x faster "
+                     "(docs/running.md)", strcmp(better, "SkylakeX") == 0 ? "AVX-512" : "AVX2",
+                     better);
+    }
+}
+
 int main(int argc, char **argv)
 {
     zps_log_set_name("worker");
@@ -301,6 +323,7 @@ int main(int argc, char **argv)
     (void)sigaction(SIGTERM, &sa, NULL);
     (void)sigaction(SIGINT, &sa, NULL);
     openblas_set_num_threads(o.threads);
+    s_check_blas_core();
     if (zps_connect(c) != ZPS_OK) {
         s_client = NULL;
         zps_client_destroy(&c);

@@ -158,6 +158,7 @@ struct zps_client {
     zps_piece own;                                 // this worker's slice of the round
     uint32_t inner_h, inner_n;                     // inner steps handed out, and to take
     bool round_pushed;                             // the round's pseudo-gradient is out
+    uint32_t inner_taken;                          // the work id zps_inner_done took last
     double inner_loss;                             // the round's inner losses, summed
     double round_ms;                               // the round's compute, summed
 };
@@ -1011,7 +1012,7 @@ zps_err zps_client_set_int(zps_client *c, zps_opt opt, int64_t v)
     case ZPS_OPT_TIMEOUT_MS: dst = &c->timeout_ms; lo = 100; hi = 86400000; break;
     case ZPS_OPT_JOIN_TIMEOUT_MS: dst = &c->join_timeout_ms; lo = 100; hi = 86400000; break;
     case ZPS_OPT_HEARTBEAT_MS: dst = &c->conn.heartbeat_ms; lo = 10; hi = 3600000; break;
-    case ZPS_OPT_SNDBUF: dst = &c->conn.sndbuf; lo = 0; hi = 1L << 30; break;
+    case ZPS_OPT_SNDBUF: dst = &c->conn.sndbuf; lo = -1; hi = 1L << 30; break; // -1: auto
     case ZPS_OPT_SHM: dst = &c->conn.shm; lo = ZPS_CONN_SHM_OFF; hi = ZPS_CONN_SHM_ON; break;
     default: return s_einval(c, "option %d is not a number option", (int)opt);
     }
@@ -1288,7 +1289,8 @@ static void s_note_done(zps_client *c, uint64_t t, const zps_piece *p)
 
 // A piece of round `step` that is not trained here: the own slice once
 // more (refused "not yet": the same payloads again), or another member's,
-// pushed as missing. The payloads of a round not trained here are zero.
+// pushed as missing: with the bytes of this worker's last pseudo-gradient
+// (zeros before the first), which the shard reads as zeros.
 static zps_err s_push_untrained(zps_client *c, uint64_t step, const zps_piece *p)
 {
     bool again = step == c->t && c->round_pushed && s_is_own(c, step, p);
@@ -1440,7 +1442,9 @@ static int s_wait_over(zps_client *c, zps_err err)
             c->eval_hi[c->n_eval++] =
                 (uint32_t)(c->n_test * (c->done[i].offset + c->done[i].count) / B);
         }
-        c->eval_epoch = ((t + 1) * h - 1) / spe;
+        // The epoch that ended in the round (the later one, if two did), or
+        // the job's last, still in progress.
+        c->eval_epoch = epoch_end ? (t + 1) * h / spe - 1 : ((t + 1) * h - 1) / spe;
     }
     c->phase = P_EVAL;
     return 0;
@@ -1509,6 +1513,11 @@ int zps_next_work(zps_client *c, zps_work *out)
             }
             if (c->mode.diloco && c->inner_h < c->inner_n) {
                 return s_hand_out(c, out); // the round's inner steps go on
+            }
+            if (c->mode.diloco && c->inner_n > 0 && !c->round_pushed) {
+                s_einval(c, "round %llu: its last inner step was handed out and never ended "
+                            "with zps_inner_done", (unsigned long long)c->t);
+                return s_end(c, ZPS_EINVAL);
             }
             // Nothing to compute (a member only from the next step on): ask.
             c->t2 = zps_clock_ms();
@@ -1647,10 +1656,12 @@ zps_err zps_inner_done(zps_client *c, const zps_work *w, float loss)
     if (!s_is_current(c, w, ZPS_WORK_TRAIN)) {
         return ZPS_EINVAL;
     }
-    if (!c->mode.diloco || w->inner != c->inner_h - 1) {
-        return s_einval(c, c->mode.diloco ? "not the inner step handed out last"
-                                          : "not a diloco job: zps_push_bucket, zps_work_done");
+    if (!c->mode.diloco || w->inner != c->inner_h - 1 || c->inner_taken == w->id) {
+        return s_einval(c, !c->mode.diloco ? "not a diloco job: zps_push_bucket, zps_work_done"
+                           : c->inner_taken == w->id ? "this inner step is done already"
+                                                     : "not the inner step handed out last");
     }
+    c->inner_taken = w->id;
     double ms = zps_clock_ms() - c->step_t0 - w->data_ms;
     c->inner_loss += loss;
     c->round_ms += ms;

@@ -10,6 +10,7 @@
 
 #include "common/zps_clock.h"
 #include "common/zps_log.h"
+#include "common/zps_sndbuf.h"
 
 #define ZPS_CONN_WAIT_LOG_MS 5000.0
 #define ZPS_CONN_HELLO_AGAIN_MS 3000 // waiting for the JOB: HELLO again this often
@@ -224,7 +225,7 @@ zps_err zps_conn_take_shards(zps_conn *n, const Zps__Job *job, const zps_model_s
         if (i < job->n_shard_keys && strlen(job->shard_keys[i]) == ZPS_CURVE_KEY_LEN) {
             memcpy(cv.server, job->shard_keys[i], sizeof cv.server);
         }
-        if (!sc->sock || zps_wire_set_sndbuf(sc->sock, n->sndbuf) != ZPS_OK ||
+        if (!sc->sock || zps_sndbuf_apply(n->ctx, sc->sock, n->sndbuf) != ZPS_OK ||
             zps_curve_client(&cv, sc->sock) != ZPS_OK ||
             zmq_connect(sc->sock, sc->endpoint) != 0) {
             zps_log_error("cannot connect to shard %zu at %s", i, sc->endpoint);
@@ -447,6 +448,7 @@ zps_err zps_conn_init(zps_conn *n, const char *coordinator)
     snprintf(n->device, sizeof n->device, "cpu");
     n->heartbeat_ms = 1000;
     n->shm = ZPS_CONN_SHM_AUTO;
+    n->sndbuf = ZPS_SNDBUF_AUTO;
     (void)zps_shm_boot_id(n->boot); // "" if unreadable: no shared memory
     snprintf(n->shards[0].endpoint, sizeof n->shards[0].endpoint, "%s", coordinator);
     n->ctx = zmq_ctx_new();
@@ -480,7 +482,7 @@ zps_err zps_conn_connect(zps_conn *n)
         return ZPS_OK;
     }
     coord->sock = zps_wire_socket(n->ctx, ZMQ_DEALER, ZPS_CONN_POLL_MS);
-    if (!coord->sock || zps_wire_set_sndbuf(coord->sock, n->sndbuf) != ZPS_OK ||
+    if (!coord->sock || zps_sndbuf_apply(n->ctx, coord->sock, n->sndbuf) != ZPS_OK ||
         zps_curve_client(&n->curve, coord->sock) != ZPS_OK ||
         zmq_connect(coord->sock, coord->endpoint) != 0) {
         zps_log_error("cannot connect to %s: %s", coord->endpoint, zmq_strerror(errno));

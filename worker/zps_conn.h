@@ -47,7 +47,7 @@ typedef struct zps_conn {
     char device[64];                            // for HELLO
     uint32_t share;                             // for HELLO
     const zps_decl *decl;                       // borrowed, for HELLO: a declared model, or NULL
-    int sndbuf;                                 // TCP send buffer, 0: the OS's
+    int sndbuf;                                 // TCP send buffer, 0: the OS's, -1: auto
     int shm;                                    // ZPS_CONN_SHM_*
     char boot[ZPS_SHM_BOOT_ID_LEN];             // this host's boot id, for the shards to compare
     int heartbeat_ms;                           // heartbeat interval

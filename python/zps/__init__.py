@@ -103,7 +103,8 @@ _INFO = {"job_id": _lib.INFO_JOB_ID, "rank": _lib.INFO_RANK, "seed": _lib.INFO_S
          "global_batch": _lib.INFO_GLOBAL_BATCH, "total_steps": _lib.INFO_TOTAL_STEPS,
          "steps_per_epoch": _lib.INFO_STEPS_PER_EPOCH, "start_step": _lib.INFO_START_STEP,
          "step": _lib.INFO_STEP, "n_params": _lib.INFO_N_PARAMS,
-         "n_buckets": _lib.INFO_N_BUCKETS}
+         "n_buckets": _lib.INFO_N_BUCKETS, "mode": _lib.INFO_MODE,
+         "inner_steps": _lib.INFO_INNER_STEPS}
 
 
 class Client:
@@ -154,8 +155,9 @@ class Client:
         self._check(lib.zps_join(self._c), f"joining the job at {self.coordinator}")
 
     def info(self, name):
-        """A number of the job (job_id, rank, seed, global_batch, ...) or
-        model, dataset (strings)."""
+        """A number of the job (job_id, rank, seed, global_batch, ..., mode:
+        _lib.MODE_SYNC or MODE_DILOCO, inner_steps: diloco's H) or model,
+        dataset (strings)."""
         if not self._c:
             raise BadArgument(_lib.EINVAL, f"{name}: the client is closed")
         if name in ("model", "dataset"):
@@ -200,6 +202,17 @@ class Client:
     def work_done(self, work):
         self._check(lib.zps_work_done(self._c, ctypes.byref(work)),
                     f"the piece of step {work.step}")
+
+    def inner_done(self, work, loss):
+        """Diloco, instead of push_bucket and work_done: inner step `work`
+        is computed and the caller's optimizer has stepped the parameter
+        buffer; after the round's last one the pseudo-gradient is pushed."""
+        if not _lib.has("zps_inner_done"):
+            major, minor, _ = version()
+            raise BadArgument(_lib.EINVAL, f"libzps {major}.{minor} has no zps_inner_done: a "
+                                           f"diloco job needs libzps 1.2 or later")
+        self._check(lib.zps_inner_done(self._c, ctypes.byref(work), loss),
+                    f"inner step {work.inner} of round {work.round}", local=True)
 
     def eval_done(self, work, correct, loss_sum):
         self._check(lib.zps_eval_done(self._c, ctypes.byref(work), correct, loss_sum),

@@ -28,7 +28,10 @@ class Work(ctypes.Structure):
         ("count", ctypes.c_uint32),
         ("indices", ctypes.POINTER(ctypes.c_uint32)),
         ("data_ms", ctypes.c_double),
-        ("reserved_", ctypes.c_uint64 * 6),
+        ("inner", ctypes.c_uint32),         # diloco (1.2): inner step of the round
+        ("inner_steps", ctypes.c_uint32),   # the round's inner steps here
+        ("round", ctypes.c_uint64),         # the outer round (step: its global batch)
+        ("reserved_", ctypes.c_uint64 * 4),
     ]
 
 
@@ -44,7 +47,9 @@ OPT_DEVICE, OPT_SHARE, OPT_TIMEOUT_MS, OPT_JOIN_TIMEOUT_MS, OPT_HEARTBEAT_MS, OP
     OPT_SHM = range(1, 8)
 # enum zps_info
 INFO_JOB_ID, INFO_RANK, INFO_SEED, INFO_GLOBAL_BATCH, INFO_TOTAL_STEPS, INFO_STEPS_PER_EPOCH, \
-    INFO_START_STEP, INFO_STEP, INFO_N_PARAMS, INFO_N_BUCKETS = range(1, 11)
+    INFO_START_STEP, INFO_STEP, INFO_N_PARAMS, INFO_N_BUCKETS, INFO_MODE, INFO_INNER_STEPS = \
+    range(1, 13)
+MODE_SYNC, MODE_DILOCO = 0, 1
 INFO_MODEL, INFO_DATASET = 100, 101
 LOG_DEBUG, LOG_INFO, LOG_WARN, LOG_ERROR = range(4)
 
@@ -83,10 +88,20 @@ _SIGNATURES = {
     "zps_work_start": (_INT, [_P, _WORK]),
     "zps_push_bucket": (_INT, [_P, _WORK, _INT, _FLOATS, ctypes.c_float]),
     "zps_work_done": (_INT, [_P, _WORK]),
+    "zps_inner_done": (_INT, [_P, _WORK, ctypes.c_float]),  # 1.2
     "zps_eval_done": (_INT, [_P, _WORK, _U32, ctypes.c_double]),
     "zps_batch_indices": (_INT, [_U64, _U32, _U32, _U64, _U32, _U32, ctypes.POINTER(_U32)]),
     "zps_leave": (_INT, [_P]),
 }
+
+# Calls added by a minor version, which an older libzps 1.x lacks: bound
+# when present; the methods that call them say which version they need.
+_SINCE = {"zps_inner_done": (1, 2)}
+
+
+def has(name):
+    """Whether the loaded libzps has the call `name` (see _SINCE)."""
+    return getattr(lib, name, None) is not None
 
 
 def _candidates():
@@ -109,7 +124,11 @@ def _load():
             tried.append(f"{path} ({e})")
             continue
         for name, (res, args) in _SIGNATURES.items():
-            fn = getattr(lib, name)
+            fn = getattr(lib, name, None)
+            if fn is None and name in _SINCE:
+                continue  # an older libzps 1.x: the calls of its minor version only
+            if fn is None:
+                raise ImportError(f"{path} has no {name}: not a libzps {SO_MAJOR}")
             fn.restype = res
             fn.argtypes = args
         major = _INT()

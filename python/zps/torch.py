@@ -17,13 +17,33 @@ What Run does to the model, and why:
   parameter in it is final, so the wire works while the earlier layers'
   backward still runs (DDP's and Horovod's overlap).
 - The shards' optimizer (zps-server --optimizer) is the job's: the user's
-  own torch optimizer is not used.
+  own torch optimizer is not used (optimizer= is refused).
 - Buffers and randomness are each worker's own: Run warns, naming the
   module, where a model has them (BatchNorm, torch.nn.Dropout); Dropout of
   this module draws its masks from (seed, step, sample) instead, so a
   piece's masks do not depend on how the global batch is split.
 - Ctrl-C leaves the job (BYE: the others take this worker's share), and
   every wait is bounded (timeout=, join_timeout=).
+
+DiLoCo (zps-server --mode diloco --inner-steps H): every step of the job
+is an outer round, in which each worker trains H global batches of its
+slice alone with its own torch optimizer, then the shards average the
+pseudo-gradients (the round's start minus each worker's parameters) under
+their outer Nesterov step and every worker starts the next round from the
+same bits. The loop is the same; Run takes the optimizer, built over
+model.parameters() before or after Run, and work.backward(loss) runs
+loss.backward() and optimizer.step() on the flat vector (no bucket is
+pushed; libzps pushes the round's pseudo-gradient after its last inner
+step). The optimizer's state stays across rounds, as DiLoCo keeps it; a
+torch LR scheduler is the caller's to step. work.step is then the global
+batch trained (round * H + inner), work.round and work.inner say where in
+the round it is, and run.total_steps and run.step count rounds:
+
+    opt = torch.optim.AdamW(model.parameters(), lr=1e-3)
+    run = zt.Run("tcp://host:5555", model, dataset_size=len(train_set), optimizer=opt)
+    for work in run:                       # inner step work.inner of round work.round
+        x, y = collate(train_set, work.indices)
+        work.backward(loss_fn(model(x), y))   # backward, then opt.step()
 """
 import atexit
 import ctypes
@@ -182,7 +202,8 @@ class Work:
     """A piece of a step: train the samples `indices` (a LongTensor into
     the dataset) on the parameters now in the model, then backward(loss)."""
 
-    __slots__ = ("_run", "_w", "_done", "step", "epoch", "offset", "count", "indices")
+    __slots__ = ("_run", "_w", "_done", "step", "epoch", "offset", "count", "indices", "inner",
+                 "inner_steps", "round")
 
     def __init__(self, run, w, indices):
         self._run = run
@@ -193,13 +214,22 @@ class Work:
         self.offset = w.offset
         self.count = w.count
         self.indices = indices
+        # Diloco: inner step `inner` of the `inner_steps` this worker takes
+        # in outer round `round` (step: the global batch it trains); 0 in sync.
+        self.inner = w.inner
+        self.inner_steps = w.inner_steps
+        self.round = w.round
 
     def backward(self, loss):
         """loss: the mean over this piece's samples, as one writes it for a
-        batch. Runs loss.backward(), pushing each bucket once it is final."""
+        batch. Runs loss.backward(), pushing each bucket once it is final;
+        diloco: loss.backward(), then the Run's optimizer.step()."""
         self._run._backward(self, loss)
 
     def __repr__(self):
+        if self.inner_steps:
+            return (f"Work(round={self.round}, inner={self.inner}/{self.inner_steps}, "
+                    f"step={self.step}, offset={self.offset}, count={self.count})")
         return f"Work(step={self.step}, offset={self.offset}, count={self.count})"
 
 
@@ -212,6 +242,23 @@ def _check_model(model):
             raise BadArgument(_lib.EINVAL, f"parameter {name} is {p.dtype} on {p.device}: zps "
                                            f"trains float32 parameters on the CPU")
     return named
+
+
+def _check_optimizer(optimizer, named):
+    """A diloco job's inner optimizer steps the model's own parameters,
+    which Run makes views of the flat vector the job's rounds start from."""
+    if optimizer is None:
+        return
+    if not isinstance(optimizer, torch.optim.Optimizer):
+        raise BadArgument(_lib.EINVAL, f"optimizer= is a {type(optimizer).__name__}: give a "
+                                       f"torch.optim.Optimizer over model.parameters()")
+    mine = {id(p) for _, p in named}
+    for group in optimizer.param_groups:
+        for p in group["params"]:
+            if id(p) not in mine:
+                raise BadArgument(_lib.EINVAL, f"the optimizer steps a tensor {list(p.shape)} "
+                                               f"that is not one of the model's parameters: "
+                                               f"build it over model.parameters()")
 
 
 def _warn_uncovered(model):
@@ -243,17 +290,23 @@ class Run:
     samples of each global batch (None: the job splits). timeout: leave when
     the coordinator is silent this long (s); join_timeout: the bound on
     waiting for the job to start (s). curve: (secret key file, servers'
-    public key file), see zps-ctl keygen.
+    public key file), see zps-ctl keygen. optimizer: a diloco job's inner
+    optimizer (a torch.optim.Optimizer over the model's parameters), which
+    such a job needs and a synchronous one refuses (the shards' optimizer
+    is the job's there).
 
     Joins on creation: raises Refused, TimedOut, JobGone, TransportError
-    (all ZpsError) with the library's reason. The first call that waits is
-    bounded the same way."""
+    (all ZpsError) with the library's reason, BadArgument for an optimizer
+    the job's mode does not take. The first call that waits is bounded the
+    same way."""
 
     def __init__(self, coordinator, model, dataset_size, share=None, test_size=0,
                  evaluate=None, timeout=60.0, join_timeout=600.0, heartbeat=None, curve=None,
-                 sndbuf=None, device="torch-cpu"):
+                 sndbuf=None, device="torch-cpu", optimizer=None):
         named = _check_model(model)
+        _check_optimizer(optimizer, named)
         self.model = model
+        self.optimizer = optimizer
         self.evaluate = evaluate
         self._timeout = timeout
         self.done = False
@@ -263,8 +316,9 @@ class Run:
         self._hooks = []
         self._work = None
         self._hook_error = None
+        self._diloco = False
         self.timing = {"pieces": 0, "python_s": 0.0, "wait_s": 0.0, "backward_s": 0.0,
-                       "lib_s": 0.0}
+                       "lib_s": 0.0, "optimizer_s": 0.0}
         self._client = Client(coordinator)
         self._interrupts = None
         try:
@@ -273,6 +327,11 @@ class Run:
         except BaseException:
             if self._interrupts:
                 self._interrupts.close()  # Python's wakeup fd back as it was
+            if self._joined:
+                try:
+                    self._client.leave()  # admitted: BYE, the others take the share at once
+                except ZpsError:
+                    pass
             self._client.close()
             raise
         _warn_uncovered(model)
@@ -304,8 +363,18 @@ class Run:
         if n != self._flat.numel():
             raise BadArgument(_lib.EINVAL, f"the job's model has {n} parameters, this one "
                                            f"{self._flat.numel()}")
+        self._diloco = c.info("mode") == _lib.MODE_DILOCO
+        if self._diloco and self.optimizer is None:
+            raise BadArgument(_lib.EINVAL, "a diloco job (zps-server --mode diloco) trains each "
+                                           "worker with its own optimizer: give Run optimizer="
+                                           "torch.optim.AdamW(model.parameters(), ...) or another")
+        if not self._diloco and self.optimizer is not None:
+            raise BadArgument(_lib.EINVAL, "a synchronous job's optimizer is the shards' "
+                                           "(zps-server --optimizer, --lr, ...): drop Run's "
+                                           "optimizer=, or run the server with --mode diloco")
         c.set_params(self._flat.data_ptr(), n)
-        self._buckets(named)
+        if not self._diloco:
+            self._buckets(named)  # diloco pushes no gradients: libzps pushes the round
 
     def _flatten(self, params):
         """The parameters and their .grad as views of one flat vector each."""
@@ -378,11 +447,24 @@ class Run:
 
     @property
     def total_steps(self):
+        """The job's steps (diloco: its outer rounds)."""
         return self._client.info("total_steps")
 
     @property
     def step(self):
+        """The step being computed (diloco: the outer round)."""
         return self._client.info("step")
+
+    @property
+    def mode(self):
+        """The job's mode: "sync" or "diloco" (zps-server --mode)."""
+        return "diloco" if self._client.info("mode") == _lib.MODE_DILOCO else "sync"
+
+    @property
+    def inner_steps(self):
+        """Diloco: H, the global batches of each round (zps-server
+        --inner-steps; under auto, the most a worker takes); 0 in sync."""
+        return self._client.info("inner_steps") if self._diloco else 0
 
     def info(self, name):
         """Any of zps.Client.info's names: job_id, steps_per_epoch, model, ..."""
@@ -448,6 +530,9 @@ class Run:
         for p, g in zip(self._params, self._grads):
             if p.grad is None or p.grad.data_ptr() != g.data_ptr():
                 p.grad = g  # the caller's zero_grad(set_to_none=True) undid it
+        if self._diloco:
+            self._inner_step(work, loss, t0)
+            return
         self._pending = list(self._need)
         self._pushed = [False] * len(self._need)
         self._hook_s = self._lib_s = 0.0
@@ -475,6 +560,24 @@ class Run:
         tm["backward_s"] += t2 - t1 - self._hook_s
         tm["lib_s"] += self._lib_s
         tm["python_s"] += time.perf_counter() - t0 - (t2 - t1) + self._hook_s - self._lib_s
+
+    def _inner_step(self, work, loss, t0):
+        """Diloco: backward, the caller's optimizer on the flat vector, and
+        zps_inner_done (after the round's last, the pseudo-gradient's push)."""
+        t1 = time.perf_counter()
+        loss.backward()
+        t2 = time.perf_counter()
+        self.optimizer.step()
+        t3 = time.perf_counter()
+        self._client.inner_done(work._w, self._loss)
+        t4 = time.perf_counter()
+        work._done = True
+        tm = self.timing
+        tm["pieces"] += 1
+        tm["backward_s"] += t2 - t1
+        tm["optimizer_s"] += t3 - t2
+        tm["lib_s"] += t4 - t3
+        tm["python_s"] += (t1 - t0) + (time.perf_counter() - t4)
 
     def _leave(self):
         if self._joined and not self._left and not self._closed:

@@ -26,6 +26,9 @@ static size_t s_n_params(void)
 }
 
 // Starts shard 0 with the common flags, then `extra` (NULL-terminated).
+// A diloco worker pushes once a round, so between rounds only its
+// heartbeats (every second) say it lives: the eviction timeout leaves room
+// for a late one (a sanitized worker's round takes 1.5 s).
 static const char *s_start_server(zps_procs *ps, const char *tag, pid_t *pid, const char *workers,
                                   const char *steps, const char *const *extra)
 {
@@ -33,7 +36,7 @@ static const char *s_start_server(zps_procs *ps, const char *tag, pid_t *pid, co
     char metrics[64];
     snprintf(metrics, sizeof metrics, "%s-metrics.jsonl", tag);
     const char *args[40] = {"--workers", workers, "--global-batch", "96", "--steps", steps,
-                            "--model", MODEL, "--seed", "3", "--worker-timeout-ms", "1000",
+                            "--model", MODEL, "--seed", "3", "--worker-timeout-ms", "3000",
                             "--metrics-log", zps_procs_path(ps, metrics), NULL};
     size_t n = 0;
     while (args[n]) {
@@ -210,6 +213,37 @@ START_TEST(test_diloco_worker_killed_mid_round_is_missing_and_run_completes)
 }
 END_TEST
 
+// A worker joining a running job starts from the current round's
+// parameters, the last outer step, and ends with the others' bits.
+START_TEST(test_diloco_joining_worker_starts_from_the_current_round)
+{
+    zps_procs ps;
+    zps_procs_init(&ps, "diloco-join");
+    const char *const flags[] = {"--lr", "0.05", "--mode", "diloco", "--inner-steps", "10",
+                                 "--compress", "int8", NULL};
+    pid_t server, w[3];
+    const char *ep = s_start_server(&ps, "join", &server, "2", "400", flags);
+    for (int i = 0; i < 2; i++) {
+        w[i] = s_start_worker(&ps, ep, "join", i);
+    }
+    double deadline = zps_clock_ms() + 60000;
+    while (s_step(ep) < 3) {
+        ck_assert_msg(zps_clock_ms() < deadline, "round 3 not reached within 60 s");
+        struct timespec ts = {0, 10 * 1000000L};
+        nanosleep(&ts, NULL);
+    }
+    w[2] = s_start_worker(&ps, ep, "join", 2);
+    for (int i = 0; i < 3; i++) {
+        ck_assert_int_eq(zps_procs_wait(&ps, w[i], RUN_TIMEOUT_MS), 0);
+    }
+    ck_assert_int_eq(zps_procs_wait(&ps, server, 30000), 0);
+    ck_assert_msg(!zps_procs_log_has(&ps, "join-w2.log", "from step 0,"),
+                  "the joiner started from round 0");
+    s_check_aligned(&ps, "join", 3);
+    zps_procs_fini(&ps, false);
+}
+END_TEST
+
 // Shard 1 killed and restarted from its checkpoint: the job goes back to
 // that round's outer step (parameters and outer momentum) and trains the
 // rounds again. With a stateless inner optimizer (SGD without momentum) and
@@ -265,6 +299,27 @@ START_TEST(test_diloco_shard_restarted_from_checkpoint_goes_back_to_its_round)
 }
 END_TEST
 
+// Rounds of 4 global batches over epochs of 10 (synthetic:960, batch 96):
+// epochs end inside rounds 2, 4 and 7, and each is evaluated once, as the
+// epoch that ended; the last round evaluates the epoch in progress.
+START_TEST(test_diloco_every_epoch_is_evaluated_when_rounds_straddle_epochs)
+{
+    zps_procs ps;
+    zps_procs_init(&ps, "diloco-epochs");
+    const char *const flags[] = {"--mode", "diloco", "--inner-steps", "4", "--dataset",
+                                 "synthetic:960", NULL};
+    s_run(&ps, "epochs", 2, "40", flags);
+    for (int e = 0; e < 4; e++) {
+        char want[32];
+        snprintf(want, sizeof want, "{\"epoch\":%d,\"test_accuracy\"", e);
+        ck_assert_msg(zps_procs_log_count(&ps, "epochs-metrics.jsonl", want) == 1,
+                      "epoch %d is not evaluated once", e);
+    }
+    ck_assert_int_eq(zps_procs_log_count(&ps, "epochs-metrics.jsonl", "test_accuracy"), 4);
+    zps_procs_fini(&ps, false);
+}
+END_TEST
+
 // The inner steps of `rank` in the last round of a metrics log, or -1.
 static int s_last_inner_steps(zps_procs *ps, const char *metrics, uint32_t rank)
 {
@@ -284,9 +339,13 @@ static int s_last_inner_steps(zps_procs *ps, const char *metrics, uint32_t rank)
     return found;
 }
 
-// --inner-steps auto: a worker slowed 2x takes about half the inner steps
-// of the fast one, which takes H; both end with the same bits.
-START_TEST(test_diloco_auto_gives_a_worker_slowed_2x_about_half_the_inner_steps)
+// --inner-steps auto: a worker slowed 3x takes about a third of the inner
+// steps of the fast one, which takes H; both end with the same bits. The
+// slowdown is a pause of 2x the worker's quiet compute time; two workers
+// sharing 2 cores with the server compute slower than that, and the pause
+// stays, so the measured ratio falls from 3 towards 1.5 as the load
+// grows (2 x load: 2, H_i 5): the bound takes 2 to 7.
+START_TEST(test_diloco_auto_gives_a_worker_slowed_3x_fewer_inner_steps)
 {
     zps_procs ps;
     zps_procs_init(&ps, "diloco-auto");
@@ -298,7 +357,7 @@ START_TEST(test_diloco_auto_gives_a_worker_slowed_2x_about_half_the_inner_steps)
     char out[64];
     snprintf(out, sizeof out, "%s", zps_procs_path(&ps, "auto-w1.bin"));
     const char *slow[] = {"--coordinator", ep, "--save-params", out, "--cache-dir",
-                          ZPS_TEST_CACHE, "--timeout-ms", "30000", "--slowdown", "2", NULL};
+                          ZPS_TEST_CACHE, "--timeout-ms", "30000", "--slowdown", "3", NULL};
     w[1] = zps_procs_start(&ps, "zps-worker", "auto-w1.log", slow);
     // Which rank the slowed process is.
     double deadline = zps_clock_ms() + 60000;
@@ -322,10 +381,10 @@ START_TEST(test_diloco_auto_gives_a_worker_slowed_2x_about_half_the_inner_steps)
     ck_assert_int_eq(zps_procs_wait(&ps, server, 30000), 0);
     int slow_h = s_last_inner_steps(&ps, "auto-metrics.jsonl", slow_rank);
     int fast_h = s_last_inner_steps(&ps, "auto-metrics.jsonl", 1 - slow_rank);
-    fprintf(stderr, "inner steps auto:10 in the last round: slowed 2x %d, the other %d\n", slow_h,
+    fprintf(stderr, "inner steps auto:10 in the last round: slowed 3x %d, the other %d\n", slow_h,
             fast_h);
     ck_assert_int_eq(fast_h, 10);
-    ck_assert_msg(slow_h >= 3 && slow_h <= 7, "the slowed worker took %d inner steps", slow_h);
+    ck_assert_msg(slow_h >= 2 && slow_h <= 7, "the slowed worker took %d inner steps", slow_h);
     ck_assert(zps_procs_log_has(&ps, "auto.log", "inner steps auto: rank"));
     s_check_aligned(&ps, "auto", 2);
     zps_procs_fini(&ps, false);
@@ -342,8 +401,10 @@ Suite *zps_suite_diloco(void)
     tcase_add_test(tc, test_diloco_workers_hold_the_same_bits_after_rounds_int8);
     tcase_add_test(tc, test_diloco_workers_hold_the_same_bits_after_rounds_e3m0);
     tcase_add_test(tc, test_diloco_worker_killed_mid_round_is_missing_and_run_completes);
-    tcase_add_test(tc, test_diloco_auto_gives_a_worker_slowed_2x_about_half_the_inner_steps);
+    tcase_add_test(tc, test_diloco_auto_gives_a_worker_slowed_3x_fewer_inner_steps);
     tcase_add_test(tc, test_diloco_shard_restarted_from_checkpoint_goes_back_to_its_round);
+    tcase_add_test(tc, test_diloco_joining_worker_starts_from_the_current_round);
+    tcase_add_test(tc, test_diloco_every_epoch_is_evaluated_when_rounds_straddle_epochs);
     suite_add_tcase(s, tc);
     return s;
 }

@@ -1,7 +1,8 @@
 /* check_netns.c - the multi-host path on one machine: deploy/netns-cluster.sh
  * puts 2 shards and 2 workers on hosts of their own (network namespaces
  * joined by a bridge), one worker behind a link limited by tc tbf. The
- * run reports each worker's lag, and ends equal to a single process.
+ * run reports each worker's lag, and ends equal to a single process; on
+ * links that every flow shares, --sndbuf auto tunes the connections.
  * Needs root; skipped, visibly, without it or without network namespaces. */
 #include <jansson.h>
 #include <stdio.h>
@@ -138,12 +139,48 @@ START_TEST(test_netns_hosts_with_a_slow_link_train_equal_and_report_lag)
 }
 END_TEST
 
+// --sndbuf auto on shared links: every link at 100 Mbit/s, so each
+// worker's link carries its flows to both shards and each shard's link
+// the flows of both workers; the connections between hosts show a
+// standing queue and each daemon takes over their send buffers (one log
+// line a connection), and the run ends with both workers equal.
+START_TEST(test_netns_sndbuf_auto_tunes_connections_between_hosts)
+{
+    zps_procs ps;
+    zps_procs_init(&ps, "netns-sndbuf");
+    const char *why = s_cannot_run(&ps);
+    if (why) {
+        fprintf(stderr, "SKIPPED: test_netns_sndbuf_auto_tunes_connections_between_hosts: %s\n",
+                why);
+        zps_procs_fini(&ps, false);
+        return;
+    }
+    char cmd[1024];
+    snprintf(cmd, sizeof cmd,
+             "deploy/netns-cluster.sh -s 2 -w 2 -r 100mbit -o %s/hosts -t 150 -- "
+             "--model flat:1048576 --dataset synthetic:1024 --global-batch 16 --steps 8 "
+             "--lr-schedule constant",
+             ps.dir);
+    ck_assert_msg(zps_procs_sh(&ps, cmd, "netns.log", 200000) == 0,
+                  "the emulated cluster failed; see %s/netns.log and %s/hosts", ps.dir, ps.dir);
+    const char *logs[] = {"hosts/s0.log", "hosts/s1.log", "hosts/w0.log", "hosts/w1.log"};
+    for (size_t i = 0; i < sizeof logs / sizeof logs[0]; i++) {
+        ck_assert_msg(zps_procs_log_has(&ps, logs[i], "sndbuf auto: to 10."),
+                      "%s: no connection to another host got a tuned send buffer", logs[i]);
+    }
+    double d = zps_procs_params_diff(&ps, "hosts/w0.bin", "hosts/w1.bin", 1048576);
+    ck_assert_double_eq(d, 0);
+    zps_procs_fini(&ps, false);
+}
+END_TEST
+
 Suite *zps_suite_netns(void)
 {
     Suite *s = suite_create("netns");
     TCase *tc = tcase_create("hosts");
     tcase_set_timeout(tc, 300);
     tcase_add_test(tc, test_netns_hosts_with_a_slow_link_train_equal_and_report_lag);
+    tcase_add_test(tc, test_netns_sndbuf_auto_tunes_connections_between_hosts);
     suite_add_tcase(s, tc);
     return s;
 }

@@ -11,6 +11,9 @@
 # take minutes a step; every code path is the same for any width.
 # Binaries come from $ZPS_BIN_DIR (default bin/); logs stay in a temporary
 # directory, removed when the run passes unless ZPS_VALGRIND_KEEP is set.
+# ZPS_VALGRIND_INNER_STEPS=H runs the job in --mode diloco with rounds of H
+# inner steps (STEPS a multiple of H), pushed as ZPS_VALGRIND_COMPRESS
+# (none, int8 or e3m0; default int8).
 set -euo pipefail
 cd "$(dirname "$0")/../.."
 
@@ -21,6 +24,13 @@ bin=${ZPS_BIN_DIR:-bin}
 supp=tests/valgrind/zps.supp
 limit=900 # seconds any one process may take: a hang fails the run, bounded
 run=$(mktemp -d "${TMPDIR:-/tmp}/zps-valgrind-XXXXXX")
+inner=${ZPS_VALGRIND_INNER_STEPS:-0}
+mode=()
+rounds=$steps
+if [ "$inner" -gt 0 ]; then
+  mode=(--mode diloco --inner-steps "$inner" --compress "${ZPS_VALGRIND_COMPRESS:-int8}")
+  rounds=$((steps / inner))
+fi
 
 command -v valgrind >/dev/null || {
   echo "valgrind: not installed (HINT: deploy/install-deps.sh --ci)" >&2
@@ -42,10 +52,11 @@ vg=(valgrind --quiet --leak-check=full --errors-for-leak-kinds=definite
     --suppressions="$supp")
 
 start=$(date +%s)
-echo "valgrind: 1 server + 2 workers, $model, $steps steps of $batch; logs in $run"
+echo "valgrind: 1 server + 2 workers, $model, $steps steps of $batch ${mode[*]}; logs in $run"
 timeout "$limit" "${vg[@]}" --log-file="$run/server.vg" \
   "$bin/zps-server" --listen 'tcp://127.0.0.1:*' --endpoint-file "$run/endpoint" \
   --workers 2 --steps "$steps" --global-batch "$batch" --model "$model" --metrics-log "$run/metrics.jsonl" \
+  "${mode[@]}" \
   >"$run/server.log" 2>&1 &
 server=$!
 pids+=("$server")
@@ -98,8 +109,8 @@ for name in server worker-0 worker-1; do
   fi
 done
 records=$(grep -c '"step"' "$run/metrics.jsonl" 2>/dev/null || true)
-if [ "${records:-0}" -ne "$steps" ]; then
-  echo "valgrind: the metrics log has ${records:-0} step records, expected $steps" >&2
+if [ "${records:-0}" -ne "$rounds" ]; then
+  echo "valgrind: the metrics log has ${records:-0} step records, expected $rounds" >&2
   status=1
 fi
 if ! cmp -s "$run/params-0.bin" "$run/params-1.bin"; then
