@@ -30,7 +30,7 @@ cd "$(dirname "$0")/.."
 usage() {
     cat <<'EOF'
 usage: sudo bench/diloco.sh [options]
-  -o DIR           plots (diloco-time.svg, diloco-bytes.svg), their data
+  -o DIR           plots (diloco-time.svg, diloco-bytes.svg, diloco-slow.svg), their data
                    (diloco-CASE.tsv) and the table (diloco.md) (default:
                    the run directory)
   --md FILE        the table as Markdown to FILE as well
