@@ -232,6 +232,18 @@ START_TEST(test_diloco_joining_worker_starts_from_the_current_round)
         struct timespec ts = {0, 10 * 1000000L};
         nanosleep(&ts, NULL);
     }
+    // The rounds' figures, as zps-ctl status and top show them.
+    zps_wire_msg m;
+    zps_procs_status(ep, &m);
+    const Zps__Member *first = m.hdr->status->members[0];
+    fprintf(stderr, "round %llu, rank 0: %u inner steps, |delta| %.4g, %llu bytes\n",
+            (unsigned long long)m.hdr->status->step, first->inner_steps,
+            (double)first->delta_norm, (unsigned long long)first->round_bytes);
+    ck_assert_uint_eq(first->inner_steps, 10);
+    ck_assert_float_gt(first->delta_norm, 0);
+    ck_assert_uint_gt(first->round_bytes, 0);
+    ck_assert_uint_lt(first->round_bytes, s_n_params() * sizeof(float) / 3); // int8
+    zps_wire_msg_fini(&m);
     w[2] = s_start_worker(&ps, ep, "join", 2);
     for (int i = 0; i < 3; i++) {
         ck_assert_int_eq(zps_procs_wait(&ps, w[i], RUN_TIMEOUT_MS), 0);
@@ -310,7 +322,7 @@ START_TEST(test_diloco_every_epoch_is_evaluated_when_rounds_straddle_epochs)
                                  "synthetic:960", NULL};
     s_run(&ps, "epochs", 2, "40", flags);
     for (int e = 0; e < 4; e++) {
-        char want[32];
+        char want[48];
         snprintf(want, sizeof want, "{\"epoch\":%d,\"test_accuracy\"", e);
         ck_assert_msg(zps_procs_log_count(&ps, "epochs-metrics.jsonl", want) == 1,
                       "epoch %d is not evaluated once", e);
