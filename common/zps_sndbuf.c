@@ -237,7 +237,16 @@ static void *s_watch_main(void *arg)
 {
     s_watch *w = arg;
     double next_tick = zps_clock_ms() + ZPS_SNDBUF_TICK_MS;
+    int timeout = ZPS_SNDBUF_TICK_MS;
     for (;;) {
+        // Nothing to tune (every peer on this host, or none yet): wait for
+        // the monitor's next event without waking, so the thread costs the
+        // workers' cores nothing.
+        int want = w->n > 0 ? ZPS_SNDBUF_TICK_MS : -1;
+        if (want != timeout &&
+            zmq_setsockopt(w->pair, ZMQ_RCVTIMEO, &want, sizeof want) == 0) {
+            timeout = want;
+        }
         zmq_msg_t m;
         zmq_msg_init(&m);
         int rc = zmq_msg_recv(&m, w->pair, 0);

@@ -401,10 +401,11 @@ END_TEST
 // 50-70 steps at a time, then the other (0.36 against 0.23 ms a sample,
 // each steady), which a 1.5x slower worker cannot be told from within the
 // 30 steps it must be flagged in: 0-4 flags an epoch were measured (0-6
-// in three, over nine sets of three), where the rule of before (half the
-// median step) flagged about 75 times. The bound guards against that
-// rule's return, not against the scheduler: 3 an epoch.
-#define DETECTOR_EQUAL_MAX_FLAGS 9
+// in three, over nine sets of three; once in CI 3, 4 and 4), where the
+// rule of before (half the median step) flagged about 75 times. The bound
+// guards against that rule's return, not against the scheduler: 4 an
+// epoch, the most one epoch was measured at.
+#define DETECTOR_EQUAL_MAX_FLAGS 12
 START_TEST(test_stragglers_detector_flags_neither_of_two_equal_workers_over_an_epoch)
 {
     zps_procs ps;
