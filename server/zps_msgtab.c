@@ -207,6 +207,13 @@ zps_err zps_msgtab_check(const zps_msgtab_ctx *x, const Zps__Header *h, const ch
         return ZPS_EPERM;
     }
     if (!(x->at & r->at)) {
+        if (x->at == ZPS_AT_DONE && (r->roles & ZPS_ROLE_WORKER)) {
+            // A worker that would join (or join again) after the last step:
+            // for it the job is simply over, not refused (libzps ends with
+            // ZPS_ECLOSED, zps-worker with exit 0).
+            snprintf(why, why_len, "%s came after the last step", type);
+            return ZPS_ECLOSED;
+        }
         if ((x->at & (ZPS_AT_UNASSIGNED | ZPS_AT_SERVING)) && !(r->at & ZPS_AT_SERVING)) {
             snprintf(why, why_len, "%s goes to the coordinator (shard 0), not to this shard",
                      type);

@@ -360,6 +360,8 @@ int main(int argc, char **argv)
         err = ZPS_OK;
     } else if (over) {
         // Not a failure of this worker: a supervisor need not restart it.
+        // Its BYE spares the coordinator the wait for its last report.
+        (void)zps_leave(c);
         zps_log_info("the job ended without this worker: exiting without final parameters");
         err = ZPS_OK;
     }

@@ -21,6 +21,7 @@ int main(void)
     srunner_add_suite(sr, zps_suite_external());
     srunner_add_suite(sr, zps_suite_shm_jobs());
     srunner_add_suite(sr, zps_suite_diloco());
+    srunner_add_suite(sr, zps_suite_end());
     srunner_run_all(sr, CK_NORMAL);
     int failed = srunner_ntests_failed(sr);
     srunner_free(sr);

@@ -319,3 +319,36 @@ int zps_free_port(void)
     close(fd);
     return ntohs(a.sin_port);
 }
+
+static void s_nap_ms(int ms)
+{
+    struct timespec ts = {ms / 1000, (ms % 1000) * 1000000L};
+    nanosleep(&ts, NULL);
+}
+
+void zps_procs_wait_log(const zps_procs *ps, const char *log, const char *text, int timeout_ms)
+{
+    double deadline = zps_clock_ms() + timeout_ms;
+    while (!zps_procs_log_has(ps, log, text)) {
+        ck_assert_msg(zps_clock_ms() < deadline, "no '%s' in %s/%s within %d ms", text, ps->dir,
+                      log, timeout_ms);
+        s_nap_ms(20);
+    }
+}
+
+uint64_t zps_procs_wait_step(const char *endpoint, uint64_t step, int timeout_ms)
+{
+    double deadline = zps_clock_ms() + timeout_ms;
+    for (;;) {
+        zps_wire_msg m;
+        zps_procs_status(endpoint, &m);
+        uint64_t at = m.hdr->status->step;
+        zps_wire_msg_fini(&m);
+        if (at >= step) {
+            return at;
+        }
+        ck_assert_msg(zps_clock_ms() < deadline, "step %llu not reached within %d ms",
+                      (unsigned long long)step, timeout_ms);
+        s_nap_ms(5);
+    }
+}

@@ -5,6 +5,7 @@
 
 #include <stdbool.h>
 #include <stddef.h>
+#include <stdint.h>
 #include <sys/types.h>
 
 #include "common/zps_wire.h"
@@ -47,6 +48,13 @@ int zps_procs_sh(zps_procs *ps, const char *cmdline, const char *log, int timeou
 // Asks the server at endpoint for STATUS (bounded, 5 s) into m; fails the
 // test without an answer. The caller reads m->hdr->status, then finishes m.
 void zps_procs_status(const char *endpoint, zps_wire_msg *m);
+
+// Bounded waits; each fails the test when the bound passes. Until the log
+// file under the scratch directory has a line with text:
+void zps_procs_wait_log(const zps_procs *ps, const char *log, const char *text, int timeout_ms);
+// Until shard 0 at endpoint has completed `step` steps; returns the steps
+// it has completed.
+uint64_t zps_procs_wait_step(const char *endpoint, uint64_t step, int timeout_ms);
 
 // A TCP port on 127.0.0.1 that was free a moment ago (for a server that
 // must come back on the same address after a restart).

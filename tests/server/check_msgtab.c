@@ -149,7 +149,9 @@ static zps_err s_expected(int type, size_t sender, char state, bool good, bool a
         return ZPS_EPERM;
     }
     if (!strchr(sp->at, state)) {
-        return ZPS_ESTATE;
+        // After the last step a worker's message is answered "the job is
+        // over", whatever it is: for the worker the job simply ended.
+        return state == 'd' && strchr(sp->roles, 'W') ? ZPS_ECLOSED : ZPS_ESTATE;
     }
     if (sp->cred == 'm') {
         return good ? ZPS_OK : ZPS_ENOENT;
