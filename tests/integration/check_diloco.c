@@ -3,6 +3,7 @@
  * worker holds the same bits after the rounds, compressed or not; a
  * worker killed in the middle of a round is missing from it, and the run
  * goes on. Every wait bounded; every process killed by pid at the end. */
+#include <math.h>
 #include <signal.h>
 #include <stdint.h>
 #include <stdio.h>
@@ -106,28 +107,67 @@ static void s_check_aligned(zps_procs *ps, const char *tag, int workers)
 
 // Inner SGD at lr 0.05 without momentum, one inner step, outer SGD at lr 1
 // without momentum: theta - 1 * mean(theta - (theta - 0.05 g_i)) is
-// theta - 0.05 mean(g_i), synchronous SGD, but for the last bits of the
-// subtractions. 40 steps: short of the horizon where training turns a
-// last-bit difference into a large one.
+// theta - 0.05 mean(g_i), synchronous SGD, but for the roundings of the
+// subtractions. Per step and parameter the mode rounds twice at theta's
+// precision where synchronous SGD rounds once (the worker's inner step
+// lands on theta's grid, then the outer step does), so the two part by
+// at most one ulp of theta a step: after T steps, at most
+// T * 2^-23 * max|theta|, if the training does not amplify differences.
+// A softmax regression (mlp:784-10, no ReLU) does not: its loss is smooth
+// and convex, and at lr 0.05 a step contracts a difference. With ReLUs
+// the bound is luck: a pre-activation that rounding moves across zero
+// flips a unit's gradient for one sample, a jump of about
+// lr / B * |delta| * |x| (measured: 3.4e-5 at step 23 of the 784-512-512-10
+// model under OpenBLAS's Haswell kernels, 2.1e-7 over 40 steps without a
+// flip under SkylakeX and Prescott); docs/tests.md has the figures.
+#define SMOOTH_MODEL "mlp:784-10"
+#define H1_STEPS 40
+
+static double s_max_abs(const float *p, size_t n)
+{
+    double m = 0;
+    for (size_t i = 0; i < n; i++) {
+        m = fabs(p[i]) > m ? fabs(p[i]) : m;
+    }
+    return m;
+}
+
 START_TEST(test_diloco_one_inner_step_equals_synchronous_sgd)
 {
     zps_procs ps;
     zps_procs_init(&ps, "diloco-h1");
-    static const char *const sync[] = {"--lr", "0.05", "--momentum", "0", NULL};
-    static const char *const diloco[] = {"--lr", "0.05", "--momentum", "0", "--mode", "diloco",
-                                         "--inner-steps", "1", "--outer-lr", "1",
-                                         "--outer-momentum", "0", NULL};
-    s_run(&ps, "sync", 2, "40", sync);
-    s_run(&ps, "h1", 2, "40", diloco);
-    size_t n = s_n_params();
+    static const char *const sync[] = {"--model", SMOOTH_MODEL, "--lr", "0.05", "--momentum",
+                                       "0", NULL};
+    static const char *const diloco[] = {"--model", SMOOTH_MODEL, "--lr", "0.05", "--momentum",
+                                         "0", "--mode", "diloco", "--inner-steps", "1",
+                                         "--outer-lr", "1", "--outer-momentum", "0", NULL};
+    char steps[8];
+    snprintf(steps, sizeof steps, "%d", H1_STEPS);
+    s_run(&ps, "sync", 2, steps, sync);
+    s_run(&ps, "h1", 2, steps, diloco);
+    zps_model_spec spec;
+    ck_assert_int_eq(zps_model_parse(SMOOTH_MODEL, &spec), ZPS_OK);
+    size_t n = spec.n_params;
+    float *init = malloc(n * sizeof(float));
+    ck_assert_ptr_nonnull(init);
+    zps_model_init_params(&spec, 3, init);
     float *a = zps_procs_load_params(&ps, "sync-w0.bin", n);
     float *b = zps_procs_load_params(&ps, "h1-w0.bin", n);
+    float *b1 = zps_procs_load_params(&ps, "h1-w1.bin", n);
+    double top = fmax(s_max_abs(init, n), s_max_abs(a, n));
+    double bound = H1_STEPS * ldexp(top, -23);
     double d = zps_max_abs_diff(a, b, n);
-    fprintf(stderr, "diloco H=1 against synchronous SGD after 40 steps: max |diff| = %.3g\n", d);
-    ck_assert_msg(d <= 1e-6, "H = 1 ends %.3g from synchronous SGD", d);
-    s_check_aligned(&ps, "h1", 2);
+    fprintf(stderr, "diloco H=1 against synchronous SGD after %d steps: max |diff| = %.3g "
+                    "(bound: %d steps x 2^-23 x max|theta| %.3g = %.3g)\n",
+            H1_STEPS, d, H1_STEPS, top, bound);
+    ck_assert_double_gt(zps_max_abs_diff(a, init, n), 1e-2); // it trained
+    ck_assert_msg(d <= bound, "H = 1 ends %.3g from synchronous SGD, beyond the rounding's %.3g",
+                  d, bound);
+    ck_assert_msg(memcmp(b, b1, n * sizeof(float)) == 0, "the diloco workers differ");
     free(a);
     free(b);
+    free(b1);
+    free(init);
     zps_procs_fini(&ps, false);
 }
 END_TEST

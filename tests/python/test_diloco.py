@@ -4,9 +4,9 @@ shards' outer step makes the next round's parameters.
 
 - One inner step of torch's SGD and an outer step of lr 1, momentum 0 is
   synchronous SGD: theta - 1 * (theta - (theta - lr g)) = theta - lr g,
-  but for the last bits of the subtractions. Compared over 40 steps: past
-  about 100 this training is chaotic, and a last-bit difference grows
-  (see docs/pytorch.md).
+  but for the last bits of the subtractions: at most one ulp of theta a
+  step apart (docs/tests.md). Compared over 40 steps: past about 100 this
+  training is chaotic, and a last-bit difference grows (see docs/pytorch.md).
 - Every worker ends a round with the same bits: two torch workers with
   AdamW and int8 pseudo-gradients, and a C zps-worker (the server's
   --optimizer as its inner one) beside a torch worker (its own).
@@ -73,10 +73,15 @@ def test_one_inner_step_of_torch_sgd_is_synchronous_sgd(procs):
     assert seen == [(t, 0, 1, t) for t in range(STEPS)]
     diff = float(np.abs(flat(model) - flat(sync)).max())
     moved = float(np.abs(flat(model) - flat(tiny())).max())
+    # The mode rounds once more a step at theta's precision (the inner step
+    # lands on theta's grid): at most one ulp of theta a step apart, on a
+    # smooth model (tanh) that does not amplify it (check_diloco.c says why).
+    top = max(np.abs(flat(sync)).max(), np.abs(flat(tiny())).max())
+    bound = STEPS * float(top) * 2.0 ** -23
     print(f"diloco H=1, SGD: max |diloco - sync| = {diff:.3g} after {STEPS} steps "
-          f"(moved {moved:.3g})")
+          f"(moved {moved:.3g}; bound {bound:.3g})")
     assert moved > 1e-2
-    assert diff < 1e-6
+    assert diff <= bound
 
 
 def test_a_round_is_h_inner_steps_of_consecutive_global_batches(procs):
