@@ -51,9 +51,8 @@ int zps_version(int *major, int *minor, int *patch);
 
 // ---------------------------------------------------------------------------
 // Errors. The values never change; new codes are added before ZPS_ECOUNT_.
-// (The same enum as zps's own common/zps_err.h, which guards it alike.)
-#ifndef ZPS_ERR_H
-#define ZPS_ERR_H
+// This is the one definition: zps's servers and tools use it too (through
+// common/zps_err.h), so what a server sends is a code named here.
 typedef enum zps_err {
     ZPS_OK = 0,      // not an error
     ZPS_EINVAL,      // bad argument or configuration
@@ -70,12 +69,13 @@ typedef enum zps_err {
     ZPS_ETIMEDOUT,   // a bounded wait ran out
     ZPS_ECLOSED,     // peer or job is gone
     ZPS_EAGAIN,      // not yet: hold the message and try again later
+    ZPS_EPERM,       // the sender's role or credential does not allow this message
+                     // (absent from 1.2.0's header, though 1.2's servers sent it all along)
     ZPS_ECOUNT_      // number of codes, not an error
 } zps_err;
 
 // Short, stable text for an error code (borrowed, never NULL).
 const char *zps_strerror(zps_err err);
-#endif
 
 // ---------------------------------------------------------------------------
 // Logging: process-wide, like sqlite3_config(SQLITE_CONFIG_LOG).

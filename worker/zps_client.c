@@ -39,7 +39,6 @@
 #include "worker/zps_sampler.h"
 #include "worker/zps_schedule.h"
 
-_Static_assert(ZPS_ECOUNT_ == 15, "include/zps.h and common/zps_err.h must agree");
 _Static_assert(ZPS_LOG_LEVEL_ERROR == (int)ZPS_LOG_ERROR, "log levels must agree");
 
 #define ZPS_CLIENT_WAIT_LOG_MS 5000.0
