@@ -14,7 +14,7 @@ int main(void)
         zps_suite_monitor, zps_suite_outbox, zps_suite_mlog, zps_suite_timers,
         zps_suite_outer,   zps_suite_quant,   zps_suite_dyl,
         zps_suite_shm,     zps_suite_shard_shm, zps_suite_shard_outer, zps_suite_round,
-        zps_suite_sndbuf,
+        zps_suite_sndbuf,  zps_suite_err,
     };
     SRunner *sr = srunner_create(suites[0]());
     for (size_t i = 1; i < sizeof suites / sizeof suites[0]; i++) {

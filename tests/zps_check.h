@@ -34,5 +34,6 @@ Suite *zps_suite_shard_shm(void);
 Suite *zps_suite_shard_outer(void);
 Suite *zps_suite_round(void);
 Suite *zps_suite_sndbuf(void);
+Suite *zps_suite_err(void);
 
 #endif
