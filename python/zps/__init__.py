@@ -12,8 +12,9 @@ import ctypes
 from . import _lib
 from ._lib import lib
 
-__all__ = ["ZpsError", "BadArgument", "Refused", "TimedOut", "JobGone", "TransportError",
-           "ProtocolError", "Client", "batch_indices", "set_log_level", "version"]
+__all__ = ["ZpsError", "BadArgument", "Refused", "NotYet", "TimedOut", "JobGone",
+           "TransportError", "ProtocolError", "Client", "batch_indices", "set_log_level",
+           "version"]
 
 
 class ZpsError(Exception):
@@ -31,7 +32,14 @@ class BadArgument(ZpsError, ValueError):
 
 class Refused(ZpsError):
     """The job said no: a model or dataset that is not the job's, a share
-    that does not fit, a job that admits no more workers."""
+    that does not fit, a job that admits no more workers, a message this
+    worker's role or CURVE key may not send (EPERM)."""
+
+
+class NotYet(ZpsError):
+    """Not yet (EAGAIN): the job cannot take this now, and the same call
+    may succeed later. libzps retries "not yet" answers itself; a piece
+    whose step ended during a pause makes Client.work_start return False."""
 
 
 class TimedOut(ZpsError):
@@ -53,8 +61,13 @@ class ProtocolError(ZpsError):
 
 _BY_CODE = {_lib.EINVAL: Refused, _lib.EJOB: Refused, _lib.EVERSION: Refused,
             _lib.ESTATE: Refused, _lib.ENOENT: Refused, _lib.ERANGE: Refused,
-            _lib.EDUP: Refused, _lib.ETIMEDOUT: TimedOut, _lib.ECLOSED: JobGone,
+            _lib.EDUP: Refused, _lib.EPERM: Refused, _lib.EAGAIN: NotYet,
+            _lib.ETIMEDOUT: TimedOut, _lib.ECLOSED: JobGone,
             _lib.EIO: TransportError, _lib.EPROTO: ProtocolError}
+# Raised as a plain ZpsError: ESTALE, which libzps mends itself (it asks
+# the coordinator where the job is), and ENOMEM, which no class would help
+# a caller act on. Every other code has its class (test_abi.py holds that).
+_PLAIN = (_lib.ESTALE, _lib.ENOMEM)
 
 
 def error(code, reason, local=False):
@@ -76,8 +89,8 @@ def version():
 
 def set_log_level(level):
     """'debug', 'info' (default), 'warn' or 'error': libzps's lines on stderr."""
-    levels = {"debug": _lib.LOG_DEBUG, "info": _lib.LOG_INFO, "warn": _lib.LOG_WARN,
-              "error": _lib.LOG_ERROR}
+    levels = {"debug": _lib.LOG_LEVEL_DEBUG, "info": _lib.LOG_LEVEL_INFO,
+              "warn": _lib.LOG_LEVEL_WARN, "error": _lib.LOG_LEVEL_ERROR}
     if level not in levels:
         raise BadArgument(_lib.EINVAL, f"log level {level!r}: one of {', '.join(levels)}")
     lib.zps_set_log_level(levels[level])

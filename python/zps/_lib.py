@@ -2,7 +2,10 @@
 
 Nothing here is compiled against Python or torch: the declarations below
 mirror include/zps.h, whose layout does not change within a major version,
-so one package works with any torch and any Python 3. ctypes releases the
+so one package works with any torch and any Python 3. Each constant is the
+header's name without ZPS_, and tests/python/test_abi.py holds every one of
+them, Work's fields and the bound calls against the header and the C
+compiler: a header change without its mirror here fails that test. ctypes releases the
 GIL around every call, so a call that waits lets other Python threads run.
 
 Where the library is found, first match wins:
@@ -37,7 +40,7 @@ class Work(ctypes.Structure):
 
 # enum zps_err
 OK, EINVAL, EPROTO, EVERSION, EJOB, ERANGE, ESTALE, ENOENT, EDUP, ESTATE, ENOMEM, EIO, \
-    ETIMEDOUT, ECLOSED, EAGAIN = range(15)
+    ETIMEDOUT, ECLOSED, EAGAIN, EPERM, ECOUNT_ = range(17)
 # enum zps_next
 NEXT_ERROR, NEXT_WORK, NEXT_EVAL, NEXT_ROLLBACK, NEXT_REJOINED, NEXT_DONE, NEXT_OVER, \
     NEXT_STOPPED = -1, 1, 2, 3, 4, 5, 6, 7
@@ -51,7 +54,7 @@ INFO_JOB_ID, INFO_RANK, INFO_SEED, INFO_GLOBAL_BATCH, INFO_TOTAL_STEPS, INFO_STE
     range(1, 13)
 MODE_SYNC, MODE_DILOCO = 0, 1
 INFO_MODEL, INFO_DATASET = 100, 101
-LOG_DEBUG, LOG_INFO, LOG_WARN, LOG_ERROR = range(4)
+LOG_LEVEL_DEBUG, LOG_LEVEL_INFO, LOG_LEVEL_WARN, LOG_LEVEL_ERROR = range(4)
 
 _P = ctypes.c_void_p
 _U32 = ctypes.c_uint32
