@@ -3,6 +3,9 @@
 #   make            build bin/zps-server, bin/zps-worker, bin/zps-ctl
 #   make demo       install missing Debian packages, build, train Fashion-MNIST on loopback
 #   make test       install missing Debian packages, build, run unit, integration and deploy tests
+#                   (the short tier, minutes; docs/tests.md)
+#   make test-long  the long cases: ten churn runs, the chaos schedule, straggler timing,
+#                   the adaptive split, the long Python tests (CI runs both tiers)
 #   make install    libzps (header, .a, .so.1, zps.pc) under PREFIX (default /usr/local)
 #   make bench      ms/step of the default job with 1 and 2 workers (bench/train.sh)
 #   make bench-all  every case of the performance table beside its peers, with ratios and
@@ -245,17 +248,25 @@ test-unit: $(B)/tests/check_unit
 	$(B)/tests/check_unit
 
 # The integration tests start the binaries of this flavour (ZPS_BIN_DIR).
-# Under SAN=1 the cases tagged "timing" (the straggler detector's: what
-# they assert is when a flag comes, which the sanitizers' slowdown changes,
-# and their code runs sanitized in the unit suite monitor) are left out,
-# and said so.
+# Two tiers (docs/tests.md): make test runs every suite in its short form,
+# leaving out the cases tagged "long" (minutes each: the ten churn runs in
+# a row, the seeded chaos schedule, the straggler detector's timing and the
+# adaptive split) and "soak" (make soak), and says so; make test-long runs
+# the long ones. Under SAN=1 only the short tier runs.
 test-integration: $(B)/tests/check_integration $(BINS) $(CUDA_TARGETS)
+	@echo "SKIPPED here: the integration cases tagged long (make test-long runs them)"
+	CK_EXCLUDE_TAGS="long soak" ZPS_BIN_DIR=$(CURDIR)/$(BIN) $(B)/tests/check_integration
+
+.PHONY: test-long test-integration-long test-python-long
+test-long: test-deps
+	@$(MAKE) --no-print-directory all $(B)/tests/check_integration
+	@$(MAKE) --no-print-directory test-integration-long test-python-long
+
+test-integration-long: $(B)/tests/check_integration $(BINS) $(CUDA_TARGETS)
 ifeq ($(SAN),1)
-	@echo "SKIPPED: the integration cases tagged timing (stragglers/detector) under SAN=1; make test runs them"
-	CK_EXCLUDE_TAGS=timing ZPS_BIN_DIR=$(CURDIR)/$(BIN) $(B)/tests/check_integration
-else
-	ZPS_BIN_DIR=$(CURDIR)/$(BIN) $(B)/tests/check_integration
+	$(error make test-long runs the normal build; drop SAN=1)
 endif
+	CK_INCLUDE_TAGS=long ZPS_BIN_DIR=$(CURDIR)/$(BIN) $(B)/tests/check_integration
 
 # The Python package (python/zps) with Debian's python3-torch, which only
 # Debian's own interpreter sees (not a python3 of pyenv or a venv earlier on
@@ -268,8 +279,15 @@ ifeq ($(SAN),1)
 	@echo "SKIPPED: test-python under SAN=1 (an ASan libzps does not load into python3); make test runs it"
 else
 	ZPS_BIN_DIR=$(CURDIR)/$(BIN) ZPS_LIB=$(CURDIR)/$(BIN)/libzps.so.$(ZPS_SO_MAJOR) \
-		PYTHONPATH=$(CURDIR)/python $(PYTHON) -m pytest -v -rs -p no:cacheprovider tests/python
+		PYTHONPATH=$(CURDIR)/python $(PYTHON) -m pytest -v -rs -p no:cacheprovider \
+		--durations=5 -m "not long" tests/python
 endif
+
+# The Python tests marked long (tests/python/conftest.py): make test-long.
+test-python-long: $(BINS) $(LIBZPS_SO)
+	ZPS_BIN_DIR=$(CURDIR)/$(BIN) ZPS_LIB=$(CURDIR)/$(BIN)/libzps.so.$(ZPS_SO_MAJOR) \
+		PYTHONPATH=$(CURDIR)/python $(PYTHON) -m pytest -v -rs -p no:cacheprovider \
+		--durations=5 -m long tests/python
 
 # The fuzz target run once over its generated seeds and over every input
 # that once broke it (fuzz/regressions/): a regression test with this

@@ -6,16 +6,17 @@
  *   new one started in its place, ten times; the job must end, every
  *   survivor with bitwise the same parameters. 900 steps, not the issue's
  *   3000: each kill stalls the job for the 1.5 s eviction timeout, so the
- *   churn covers 150-300 steps either way, and the rest is only time. ZPS_CHURN_RUNS runs it that
- *   many times in a row (10 by default; 1 in a sanitized build, which is
- *   several times slower).
+ *   churn covers 150-300 steps either way, and the rest is only time.
+ *   make test runs it once (ZPS_CHURN_RUNS: that many times in a row);
+ *   make test-long ten times in a row (the case churn10).
  * - chaos: a seeded schedule (ZPS_CHAOS_SEED, ZPS_CHAOS_EVENTS) of SIGKILLed
  *   workers replaced by new ones, SIGSTOP/SIGCONT pauses, shard 1 SIGKILLed
  *   and resumed, the coordinator SIGKILLed and resumed. Asserted: the job
  *   completes within a bound; every survivor saves bitwise the same
  *   parameters; every step record of the metrics log counted exactly the
  *   global batch's samples, each once; the final test accuracy is within
- *   0.01 of an undisturbed run's. `make soak` runs it for ten minutes.
+ *   0.01 of an undisturbed run's (make test-long). `make soak` runs it for
+ *   ten minutes.
  * Every wait is bounded; every process is killed by pid at the end. */
 #include <math.h>
 #include <signal.h>
@@ -346,11 +347,20 @@ static void s_churn_once(int run)
     zps_procs_fini(&j.ps, false);
 }
 
+// make test: one run (ZPS_CHURN_RUNS more); make test-long: ten in a row.
 START_TEST(test_chaos_workers_killed_and_replaced_every_1500_ms_never_hang_the_job)
 {
-    long runs = s_env("ZPS_CHURN_RUNS", SANITIZED ? 1 : 10);
+    long runs = s_env("ZPS_CHURN_RUNS", 1);
     for (long r = 0; r < runs; r++) {
         s_churn_once((int)r);
+    }
+}
+END_TEST
+
+START_TEST(test_chaos_churn_ten_runs_in_a_row_never_hang_the_job)
+{
+    for (int r = 0; r < 10; r++) {
+        s_churn_once(r);
     }
 }
 END_TEST
@@ -519,11 +529,19 @@ Suite *zps_suite_chaos(void)
     tcase_set_timeout(churn, 1800);
     tcase_add_test(churn, test_chaos_workers_killed_and_replaced_every_1500_ms_never_hang_the_job);
     suite_add_tcase(s, churn);
+    // make test-long (CK_INCLUDE_TAGS=long): minutes each.
+    TCase *churn10 = tcase_create("churn10");
+    tcase_set_tags(churn10, "long");
+    tcase_set_timeout(churn10, 1800);
+    tcase_add_test(churn10, test_chaos_churn_ten_runs_in_a_row_never_hang_the_job);
+    suite_add_tcase(s, churn10);
     TCase *tc = tcase_create("chaos");
+    tcase_set_tags(tc, "long");
     tcase_set_timeout(tc, 900);
     tcase_add_test(tc, test_chaos_seeded_schedule_of_failures_ends_as_an_undisturbed_run);
     suite_add_tcase(s, tc);
     TCase *soak = tcase_create("soak");
+    tcase_set_tags(soak, "soak"); // make soak only
     tcase_set_timeout(soak, 7200);
     tcase_add_test(soak, test_chaos_soak);
     suite_add_tcase(s, soak);

@@ -516,16 +516,38 @@ START_TEST(test_stragglers_detector_flags_a_worker_slowed_1_5x_within_30_steps_3
 }
 END_TEST
 
+// make test's short form of the suite: a worker 3 x slower than its peer
+// is flagged before the end of an 80-step job (make test-long asserts how
+// soon, and that equal workers are left alone), the log names it once,
+// and both workers and the server exit 0.
+START_TEST(test_stragglers_worker_slowed_3x_is_flagged_and_named_in_the_log)
+{
+    zps_procs ps;
+    zps_procs_init(&ps, "flag-slow");
+    uint64_t at = s_flagged_at(&ps, "x3", 3.0);
+    fprintf(stderr, "a worker slowed 3x: flagged at step %lld\n",
+            at == UINT64_MAX ? -1LL : (long long)at);
+    ck_assert_msg(at != UINT64_MAX, "a worker slowed 3x was never flagged in 80 steps");
+    zps_procs_fini(&ps, false);
+}
+END_TEST
+
 Suite *zps_suite_stragglers(void)
 {
     Suite *s = suite_create("stragglers");
+    TCase *flag = tcase_create("flag");
+    tcase_set_timeout(flag, 300);
+    tcase_add_test(flag, test_stragglers_worker_slowed_3x_is_flagged_and_named_in_the_log);
+    suite_add_tcase(s, flag);
+    // make test-long (CK_INCLUDE_TAGS=long): about three minutes in all.
     TCase *tc = tcase_create("adapt");
+    tcase_set_tags(tc, "long");
     tcase_set_timeout(tc, 300);
     tcase_add_test(tc, test_stragglers_slowed_worker_flagged_and_split_adapts_same_math);
     tcase_add_test(tc, test_stragglers_speculation_keeps_p95_of_random_stalls_near_median_same_math);
     suite_add_tcase(s, tc);
     TCase *det = tcase_create("detector");
-    tcase_set_tags(det, "timing"); // left out under SAN=1 (Makefile: test-integration)
+    tcase_set_tags(det, "timing long"); // timing: left out under SAN=1 (Makefile)
     tcase_set_timeout(det, 600);
     tcase_add_test(det, test_stragglers_detector_flags_neither_of_two_equal_workers_over_an_epoch);
     tcase_add_test(det, test_stragglers_detector_flags_a_worker_slowed_1_5x_within_30_steps_3x_within_10);

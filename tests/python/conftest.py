@@ -20,6 +20,11 @@ EXAMPLE = os.path.join(ROOT, "examples", "torch_fmnist.py")
 PYTHON = sys.executable
 
 
+def pytest_configure(config):
+    # make test runs -m "not long", make test-long -m long (docs/tests.md).
+    config.addinivalue_line("markers", "long: minutes; make test-long runs it, make test not")
+
+
 def env():
     e = dict(os.environ)
     e["PYTHONPATH"] = os.path.join(ROOT, "python")
