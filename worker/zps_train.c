@@ -14,7 +14,7 @@
 #include "common/zps_rng.h"
 #include "common/zps_optim.h"
 #include "worker/zps_backend.h"
-#include "worker/zps_client_int.h"
+#include "lib/zps_client_int.h"
 
 #define ZPS_TRAIN_EVAL_CHUNK 1024u
 #define ZPS_TRAIN_CALIBRATE 20 // --slowdown: computes that fix the time per sample

@@ -1,6 +1,6 @@
 /* zps_client_int.h - what zps-worker, zps's own user of libzps, reads of a
  * client beyond include/zps.h. In the archive it links, not exported by
- * libzps.so (worker/libzps.map): a user's own training code brings its own
+ * libzps.so (lib/libzps.map): a user's own training code brings its own
  * optimizer. */
 #ifndef ZPS_CLIENT_INT_H
 #define ZPS_CLIENT_INT_H

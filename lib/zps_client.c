@@ -31,13 +31,13 @@
 #include "common/zps_outer.h"
 #include "common/zps_plan.h"
 #include "common/zps_wire.h"
-#include "worker/zps_conn.h"
-#include "worker/zps_decl.h"
-#include "worker/zps_heartbeat.h"
-#include "worker/zps_client_int.h"
-#include "worker/zps_round.h"
-#include "worker/zps_sampler.h"
-#include "worker/zps_schedule.h"
+#include "lib/zps_conn.h"
+#include "lib/zps_decl.h"
+#include "lib/zps_heartbeat.h"
+#include "lib/zps_client_int.h"
+#include "lib/zps_round.h"
+#include "lib/zps_sampler.h"
+#include "lib/zps_schedule.h"
 
 _Static_assert(ZPS_LOG_LEVEL_ERROR == (int)ZPS_LOG_ERROR, "log levels must agree");
 
