@@ -16,8 +16,8 @@
 # deploy/install-deps.sh --ci):
 #   make test SAN=1 the same tests, everything built with ASan + UBSan into build/san/
 #   make valgrind   one short training run (1 server, 2 workers) under valgrind memcheck
-#   make lint       cppcheck and clang-tidy (.clang-tidy) over common/ server/ worker/ ctl/ fuzz/
-#                   and bench/bare_ps.c
+#   make lint       cppcheck and clang-tidy (.clang-tidy) over common/ server/ lib/ worker/ ctl/
+#                   fuzz/ and bench/bare_ps.c
 #   make fuzz       libFuzzer over the server's message path for FUZZ_SECONDS (default 30)
 #
 # Dependencies come from pkg-config; deploy/install-deps.sh installs them.
@@ -105,8 +105,12 @@ endif
 PROTO_C := $(B)/proto/zps.pb-c.c
 COMMON_SRC := $(PROTO_C) $(wildcard common/*.c)
 SERVER_SRC := $(filter-out server/main.c,$(wildcard server/*.c))
+# One folder a product: lib/ is libzps, worker/ the zps-worker program on it.
+LIB_SRC := $(wildcard lib/*.c)
 WORKER_SRC := $(filter-out worker/main.c,$(wildcard worker/*.c))
-UNIT_SRC := tests/check_unit.c $(wildcard tests/common/*.c tests/server/*.c tests/worker/*.c)
+# The unit suites mirror the sources (tests/lib/zps_min.c is test-install's program).
+UNIT_SRC := tests/check_unit.c \
+	$(wildcard $(addsuffix /check_*.c,tests/common tests/server tests/lib tests/worker))
 INTEG_SRC := $(wildcard tests/integration/*.c)
 
 obj = $(patsubst %.c,$(B)/obj/%.o,$(patsubst $(B)/%,%,$(1)))
@@ -114,22 +118,21 @@ COMMON_OBJ := $(call obj,$(COMMON_SRC))
 SERVER_OBJ := $(call obj,$(SERVER_SRC))
 WORKER_OBJ := $(call obj,$(WORKER_SRC))
 
-# libzps (include/zps.h): the client and what it needs of common/, as an
+# libzps (include/zps.h): lib/ and what it needs of common/, as an
 # archive and as a shared library with a versioned soname whose exports are
-# the public API alone (worker/libzps.map). zps-worker links the archive;
-# its training loop and backends (the "user code") are not in the library.
+# the public API alone (lib/libzps.map). zps-worker (worker/) links the
+# archive; its training loop and backends (the "user code") are not in the
+# library.
 LIBZPS_SRC := $(PROTO_C) $(addprefix common/,zps_curve.c zps_dtype.c zps_err.c zps_layout.c \
 	zps_log.c zps_model.c zps_optim.c zps_outer.c zps_plan.c zps_plans.c zps_quant.c zps_shm.c \
-	zps_sndbuf.c zps_wire.c) \
-	$(addprefix worker/,zps_client.c zps_conn.c zps_decl.c zps_heartbeat.c zps_sampler.c \
-	zps_round.c zps_schedule.c)
+	zps_sndbuf.c zps_wire.c) $(LIB_SRC)
 LIBZPS_OBJ := $(call obj,$(LIBZPS_SRC))
 LIBZPS_PIC := $(patsubst $(B)/obj/%,$(B)/pic/%,$(LIBZPS_OBJ))
 ZPS_SO_MAJOR := 1
-ZPS_SO_VERSION := 1.2.0
+ZPS_SO_VERSION := 1.3.0
 LIBZPS_SO := $(BIN)/libzps.so.$(ZPS_SO_VERSION)
 LIBZPS_LIBS := $(shell pkg-config --libs libzmq libprotobuf-c 2>/dev/null) -lm -pthread
-ZPS_WORKER_OBJ := $(call obj,worker/main.c worker/zps_train.c worker/zps_backend.c worker/zps_cpu.c)
+ZPS_WORKER_OBJ := $(call obj,worker/main.c $(WORKER_SRC))
 
 BINS := $(BIN)/zps-server $(BIN)/zps-worker $(BIN)/zps-ctl
 EXAMPLES := $(BIN)/tanh_mlp
@@ -212,11 +215,13 @@ $(BIN)/tanh_mlp: examples/tanh_mlp.c include/zps.h $(B)/libzps.a
 $(BIN)/zps-server: $(B)/obj/server/main.o $(B)/libzps_server.a $(B)/libzps_common.a
 $(BIN)/zps-worker: $(ZPS_WORKER_OBJ) $(B)/libzps.a $(B)/libzps_common.a
 
-# libzps.so.$(ZPS_SO_VERSION) (1.1: ZPS_OPT_SHM), soname libzps.so.1, and the links a build and a loader look for.
-$(LIBZPS_SO): $(LIBZPS_PIC) worker/libzps.map
+# libzps.so.$(ZPS_SO_VERSION) (1.1: ZPS_OPT_SHM; 1.2: diloco; 1.3: a diloco job's inner
+# optimizer, node ZPS_1.3 of the map), soname libzps.so.1, and the links a
+# build and a loader look for.
+$(LIBZPS_SO): $(LIBZPS_PIC) lib/libzps.map
 	@mkdir -p $(BIN)
 	$(CC) $(ZPS_CFLAGS) -shared -Wl,-soname,libzps.so.$(ZPS_SO_MAJOR) \
-		-Wl,--version-script=worker/libzps.map -Wl,--no-undefined -o $@ $(LIBZPS_PIC) \
+		-Wl,--version-script=lib/libzps.map -Wl,--no-undefined -o $@ $(LIBZPS_PIC) \
 		$(LIBZPS_LIBS) $(LDLIBS)
 	ln -sf libzps.so.$(ZPS_SO_VERSION) $(BIN)/libzps.so.$(ZPS_SO_MAJOR)
 	ln -sf libzps.so.$(ZPS_SO_MAJOR) $(BIN)/libzps.so
@@ -228,7 +233,7 @@ $(BIN)/%:
 
 CHECK_LIBS := $(shell pkg-config --libs check 2>/dev/null)
 $(B)/tests/check_unit: $(call obj,$(UNIT_SRC)) $(B)/libzps_server.a $(B)/libzps_worker.a \
-		$(B)/libzps_common.a | $(CUDA_TARGETS)
+		$(B)/libzps.a $(B)/libzps_common.a | $(CUDA_TARGETS)
 	@mkdir -p $(dir $@)
 	$(CC) $(ZPS_CFLAGS) -o $@ $^ $(CHECK_LIBS) $(ZPS_LDLIBS)
 $(B)/tests/check_integration: $(call obj,$(INTEG_SRC)) $(B)/libzps_common.a
@@ -355,7 +360,7 @@ install: $(B)/libzps.a $(LIBZPS_SO)
 	install -m 755 $(LIBZPS_SO) $(DESTDIR)$(PREFIX)/lib/libzps.so.$(ZPS_SO_VERSION)
 	ln -sf libzps.so.$(ZPS_SO_VERSION) $(DESTDIR)$(PREFIX)/lib/libzps.so.$(ZPS_SO_MAJOR)
 	ln -sf libzps.so.$(ZPS_SO_MAJOR) $(DESTDIR)$(PREFIX)/lib/libzps.so
-	sed -e 's|@PREFIX@|$(PREFIX)|' -e 's|@VERSION@|$(ZPS_SO_VERSION)|' worker/zps.pc.in \
+	sed -e 's|@PREFIX@|$(PREFIX)|' -e 's|@VERSION@|$(ZPS_SO_VERSION)|' lib/zps.pc.in \
 		>$(DESTDIR)$(PREFIX)/lib/pkgconfig/zps.pc
 
 # A program built against the installed header and zps.pc only joins a job
@@ -410,7 +415,7 @@ endif
 # once per file: one clang-tidy process over several files reports
 # va_list false positives from state left by the previous file. -k and
 # output per file: every finding of every file is shown, not the first.
-LINT_DIRS := common server worker ctl fuzz
+LINT_DIRS := common server lib worker ctl fuzz
 # Of bench/, the bare parameter server (bench/zmq_ceiling.c is older and not
 # yet clean under these checks).
 LINT_BENCH := bench/bare_ps.c

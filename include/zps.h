@@ -41,7 +41,7 @@ extern "C" {
 #endif
 
 #define ZPS_VERSION_MAJOR 1
-#define ZPS_VERSION_MINOR 2
+#define ZPS_VERSION_MINOR 3
 #define ZPS_VERSION_PATCH 0
 #define ZPS_VERSION (ZPS_VERSION_MAJOR * 10000 + ZPS_VERSION_MINOR * 100 + ZPS_VERSION_PATCH)
 
@@ -181,6 +181,8 @@ typedef enum zps_info {
     ZPS_INFO_N_BUCKETS,       // buckets of the gradient (zps_bucket_range)
     ZPS_INFO_MODE,            // ZPS_MODE_SYNC or ZPS_MODE_DILOCO (zps-server --mode)
     ZPS_INFO_INNER_STEPS,     // diloco: H, the job's inner steps per round (auto: the most)
+    ZPS_INFO_INNER_OPTIM,     // diloco (1.3): the job's inner optimizer, ZPS_INNER_*
+    ZPS_INFO_INNER_NESTEROV,  // diloco (1.3): 1 when its SGD momentum is Nesterov's
 } zps_info;
 
 // What a job computes. Synchronous: every step one global batch, and the
@@ -200,6 +202,34 @@ const char *zps_info_str(const zps_client *c, int key);
 // Bucket b's range [*lo, *hi) of the flat vector; buckets tile it, in
 // backward order of the layers (the last layer's first). ZPS_ERANGE.
 zps_err zps_bucket_range(const zps_client *c, int bucket, uint64_t *lo, uint64_t *hi);
+
+// A diloco job's inner optimizer (1.3): zps-server's --optimizer and its
+// settings, for a caller that steps the job's optimizer rather than one of
+// its own between zps_next_work and zps_inner_done (zps-worker does). The
+// updates are torch.optim's (docs/optimizers.md): SGD with dampening 0,
+// Adam with L2 decay added to the gradient, AdamW with decoupled decay.
+// Its state is the caller's, kept across rounds.
+enum { ZPS_INNER_SGD = 1, ZPS_INNER_ADAM, ZPS_INNER_ADAMW }; // ZPS_INFO_INNER_OPTIM
+// Its real numbers, for zps_info_f64: --lr (the schedule's peak),
+// --momentum (SGD), --weight-decay, --betas and --eps (Adam, AdamW).
+enum {
+    ZPS_INFO_INNER_LR = 200,
+    ZPS_INFO_INNER_MOMENTUM,
+    ZPS_INFO_INNER_WEIGHT_DECAY,
+    ZPS_INFO_INNER_BETA1,
+    ZPS_INFO_INNER_BETA2,
+    ZPS_INFO_INNER_EPS,
+};
+// A real number of the job (1.3): a key above; 0 for an unknown key,
+// before zps_join, and in a synchronous job. A float setting (--lr,
+// --momentum, --weight-decay) comes back exactly, so (float) gives its bits.
+double zps_info_f64(const zps_client *c, int key);
+// The inner learning rate of the update that trains global batch step
+// (zps_work.step of an inner step) (1.3): ZPS_INFO_INNER_LR under the job's
+// --lr-schedule and --warmup-steps, run over every inner step of the job
+// as one process's would run over its steps. A float's value, exactly;
+// 0 before zps_join and in a synchronous job.
+double zps_inner_lr(const zps_client *c, uint64_t step);
 
 // The caller's parameter buffer, n = ZPS_INFO_N_PARAMS floats, borrowed
 // until destroy. With a declared model, rank 0 of a job's first start

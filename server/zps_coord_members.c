@@ -16,7 +16,7 @@ static void s_depart(zps_coord *c, zps_outbox *out, zps_coord_member *mem, zps_m
     if (c->state == ZPS_COORD_TRAINING && why != ZPS_EXIT_FINISHED) {
         if (c->cfg.mode.diloco) {
             // Its inner steps are lost with it: its slice is handed on to
-            // be pushed with no weight (worker/zps_client.c), unless its
+            // be pushed with no weight (lib/zps_client.c), unless its
             // pseudo-gradient is in already.
             zps_log_warn("round %llu: rank %u (%s) left during its inner steps; unless its "
                          "pseudo-gradient had arrived, it is missing from the round, which "

@@ -4,36 +4,43 @@
 
 #include <check.h>
 
+// common/
 Suite *zps_suite_model(void);
 Suite *zps_suite_optim(void);
 Suite *zps_suite_wire(void);
 Suite *zps_suite_idx(void);
 Suite *zps_suite_dataset(void);
-Suite *zps_suite_sampler(void);
-Suite *zps_suite_cpu(void);
-Suite *zps_suite_cuda(void);
-Suite *zps_suite_shard(void);
 Suite *zps_suite_dtype(void);
-Suite *zps_suite_ckpt(void);
 Suite *zps_suite_opts(void);
-Suite *zps_suite_coord(void);
 Suite *zps_suite_plans(void);
-Suite *zps_suite_member(void);
-Suite *zps_suite_msgtab(void);
 Suite *zps_suite_layout(void);
-Suite *zps_suite_client(void);
-Suite *zps_suite_monitor(void);
-Suite *zps_suite_outbox(void);
 Suite *zps_suite_mlog(void);
-Suite *zps_suite_timers(void);
 Suite *zps_suite_outer(void);
 Suite *zps_suite_quant(void);
 Suite *zps_suite_dyl(void);
 Suite *zps_suite_shm(void);
-Suite *zps_suite_shard_shm(void);
-Suite *zps_suite_shard_outer(void);
-Suite *zps_suite_round(void);
 Suite *zps_suite_sndbuf(void);
 Suite *zps_suite_err(void);
+
+// server/
+Suite *zps_suite_shard(void);
+Suite *zps_suite_ckpt(void);
+Suite *zps_suite_coord(void);
+Suite *zps_suite_msgtab(void);
+Suite *zps_suite_member(void);
+Suite *zps_suite_monitor(void);
+Suite *zps_suite_outbox(void);
+Suite *zps_suite_timers(void);
+Suite *zps_suite_shard_shm(void);
+Suite *zps_suite_shard_outer(void);
+
+// lib/ (libzps)
+Suite *zps_suite_client(void);
+Suite *zps_suite_sampler(void);
+Suite *zps_suite_round(void);
+
+// worker/ (zps-worker)
+Suite *zps_suite_cpu(void);
+Suite *zps_suite_cuda(void);
 
 #endif

@@ -1,7 +1,7 @@
 /* main.c - zps-worker: trains its slice of every global batch.
  *
  * It needs one address, the coordinator's. The flags become a libzps client
- * (include/zps.h, worker/zps_client.c: joining, the wire, every wait) and
+ * (include/zps.h, lib/zps_client.c: joining, the wire, every wait) and
  * the training loop of the built-in models (worker/zps_train.c: data,
  * backend, fault injection); main only parses, sets up and maps the end
  * of the job to the exit status. Signals stop the client. */

@@ -14,7 +14,6 @@
 #include "common/zps_rng.h"
 #include "common/zps_optim.h"
 #include "worker/zps_backend.h"
-#include "worker/zps_client_int.h"
 
 #define ZPS_TRAIN_EVAL_CHUNK 1024u
 #define ZPS_TRAIN_CALIBRATE 20 // --slowdown: computes that fix the time per sample
@@ -34,7 +33,7 @@ struct zps_train {
     int n_calib;              // computes it was measured on
     // --mode diloco: the inner optimizer, this worker's own.
     bool diloco;
-    zps_optim_cfg inner;      // the job's --optimizer, --lr, ...
+    zps_optim_cfg inner;      // the job's --optimizer, --momentum, ... (the rate: zps_inner_lr)
     float *inner_state;       // owned: its state, state floats per parameter
     uint64_t inner_t;         // Adam's t: inner updates taken here
 };
@@ -47,6 +46,33 @@ static void s_on_bucket(void *arg, int bucket)
         (void)zps_push_bucket(t->c, t->cur, bucket, zps_backend_grads(t->be),
                               zps_backend_loss(t->be));
     }
+}
+
+// Diloco: the job's inner optimizer, as include/zps.h gives it, into the
+// settings common/'s updates take; its state, zeroed, for the first round.
+static bool s_setup_inner(zps_train *t)
+{
+    zps_client *c = t->c;
+    uint64_t kind = zps_info_u64(c, ZPS_INFO_INNER_OPTIM);
+    t->inner = (zps_optim_cfg){
+        .kind = kind == ZPS_INNER_ADAMW ? ZPS_OPTIM_ADAMW
+                : kind == ZPS_INNER_ADAM ? ZPS_OPTIM_ADAM
+                                         : ZPS_OPTIM_SGD,
+        // The float settings come back as doubles exactly: the same bits.
+        .lr = (float)zps_info_f64(c, ZPS_INFO_INNER_LR),
+        .momentum = (float)zps_info_f64(c, ZPS_INFO_INNER_MOMENTUM),
+        .nesterov = zps_info_u64(c, ZPS_INFO_INNER_NESTEROV) != 0,
+        .weight_decay = (float)zps_info_f64(c, ZPS_INFO_INNER_WEIGHT_DECAY),
+        .beta1 = zps_info_f64(c, ZPS_INFO_INNER_BETA1),
+        .beta2 = zps_info_f64(c, ZPS_INFO_INNER_BETA2),
+        .eps = zps_info_f64(c, ZPS_INFO_INNER_EPS)};
+    size_t floats = (size_t)zps_optim_state_floats(t->inner.kind) * t->model.n_params;
+    if (!(t->inner_state = calloc(floats ? floats : 1, sizeof(float)))) {
+        zps_log_error("cannot allocate the inner optimizer's %zu floats", floats);
+        return false;
+    }
+    t->diloco = true;
+    return true;
 }
 
 static bool s_setup_data(zps_train *t, uint32_t rows)
@@ -100,13 +126,8 @@ zps_train *zps_train_new(zps_client *c, const zps_train_opts *opts)
     if (zps_backend_uses_data(t->be) && !s_setup_data(t, rows)) {
         goto fail;
     }
-    if (zps_client_inner_optim(c, &t->inner) == ZPS_OK) {
-        t->diloco = true;
-        size_t floats = (size_t)zps_optim_state_floats(t->inner.kind) * t->model.n_params;
-        if (!(t->inner_state = calloc(floats ? floats : 1, sizeof(float)))) {
-            zps_log_error("cannot allocate the inner optimizer's %zu floats", floats);
-            goto fail;
-        }
+    if (zps_info_u64(c, ZPS_INFO_MODE) == ZPS_MODE_DILOCO && !s_setup_inner(t)) {
+        goto fail;
     }
     return t;
 fail:
@@ -195,7 +216,7 @@ static void s_inner_step(zps_train *t, const zps_work *w)
     float *params = zps_backend_params(t->be);
     const float *grad = zps_backend_grads(t->be);
     size_t n = t->model.n_params;
-    float lr = zps_optim_lr_at(&t->inner, w->step);
+    float lr = (float)zps_inner_lr(t->c, w->step);
     if (t->inner.kind == ZPS_OPTIM_SGD) {
         zps_optim_sgd(&t->inner, lr, params, t->inner_state, grad, n);
     } else {

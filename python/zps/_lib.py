@@ -50,10 +50,14 @@ OPT_DEVICE, OPT_SHARE, OPT_TIMEOUT_MS, OPT_JOIN_TIMEOUT_MS, OPT_HEARTBEAT_MS, OP
     OPT_SHM = range(1, 8)
 # enum zps_info
 INFO_JOB_ID, INFO_RANK, INFO_SEED, INFO_GLOBAL_BATCH, INFO_TOTAL_STEPS, INFO_STEPS_PER_EPOCH, \
-    INFO_START_STEP, INFO_STEP, INFO_N_PARAMS, INFO_N_BUCKETS, INFO_MODE, INFO_INNER_STEPS = \
-    range(1, 13)
+    INFO_START_STEP, INFO_STEP, INFO_N_PARAMS, INFO_N_BUCKETS, INFO_MODE, INFO_INNER_STEPS, \
+    INFO_INNER_OPTIM, INFO_INNER_NESTEROV = range(1, 15)
 MODE_SYNC, MODE_DILOCO = 0, 1
+INNER_SGD, INNER_ADAM, INNER_ADAMW = 1, 2, 3
 INFO_MODEL, INFO_DATASET = 100, 101
+# zps_info_f64 (1.3)
+INFO_INNER_LR, INFO_INNER_MOMENTUM, INFO_INNER_WEIGHT_DECAY, INFO_INNER_BETA1, INFO_INNER_BETA2, \
+    INFO_INNER_EPS = range(200, 206)
 LOG_LEVEL_DEBUG, LOG_LEVEL_INFO, LOG_LEVEL_WARN, LOG_LEVEL_ERROR = range(4)
 
 _P = ctypes.c_void_p
@@ -84,6 +88,8 @@ _SIGNATURES = {
     "zps_join": (_INT, [_P]),
     "zps_info_u64": (_U64, [_P, _INT]),
     "zps_info_str": (_STR, [_P, _INT]),
+    "zps_info_f64": (ctypes.c_double, [_P, _INT]),  # 1.3
+    "zps_inner_lr": (ctypes.c_double, [_P, _U64]),  # 1.3
     "zps_bucket_range": (_INT, [_P, _INT, ctypes.POINTER(_U64), ctypes.POINTER(_U64)]),
     "zps_set_params": (_INT, [_P, _FLOATS, ctypes.c_size_t]),
     "zps_set_dataset": (_INT, [_P, _U32, _U32]),
@@ -99,7 +105,7 @@ _SIGNATURES = {
 
 # Calls added by a minor version, which an older libzps 1.x lacks: bound
 # when present; the methods that call them say which version they need.
-_SINCE = {"zps_inner_done": (1, 2)}
+_SINCE = {"zps_inner_done": (1, 2), "zps_info_f64": (1, 3), "zps_inner_lr": (1, 3)}
 
 
 def has(name):

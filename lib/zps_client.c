@@ -31,13 +31,12 @@
 #include "common/zps_outer.h"
 #include "common/zps_plan.h"
 #include "common/zps_wire.h"
-#include "worker/zps_conn.h"
-#include "worker/zps_decl.h"
-#include "worker/zps_heartbeat.h"
-#include "worker/zps_client_int.h"
-#include "worker/zps_round.h"
-#include "worker/zps_sampler.h"
-#include "worker/zps_schedule.h"
+#include "lib/zps_conn.h"
+#include "lib/zps_decl.h"
+#include "lib/zps_heartbeat.h"
+#include "lib/zps_round.h"
+#include "lib/zps_sampler.h"
+#include "lib/zps_schedule.h"
 
 _Static_assert(ZPS_LOG_LEVEL_ERROR == (int)ZPS_LOG_ERROR, "log levels must agree");
 
@@ -152,7 +151,7 @@ struct zps_client {
     double init_again_ms[ZPS_CONN_MAX_SHARDS];     // when to send a refused INIT again (0: no)
     // --mode diloco: the round in progress (step t is round t).
     zps_outer_mode mode;                           // zeroed: synchronous
-    zps_optim_cfg inner;                           // zps-worker's inner optimizer, from JOB
+    zps_optim_cfg inner;                           // diloco: the job's inner optimizer, from JOB
     zps_round round;                               // owned: theta_sync, the delta, its payloads
     zps_piece own;                                 // this worker's slice of the round
     uint32_t inner_h, inner_n;                     // inner steps handed out, and to take
@@ -228,6 +227,7 @@ static zps_err s_take_mode(zps_client *c, const Zps__Job *job)
 {
     zps_round_fini(&c->round);
     memset(&c->mode, 0, sizeof c->mode);
+    memset(&c->inner, 0, sizeof c->inner);
     if (!job->outer) {
         return ZPS_OK;
     }
@@ -236,6 +236,11 @@ static zps_err s_take_mode(zps_client *c, const Zps__Job *job)
                                .compress = (int)job->outer->compress};
     if (zps_outer_mode_check(&c->mode) != ZPS_OK || c->dtype != ZPS_DTYPE_F32) {
         zps_log_error("the coordinator sent a diloco mode this library cannot run");
+        return ZPS_EPROTO;
+    }
+    if (job->inner && job->inner->kind > ZPS_OPTIM_ADAMW) {
+        zps_log_error("the coordinator sent an inner optimizer (%u) this library does not know",
+                      job->inner->kind);
         return ZPS_EPROTO;
     }
     if (job->inner) {
@@ -1137,8 +1142,40 @@ uint64_t zps_info_u64(const zps_client *c, int key)
     case ZPS_INFO_N_BUCKETS: return (uint64_t)zps_model_n_buckets(&c->model);
     case ZPS_INFO_MODE: return c->mode.diloco ? ZPS_MODE_DILOCO : ZPS_MODE_SYNC;
     case ZPS_INFO_INNER_STEPS: return c->mode.inner_steps;
+    case ZPS_INFO_INNER_OPTIM:
+        return !c->mode.diloco                   ? 0
+               : c->inner.kind == ZPS_OPTIM_ADAM  ? ZPS_INNER_ADAM
+               : c->inner.kind == ZPS_OPTIM_ADAMW ? ZPS_INNER_ADAMW
+                                                  : ZPS_INNER_SGD;
+    case ZPS_INFO_INNER_NESTEROV: return c->mode.diloco && c->inner.nesterov;
     default: return 0;
     }
+}
+
+double zps_info_f64(const zps_client *c, int key)
+{
+    if (!c || !c->joined || !c->mode.diloco) {
+        return 0;
+    }
+    switch (key) {
+    case ZPS_INFO_INNER_LR: return c->inner.lr;
+    case ZPS_INFO_INNER_MOMENTUM: return c->inner.momentum;
+    case ZPS_INFO_INNER_WEIGHT_DECAY: return c->inner.weight_decay;
+    case ZPS_INFO_INNER_BETA1: return c->inner.beta1;
+    case ZPS_INFO_INNER_BETA2: return c->inner.beta2;
+    case ZPS_INFO_INNER_EPS: return c->inner.eps;
+    default: return 0;
+    }
+}
+
+// The schedule stays in the library: the caller needs only each update's
+// rate, and the schedules may grow without the API changing.
+double zps_inner_lr(const zps_client *c, uint64_t step)
+{
+    if (!c || !c->joined || !c->mode.diloco) {
+        return 0;
+    }
+    return zps_optim_lr_at(&c->inner, step);
 }
 
 const char *zps_info_str(const zps_client *c, int key)
@@ -1639,15 +1676,6 @@ zps_err zps_work_done(zps_client *c, const zps_work *w)
     c->sum_data_ms += w->data_ms;
     c->sum_compute_ms += zps_clock_ms() - c->step_t0 - w->data_ms;
     return c->push_err == ZPS_OK ? ZPS_OK : s_fail(c, c->push_err);
-}
-
-zps_err zps_client_inner_optim(const zps_client *c, zps_optim_cfg *out)
-{
-    if (!c->mode.diloco) {
-        return ZPS_EINVAL;
-    }
-    *out = c->inner;
-    return ZPS_OK;
 }
 
 zps_err zps_inner_done(zps_client *c, const zps_work *w, float loss)

@@ -1,5 +1,5 @@
 /* zps_conn.c - libzps's wire client (zps_conn.h). */
-#include "worker/zps_conn.h"
+#include "lib/zps_conn.h"
 
 #include <errno.h>
 #include <math.h>

@@ -20,9 +20,9 @@
 #include "common/zps_model.h"
 #include "common/zps_shm.h"
 #include "common/zps_wire.h"
-#include "worker/zps_decl.h"
-#include "worker/zps_heartbeat.h"
-#include "worker/zps_schedule.h"
+#include "lib/zps_decl.h"
+#include "lib/zps_heartbeat.h"
+#include "lib/zps_schedule.h"
 
 #define ZPS_CONN_MAX_SHARDS 64
 #define ZPS_CONN_POLL_MS 1000 // receive timeout of the sockets: every wait wakes this often

@@ -49,6 +49,10 @@ START_TEST(test_client_calls_out_of_order)
     ck_assert_int_eq(zps_join(c), ZPS_EINVAL); // not connected
     ck_assert_uint_eq(zps_info_u64(c, ZPS_INFO_N_PARAMS), 0);
     ck_assert_str_eq(zps_info_str(c, ZPS_INFO_MODEL), "");
+    ck_assert_uint_eq(zps_info_u64(c, ZPS_INFO_INNER_OPTIM), 0);
+    ck_assert(zps_info_f64(c, ZPS_INFO_INNER_LR) == 0);
+    ck_assert(zps_info_f64(NULL, ZPS_INFO_INNER_EPS) == 0);
+    ck_assert(zps_inner_lr(c, 0) == 0);
     uint64_t lo, hi;
     ck_assert_int_eq(zps_bucket_range(c, 0, &lo, &hi), ZPS_ERANGE);
     float p[4];

@@ -4,7 +4,7 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "worker/zps_round.h"
+#include "lib/zps_round.h"
 #include "tests/zps_check.h"
 
 #define N 1000

@@ -6,7 +6,7 @@
 #include <string.h>
 
 #include "tests/zps_check.h"
-#include "worker/zps_sampler.h"
+#include "lib/zps_sampler.h"
 
 #define N 1000
 #define B 64
