@@ -10,7 +10,7 @@
 #include <string.h>
 
 #include "common/zps_layout.h"
-#include "server/zps_ckpt.h"
+#include "server/shard/zps_ckpt.h"
 
 // Where the first declaration is kept, so that a coordinator restarted
 // with --resume knows the model before any worker is back.

@@ -1,6 +1,7 @@
 /* zps_server.c - the server loop: poll, dispatch, and the timers (server/
  * zps_timers.h) whose earliest deadline is the poll's timeout; the rest of
- * the server is in the files server/zps_server_int.h lists.
+ * the loop is in the files server/zps_server_int.h lists, the coordinator
+ * in server/coord/, the shard in server/shard/.
  *
  * Every message read is checked against the message table
  * (server/zps_msgtab.h) in s_dispatch before any handler runs; a refusal

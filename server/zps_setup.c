@@ -12,7 +12,7 @@
 #include "common/zps_dataset.h"
 #include "common/zps_pidfile.h"
 #include "common/zps_sndbuf.h"
-#include "server/zps_ckpt.h"
+#include "server/shard/zps_ckpt.h"
 #include "server/zps_token.h"
 
 // The coordinator's question before it decides a rollback (zps_coord_cfg).

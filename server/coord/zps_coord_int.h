@@ -1,6 +1,6 @@
 /* zps_coord_int.h - what the coordinator's files share; nothing else includes it.
  *
- * The coordinator (server/zps_coord.h) is one object in several files,
+ * The coordinator (server/coord/zps_coord.h) is one object in several files,
  * one per concern: zps_coord.c (the object, its state for the message
  * table, step ends, deadlines), zps_coord_plan.c (plans, handed-over
  * slices, step boundaries), zps_coord_members.c (admission, heartbeats,
@@ -12,14 +12,14 @@
 #ifndef ZPS_COORD_INT_H
 #define ZPS_COORD_INT_H
 
-#include "server/zps_coord.h"
+#include "server/coord/zps_coord.h"
 
 #include "common/zps_log.h"
 #include "common/zps_plans.h"
-#include "server/zps_eval.h"
-#include "server/zps_member.h"
-#include "server/zps_monitor.h"
-#include "server/zps_outbox.h"
+#include "server/coord/zps_eval.h"
+#include "server/coord/zps_member.h"
+#include "server/coord/zps_monitor.h"
+#include "server/coord/zps_outbox.h"
 
 #define ZPS_COORD_PROGRESS_MS 2000.0
 #define ZPS_COORD_WAIT_LOG_MS 5000.0
