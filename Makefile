@@ -104,13 +104,16 @@ endif
 
 PROTO_C := $(B)/proto/zps.pb-c.c
 COMMON_SRC := $(PROTO_C) $(wildcard common/*.c)
-SERVER_SRC := $(filter-out server/main.c,$(wildcard server/*.c))
+# server/: the loop at the top, one folder a concept below it (coord/, shard/).
+SERVER_SRC := $(filter-out server/main.c,$(wildcard server/*.c server/*/*.c))
 # One folder a product: lib/ is libzps, worker/ the zps-worker program on it.
 LIB_SRC := $(wildcard lib/*.c)
 WORKER_SRC := $(filter-out worker/main.c,$(wildcard worker/*.c))
 # The unit suites mirror the sources (tests/lib/zps_min.c is test-install's program).
 UNIT_SRC := tests/check_unit.c \
 	$(wildcard $(addsuffix /check_*.c,tests/common tests/server tests/lib tests/worker))
+# The server's tests mirror its folders too (tests/server/coord, tests/server/shard).
+UNIT_SRC += $(wildcard tests/server/*/check_*.c)
 INTEG_SRC := $(wildcard tests/integration/*.c)
 
 obj = $(patsubst %.c,$(B)/obj/%.o,$(patsubst $(B)/%,%,$(1)))
@@ -422,7 +425,8 @@ LINT_DIRS := common server lib worker ctl fuzz
 # Of bench/, the bare parameter server (bench/zmq_ceiling.c is older and not
 # yet clean under these checks).
 LINT_BENCH := bench/bare_ps.c
-LINT_SRC := $(wildcard $(addsuffix /*.c,$(LINT_DIRS))) $(LINT_BENCH)
+# server/ has a folder a concept (coord/, shard/): their files too.
+LINT_SRC := $(wildcard $(addsuffix /*.c,$(LINT_DIRS)) server/*/*.c) $(LINT_BENCH)
 LINT_PROTO := build/lint/proto/zps.pb-c.c
 TIDY_FLAGS := -std=c11 -D_GNU_SOURCE -I. -Ibuild/lint $(PKG_CFLAGS)
 CPPCHECK_FLAGS := --quiet --error-exitcode=1 --inline-suppr --std=c11 --library=posix \

@@ -1,9 +1,9 @@
 /* zps_mlog.h - the metrics log's format (--metrics-log), described once.
  *
  * One JSON object a line: a record per step and one per complete
- * evaluation. The server writes them (the step in server/zps_coord_render.c,
- * the workers' rows in server/zps_monitor.c, the evaluation in
- * server/zps_eval.c) and zps-ctl report reads them (ctl/zps_report.c), each
+ * evaluation. The server writes them (the step in server/coord/zps_coord_render.c,
+ * the workers' rows in server/coord/zps_monitor.c, the evaluation in
+ * server/coord/zps_eval.c) and zps-ctl report reads them (ctl/zps_report.c), each
  * key through this table, so that writer and reader cannot disagree on a
  * name. A step record:
  *

@@ -2,7 +2,7 @@
  * learning-rate schedules.
  *
  * The update loops run over every parameter of a shard each step, block by
- * block from L1 (server/zps_shard.c): on x86-64 with GCC or Clang and glibc
+ * block from L1 (server/shard/zps_shard.c): on x86-64 with GCC or Clang and glibc
  * they are also compiled for AVX-512 and AVX2 (target_clones, as
  * common/zps_dtype.c does), and the loader picks the best the CPU has.
  * Every clone gives the same bits: each element is the same sequence of

@@ -84,7 +84,7 @@ void zps_optim_adam(const zps_optim_cfg *cfg, float lr, uint64_t t, float *restr
 // The same updates, the new parameters written to out (which must not
 // overlap params) and params left as they were: a shard keeps the
 // parameters before a step's update and after it in two arrays, and
-// needs no copy of them (server/zps_shard.c). The same bits as in place.
+// needs no copy of them (server/shard/zps_shard.c). The same bits as in place.
 void zps_optim_sgd_to(const zps_optim_cfg *cfg, float lr, const float *restrict params,
                       float *restrict out, float *restrict momentum_buf,
                       const float *restrict grad, size_t n);

@@ -101,7 +101,7 @@ zps_err zps_wire_send(void *sock, zmq_msg_t *route, const Zps__Header *h, const 
                       size_t bytes, zps_wire_ref *ref);
 
 // Sends a header packed already (zps__header__pack), without payload, as
-// zps_wire_send would send it: what an outbox (server/zps_outbox.h) holds.
+// zps_wire_send would send it: what an outbox (server/coord/zps_outbox.h) holds.
 zps_err zps_wire_send_packed(void *sock, zmq_msg_t *route, const void *hdr, size_t len);
 
 // The ERROR that answers a refused message: code and one line (why is

@@ -35,10 +35,10 @@
 #include "common/zps_plan.h"
 #include "common/zps_wire.h"
 #include "fuzz/zps_fuzz.h"
-#include "server/zps_coord.h"
+#include "server/coord/zps_coord.h"
+#include "server/shard/zps_shard.h"
 #include "server/zps_msgtab.h"
 #include "server/zps_server.h"
-#include "server/zps_shard.h"
 
 int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size);
 

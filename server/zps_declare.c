@@ -10,7 +10,7 @@
 #include <string.h>
 
 #include "common/zps_layout.h"
-#include "server/zps_ckpt.h"
+#include "server/shard/zps_ckpt.h"
 
 // Where the first declaration is kept, so that a coordinator restarted
 // with --resume knows the model before any worker is back.
@@ -62,7 +62,7 @@ static int s_take_declaration(zps_server *srv, const Zps__Hello *hello, char *wh
     if (srv->declared) {
         zps_layout_model(srv->declared->layout, &srv->model);
         snprintf(srv->dataset, sizeof srv->dataset, "size:%u", hello->n_train);
-        status = zps_setup_start_coordinator(srv, hello->n_train, hello->n_test, why, len);
+        status = zps_start_coordinator(srv, hello->n_train, hello->n_test, why, len);
     }
     if (status == 0 && srv->o->checkpoint_dir &&
         zps_ckpt_write_record(srv->o->checkpoint_dir, ZPS_SERVER_DECLARED, buf, n) != ZPS_OK) {
@@ -103,30 +103,28 @@ zps_err zps_declare_load(zps_server *srv, char *why, size_t len)
 }
 
 // Shard 0 of an external job before its model is declared: the first
-// worker's HELLO declares it, then goes to the coordinator like any other.
-// Until then everything else is "not yet".
-void zps_declare_on_undeclared(zps_server *srv, zps_wire_msg *m)
+// worker's HELLO declares it, and the coordinator starts (ZPS_OK: the loop
+// then hands it the HELLO like any other). Until then everything else is
+// "not yet": the error and *why are what the loop refuses m with.
+zps_err zps_declare_on_undeclared(zps_server *srv, const zps_wire_msg *m, char *why, size_t len)
 {
-    char why[320];
     if (m->hdr->type != ZPS__MSG_TYPE__HELLO) {
-        zps_server_refuse(srv, m, ZPS_EAGAIN, "waiting for the first worker to declare the model");
-        return;
+        snprintf(why, len, "waiting for the first worker to declare the model");
+        return ZPS_EAGAIN;
     }
-    if (!s_declaration_ok(srv, m->hdr->hello, why, sizeof why)) {
-        zps_server_refuse(srv, m, ZPS_EINVAL, why);
-        return;
+    if (!s_declaration_ok(srv, m->hdr->hello, why, len)) {
+        return ZPS_EINVAL;
     }
-    if (s_take_declaration(srv, m->hdr->hello, why, sizeof why) != 0) {
+    if (s_take_declaration(srv, m->hdr->hello, why, len) != 0) {
         zps_log_error("the model declared by %s does not fit this job: %s",
                       m->hdr->hello->host ? m->hdr->hello->host : "?", why);
-        zps_server_refuse(srv, m, ZPS_EINVAL, why);
-        return;
+        return ZPS_EINVAL;
     }
     zps_log_info("model declared by %s: %zu tensors, %zu parameters in %d buckets (%s)",
                  m->hdr->hello->host ? m->hdr->hello->host : "?",
                  srv->declared->layout->n_tensors, srv->model.n_params,
                  zps_model_n_buckets(&srv->model), srv->model.text);
-    zps_server_dispatch_coord(srv, m);
+    return ZPS_OK;
 }
 
 // --dataset size:N of an external model: N train records, 1..2^32-1.

@@ -2,7 +2,7 @@
 #include "zps_late.h"
 
 #include "common/zps_log.h"
-#include "server/zps_shard.h"
+#include "server/shard/zps_shard.h"
 
 // Whether `in` of n members are at least as many as the rest: enough to
 // hand the rest's slices to, one helper or more each.

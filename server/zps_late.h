@@ -4,14 +4,14 @@
  *
  * Shard 0 only for speculation (the coordinator hands the pieces out);
  * any shard for the warnings. What a rank has sent this step comes from
- * the shard's I/O (server/zps_shard_io.h), which keeps the late_now marks. */
+ * the shard's I/O (server/shard/zps_shard_io.h), which keeps the late_now marks. */
 #ifndef ZPS_LATE_H
 #define ZPS_LATE_H
 
 #include <stdint.h>
 
-#include "server/zps_coord.h"
-#include "server/zps_shard_io.h"
+#include "server/coord/zps_coord.h"
+#include "server/shard/zps_shard_io.h"
 
 // zps_late_speculate hands on the slices late at `now` of the step in
 // progress (--speculate-after `after` median steps), each once a step.

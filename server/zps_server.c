@@ -1,6 +1,7 @@
 /* zps_server.c - the server loop: poll, dispatch, and the timers (server/
  * zps_timers.h) whose earliest deadline is the poll's timeout; the rest of
- * the server is in the files server/zps_server_int.h lists.
+ * the loop is in the files server/zps_server_int.h lists, the coordinator
+ * in server/coord/, the shard in server/shard/.
  *
  * Every message read is checked against the message table
  * (server/zps_msgtab.h) in s_dispatch before any handler runs; a refusal
@@ -35,15 +36,16 @@ static void s_on_signal(int sig)
     }
 }
 
-uint64_t zps_server_job_id(const zps_server *srv)
+// The coordinator's job id on shard 0, the ASSIGN's on the others (0 before it).
+static uint64_t s_job_id(const zps_server *srv)
 {
     return srv->coord ? zps_coord_job_id(srv->coord) : srv->job_id;
 }
 
-// A refusal: counted, logged, answered (server/zps_refusals.h).
-void zps_server_refuse(zps_server *srv, zps_wire_msg *m, zps_err err, const char *why)
+// A refusal: counted, logged, answered (server/zps_refusals.h); nothing else changes.
+static void s_refuse(zps_server *srv, zps_wire_msg *m, zps_err err, const char *why)
 {
-    zps_refusals_answer(&srv->refused, srv->sock, zps_server_job_id(srv),
+    zps_refusals_answer(&srv->refused, srv->sock, s_job_id(srv),
                         srv->shard ? zps_shard_step(srv->shard) : 0, m, err, why);
 }
 
@@ -51,11 +53,11 @@ void zps_server_refuse(zps_server *srv, zps_wire_msg *m, zps_err err, const char
 // elsewhere). Handlers refuse what is wrong in a body (a share that does
 // not fit, a rollback to a step shard 0 has no checkpoint of) and log it
 // themselves; the refusal is counted here.
-void zps_server_dispatch_coord(zps_server *srv, zps_wire_msg *m)
+static void s_dispatch_coord(zps_server *srv, zps_wire_msg *m)
 {
     zps_err err = ZPS_OK;
     if (!srv->coord) {
-        zps_server_refuse(srv, m, ZPS_ESTATE, "this shard is not the coordinator (shard 0)");
+        s_refuse(srv, m, ZPS_ESTATE, "this shard is not the coordinator (shard 0)");
         return;
     }
     switch (m->hdr->type) {
@@ -72,12 +74,26 @@ void zps_server_dispatch_coord(zps_server *srv, zps_wire_msg *m)
                             srv->refused.count);
         break;
     default:
-        zps_server_refuse(srv, m, ZPS_EPROTO, "not a message for the coordinator");
+        s_refuse(srv, m, ZPS_EPROTO, "not a message for the coordinator");
         return;
     }
     srv->refused.count += err != ZPS_OK;
     (void)zps_outbox_flush(&srv->out, srv->sock);
     zps_steps_sync_coord(srv);
+}
+
+// Shard 0 of an external job before its model is declared (zps_declare.c
+// says what a message means then, and starts the coordinator): the HELLO
+// that declares it goes on to the coordinator, anything else is refused.
+static void s_on_undeclared(zps_server *srv, zps_wire_msg *m)
+{
+    char why[320];
+    zps_err err = zps_declare_on_undeclared(srv, m, why, sizeof why);
+    if (err != ZPS_OK) {
+        s_refuse(srv, m, err, why);
+        return;
+    }
+    s_dispatch_coord(srv, m);
 }
 
 // The message table's questions, answered by this server.
@@ -129,7 +145,7 @@ static void s_dispatch(zps_server *srv, zps_wire_msg *m)
     zps_msgtab_ctx x = {
         .at = s_at(srv),
         .curve = srv->curve.on,
-        .job_id = zps_server_job_id(srv),
+        .job_id = s_job_id(srv),
         .arg = srv,
         .member_ok = s_tab_member_ok,
         .plan_member_ok = s_tab_plan_member_ok,
@@ -140,30 +156,30 @@ static void s_dispatch(zps_server *srv, zps_wire_msg *m)
     char why[256];
     zps_err err = zps_msgtab_check(&x, m->hdr, m->user_id, why, sizeof why);
     if (err != ZPS_OK) {
-        zps_server_refuse(srv, m, err, why);
+        s_refuse(srv, m, err, why);
         return;
     }
     if (srv->o->shard == 0 && !srv->coord) {
-        zps_declare_on_undeclared(srv, m);
+        s_on_undeclared(srv, m);
         return;
     }
     switch (m->hdr->type) {
     case ZPS__MSG_TYPE__PULL: zps_shard_io_on_pull(&srv->io, m); break;
     case ZPS__MSG_TYPE__PUSH: zps_steps_on_push(srv, m); break;
     case ZPS__MSG_TYPE__INIT: zps_shard_io_on_init(&srv->io, m); break;
-    default: zps_server_dispatch_coord(srv, m); break;
+    default: s_dispatch_coord(srv, m); break;
     }
 }
 
 // What the shard's I/O asks of the server.
 static void s_io_refuse(void *arg, zps_wire_msg *m, zps_err err, const char *why)
 {
-    zps_server_refuse(arg, m, err, why);
+    s_refuse(arg, m, err, why);
 }
 
 static uint64_t s_io_job_id(void *arg)
 {
-    return zps_server_job_id(arg);
+    return s_job_id(arg);
 }
 
 static void s_io_again(void *arg, zps_wire_msg *m)
@@ -176,12 +192,12 @@ static void s_read_one(zps_server *srv)
     zps_wire_msg m;
     zps_err err = zps_wire_recv(srv->sock, true, &m);
     if (err == ZPS_EPROTO) {
-        zps_server_refuse(srv, &m, err, "header does not decode or too many frames");
+        s_refuse(srv, &m, err, "header does not decode or too many frames");
     } else if (err == ZPS_EVERSION) {
         char why[96];
         snprintf(why, sizeof why, "protocol version %u, this server speaks %d",
                  m.hdr->version, ZPS_WIRE_VERSION);
-        zps_server_refuse(srv, &m, err, why);
+        s_refuse(srv, &m, err, why);
     } else if (err == ZPS_OK) {
         s_dispatch(srv, &m);
     }

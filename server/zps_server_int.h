@@ -1,12 +1,15 @@
-/* zps_server_int.h - the server's state, shared by the files the server
- * is made of (server/ only; the fuzzer and main.c see zps_server.h):
+/* zps_server_int.h - the server's state, shared by the files of the loop
+ * at the top of server/ (the fuzzer and main.c see zps_server.h; the
+ * coordinator, server/coord/, and the shard, server/shard/, see none of it).
+ * Calls go one way, down this list: a file calls only those below it.
  *
  *   zps_server.c    the loop, dispatch through the message table, the timers
- *   zps_steps.c     plans taken, a step's push, end, rollback, the stop's checkpoint
- *   zps_register.c  shards > 0: REGISTER, ASSIGN, and the coordinator's socket
- *   zps_declare.c   shard 0 of --model external: the declared model
  *   zps_setup.c     start-up (sockets, CURVE, bind, the coordinator or the
  *                   shard) and its undoing
+ *   zps_declare.c   shard 0 of --model external: the declared model
+ *   zps_start.c     shard 0's start once the job's sizes are known
+ *   zps_register.c  shards > 0: REGISTER, ASSIGN, and the coordinator's socket
+ *   zps_steps.c     plans taken, a step's push, end, rollback, the stop's checkpoint
  *
  * One thread owns all of it; a message's handler and the timers' callbacks
  * run on it, one at a time. */
@@ -19,12 +22,12 @@
 #include "common/zps_log.h"
 #include "common/zps_model.h"
 #include "common/zps_wire.h"
-#include "server/zps_coord.h"
+#include "server/coord/zps_coord.h"
+#include "server/shard/zps_shard.h"
+#include "server/shard/zps_shard_io.h"
 #include "server/zps_http.h"
 #include "server/zps_refusals.h"
 #include "server/zps_server.h"
-#include "server/zps_shard.h"
-#include "server/zps_shard_io.h"
 #include "server/zps_timers.h"
 #include "server/zps_zap.h"
 
@@ -85,14 +88,45 @@ struct zps_server {
 };
 
 // ---------------------------------------------------------------------------
-// zps_server.c
-// zps_server_job_id: the coordinator's job id on shard 0, the ASSIGN's on
-// the others (0 before it).
-uint64_t zps_server_job_id(const zps_server *srv);
-// zps_server_refuse counts, logs and answers a message refused; nothing else changes.
-void zps_server_refuse(zps_server *srv, zps_wire_msg *m, zps_err err, const char *why);
-// zps_server_dispatch_coord hands a message the table let through to the coordinator.
-void zps_server_dispatch_coord(zps_server *srv, zps_wire_msg *m);
+// zps_setup.c
+
+// zps_setup_open sets up what the loop needs: sockets (the shard's I/O on
+// the ROUTER, with `hooks`), the metrics log, CURVE, the bind, the pid file,
+// the coordinator or the shard. Returns 0, or the exit status (2 bad
+// configuration, 1 other); zps_setup_close undoes what was done.
+int zps_setup_open(zps_server *srv, const zps_shard_io_hooks *hooks);
+void zps_setup_close(zps_server *srv);
+// zps_setup_log_peak_rss logs the peak resident memory of the process.
+void zps_setup_log_peak_rss(const zps_server *srv);
+
+// ---------------------------------------------------------------------------
+// zps_declare.c
+
+// zps_declare_on_undeclared: a message to shard 0 before the model is
+// declared. ZPS_OK: it declared the model and the coordinator started (the
+// loop hands it on); otherwise the loop refuses it with the error and *why.
+zps_err zps_declare_on_undeclared(zps_server *srv, const zps_wire_msg *m, char *why, size_t len);
+// zps_declare_load: --resume of an external job takes the declaration kept
+// by its first start; ZPS_ENOENT if there is none.
+zps_err zps_declare_load(zps_server *srv, char *why, size_t len);
+// zps_declare_parse_size parses --dataset size:N of an external model.
+zps_err zps_declare_parse_size(const char *text, uint32_t *n);
+
+// ---------------------------------------------------------------------------
+// zps_start.c
+
+// zps_start_coordinator starts shard 0 once the job's sizes are known: 0,
+// or 2 (*why says what does not fit) or 1 (out of memory).
+int zps_start_coordinator(zps_server *srv, uint32_t n_train, uint32_t n_test, char *why,
+                          size_t len);
+
+// ---------------------------------------------------------------------------
+// zps_register.c
+
+// zps_register_send sends REGISTER to the coordinator and re-arms its timer.
+void zps_register_send(zps_server *srv);
+// zps_register_read_up reads the coordinator's socket; a failure ends the shard.
+zps_err zps_register_read_up(zps_server *srv);
 
 // ---------------------------------------------------------------------------
 // zps_steps.c
@@ -119,40 +153,5 @@ zps_err zps_steps_rollback(zps_server *srv, uint64_t step);
 void zps_steps_take_wire_plan(zps_server *srv, const Zps__Plan *p);
 // zps_steps_stop_checkpoint writes the checkpoint of a stop by signal.
 void zps_steps_stop_checkpoint(zps_server *srv);
-
-// ---------------------------------------------------------------------------
-// zps_register.c
-
-// zps_register_send sends REGISTER to the coordinator and re-arms its timer.
-void zps_register_send(zps_server *srv);
-// zps_register_read_up reads the coordinator's socket; a failure ends the shard.
-zps_err zps_register_read_up(zps_server *srv);
-
-// ---------------------------------------------------------------------------
-// zps_declare.c
-
-// zps_declare_on_undeclared: a message to shard 0 before the model is declared.
-void zps_declare_on_undeclared(zps_server *srv, zps_wire_msg *m);
-// zps_declare_load: --resume of an external job takes the declaration kept
-// by its first start; ZPS_ENOENT if there is none.
-zps_err zps_declare_load(zps_server *srv, char *why, size_t len);
-// zps_declare_parse_size parses --dataset size:N of an external model.
-zps_err zps_declare_parse_size(const char *text, uint32_t *n);
-
-// ---------------------------------------------------------------------------
-// zps_setup.c
-
-// zps_setup_open sets up what the loop needs: sockets (the shard's I/O on
-// the ROUTER, with `hooks`), the metrics log, CURVE, the bind, the pid file,
-// the coordinator or the shard. Returns 0, or the exit status (2 bad
-// configuration, 1 other); zps_setup_close undoes what was done.
-int zps_setup_open(zps_server *srv, const zps_shard_io_hooks *hooks);
-void zps_setup_close(zps_server *srv);
-// zps_setup_start_coordinator starts shard 0 once the job's sizes are
-// known: 0, or 2 (*why says what does not fit) or 1 (out of memory).
-int zps_setup_start_coordinator(zps_server *srv, uint32_t n_train, uint32_t n_test, char *why,
-                                size_t len);
-// zps_setup_log_peak_rss logs the peak resident memory of the process.
-void zps_setup_log_peak_rss(const zps_server *srv);
 
 #endif

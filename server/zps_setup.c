@@ -1,7 +1,8 @@
 /* zps_setup.c - the server's start-up and its undoing: sockets, CURVE and
  * the ZAP handler, the bind and --endpoint-file, the metrics log, the pid
- * file, and the coordinator (shard 0, with --resume) or the shard's
- * connection to it. Any error here exits with a hint. */
+ * file, and shard 0's job (started by zps_start.c, at once or once the model
+ * is declared, zps_declare.c) or a shard's connection to the coordinator.
+ * Any error here exits with a hint. */
 #include "server/zps_server_int.h"
 
 #include <errno.h>
@@ -12,14 +13,7 @@
 #include "common/zps_dataset.h"
 #include "common/zps_pidfile.h"
 #include "common/zps_sndbuf.h"
-#include "server/zps_ckpt.h"
 #include "server/zps_token.h"
-
-// The coordinator's question before it decides a rollback (zps_coord_cfg).
-static zps_err s_coord_restore(void *arg, uint64_t step)
-{
-    return zps_steps_restore(arg, step);
-}
 
 // Binds sock and reports the endpoint bound (a port of '*' resolved) in
 // srv->endpoint and, if asked, in a file that launchers and tests wait for.
@@ -99,141 +93,6 @@ static int s_bind(zps_server *srv)
     return 0;
 }
 
-// Shard 0 restarted with --resume: the newest step of which both its
-// checkpoint and the job state are valid. No checkpoint at all is a first
-// start; checkpoints of which none is valid are an error, not a restart
-// from scratch.
-static zps_err s_resume_coordinator(zps_server *srv)
-{
-    uint64_t steps[64];
-    int n = zps_ckpt_steps(srv->o->checkpoint_dir, 0, steps, 64);
-    if (n == 0) {
-        // A supervisor passes --resume on every start, the first included.
-        zps_log_info("--resume: no checkpoint in %s yet: the job starts at step 0",
-                     srv->o->checkpoint_dir);
-        return ZPS_OK;
-    }
-    for (int i = n - 1; i >= 0; i--) {
-        uint64_t loaded;
-        if (zps_shard_restore(srv->shard, srv->o->checkpoint_dir, steps[i], &loaded) == ZPS_OK &&
-            zps_coord_resume(srv->coord, srv->o->checkpoint_dir, steps[i]) == ZPS_OK) {
-            srv->plan_gen = 0; // the coordinator's plan is taken again, with the rollback
-            return ZPS_OK;
-        }
-        zps_log_warn("step %llu cannot be resumed; trying the one before",
-                     (unsigned long long)steps[i]);
-    }
-    zps_log_error("--resume: no valid checkpoint and job state in %s", srv->o->checkpoint_dir);
-    return ZPS_ENOENT;
-}
-
-// Shard 0 with the job's sizes known: the coordinator and this shard's
-// range. *why says what does not fit (2), or memory ran out (1).
-// The run's length from the flags and the train set's size, checked:
-// 0, or 2 with *why saying what does not fit. *spe: steps per epoch.
-static int s_job_steps(zps_server *srv, uint32_t n_train, uint64_t *spe, char *why, size_t len)
-{
-    const zps_server_opts *o = srv->o;
-    if (o->global_batch > n_train || o->global_batch < o->workers) {
-        snprintf(why, len, "global batch %u must be between --workers (%u) and the train set (%u)",
-                 o->global_batch, o->workers, n_train);
-        return 2;
-    }
-    if (srv->model.n_params < o->shards) {
-        snprintf(why, len, "%zu parameters cannot make %u shards", srv->model.n_params,
-                 o->shards);
-        return 2;
-    }
-    *spe = n_train / o->global_batch;
-    srv->total_steps = o->steps ? o->steps : o->epochs * *spe;
-    if (srv->total_steps == 0) {
-        snprintf(why, len, "the run has no steps (--epochs 0 or --steps 0)");
-        return 2;
-    }
-    if (o->mode.diloco) {
-        // The server's steps are rounds of H global batches each.
-        uint64_t h = o->mode.inner_steps;
-        if (o->steps && o->steps % h != 0) {
-            snprintf(why, len, "--steps %llu is not a whole number of rounds of --inner-steps %llu",
-                     (unsigned long long)o->steps, (unsigned long long)h);
-            return 2;
-        }
-        if (srv->total_steps < h) {
-            snprintf(why, len, "the run's %llu global batches make no round of --inner-steps %llu",
-                     (unsigned long long)srv->total_steps, (unsigned long long)h);
-            return 2;
-        }
-        if ((uint64_t)o->global_batch * h >= (1u << 24)) {
-            // A shard weighs each pseudo-gradient by its samples of every
-            // inner step, in a float that must hold it exactly.
-            snprintf(why, len, "--global-batch %u times --inner-steps %llu must stay below 2^24",
-                     o->global_batch, (unsigned long long)h);
-            return 2;
-        }
-        srv->total_steps /= h;
-    }
-    return 0;
-}
-
-int zps_setup_start_coordinator(zps_server *srv, uint32_t n_train, uint32_t n_test, char *why,
-                               size_t len)
-{
-    const zps_server_opts *o = srv->o;
-    uint64_t spe;
-    int status = s_job_steps(srv, n_train, &spe, why, len);
-    if (status != 0) {
-        return status;
-    }
-    srv->dtype = o->wire_dtype;
-    zps_shard_cfg cfg = {.index = 0, .model = &srv->model, .seed = o->seed,
-                         .global_batch = o->global_batch, .dtype = o->wire_dtype,
-                         .optim = o->optim, .await_init = srv->declared != NULL,
-                         .threads = o->threads, .mode = o->mode};
-    cfg.optim.total_steps = srv->total_steps;
-    zps_optim_cfg inner = o->optim;
-    if (o->mode.diloco) {
-        cfg.optim = zps_outer_optim(&o->mode.outer);
-        inner.total_steps = srv->total_steps * o->mode.inner_steps;
-    }
-    zps_model_shard_range(srv->model.n_params, 0, o->shards, &cfg.lo, &cfg.hi);
-    cfg.shards = o->shards;
-    srv->ckpt_every = o->checkpoint_every;
-    snprintf(why, len, "out of memory");
-    if (!(srv->shard = zps_shard_new(&cfg))) {
-        return 1;
-    }
-    zps_coord_cfg cc = {
-        .model = srv->declared ? "external" : o->model, .dataset = srv->dataset,
-        .layout = srv->declared ? srv->declared->layout : NULL, .spec = &srv->model,
-        .n_train = n_train,
-        .seed = o->seed, .global_batch = o->global_batch, .total_steps = srv->total_steps,
-        .steps_per_epoch = spe, .n_test = n_test, .workers = o->workers,
-        .n_params = srv->model.n_params, .shards = o->shards, .optim = cfg.optim,
-        .wire_dtype = o->wire_dtype, .endpoint = srv->endpoint, .metrics = srv->metrics,
-        .worker_timeout_ms = o->worker_timeout_ms, .checkpoint_every = o->checkpoint_every,
-        .adaptive_split = o->adaptive_split, .restore = s_coord_restore, .restore_arg = srv,
-        .mode = o->mode, .inner = inner,
-    };
-    if (!(srv->coord = zps_coord_new(&cc))) {
-        zps_shard_destroy(&srv->shard);
-        return 1;
-    }
-    if (o->resume && s_resume_coordinator(srv) != ZPS_OK) {
-        snprintf(why, len, "--resume: no valid checkpoint and job state in %s",
-                 o->checkpoint_dir);
-        zps_coord_destroy(&srv->coord); // a declaration refused for it changes nothing
-        zps_shard_destroy(&srv->shard);
-        return 2;
-    }
-    zps_log_info("listening on %s: model %s (%zu parameters), dataset %s (%u train, %u test), "
-                 "global batch %u, %llu steps, shard 0 of %u: [%llu, %llu)",
-                 srv->endpoint, srv->declared ? srv->model.text : o->model,
-                 srv->model.n_params, srv->dataset, n_train, n_test, o->global_batch,
-                 (unsigned long long)srv->total_steps, o->shards, (unsigned long long)cfg.lo,
-                 (unsigned long long)cfg.hi);
-    return 0;
-}
-
 // Shard 0: the job from the flags, then the coordinator and this shard's
 // range; for an external model, those once the model is declared.
 static int s_setup_coordinator(zps_server *srv)
@@ -277,7 +136,7 @@ static int s_setup_coordinator(zps_server *srv)
                         "Debian package dataset-fashion-mnist\n");
         return 2;
     }
-    status = zps_setup_start_coordinator(srv, n_train, n_test, why, sizeof why);
+    status = zps_start_coordinator(srv, n_train, n_test, why, sizeof why);
     if (status != 0) {
         zps_log_error("%s", why);
     }

@@ -3,7 +3,7 @@
  * push and the step boundary it may make, the end of a step (the
  * coordinator told, a checkpoint written), a rollback, and the checkpoint
  * written when a signal stops the server. The shard's numbers are
- * server/zps_shard.c's, its wire is server/zps_shard_io.c's. */
+ * server/shard/zps_shard.c's, its wire is server/shard/zps_shard_io.c's. */
 #include "server/zps_server_int.h"
 
 #include "common/zps_clock.h"

@@ -23,14 +23,18 @@ Suite *zps_suite_sndbuf(void);
 Suite *zps_suite_err(void);
 
 // server/
-Suite *zps_suite_shard(void);
-Suite *zps_suite_ckpt(void);
-Suite *zps_suite_coord(void);
 Suite *zps_suite_msgtab(void);
+Suite *zps_suite_timers(void);
+
+// server/coord/
+Suite *zps_suite_coord(void);
 Suite *zps_suite_member(void);
 Suite *zps_suite_monitor(void);
 Suite *zps_suite_outbox(void);
-Suite *zps_suite_timers(void);
+
+// server/shard/
+Suite *zps_suite_shard(void);
+Suite *zps_suite_ckpt(void);
 Suite *zps_suite_shard_shm(void);
 Suite *zps_suite_shard_outer(void);
 

@@ -477,7 +477,7 @@ START_TEST(test_dtype_axpy_matches_reference)
 }
 END_TEST
 
-// The shard's fused pass (server/zps_shard.c) gives the bits of the plain
+// The shard's fused pass (server/shard/zps_shard.c) gives the bits of the plain
 // one: the first push set with axpy_set is axpy into zeros, and the last
 // push averaged with axpy_mean is axpy followed by the division, for
 // totals that are powers of two (a multiplication instead) or not, and

@@ -1,4 +1,4 @@
-/* check_shard_shm.c - server/zps_shard_shm: a PUSH naming a segment is
+/* check_shard_shm.c - server/shard/zps_shard_shm: a PUSH naming a segment is
  * read from it, and every lie in its header is refused with nothing
  * changed. The segments are this process's own (the shard and the worker
  * are one process here, as /proc allows). */
@@ -8,7 +8,7 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
-#include "server/zps_shard_shm.h"
+#include "server/shard/zps_shard_shm.h"
 #include "tests/zps_check.h"
 
 #define N_FLOATS 1024

@@ -18,7 +18,7 @@
 #include "common/zps_outer.h"
 #include "common/zps_plan.h"
 #include "common/zps_wire.h"
-#include "server/zps_outbox.h"
+#include "server/coord/zps_outbox.h"
 
 typedef struct zps_coord_cfg {
     const char *model;            // borrowed: model spec text ("external": declared)

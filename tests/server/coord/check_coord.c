@@ -19,7 +19,7 @@
 #include <unistd.h>
 #include <zmq.h>
 
-#include "server/zps_coord.h"
+#include "server/coord/zps_coord.h"
 #include "server/zps_msgtab.h"
 #include "tests/zps_check.h"
 

@@ -15,7 +15,7 @@
 
 #include <zlib.h>
 
-#include "server/zps_ckpt.h"
+#include "server/shard/zps_ckpt.h"
 #include "tests/zps_check.h"
 
 #define SEED 42u

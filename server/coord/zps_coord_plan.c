@@ -23,6 +23,13 @@ const zps_plan_gen *zps_coord_newest(const zps_coord *c)
     return zps_plans_newest(&c->plans);
 }
 
+uint32_t zps_coord_generation(const zps_coord *c, uint64_t *effective)
+{
+    const zps_plan_gen *g = zps_coord_newest(c);
+    *effective = g ? g->effective : 0;
+    return g ? g->gen : 0;
+}
+
 void zps_coord_extra_to_wire(const zps_plans_handed *e, Zps__Extra *w)
 {
     zps__extra__init(w);

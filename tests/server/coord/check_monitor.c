@@ -5,7 +5,7 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "server/zps_monitor.h"
+#include "server/coord/zps_monitor.h"
 #include "tests/zps_check.h"
 
 // xorshift: the tests' noise, the same every run.

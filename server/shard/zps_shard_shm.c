@@ -1,6 +1,6 @@
 /* zps_shard_shm.c - the shard's side of same-host shared memory
  * (zps_shard_shm.h). */
-#include "server/zps_shard_shm.h"
+#include "server/shard/zps_shard_shm.h"
 
 #include <stdio.h>
 #include <stdlib.h>

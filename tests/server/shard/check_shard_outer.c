@@ -8,7 +8,7 @@
 
 #include "common/zps_outer.h"
 #include "common/zps_quant.h"
-#include "server/zps_shard.h"
+#include "server/shard/zps_shard.h"
 #include "tests/zps_check.h"
 
 // mlp:1-2-1: 7 parameters, one shard of all of them: bucket 0 is [4, 7)

@@ -1,25 +1,34 @@
-/* zps_coord_int.h - what the coordinator's files share; nothing else includes it.
+/* zps_coord_int.h - what the coordinator's files share, and the one header
+ * of the coordinator they include: it brings zps_coord.h (the coordinator
+ * as the loop, the tests and the fuzzer see it) and the modules the
+ * coordinator is made of (a member's life, the evaluation, the monitor,
+ * the outbox). Nothing outside server/coord/ includes it.
  *
- * The coordinator (server/zps_coord.h) is one object in several files,
- * one per concern: zps_coord.c (the object, its state for the message
- * table, step ends, deadlines), zps_coord_plan.c (plans, handed-over
- * slices, step boundaries), zps_coord_members.c (admission, heartbeats,
- * eviction), zps_coord_recover.c (shards and rollback), zps_coord_state.c
- * (the saved job state), zps_coord_policy.c (adaptive split, speculation)
- * and zps_coord_render.c (STATUS, /metrics, /status, the metrics log
- * line). None sends: each
- * appends to the outbox it is given. */
+ * The coordinator is one object in several files, one per concern. Calls
+ * go one way, up this list: a file calls only those before it.
+ *
+ *   zps_coord.c          the object, its clock, refusals, the message
+ *                        table's questions, pushes and shards' steps noted
+ *   zps_coord_plan.c     plans, handed-over slices, step boundaries
+ *   zps_coord_policy.c   adaptive split, speculation
+ *   zps_coord_recover.c  shards registering and restarting, rollback
+ *   zps_coord_members.c  admission, heartbeats, departures, eviction
+ *   zps_coord_render.c   STATUS, /metrics, /status, the metrics-log line
+ *   zps_coord_state.c    the job state saved beside the checkpoints
+ *   zps_coord_tick.c     the tick's deadlines and lines, a step's end
+ *
+ * None sends: each appends to the outbox it is given. */
 #ifndef ZPS_COORD_INT_H
 #define ZPS_COORD_INT_H
 
-#include "server/zps_coord.h"
+#include "server/coord/zps_coord.h"
 
 #include "common/zps_log.h"
 #include "common/zps_plans.h"
-#include "server/zps_eval.h"
-#include "server/zps_member.h"
-#include "server/zps_monitor.h"
-#include "server/zps_outbox.h"
+#include "server/coord/zps_eval.h"
+#include "server/coord/zps_member.h"
+#include "server/coord/zps_monitor.h"
+#include "server/coord/zps_outbox.h"
 
 #define ZPS_COORD_PROGRESS_MS 2000.0
 #define ZPS_COORD_WAIT_LOG_MS 5000.0
@@ -131,12 +140,12 @@ void zps_coord_send_new_jobs(zps_coord *c, zps_outbox *out);
 zps_err zps_coord_start(zps_coord *c, zps_outbox *out);
 void zps_coord_start_workers(zps_coord *c, zps_outbox *out);
 
+// zps_coord_recover.c
+void zps_coord_try_recover(zps_coord *c, zps_outbox *out, bool deadline_passed);
+
 // zps_coord_members.c
 void zps_coord_evict(zps_coord *c, zps_outbox *out, zps_coord_member *mem, double now_ms);
 zps_coord_member *zps_coord_member_by_id(zps_coord *c, uint64_t member_id);
-
-// zps_coord_recover.c
-void zps_coord_try_recover(zps_coord *c, zps_outbox *out, bool deadline_passed);
 
 // zps_coord_render.c
 void zps_coord_member_to_wire(const zps_coord_member *s, Zps__Member *out);

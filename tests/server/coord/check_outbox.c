@@ -5,7 +5,7 @@
 #include <string.h>
 #include <zmq.h>
 
-#include "server/zps_outbox.h"
+#include "server/coord/zps_outbox.h"
 #include "tests/zps_check.h"
 
 // A route as shard 0's ROUTER names a peer that set its identity.

@@ -1,5 +1,5 @@
 /* check_member.c - a member's life: who may be handed work of which step. */
-#include "server/zps_member.h"
+#include "server/coord/zps_member.h"
 #include "tests/zps_check.h"
 
 START_TEST(test_member_joining_computes_nothing_until_a_plan_names_it)

@@ -2,7 +2,7 @@
  * the members, the parameters sent back bucket by bucket, pushes held for
  * a plan not heard of yet, and PULLs waiting for a step not reached yet.
  *
- * server/zps_shard.c keeps the numbers and knows no socket; this module is
+ * server/shard/zps_shard.c keeps the numbers and knows no socket; this module is
  * the I/O around it: it sends on the socket it is given, and keeps what it
  * knows of each rank in one table (zps_shard_io_rank). What a push means to
  * the coordinator (its timing, the step boundary, the end of a step) stays
@@ -18,8 +18,8 @@
 #include "common/zps_model.h"
 #include "common/zps_plan.h"
 #include "common/zps_wire.h"
-#include "server/zps_shard.h"
-#include "server/zps_shard_shm.h"
+#include "server/shard/zps_shard.h"
+#include "server/shard/zps_shard_shm.h"
 
 #define ZPS_SHARD_IO_HELD 32    // pushes of a plan not heard of yet, kept until it arrives
 #define ZPS_SHARD_IO_PULLERS 32 // PULLs waiting for a step not reached yet

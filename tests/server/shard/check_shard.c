@@ -7,8 +7,8 @@
 #include <string.h>
 #include <unistd.h>
 
-#include "server/zps_ckpt.h"
-#include "server/zps_shard.h"
+#include "server/shard/zps_ckpt.h"
+#include "server/shard/zps_shard.h"
 #include "tests/zps_check.h"
 
 // mlp:1-2-1 is [0, 4) for layer 0 (W 2x1, b 2) and [4, 7) for layer 1.
