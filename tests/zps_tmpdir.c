@@ -1,0 +1,43 @@
+/* zps_tmpdir.c - mkdtemp and an nftw tree removal for the unit suites, so
+ * no suite keeps its own copy (or shells out to rm -rf). */
+#include "tests/zps_tmpdir.h"
+
+#include <check.h>
+#include <ftw.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <sys/stat.h>
+
+void zps_tmpdir_make(char *buf, size_t cap, const char *tag)
+{
+    int len = snprintf(buf, cap, "/tmp/zps-%s-XXXXXX", tag);
+    ck_assert_msg(len > 0 && (size_t)len < cap, "tmpdir name for %s too long", tag);
+    ck_assert_ptr_nonnull(mkdtemp(buf));
+}
+
+static int s_rm_one(const char *path, const struct stat *st, int flag, struct FTW *ftw)
+{
+    (void)st;
+    (void)flag;
+    (void)ftw;
+    return remove(path);
+}
+
+// A directory a test made read-only (or unreadable) could be neither
+// listed nor emptied: a first walk, parents before children, opens each up
+// before the depth-first walk removes it all.
+static int s_open_up(const char *path, const struct stat *st, int flag, struct FTW *ftw)
+{
+    (void)ftw;
+    if (flag == FTW_D || flag == FTW_DNR) {
+        (void)chmod(path, (st->st_mode & 07777) | 0700);
+    }
+    return 0;
+}
+
+int zps_tmpdir_remove(const char *dir)
+{
+    (void)chmod(dir, 0700);
+    (void)nftw(dir, s_open_up, 16, FTW_PHYS);
+    return nftw(dir, s_rm_one, 16, FTW_DEPTH | FTW_PHYS) == 0 ? 0 : -1;
+}

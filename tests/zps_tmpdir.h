@@ -1,0 +1,17 @@
+/* zps_tmpdir.h - the unit suites' scratch directories: one made fresh under
+ * /tmp for a test (or a suite), and removed with all it holds at the end. */
+#ifndef ZPS_TMPDIR_H
+#define ZPS_TMPDIR_H
+
+#include <stddef.h>
+
+// Makes a new directory "/tmp/zps-<tag>-XXXXXX" and puts its name in buf
+// (cap bytes); fails the running test if it cannot.
+void zps_tmpdir_make(char *buf, size_t cap, const char *tag);
+
+// Removes dir and everything below it, read-only directories a test left
+// included. 0 on success, -1 if something stayed (the caller decides whether
+// that fails a test: an unchecked teardown must not assert).
+int zps_tmpdir_remove(const char *dir);
+
+#endif
