@@ -8,11 +8,21 @@
 #include <stdlib.h>
 #include <sys/stat.h>
 
+// mkdtemp of the template in buf, as long as len says snprintf made it.
+static void s_mkdtemp(char *buf, size_t cap, int len)
+{
+    ck_assert_msg(len > 0 && (size_t)len < cap, "tmpdir name too long: %s", buf);
+    ck_assert_msg(mkdtemp(buf) != NULL, "mkdtemp %s failed", buf);
+}
+
 void zps_tmpdir_make(char *buf, size_t cap, const char *tag)
 {
-    int len = snprintf(buf, cap, "/tmp/zps-%s-XXXXXX", tag);
-    ck_assert_msg(len > 0 && (size_t)len < cap, "tmpdir name for %s too long", tag);
-    ck_assert_ptr_nonnull(mkdtemp(buf));
+    s_mkdtemp(buf, cap, snprintf(buf, cap, "/tmp/zps-%s-XXXXXX", tag));
+}
+
+void zps_tmpdir_make_in(char *buf, size_t cap, const char *parent)
+{
+    s_mkdtemp(buf, cap, snprintf(buf, cap, "%s/t-XXXXXX", parent));
 }
 
 static int s_rm_one(const char *path, const struct stat *st, int flag, struct FTW *ftw)

@@ -9,6 +9,10 @@
 // (cap bytes); fails the running test if it cannot.
 void zps_tmpdir_make(char *buf, size_t cap, const char *tag);
 
+// Makes a new directory "<parent>/t-XXXXXX" (a test's own, below a suite's
+// directory that an unchecked fixture removes even if the test crashed).
+void zps_tmpdir_make_in(char *buf, size_t cap, const char *parent);
+
 // Removes dir and everything below it, read-only directories a test left
 // included. 0 on success, -1 if something stayed (the caller decides whether
 // that fails a test: an unchecked teardown must not assert).

@@ -2,7 +2,6 @@
  * Fashion-MNIST from the Debian package, a small IDX directory written here,
  * and synthetic data. Caches go to a mkdtemp directory that an unchecked
  * fixture (run in the parent) removes, each test in its own subdirectory. */
-#include <ftw.h>
 #include <limits.h>
 #include <math.h>
 #include <stdio.h>
@@ -13,38 +12,29 @@
 
 #include "common/zps_dataset.h"
 #include "tests/zps_check.h"
+#include "tests/zps_tmpdir.h"
 
 #define FASHION_DIM 784
 #define FASHION_CLASSES 10
 
-static char s_root[] = "/tmp/zps-check-dataset-XXXXXX";
+static char s_root[64]; // the suite's directory, removed by an unchecked fixture
 static char s_dir[128]; // this test's own subdirectory of s_root
 
 // ---------------------------------------------------------------- helpers
 
 static void s_setup(void)
 {
-    strcpy(s_root, "/tmp/zps-check-dataset-XXXXXX");
-    ck_assert_ptr_nonnull(mkdtemp(s_root));
+    zps_tmpdir_make(s_root, sizeof s_root, "check-dataset");
 }
 
 static void s_setup_test(void)
 {
-    snprintf(s_dir, sizeof s_dir, "%s/t-XXXXXX", s_root);
-    ck_assert_ptr_nonnull(mkdtemp(s_dir));
-}
-
-static int s_rm(const char *path, const struct stat *st, int flag, struct FTW *ftw)
-{
-    (void)st;
-    (void)flag;
-    (void)ftw;
-    return remove(path);
+    zps_tmpdir_make_in(s_dir, sizeof s_dir, s_root);
 }
 
 static void s_teardown(void)
 {
-    nftw(s_root, s_rm, 16, FTW_DEPTH | FTW_PHYS);
+    (void)zps_tmpdir_remove(s_root);
 }
 
 static zps_dataset_spec s_spec(const char *text)

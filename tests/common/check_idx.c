@@ -6,7 +6,6 @@
  * each test works in a fresh subdirectory of it, so no test sees another's
  * cache. */
 #include <dirent.h>
-#include <ftw.h>
 #include <limits.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -17,37 +16,28 @@
 
 #include "common/zps_idx.h"
 #include "tests/zps_check.h"
+#include "tests/zps_tmpdir.h"
 
 #define FASHION_DIR "/usr/share/datasets/fashion-mnist"
 
-static char s_root[] = "/tmp/zps-check-idx-XXXXXX";
+static char s_root[64]; // the suite's directory, removed by an unchecked fixture
 static char s_dir[128]; // this test's own subdirectory of s_root
 
 // ---------------------------------------------------------------- helpers
 
 static void s_setup(void)
 {
-    strcpy(s_root, "/tmp/zps-check-idx-XXXXXX");
-    ck_assert_ptr_nonnull(mkdtemp(s_root));
+    zps_tmpdir_make(s_root, sizeof s_root, "check-idx");
 }
 
 static void s_setup_test(void)
 {
-    snprintf(s_dir, sizeof s_dir, "%s/t-XXXXXX", s_root);
-    ck_assert_ptr_nonnull(mkdtemp(s_dir));
-}
-
-static int s_rm(const char *path, const struct stat *st, int flag, struct FTW *ftw)
-{
-    (void)st;
-    (void)flag;
-    (void)ftw;
-    return remove(path);
+    zps_tmpdir_make_in(s_dir, sizeof s_dir, s_root);
 }
 
 static void s_teardown(void)
 {
-    nftw(s_root, s_rm, 16, FTW_DEPTH | FTW_PHYS);
+    (void)zps_tmpdir_remove(s_root);
 }
 
 // Path of name inside the test directory (a static buffer per slot).

@@ -10,6 +10,7 @@
 #include "server/zps_ckpt.h"
 #include "server/zps_shard.h"
 #include "tests/zps_check.h"
+#include "tests/zps_tmpdir.h"
 
 // mlp:1-2-1 is [0, 4) for layer 0 (W 2x1, b 2) and [4, 7) for layer 1.
 // The shard owns [2, 7): bucket 0 is [4, 7), bucket 1 is [2, 4), a range
@@ -500,8 +501,8 @@ static void s_adamw_step(zps_shard *s)
 START_TEST(test_shard_adamw_restored_from_checkpoint_continues_bitwise)
 {
     zps_model_spec model = s_model();
-    char dir[] = "/tmp/zps-shard-XXXXXX";
-    ck_assert_ptr_nonnull(mkdtemp(dir));
+    char dir[64];
+    zps_tmpdir_make(dir, sizeof dir, "shard");
     zps_shard *a = s_optim_shard(&model, ZPS_OPTIM_ADAMW);
     for (int t = 0; t < 3; t++) {
         s_adamw_step(a);
@@ -536,15 +537,7 @@ START_TEST(test_shard_adamw_restored_from_checkpoint_continues_bitwise)
     }
     zps_shard_destroy(&a);
     zps_shard_destroy(&b);
-    uint64_t steps[4];
-    int n = zps_ckpt_steps(dir, 1, steps, 4);
-    for (int i = 0; i < n; i++) {
-        char path[128];
-        snprintf(path, sizeof path, "%s/shard-1-step-%llu.ckpt", dir,
-                 (unsigned long long)steps[i]);
-        ck_assert_int_eq(unlink(path), 0);
-    }
-    ck_assert_int_eq(rmdir(dir), 0);
+    ck_assert_int_eq(zps_tmpdir_remove(dir), 0);
 }
 END_TEST
 
