@@ -109,8 +109,9 @@ SERVER_SRC := $(filter-out server/main.c,$(wildcard server/*.c))
 LIB_SRC := $(wildcard lib/*.c)
 WORKER_SRC := $(filter-out worker/main.c,$(wildcard worker/*.c))
 # The unit suites mirror the sources (tests/lib/zps_min.c is test-install's
-# program); tests/zps_tmpdir.c is their shared scratch-directory fixture.
-UNIT_SRC := tests/check_unit.c tests/zps_tmpdir.c \
+# program); tests/zps_tmpdir.c is their shared scratch-directory fixture,
+# tests/server/zps_shard_fx.c the shard suites' job.
+UNIT_SRC := tests/check_unit.c tests/zps_tmpdir.c tests/server/zps_shard_fx.c \
 	$(wildcard $(addsuffix /check_*.c,tests/common tests/server tests/lib tests/worker))
 INTEG_SRC := $(wildcard tests/integration/*.c)
 
