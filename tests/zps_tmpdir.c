@@ -51,3 +51,33 @@ int zps_tmpdir_remove(const char *dir)
     (void)nftw(dir, s_open_up, 16, FTW_PHYS);
     return nftw(dir, s_rm_one, 16, FTW_DEPTH | FTW_PHYS) == 0 ? 0 : -1;
 }
+
+// The test case's directory and the running test's, one test case at a time
+// (check runs them in turn; a forked test inherits both).
+static char s_case_dir[64], s_test_dir[128];
+
+static void s_case_setup(void)
+{
+    zps_tmpdir_make(s_case_dir, sizeof s_case_dir, "check");
+}
+
+static void s_case_teardown(void)
+{
+    (void)zps_tmpdir_remove(s_case_dir);
+}
+
+static void s_test_setup(void)
+{
+    zps_tmpdir_make_in(s_test_dir, sizeof s_test_dir, s_case_dir);
+}
+
+void zps_tmpdir_fixture(TCase *tc)
+{
+    tcase_add_unchecked_fixture(tc, s_case_setup, s_case_teardown);
+    tcase_add_checked_fixture(tc, s_test_setup, NULL);
+}
+
+const char *zps_tmpdir_dir(void)
+{
+    return s_test_dir;
+}

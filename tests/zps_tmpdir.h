@@ -3,6 +3,7 @@
 #ifndef ZPS_TMPDIR_H
 #define ZPS_TMPDIR_H
 
+#include <check.h>
 #include <stddef.h>
 
 // Makes a new directory "/tmp/zps-<tag>-XXXXXX" and puts its name in buf
@@ -17,5 +18,12 @@ void zps_tmpdir_make_in(char *buf, size_t cap, const char *parent);
 // included. 0 on success, -1 if something stayed (the caller decides whether
 // that fails a test: an unchecked teardown must not assert).
 int zps_tmpdir_remove(const char *dir);
+
+// Gives each test of tc a fresh directory of its own (zps_tmpdir_dir), below
+// one the test case shares, which an unchecked fixture (run in the parent
+// process) removes even when a test crashed.
+void zps_tmpdir_fixture(TCase *tc);
+// The running test's directory (of zps_tmpdir_fixture).
+const char *zps_tmpdir_dir(void);
 
 #endif

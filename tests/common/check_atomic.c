@@ -9,22 +9,10 @@
 #include "tests/zps_check.h"
 #include "tests/zps_tmpdir.h"
 
-static char s_dir[128];
-
-static void s_setup(void)
-{
-    zps_tmpdir_make(s_dir, sizeof s_dir, "check-atomic");
-}
-
-static void s_teardown(void)
-{
-    ck_assert_int_eq(zps_tmpdir_remove(s_dir), 0);
-}
-
 static const char *s_path(const char *name)
 {
     static char path[256];
-    snprintf(path, sizeof path, "%s/%s", s_dir, name);
+    snprintf(path, sizeof path, "%s/%s", zps_tmpdir_dir(), name);
     return path;
 }
 
@@ -40,10 +28,10 @@ static const char *s_read(const char *path)
     return buf;
 }
 
-// How many entries s_dir holds, . and .. aside.
+// How many entries the test's directory holds, . and .. aside.
 static int s_entries(void)
 {
-    DIR *d = opendir(s_dir);
+    DIR *d = opendir(zps_tmpdir_dir());
     ck_assert_ptr_nonnull(d);
     int n = 0;
     for (struct dirent *e; (e = readdir(d)) != NULL;) {
@@ -117,7 +105,7 @@ Suite *zps_suite_atomic(void)
 {
     Suite *s = suite_create("atomic");
     TCase *tc = tcase_create("atomic");
-    tcase_add_checked_fixture(tc, s_setup, s_teardown);
+    zps_tmpdir_fixture(tc);
     tcase_add_test(tc, test_atomic_write_creates_the_file_with_its_content_and_mode);
     tcase_add_test(tc, test_atomic_write_replaces_the_old_file_whole);
     tcase_add_test(tc, test_atomic_commit_of_a_failed_write_keeps_the_old_file_and_no_temporary);

@@ -20,31 +20,13 @@
 
 #define FASHION_DIR "/usr/share/datasets/fashion-mnist"
 
-static char s_root[64]; // the suite's directory, removed by an unchecked fixture
-static char s_dir[128]; // this test's own subdirectory of s_root
-
 // ---------------------------------------------------------------- helpers
-
-static void s_setup(void)
-{
-    zps_tmpdir_make(s_root, sizeof s_root, "check-idx");
-}
-
-static void s_setup_test(void)
-{
-    zps_tmpdir_make_in(s_dir, sizeof s_dir, s_root);
-}
-
-static void s_teardown(void)
-{
-    (void)zps_tmpdir_remove(s_root);
-}
 
 // Path of name inside the test directory (a static buffer per slot).
 static const char *s_path(int slot, const char *name)
 {
     static char bufs[4][PATH_MAX];
-    snprintf(bufs[slot], sizeof bufs[slot], "%s/%s", s_dir, name);
+    snprintf(bufs[slot], sizeof bufs[slot], "%s/%s", zps_tmpdir_dir(), name);
     return bufs[slot];
 }
 
@@ -357,8 +339,7 @@ Suite *zps_suite_idx(void)
 {
     Suite *s = suite_create("idx");
     TCase *tc = tcase_create("files");
-    tcase_add_unchecked_fixture(tc, s_setup, s_teardown);
-    tcase_add_checked_fixture(tc, s_setup_test, NULL);
+    zps_tmpdir_fixture(tc);
     tcase_set_timeout(tc, 60); // the real labels under valgrind
     tcase_add_test(tc, test_idx_plain_roundtrip);
     tcase_add_test(tc, test_idx_gz_roundtrip);
