@@ -267,23 +267,36 @@ START_TEST(test_shard_serves_parameters_of_the_step_in_progress)
 }
 END_TEST
 
+// Both ranks push bucket `b` of their gradients (g[r]: the whole range),
+// and the shard applies it: bucket 0 is [4, 7), bucket 1 [2, 4).
+static void s_push_bucket(zps_shard *s, int b, const float *const g[2])
+{
+    uint64_t step = zps_shard_step(s);
+    uint64_t off = b == 0 ? 4 : 2, count = b == 0 ? 3 : 2;
+    int ready;
+    for (uint32_t r = 0; r < 2; r++) {
+        ck_assert_int_eq(s_feed(s, r, zps_shard_fx_id[r], step, zps_shard_fx_count[r], off,
+                                g[r] + (off - LO), count, &ready),
+                         ZPS_OK);
+    }
+    zps_shard_apply(s, ready);
+}
+
+// One step of both ranks pushing both buckets (g[r]: rank r's gradient),
+// applied and ended.
+static void s_step_ranks(zps_shard *s, const float *const g[2])
+{
+    s_push_bucket(s, 0, g);
+    s_push_bucket(s, 1, g);
+    ck_assert(zps_shard_step_done(s));
+    zps_shard_end_step(s);
+}
+
 // One step of both ranks pushing both buckets with gradient g, applied.
 static void s_step_both(zps_shard *s, const float *g)
 {
-    uint64_t step = zps_shard_step(s);
-    int ready;
-    for (uint32_t r = 0; r < 2; r++) {
-        ck_assert_int_eq(s_feed(s, r, r ? 22 : 11, step, r ? 30 : 10, 4, g + 2, 3, &ready),
-                         ZPS_OK);
-    }
-    zps_shard_apply(s, ready);
-    for (uint32_t r = 0; r < 2; r++) {
-        ck_assert_int_eq(s_feed(s, r, r ? 22 : 11, step, r ? 30 : 10, 2, g, 2, &ready),
-                         ZPS_OK);
-    }
-    zps_shard_apply(s, ready);
-    ck_assert(zps_shard_step_done(s));
-    zps_shard_end_step(s);
+    const float *const both[2] = {g, g};
+    s_step_ranks(s, both);
 }
 
 // The parameters live in two arrays by step parity (zps_shard.c): each
@@ -319,12 +332,8 @@ START_TEST(test_shard_keeps_what_a_peer_reads_and_serves_both_sides_of_an_update
     atomic_fetch_sub(&ref->inflight, 1);
     // Mid-step: the bucket updated serves its values before and after.
     uint64_t step = zps_shard_step(s);
-    int ready;
-    for (uint32_t r = 0; r < 2; r++) {
-        ck_assert_int_eq(s_feed(s, r, r ? 22 : 11, step, r ? 30 : 10, 4, g + 2, 3, &ready),
-                         ZPS_OK);
-    }
-    zps_shard_apply(s, ready);
+    const float *const both[2] = {g, g};
+    s_push_bucket(s, 0, both);
     ck_assert_int_eq(zps_shard_bucket_at(s, 0, step, &v), ZPS_OK);
     ck_assert_mem_eq(v, p2 + 2, 3 * sizeof(float));
     ck_assert_int_eq(zps_shard_bucket_at(s, 0, step + 1, &v), ZPS_OK);
@@ -394,8 +403,8 @@ START_TEST(test_shard_bf16_pushes_and_replies)
     float g[HI - LO] = {1, 0.5f, -1, 2, 0.25f}; // exact in bf16
     int ready;
     for (uint32_t r = 0; r < 2; r++) {
-        uint64_t id = r ? 22 : 11;
-        uint32_t n = r ? 30 : 10;
+        uint64_t id = zps_shard_fx_id[r];
+        uint32_t n = zps_shard_fx_count[r];
         ck_assert_int_eq(s_feed_as(s, ZPS_DTYPE_BF16, r, id, 0, n, 4, g + 2, 3, &ready), ZPS_OK);
         ck_assert_int_eq(s_feed_as(s, ZPS_DTYPE_BF16, r, id, 0, n, 2, g, 2, &ready), ZPS_OK);
     }
@@ -447,19 +456,8 @@ static void s_adamw_step(zps_shard *s)
             g[r][i] = sinf((float)(step * 7 + (uint64_t)i * 3 + (uint64_t)r)) * (float)(i + 1);
         }
     }
-    int ready;
-    for (uint32_t r = 0; r < 2; r++) {
-        ck_assert_int_eq(s_feed(s, r, r ? 22 : 11, step, r ? 30 : 10, 4, g[r] + 2, 3, &ready),
-                         ZPS_OK);
-    }
-    zps_shard_apply(s, ready);
-    for (uint32_t r = 0; r < 2; r++) {
-        ck_assert_int_eq(s_feed(s, r, r ? 22 : 11, step, r ? 30 : 10, 2, g[r], 2, &ready),
-                         ZPS_OK);
-    }
-    zps_shard_apply(s, ready);
-    ck_assert(zps_shard_step_done(s));
-    zps_shard_end_step(s);
+    const float *const ranks[2] = {g[0], g[1]};
+    s_step_ranks(s, ranks);
 }
 
 // An AdamW shard saved after 3 steps and restored into a new shard goes on
