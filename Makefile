@@ -109,8 +109,10 @@ SERVER_SRC := $(filter-out server/main.c,$(wildcard server/*.c server/*/*.c))
 # One folder a product: lib/ is libzps, worker/ the zps-worker program on it.
 LIB_SRC := $(wildcard lib/*.c)
 WORKER_SRC := $(filter-out worker/main.c,$(wildcard worker/*.c))
-# The unit suites mirror the sources (tests/lib/zps_min.c is test-install's program).
-UNIT_SRC := tests/check_unit.c \
+# The unit suites mirror the sources (tests/lib/zps_min.c is test-install's
+# program); tests/zps_tmpdir.c is their shared scratch-directory fixture,
+# tests/server/shard/zps_shard_fx.c the shard suites' job.
+UNIT_SRC := tests/check_unit.c tests/zps_tmpdir.c tests/server/shard/zps_shard_fx.c \
 	$(wildcard $(addsuffix /check_*.c,tests/common tests/server tests/lib tests/worker))
 # The server's tests mirror its folders too (tests/server/coord, tests/server/shard).
 UNIT_SRC += $(wildcard tests/server/*/check_*.c)

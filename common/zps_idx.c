@@ -23,6 +23,7 @@
 #include <unistd.h>
 #include <zlib.h>
 
+#include "zps_atomic.h"
 #include "zps_log.h"
 
 #define IDX_TYPE_UBYTE 0x08
@@ -334,60 +335,31 @@ out_free:
     return err;
 }
 
-// Makes the rename durable; a failure here loses only the cache, so it is
-// not an error.
-static void s_sync_dir(const char *dir)
-{
-    int fd = open(dir, O_RDONLY | O_DIRECTORY | O_CLOEXEC);
-    if (fd >= 0) {
-        fsync(fd);
-        close(fd);
-    }
-}
-
-// Decompresses src into the cache file dst through a temporary that carries
-// the pid (and a unique suffix), so concurrent workers never share one.
-static zps_err s_build_cache(const char *src, const idx_header *h, const char *cache_dir,
-                             const char *dst)
-{
-    char tmp[PATH_MAX];
-    if (snprintf(tmp, sizeof tmp, "%s.tmp.%ld.XXXXXX", dst, (long)getpid()) >= (int)sizeof tmp) {
-        zps_log_error("idx %s: cache path too long", src);
-        return ZPS_EINVAL;
-    }
-    int fd = mkstemp(tmp);
-    if (fd < 0) {
-        zps_log_error("idx cache %s: %s", tmp, strerror(errno));
-        return ZPS_EIO;
-    }
-    fchmod(fd, 0644); // shared by the workers of a host; best effort
-    zps_err err = s_inflate_to(src, h, fd, tmp);
-    if (err == ZPS_OK && fsync(fd) != 0) {
-        zps_log_error("idx cache %s: fsync: %s", tmp, strerror(errno));
-        err = ZPS_EIO;
-    }
-    if (close(fd) != 0 && err == ZPS_OK) {
-        zps_log_error("idx cache %s: close: %s", tmp, strerror(errno));
-        err = ZPS_EIO;
-    }
-    if (err == ZPS_OK && rename(tmp, dst) != 0) {
-        zps_log_error("idx cache %s: rename to %s: %s", tmp, dst, strerror(errno));
-        err = ZPS_EIO;
-    }
-    if (err != ZPS_OK) {
-        unlink(tmp);
-        return err;
-    }
-    s_sync_dir(cache_dir);
-    return ZPS_OK;
-}
-
 // True if the cached copy exists and is exactly as long as the source's
 // header says: it was renamed into place only once complete.
 static bool s_cache_complete(const char *cached, const idx_header *h)
 {
     struct stat st;
     return stat(cached, &st) == 0 && S_ISREG(st.st_mode) && (uint64_t)st.st_size == h->total_len;
+}
+
+// Decompresses src into the cache file dst through a temporary of its own
+// (zps_atomic names it by pid and serial), so concurrent workers never share
+// one and a reader never sees a half-built cache.
+static zps_err s_build_cache(const char *src, const idx_header *h, const char *dst)
+{
+    zps_atomic a;
+    zps_err err = zps_atomic_begin(&a, dst, 0644);
+    if (err != ZPS_OK) {
+        zps_log_error("idx %s: cache %s not written", src, dst);
+        return err;
+    }
+    fchmod(a.fd, 0644); // shared by the workers of a host, whatever the umask; best effort
+    err = zps_atomic_commit(&a, s_inflate_to(src, h, a.fd, a.tmp));
+    // A directory sync that failed after the rename loses at most the cache
+    // at a power loss, so the complete copy in place (or another worker's)
+    // serves.
+    return err != ZPS_OK && s_cache_complete(dst, h) ? ZPS_OK : err;
 }
 
 // Opens a gzip IDX file through its cached decompressed copy.
@@ -408,7 +380,7 @@ static zps_err s_open_gz(const char *path, const char *cache_dir, zps_idx *out)
     }
     if (err == ZPS_OK && !s_cache_complete(cached, &h)) {
         zps_log_info("idx %s: decompressing into %s", path, cached);
-        err = s_build_cache(path, &h, cache_dir, cached);
+        err = s_build_cache(path, &h, cached);
     }
     if (err == ZPS_OK) {
         err = s_map_plain(cached, out);

@@ -1,30 +1,24 @@
 /* zps_pidfile.c - an atomically written pid file. */
 #include "zps_pidfile.h"
 
-#include <errno.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <unistd.h>
 
+#include "common/zps_atomic.h"
 #include "common/zps_log.h"
 
 zps_err zps_pidfile_write(const char *path)
 {
-    char tmp[4096];
-    if (snprintf(tmp, sizeof tmp, "%s.%ld.tmp", path, (long)getpid()) >= (int)sizeof tmp) {
-        zps_log_error("--pid-file %s: path too long", path);
-        return ZPS_EINVAL;
+    char line[32];
+    int len = snprintf(line, sizeof line, "%ld\n", (long)getpid());
+    // 0666 less the umask: the mode fopen gave it.
+    zps_err err = zps_atomic_write(path, line, (size_t)len, 0666);
+    if (err != ZPS_OK) {
+        zps_log_error("--pid-file %s: not written", path);
     }
-    FILE *f = fopen(tmp, "w");
-    if (!f || fprintf(f, "%ld\n", (long)getpid()) < 0 || fclose(f) != 0 || rename(tmp, path) != 0) {
-        zps_log_error("--pid-file %s: %s", path, strerror(errno));
-        if (f) {
-            (void)unlink(tmp);
-        }
-        return ZPS_EIO;
-    }
-    return ZPS_OK;
+    return err;
 }
 
 void zps_pidfile_remove(const char *path)

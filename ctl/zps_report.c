@@ -17,6 +17,7 @@
 
 #include <jansson.h>
 
+#include "common/zps_atomic.h"
 #include "common/zps_mlog.h"
 #include "common/zps_plan.h"
 #include "ctl/zps_report.h"
@@ -851,15 +852,33 @@ static int s_draw_shares(FILE *f, const s_log *lg)
 
 typedef int (*s_draw_fn)(FILE *f, const s_log *lg);
 
-static const struct {
+typedef struct s_picture {
     const char *name; // file name in the output directory
     s_draw_fn draw;   // writes the whole SVG
-} s_pictures[] = {
+} s_picture;
+
+static const s_picture s_pictures[] = {
     {"lag_heatmap.svg", s_draw_heatmap},
     {"step_time.svg", s_draw_step_time},
     {"shares.svg", s_draw_shares},
 };
 #define S_N_PICTURES (sizeof s_pictures / sizeof s_pictures[0])
+
+// Draws one picture into memory (*svg, *len; the caller frees *svg).
+static int s_draw(const s_picture *p, const s_log *lg, char **svg, size_t *len, char *err,
+                  size_t errlen)
+{
+    FILE *f = open_memstream(svg, len);
+    if (f == NULL) {
+        return s_fail(err, errlen, "%s: %s", p->name, strerror(errno));
+    }
+    int drawn = p->draw(f, lg);
+    bool bad = ferror(f) != 0;
+    if (fclose(f) != 0 || bad || drawn != 0) {
+        return s_fail(err, errlen, "%s: out of memory", p->name);
+    }
+    return 0;
+}
 
 int zps_report_write(const char *metrics_path, const char *out_dir, char *err, size_t errlen)
 {
@@ -871,38 +890,23 @@ int zps_report_write(const char *metrics_path, const char *out_dir, char *err, s
     if (mkdir(out_dir, 0777) != 0 && errno != EEXIST) {
         ret = s_fail(err, errlen, "%s: %s", out_dir, strerror(errno));
     }
-    char tmp[S_N_PICTURES][4096], dst[S_N_PICTURES][4096];
-    size_t made = 0;
+    // All three are drawn whole before the first is replaced, so a reader
+    // never sees a half-written picture, nor a new one beside a stale one
+    // from a failed run; each is then replaced by zps_atomic.
+    char *svg[S_N_PICTURES] = {0};
+    size_t len[S_N_PICTURES] = {0};
     for (size_t i = 0; ret == 0 && i < S_N_PICTURES; i++) {
-        snprintf(dst[i], sizeof dst[i], "%s/%s", out_dir, s_pictures[i].name);
-        snprintf(tmp[i], sizeof tmp[i], "%s/.%s.%ld.tmp", out_dir, s_pictures[i].name,
-                 (long)getpid());
-        FILE *f = fopen(tmp[i], "w");
-        if (!f) {
-            ret = s_fail(err, errlen, "%s: %s", tmp[i], strerror(errno));
-            break;
-        }
-        made++;
-        int drawn = s_pictures[i].draw(f, &lg);
-        bool bad = ferror(f) != 0;
-        if (fclose(f) != 0 || bad) {
-            ret = s_fail(err, errlen, "%s: write error", tmp[i]);
-        } else if (drawn != 0) {
-            ret = s_fail(err, errlen, "%s: out of memory", s_pictures[i].name);
+        ret = s_draw(&s_pictures[i], &lg, &svg[i], &len[i], err, errlen);
+    }
+    for (size_t i = 0; ret == 0 && i < S_N_PICTURES; i++) {
+        char dst[4096];
+        snprintf(dst, sizeof dst, "%s/%s", out_dir, s_pictures[i].name);
+        if (zps_atomic_write(dst, svg[i], len[i], 0666) != ZPS_OK) {
+            ret = s_fail(err, errlen, "%s: not written", dst);
         }
     }
-    // Renamed only once all three are whole, so a reader never sees a
-    // half-written picture, nor a new one beside a stale one from a
-    // failed run.
-    for (size_t i = 0; ret == 0 && i < made; i++) {
-        if (rename(tmp[i], dst[i]) != 0) {
-            ret = s_fail(err, errlen, "%s: %s", dst[i], strerror(errno));
-        }
-    }
-    if (ret != 0) {
-        for (size_t i = 0; i < made; i++) {
-            unlink(tmp[i]);
-        }
+    for (size_t i = 0; i < S_N_PICTURES; i++) {
+        free(svg[i]);
     }
     s_log_fini(&lg);
     return ret;

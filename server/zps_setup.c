@@ -10,6 +10,7 @@
 #include <string.h>
 #include <sys/resource.h>
 
+#include "common/zps_atomic.h"
 #include "common/zps_dataset.h"
 #include "common/zps_pidfile.h"
 #include "common/zps_sndbuf.h"
@@ -81,12 +82,11 @@ static int s_bind(zps_server *srv)
         snprintf(srv->endpoint, sizeof srv->endpoint, "%s", o->listen);
     }
     if (o->endpoint_file) {
-        char tmp[4096];
-        snprintf(tmp, sizeof tmp, "%s.tmp", o->endpoint_file);
-        FILE *f = fopen(tmp, "w");
-        if (!f || fprintf(f, "%s\n", srv->endpoint) < 0 || fclose(f) != 0 ||
-            rename(tmp, o->endpoint_file) != 0) {
-            zps_log_error("--endpoint-file %s: %s", o->endpoint_file, strerror(errno));
+        char line[sizeof srv->endpoint + 1];
+        int n = snprintf(line, sizeof line, "%s\n", srv->endpoint);
+        // 0666 less the umask: the mode fopen gave it.
+        if (zps_atomic_write(o->endpoint_file, line, (size_t)n, 0666) != ZPS_OK) {
+            zps_log_error("--endpoint-file %s: not written", o->endpoint_file);
             return 2;
         }
     }

@@ -21,6 +21,7 @@ Suite *zps_suite_dyl(void);
 Suite *zps_suite_shm(void);
 Suite *zps_suite_sndbuf(void);
 Suite *zps_suite_err(void);
+Suite *zps_suite_atomic(void);
 
 // server/
 Suite *zps_suite_msgtab(void);

@@ -20,6 +20,7 @@
 #include <unistd.h>
 #include <zmq.h>
 
+#include "common/zps_atomic.h"
 #include "common/zps_clock.h"
 #include "common/zps_curve.h"
 #include "common/zps_dataset.h"
@@ -78,20 +79,11 @@ static void s_on_signal(int sig)
 
 static zps_err s_save_params(const zps_train *t, const char *path)
 {
-    char tmp[4096];
-    snprintf(tmp, sizeof tmp, "%s.tmp.%d", path, (int)getpid());
-    FILE *f = fopen(tmp, "wb");
-    if (!f) {
-        zps_log_error("--save-params %s: %s", tmp, strerror(errno));
-        return ZPS_EIO;
-    }
     size_t n;
     const float *params = zps_train_params(t, &n);
-    bool ok = fwrite(params, sizeof(float), n, f) == n;
-    ok = (fclose(f) == 0) && ok;
-    if (!ok || rename(tmp, path) != 0) {
-        zps_log_error("--save-params %s: %s", path, strerror(errno));
-        unlink(tmp);
+    // 0666 less the umask: the mode fopen gave it.
+    if (zps_atomic_write(path, params, n * sizeof(float), 0666) != ZPS_OK) {
+        zps_log_error("--save-params %s: not written", path);
         return ZPS_EIO;
     }
     zps_log_info("saved %zu parameters to %s", n, path);

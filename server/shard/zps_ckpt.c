@@ -1,7 +1,7 @@
 /* zps_ckpt.c - shard checkpoint files (format in zps_ckpt.h).
  *
- * Writes go to a temporary file in the target directory, are fsynced, then
- * renamed over the final name and the directory is fsynced, so after a crash
+ * Writes go through zps_atomic (a temporary file in the target directory,
+ * fsynced, renamed over the final name, the directory fsynced), so after a crash
  * a name either is absent or names a complete file. The CRC still matters:
  * it catches what rename cannot (a disk or copy that tears or flips bytes),
  * and a reader that finds a bad newest file falls back to the previous one.
@@ -24,6 +24,7 @@
 #include <unistd.h>
 #include <zlib.h>
 
+#include "common/zps_atomic.h"
 #include "common/zps_log.h"
 
 // The float arrays go to disk as they lie in memory; the header is encoded
@@ -318,24 +319,6 @@ static zps_err s_write_all(int fd, const void *buf, size_t len, uint32_t *crc, c
     return ZPS_OK;
 }
 
-// Makes the rename itself durable: without it a power loss can forget the
-// new name even though the file's data reached the disk.
-static zps_err s_sync_dir(const char *dir)
-{
-    int fd = open(dir, O_RDONLY | O_DIRECTORY | O_CLOEXEC);
-    if (fd < 0) {
-        zps_log_error("ckpt %s: open directory to fsync: %s", dir, strerror(errno));
-        return ZPS_EIO;
-    }
-    zps_err err = ZPS_OK;
-    if (fsync(fd) != 0) {
-        zps_log_error("ckpt %s: fsync directory: %s", dir, strerror(errno));
-        err = ZPS_EIO;
-    }
-    close(fd);
-    return err;
-}
-
 // Removes this shard's temporaries left by a writer that crashed mid-write
 // (each as large as a checkpoint). Only one process writes a shard, and it
 // is here, so none of them is in use.
@@ -393,37 +376,17 @@ static void s_prune(const char *dir, uint32_t shard, uint64_t step, int keep)
     free(steps);
 }
 
-// Ends a write begun in the temporary tmp (err: how it went so far): the
-// CRC trailer, fsync, close, rename over path, then the directory synced.
-// A failure removes tmp; fd is closed either way.
-static zps_err s_commit(int fd, zps_err err, uint32_t crc, const char *tmp, const char *path,
-                        const char *dir)
+// Ends a write begun in a (err: how it went so far): the CRC trailer, then
+// zps_atomic_commit (fsync, rename over the checkpoint, directory synced; a
+// failure removes the temporary).
+static zps_err s_commit(zps_atomic *a, zps_err err, uint32_t crc)
 {
     if (err == ZPS_OK) {
         uint8_t tail[CKPT_CRC_LEN];
         s_put32(tail, crc);
-        err = s_write_all(fd, tail, sizeof tail, NULL, tmp);
+        err = s_write_all(a->fd, tail, sizeof tail, NULL, a->tmp);
     }
-    if (err == ZPS_OK && fsync(fd) != 0) {
-        zps_log_error("ckpt %s: fsync: %s", tmp, strerror(errno));
-        err = ZPS_EIO;
-    }
-    // close can report a deferred write error (NFS), so it is checked too.
-    if (close(fd) != 0 && err == ZPS_OK) {
-        zps_log_error("ckpt %s: close: %s", tmp, strerror(errno));
-        err = ZPS_EIO;
-    }
-    if (err == ZPS_OK && rename(tmp, path) != 0) {
-        zps_log_error("ckpt %s: rename to %s: %s", tmp, path, strerror(errno));
-        err = ZPS_EIO;
-    }
-    if (err != ZPS_OK) {
-        unlink(tmp);
-        return err;
-    }
-    // The file is complete under its name; if the directory sync fails the
-    // rename may not survive a power loss, which the caller must hear.
-    return s_sync_dir(dir);
+    return zps_atomic_commit(a, err);
 }
 
 zps_err zps_ckpt_write(const char *dir, const zps_ckpt_meta *meta, const float *params,
@@ -437,39 +400,34 @@ zps_err zps_ckpt_write(const char *dir, const zps_ckpt_meta *meta, const float *
     ZPS_ASSERT(n <= (SIZE_MAX - CKPT_HEADER_MAX - CKPT_CRC_LEN) / (3 * sizeof(float)));
     ZPS_ASSERT(n == 0 || (params != NULL && state != NULL));
 
-    char path[PATH_MAX], tmp[PATH_MAX];
+    char path[PATH_MAX];
     if (s_mkdir_p(dir) != ZPS_OK || !s_path(path, sizeof path, dir, meta->shard, meta->step)) {
         return ZPS_EIO;
     }
-    // A dot name in the same directory: the rename stays within one file
-    // system, and listings (s_parse_name) never mistake it for a checkpoint.
-    int len = snprintf(tmp, sizeof tmp, "%s/.shard-%" PRIu32 "-step-%" PRIu64 ".ckpt.tmp.XXXXXX",
-                       dir, meta->shard, meta->step);
-    if (len < 0 || (size_t)len >= sizeof tmp) {
-        zps_log_error("ckpt %s: path too long", dir);
-        return ZPS_EIO;
-    }
+    // zps_atomic's temporary is a dot name in the same directory
+    // (".shard-S-step-N.ckpt.tmp.*"): the rename stays within one file
+    // system, listings (s_parse_name) never mistake it for a checkpoint, and
+    // s_remove_stale_temps knows it.
     s_remove_stale_temps(dir, meta->shard);
-    int fd = mkostemp(tmp, O_CLOEXEC);
-    if (fd < 0) {
-        zps_log_error("ckpt %s: create temporary: %s", tmp, strerror(errno));
+    zps_atomic a;
+    if (zps_atomic_begin(&a, path, 0644) != ZPS_OK) {
         return ZPS_EIO;
     }
-    (void)fchmod(fd, 0644); // mkstemp's 0600 would hide it from operators; best effort
+    (void)fchmod(a.fd, 0644); // operators read it whatever the umask; best effort
 
     uint8_t header[CKPT_HEADER_MAX];
     size_t header_len = s_encode_header(header, meta);
     uint32_t crc = (uint32_t)crc32(0L, Z_NULL, 0);
     size_t bytes = (size_t)n * sizeof(float);
-    zps_err err = s_write_all(fd, header, header_len, &crc, tmp);
+    zps_err err = s_write_all(a.fd, header, header_len, &crc, a.tmp);
     if (err == ZPS_OK) {
-        err = s_write_all(fd, params, bytes, &crc, tmp);
+        err = s_write_all(a.fd, params, bytes, &crc, a.tmp);
     }
     if (err == ZPS_OK) {
-        err = s_write_all(fd, state, (size_t)zps_optim_state_floats(meta->optim) * bytes, &crc,
-                          tmp);
+        err = s_write_all(a.fd, state, (size_t)zps_optim_state_floats(meta->optim) * bytes, &crc,
+                          a.tmp);
     }
-    err = s_commit(fd, err, crc, tmp, path, dir);
+    err = s_commit(&a, err, crc);
     if (err != ZPS_OK) {
         return err;
     }
@@ -817,31 +775,27 @@ int zps_ckpt_steps(const char *dir, uint32_t shard, uint64_t *steps, int max)
 static zps_err s_write_record(const char *dir, const char *name, const void *data, size_t len,
                               mode_t mode)
 {
-    char path[PATH_MAX], tmp[PATH_MAX];
-    int n1 = snprintf(path, sizeof path, "%s/%s", dir, name);
-    int n2 = snprintf(tmp, sizeof tmp, "%s/.%s.tmp.XXXXXX", dir, name);
-    if (n1 < 0 || (size_t)n1 >= sizeof path || n2 < 0 || (size_t)n2 >= sizeof tmp) {
+    char path[PATH_MAX];
+    int n = snprintf(path, sizeof path, "%s/%s", dir, name);
+    if (n < 0 || (size_t)n >= sizeof path) {
         zps_log_error("ckpt %s: path too long", dir);
         return ZPS_EIO;
     }
-    if (s_mkdir_p(dir) != ZPS_OK) {
-        return ZPS_EIO;
-    }
-    int fd = mkostemp(tmp, O_CLOEXEC);
-    if (fd < 0) {
-        zps_log_error("ckpt %s: create temporary: %s", tmp, strerror(errno));
+    zps_atomic a;
+    if (s_mkdir_p(dir) != ZPS_OK || zps_atomic_begin(&a, path, mode) != ZPS_OK) {
         return ZPS_EIO;
     }
     zps_err err = ZPS_OK;
-    if (fchmod(fd, mode) != 0) {
-        zps_log_error("ckpt %s: chmod %o: %s", tmp, (unsigned)mode, strerror(errno));
+    // Exactly mode, whatever the umask: a record may be a secret (0600).
+    if (fchmod(a.fd, mode) != 0) {
+        zps_log_error("ckpt %s: chmod %o: %s", a.tmp, (unsigned)mode, strerror(errno));
         err = ZPS_EIO;
     }
     uint32_t crc = (uint32_t)crc32(0L, Z_NULL, 0);
     if (err == ZPS_OK) {
-        err = s_write_all(fd, data, len, &crc, tmp);
+        err = s_write_all(a.fd, data, len, &crc, a.tmp);
     }
-    return s_commit(fd, err, crc, tmp, path, dir);
+    return s_commit(&a, err, crc);
 }
 
 zps_err zps_ckpt_write_record(const char *dir, const char *name, const void *data, size_t len)

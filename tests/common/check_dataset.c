@@ -2,7 +2,6 @@
  * Fashion-MNIST from the Debian package, a small IDX directory written here,
  * and synthetic data. Caches go to a mkdtemp directory that an unchecked
  * fixture (run in the parent) removes, each test in its own subdirectory. */
-#include <ftw.h>
 #include <limits.h>
 #include <math.h>
 #include <stdio.h>
@@ -13,39 +12,12 @@
 
 #include "common/zps_dataset.h"
 #include "tests/zps_check.h"
+#include "tests/zps_tmpdir.h"
 
 #define FASHION_DIM 784
 #define FASHION_CLASSES 10
 
-static char s_root[] = "/tmp/zps-check-dataset-XXXXXX";
-static char s_dir[128]; // this test's own subdirectory of s_root
-
 // ---------------------------------------------------------------- helpers
-
-static void s_setup(void)
-{
-    strcpy(s_root, "/tmp/zps-check-dataset-XXXXXX");
-    ck_assert_ptr_nonnull(mkdtemp(s_root));
-}
-
-static void s_setup_test(void)
-{
-    snprintf(s_dir, sizeof s_dir, "%s/t-XXXXXX", s_root);
-    ck_assert_ptr_nonnull(mkdtemp(s_dir));
-}
-
-static int s_rm(const char *path, const struct stat *st, int flag, struct FTW *ftw)
-{
-    (void)st;
-    (void)flag;
-    (void)ftw;
-    return remove(path);
-}
-
-static void s_teardown(void)
-{
-    nftw(s_root, s_rm, 16, FTW_DEPTH | FTW_PHYS);
-}
 
 static zps_dataset_spec s_spec(const char *text)
 {
@@ -59,7 +31,7 @@ static zps_dataset_spec s_spec(const char *text)
 static void s_write_idx(const char *name, uint32_t magic, uint32_t n, uint32_t size, int mod)
 {
     char path[PATH_MAX];
-    snprintf(path, sizeof path, "%s/%s", s_dir, name);
+    snprintf(path, sizeof path, "%s/%s", zps_tmpdir_dir(), name);
     FILE *f = fopen(path, "wb");
     ck_assert_ptr_nonnull(f);
     uint32_t words[3] = {magic, n, size};
@@ -76,7 +48,7 @@ static void s_write_idx(const char *name, uint32_t magic, uint32_t n, uint32_t s
     ck_assert_int_eq(fclose(f), 0);
 }
 
-// A tiny uncompressed Fashion-MNIST look-alike in s_dir: records of 4 bytes,
+// A tiny uncompressed Fashion-MNIST look-alike in the test's directory: records of 4 bytes,
 // labels 0..2, 7 train and `n_test_labels` test labels for 3 test images.
 static void s_write_small_dataset(uint32_t n_test_labels)
 {
@@ -89,7 +61,7 @@ static void s_write_small_dataset(uint32_t n_test_labels)
 static zps_dataset_spec s_small_spec(void)
 {
     char text[PATH_MAX];
-    snprintf(text, sizeof text, "fashion-mnist:%s", s_dir);
+    snprintf(text, sizeof text, "fashion-mnist:%s", zps_tmpdir_dir());
     return s_spec(text);
 }
 
@@ -175,12 +147,12 @@ END_TEST
 START_TEST(test_dataset_missing_dir)
 {
     char text[PATH_MAX];
-    snprintf(text, sizeof text, "fashion-mnist:%s/none", s_dir);
+    snprintf(text, sizeof text, "fashion-mnist:%s/none", zps_tmpdir_dir());
     zps_dataset_spec spec = s_spec(text);
     uint32_t n_train;
     uint32_t n_test;
     ck_assert_int_eq(zps_dataset_counts(&spec, &n_train, &n_test), ZPS_ENOENT);
-    ck_assert_ptr_null(zps_dataset_open(&spec, s_dir, 1, 4, 3));
+    ck_assert_ptr_null(zps_dataset_open(&spec, zps_tmpdir_dir(), 1, 4, 3));
 }
 END_TEST
 
@@ -189,7 +161,7 @@ END_TEST
 START_TEST(test_dataset_fashion_gather)
 {
     zps_dataset_spec spec = s_spec("fashion-mnist");
-    zps_dataset *a = zps_dataset_open(&spec, s_dir, 1, FASHION_DIM, FASHION_CLASSES);
+    zps_dataset *a = zps_dataset_open(&spec, zps_tmpdir_dir(), 1, FASHION_DIM, FASHION_CLASSES);
     ck_assert_ptr_nonnull(a);
     ck_assert_uint_eq(zps_dataset_size(a, ZPS_SPLIT_TRAIN), 60000);
     ck_assert_uint_eq(zps_dataset_size(a, ZPS_SPLIT_TEST), 10000);
@@ -206,7 +178,7 @@ START_TEST(test_dataset_fashion_gather)
     }
     ck_assert_msg(sum > 10.0f, "record 59999 is nearly blank (sum %g)", (double)sum);
     // A second open reads the cache and must give the same records.
-    zps_dataset *b = zps_dataset_open(&spec, s_dir, 2, FASHION_DIM, FASHION_CLASSES);
+    zps_dataset *b = zps_dataset_open(&spec, zps_tmpdir_dir(), 2, FASHION_DIM, FASHION_CLASSES);
     ck_assert_ptr_nonnull(b);
     ck_assert_int_eq(zps_dataset_gather(b, ZPS_SPLIT_TRAIN, idx, 4, xb, lb), ZPS_OK);
     ck_assert_mem_eq(xa, xb, sizeof xa);
@@ -373,8 +345,7 @@ Suite *zps_suite_dataset(void)
 {
     Suite *s = suite_create("dataset");
     TCase *tc = tcase_create("datasets");
-    tcase_add_unchecked_fixture(tc, s_setup, s_teardown);
-    tcase_add_checked_fixture(tc, s_setup_test, NULL);
+    zps_tmpdir_fixture(tc);
     tcase_set_timeout(tc, 120); // decompressing Fashion-MNIST under valgrind
     tcase_add_test(tc, test_dataset_parse_errors);
     tcase_add_test(tc, test_dataset_parse_names);

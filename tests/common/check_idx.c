@@ -6,7 +6,6 @@
  * each test works in a fresh subdirectory of it, so no test sees another's
  * cache. */
 #include <dirent.h>
-#include <ftw.h>
 #include <limits.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -17,44 +16,17 @@
 
 #include "common/zps_idx.h"
 #include "tests/zps_check.h"
+#include "tests/zps_tmpdir.h"
 
 #define FASHION_DIR "/usr/share/datasets/fashion-mnist"
 
-static char s_root[] = "/tmp/zps-check-idx-XXXXXX";
-static char s_dir[128]; // this test's own subdirectory of s_root
-
 // ---------------------------------------------------------------- helpers
-
-static void s_setup(void)
-{
-    strcpy(s_root, "/tmp/zps-check-idx-XXXXXX");
-    ck_assert_ptr_nonnull(mkdtemp(s_root));
-}
-
-static void s_setup_test(void)
-{
-    snprintf(s_dir, sizeof s_dir, "%s/t-XXXXXX", s_root);
-    ck_assert_ptr_nonnull(mkdtemp(s_dir));
-}
-
-static int s_rm(const char *path, const struct stat *st, int flag, struct FTW *ftw)
-{
-    (void)st;
-    (void)flag;
-    (void)ftw;
-    return remove(path);
-}
-
-static void s_teardown(void)
-{
-    nftw(s_root, s_rm, 16, FTW_DEPTH | FTW_PHYS);
-}
 
 // Path of name inside the test directory (a static buffer per slot).
 static const char *s_path(int slot, const char *name)
 {
     static char bufs[4][PATH_MAX];
-    snprintf(bufs[slot], sizeof bufs[slot], "%s/%s", s_dir, name);
+    snprintf(bufs[slot], sizeof bufs[slot], "%s/%s", zps_tmpdir_dir(), name);
     return bufs[slot];
 }
 
@@ -367,8 +339,7 @@ Suite *zps_suite_idx(void)
 {
     Suite *s = suite_create("idx");
     TCase *tc = tcase_create("files");
-    tcase_add_unchecked_fixture(tc, s_setup, s_teardown);
-    tcase_add_checked_fixture(tc, s_setup_test, NULL);
+    zps_tmpdir_fixture(tc);
     tcase_set_timeout(tc, 60); // the real labels under valgrind
     tcase_add_test(tc, test_idx_plain_roundtrip);
     tcase_add_test(tc, test_idx_gz_roundtrip);

@@ -18,6 +18,7 @@
  *   0.01 of an undisturbed run's (make test-long). `make soak` runs it for
  *   ten minutes.
  * Every wait is bounded; every process is killed by pid at the end. */
+#include <inttypes.h>
 #include <math.h>
 #include <signal.h>
 #include <stdio.h>
@@ -33,6 +34,7 @@
 #include "common/zps_rng.h"
 #include "common/zps_wire.h"
 #include "zps_integration.h"
+#include "zps_mlog_read.h"
 #include "zps_proc.h"
 
 #define B 128
@@ -259,38 +261,46 @@ typedef struct run_stats {
 
 // Every step record of the metrics log counted B samples, and its counted
 // pieces add up to B (each sample once, whoever computed it).
+// The samples a step record's counted pieces ([[rank, count], ...]) add up to.
+static uint64_t s_counted(const json_t *rec)
+{
+    uint64_t sum = 0;
+    size_t i;
+    json_t *piece;
+    json_array_foreach(json_object_get(rec, "counted"), i, piece)
+    {
+        sum += (uint64_t)json_integer_value(json_array_get(piece, 1));
+    }
+    return sum;
+}
+
 static run_stats s_check_metrics(job *j, uint64_t from, uint64_t to)
 {
-    FILE *f = fopen(zps_procs_path(&j->ps, "metrics.jsonl"), "r");
-    ck_assert_ptr_nonnull(f);
-    static char line[1 << 16];
     static double in[1 << 17], out[1 << 17];
     size_t n_in = 0, n_out = 0;
     run_stats st = {.acc = -1};
-    while (fgets(line, sizeof line, f)) {
-        unsigned long long step, samples;
-        double a, step_ms;
-        if (sscanf(line, "{\"epoch\":%*u,\"test_accuracy\":%lf", &a) == 1) {
-            st.acc = a;
+    json_t *log = zps_procs_mlog(&j->ps, "metrics.jsonl");
+    size_t i;
+    json_t *rec;
+    json_array_foreach(log, i, rec)
+    {
+        uint64_t step;
+        if (json_is_number(json_object_get(rec, "test_accuracy"))) {
+            st.acc = zps_mlog_num(rec, "test_accuracy");
+        }
+        if (!zps_mlog_step(rec, &step)) {
             continue;
         }
-        const char *sp = strstr(line, "\"samples\":"), *tp = strstr(line, "\"step_ms\":");
-        const char *cp = strstr(line, "\"counted\":[");
-        if (sscanf(line, "{\"step\":%llu", &step) != 1) {
-            continue;
-        }
-        ck_assert_msg(sp && cp && tp && sscanf(sp, "\"samples\":%llu", &samples) == 1 &&
-                          sscanf(tp, "\"step_ms\":%lf", &step_ms) == 1,
-                      "a step record without samples: %s", line);
-        ck_assert_msg(samples == B, "step %llu counted %llu samples, not %d", step, samples, B);
-        unsigned long long sum = 0;
-        unsigned r, c;
-        int used;
-        for (const char *q = cp + strlen("\"counted\":["); sscanf(q, "[%u,%u]%n", &r, &c, &used) == 2;
-             q += used + (q[used] == ',')) {
-            sum += c;
-        }
-        ck_assert_msg(sum == B, "step %llu: the pieces counted add up to %llu", step, sum);
+        ck_assert_msg(json_is_integer(json_object_get(rec, "samples")) &&
+                          json_is_array(json_object_get(rec, "counted")) &&
+                          json_is_number(json_object_get(rec, "step_ms")),
+                      "step %" PRIu64 ": a step record without samples", step);
+        double samples = zps_mlog_num(rec, "samples"), step_ms = zps_mlog_num(rec, "step_ms");
+        ck_assert_msg(samples == B, "step %" PRIu64 " counted %.0f samples, not %d", step,
+                      samples, B);
+        uint64_t counted = s_counted(rec);
+        ck_assert_msg(counted == B, "step %" PRIu64 ": the pieces counted add up to %" PRIu64,
+                      step, counted);
         bool disturbed = step >= from && step < to;
         if (disturbed && n_in < sizeof in / sizeof in[0]) {
             in[n_in++] = step_ms;
@@ -298,7 +308,7 @@ static run_stats s_check_metrics(job *j, uint64_t from, uint64_t to)
             out[n_out++] = step_ms;
         }
     }
-    fclose(f);
+    json_decref(log);
     ck_assert_uint_gt(n_in + n_out, 0);
     s_quantiles(in, n_in, &st.median_in, &st.p95_in);
     s_quantiles(out, n_out, &st.median_out, &st.p95_out);

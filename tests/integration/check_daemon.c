@@ -15,6 +15,7 @@
 #include "common/zps_model.h"
 #include "common/zps_wire.h"
 #include "zps_integration.h"
+#include "zps_mlog_read.h"
 #include "zps_proc.h"
 
 #define MODEL "mlp:784-512-512-10"
@@ -25,15 +26,6 @@ static void s_sleep_ms(int ms)
 {
     struct timespec ts = {ms / 1000, (ms % 1000) * 1000000L};
     nanosleep(&ts, NULL);
-}
-
-static uint64_t s_step(const char *endpoint)
-{
-    zps_wire_msg m;
-    zps_procs_status(endpoint, &m);
-    uint64_t step = m.hdr->status->step;
-    zps_wire_msg_fini(&m);
-    return step;
 }
 
 // The pid in a pid file, or 0 if there is none (yet).
@@ -54,24 +46,19 @@ static long s_read_pid(const char *path)
 // returns how many lines there were.
 static int s_check_json_log(zps_procs *ps, const char *log)
 {
-    FILE *f = fopen(zps_procs_path(ps, log), "r");
-    ck_assert_ptr_nonnull(f);
-    char line[4096];
-    int n = 0;
-    while (fgets(line, sizeof line, f)) {
-        json_error_t err;
-        json_t *o = json_loads(line, 0, &err);
-        ck_assert_msg(o && json_is_object(o), "%s line %d is not a JSON object: %s", log, n + 1,
-                      line);
+    json_t *lines = zps_procs_mlog(ps, log);
+    size_t i;
+    json_t *o;
+    json_array_foreach(lines, i, o)
+    {
         const char *keys[] = {"ts", "level", "proc", "msg"};
         for (int k = 0; k < 4; k++) {
-            ck_assert_msg(json_is_string(json_object_get(o, keys[k])), "%s line %d lacks %s",
-                          log, n + 1, keys[k]);
+            ck_assert_msg(json_is_string(json_object_get(o, keys[k])), "%s line %zu lacks %s",
+                          log, i + 1, keys[k]);
         }
-        json_decref(o);
-        n++;
     }
-    fclose(f);
+    int n = (int)json_array_size(lines);
+    json_decref(lines);
     return n;
 }
 
@@ -196,10 +183,7 @@ START_TEST(test_daemon_sigterm_checkpoints_and_restarted_job_ends_equal)
 
     snprintf(ep, sizeof ep, "%s", zps_procs_start_server(&ps, "server", &s, args, 10000));
     pid_t w0 = s_worker(&ps, ep, "w0"), w1 = s_worker(&ps, ep, "w1");
-    double deadline = zps_clock_ms() + 60000;
-    while (s_step(ep) < 30 && zps_clock_ms() < deadline) {
-        s_sleep_ms(10);
-    }
+    zps_procs_wait_step(ep, 30, 60000);
     ck_assert_int_eq(kill(s, SIGTERM), 0);
     ck_assert_int_eq(zps_procs_wait(&ps, s, 10000), 0);
     ck_assert_int_eq(kill(w0, SIGTERM), 0);

@@ -14,6 +14,7 @@
 #include "common/zps_clock.h"
 #include "common/zps_model.h"
 #include "zps_integration.h"
+#include "zps_mlog_read.h"
 #include "zps_proc.h"
 
 #define MODEL "mlp:784-512-512-10"
@@ -223,12 +224,7 @@ START_TEST(test_diloco_worker_killed_mid_round_is_missing_and_run_completes)
     for (int i = 0; i < 3; i++) {
         w[i] = s_start_worker(&ps, ep, "kill", i);
     }
-    double deadline = zps_clock_ms() + 60000;
-    while (s_step(ep) < 3) {
-        ck_assert_msg(zps_clock_ms() < deadline, "round 3 not reached within 60 s");
-        struct timespec ts = {0, 10 * 1000000L};
-        nanosleep(&ts, NULL);
-    }
+    zps_procs_wait_step(ep, 3, 60000);
     // Some inner steps into a round (a round takes 20 of them).
     struct timespec ts = {0, 50 * 1000000L};
     nanosleep(&ts, NULL);
@@ -266,12 +262,7 @@ START_TEST(test_diloco_joining_worker_starts_from_the_current_round)
     for (int i = 0; i < 2; i++) {
         w[i] = s_start_worker(&ps, ep, "join", i);
     }
-    double deadline = zps_clock_ms() + 60000;
-    while (s_step(ep) < 3) {
-        ck_assert_msg(zps_clock_ms() < deadline, "round 3 not reached within 60 s");
-        struct timespec ts = {0, 10 * 1000000L};
-        nanosleep(&ts, NULL);
-    }
+    zps_procs_wait_step(ep, 3, 60000);
     // The rounds' figures, as zps-ctl status and top show them.
     zps_wire_msg m;
     zps_procs_status(ep, &m);
@@ -324,12 +315,7 @@ START_TEST(test_diloco_shard_restarted_from_checkpoint_goes_back_to_its_round)
     for (int i = 0; i < 2; i++) {
         w[i] = s_start_worker(&ps, ep, "restart", i);
     }
-    double deadline = zps_clock_ms() + 60000;
-    while (s_step(ep) < 10) {
-        ck_assert_msg(zps_clock_ms() < deadline, "round 10 not reached within 60 s");
-        struct timespec ts = {0, 5 * 1000000L};
-        nanosleep(&ts, NULL);
-    }
+    zps_procs_wait_step(ep, 10, 60000);
     ck_assert_int_eq(kill(s1, SIGKILL), 0);
     zps_procs_wait(&ps, s1, 5000);
     const char *again[] = {"--shard", "1", "--shards", "2", "--coordinator", ep, "--listen",
@@ -375,19 +361,18 @@ END_TEST
 // The inner steps of `rank` in the last round of a metrics log, or -1.
 static int s_last_inner_steps(zps_procs *ps, const char *metrics, uint32_t rank)
 {
-    FILE *f = fopen(zps_procs_path(ps, metrics), "r");
-    ck_assert_ptr_nonnull(f);
-    char line[4096], want[32];
+    json_t *log = zps_procs_mlog(ps, metrics);
     int found = -1;
-    snprintf(want, sizeof want, "{\"rank\":%u,", rank);
-    while (fgets(line, sizeof line, f)) {
-        const char *row = strstr(line, want);
-        const char *steps = row ? strstr(row, "\"inner_steps\":") : NULL;
-        if (steps) {
-            found = atoi(steps + strlen("\"inner_steps\":"));
+    size_t i;
+    json_t *rec;
+    json_array_foreach(log, i, rec)
+    {
+        json_t *w = zps_mlog_worker(rec, (int)rank);
+        if (json_is_integer(json_object_get(w, "inner_steps"))) {
+            found = (int)zps_mlog_num(w, "inner_steps");
         }
     }
-    fclose(f);
+    json_decref(log);
     return found;
 }
 

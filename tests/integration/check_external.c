@@ -9,20 +9,12 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-#include <time.h>
 
-#include "common/zps_clock.h"
 #include "zps_integration.h"
 #include "zps_proc.h"
 
 #define N_PARAMS 2372 // tanh_mlp's model: 64 x 32 + 64 + 4 x 64 + 4
 #define WAIT_MS 120000
-
-static void s_sleep_ms(int ms)
-{
-    struct timespec ts = {ms / 1000, (ms % 1000) * 1000000L};
-    nanosleep(&ts, NULL);
-}
 
 // The single-process reference of `steps` steps into single.bin.
 static void s_single(zps_procs *ps, const char *steps)
@@ -67,17 +59,6 @@ static pid_t s_worker(zps_procs *ps, const char *endpoint, int i, const char *co
     return zps_procs_start(ps, "tanh_mlp", log, args);
 }
 
-// Bounded: until the log file has a line with text.
-static void s_wait_log(zps_procs *ps, const char *log, const char *text)
-{
-    double deadline = zps_clock_ms() + 20000;
-    while (!zps_procs_log_has(ps, log, text)) {
-        ck_assert_msg(zps_clock_ms() < deadline, "no '%s' in %s/%s within 20 s", text, ps->dir,
-                      log);
-        s_sleep_ms(50);
-    }
-}
-
 START_TEST(test_external_uneven_workers_end_as_one_process_on_the_global_batch)
 {
     zps_procs ps;
@@ -114,17 +95,9 @@ START_TEST(test_external_survivors_of_a_killed_worker_stay_with_one_process)
     for (int i = 0; i < 3; i++) {
         w[i] = s_worker(&ps, ep, i, slow);
     }
-    s_wait_log(&ps, "s0.log", "model declared by"); // STATUS is "not yet" before
-    double deadline = zps_clock_ms() + WAIT_MS;
-    uint64_t step = 0;
-    while (step < 15) { // mid-run: past the start, well before the end
-        ck_assert_msg(zps_clock_ms() < deadline, "the job did not reach step 15");
-        zps_wire_msg m;
-        zps_procs_status(ep, &m);
-        step = m.hdr->status->step;
-        zps_wire_msg_fini(&m);
-        s_sleep_ms(20);
-    }
+    zps_procs_wait_log(&ps, "s0.log", "model declared by", 20000); // STATUS is "not yet" before
+    // Mid-run: past the start, well before the end.
+    uint64_t step = zps_procs_wait_step(ep, 15, WAIT_MS);
     ck_assert_int_eq(kill(w[2], SIGKILL), 0);
     (void)zps_procs_wait(&ps, w[2], 5000);
     ck_assert_int_eq(zps_procs_wait(&ps, w[0], WAIT_MS), 0);
@@ -147,7 +120,7 @@ START_TEST(test_external_refuses_another_layout_and_another_dataset_size)
     pid_t s0, s1;
     const char *ep = s_job(&ps, "2", "5", "size:8192", &s0, &s1);
     pid_t first = s_worker(&ps, ep, 0, NULL);
-    s_wait_log(&ps, "s0.log", "admitted as rank 0");
+    zps_procs_wait_log(&ps, "s0.log", "admitted as rank 0", 20000);
     const char *narrow[] = {"--hidden", "32", NULL}, *small[] = {"--n-train", "4096", NULL};
     pid_t w1 = s_worker(&ps, ep, 1, narrow), w2 = s_worker(&ps, ep, 2, small);
     ck_assert_int_ne(zps_procs_wait(&ps, w1, 30000), 0);

@@ -49,14 +49,8 @@ static void s_sleep_ms(int ms)
 // Waits (bounded) until shard 0 has completed `step` steps.
 static job_status s_wait_step(const char *endpoint, uint64_t step)
 {
-    double deadline = zps_clock_ms() + 60000;
-    job_status st;
-    while ((st = s_status(endpoint)).step < step) {
-        ck_assert_msg(zps_clock_ms() < deadline, "step %llu not reached within 60 s",
-                      (unsigned long long)step);
-        s_sleep_ms(10);
-    }
-    return st;
+    zps_procs_wait_step(endpoint, step, 60000);
+    return s_status(endpoint);
 }
 
 static job_status s_wait_evictions(const char *endpoint, uint64_t n)

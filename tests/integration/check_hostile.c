@@ -24,6 +24,7 @@
 #include "common/zps_rng.h"
 #include "common/zps_wire.h"
 #include "zps_integration.h"
+#include "zps_mlog_read.h"
 #include "zps_proc.h"
 
 #define MODEL "mlp:784-256-10"
@@ -77,20 +78,21 @@ static void s_wait_job(zps_procs *ps, job *j)
 // The test-set results of a metrics log, in order ("0:0.812500;...").
 static void s_accuracies(zps_procs *ps, const char *tag, char *out, size_t len)
 {
-    char name[64], line[4096];
+    char name[64];
     snprintf(name, sizeof name, "%s-metrics.jsonl", tag);
-    FILE *f = fopen(zps_procs_path(ps, name), "r");
-    ck_assert_ptr_nonnull(f);
+    json_t *log = zps_procs_mlog(ps, name);
     out[0] = '\0';
-    while (fgets(line, sizeof line, f)) {
-        unsigned long long epoch;
-        char acc[32];
-        if (sscanf(line, "{\"epoch\":%llu,\"test_accuracy\":%31[0-9.]", &epoch, acc) == 2) {
+    size_t i;
+    json_t *rec;
+    json_array_foreach(log, i, rec)
+    {
+        if (json_is_number(json_object_get(rec, "test_accuracy"))) {
             size_t used = strlen(out);
-            snprintf(out + used, len - used, "%llu:%s;", epoch, acc);
+            snprintf(out + used, len - used, "%.0f:%.17g;", zps_mlog_num(rec, "epoch"),
+                     zps_mlog_num(rec, "test_accuracy"));
         }
     }
-    fclose(f);
+    json_decref(log);
 }
 
 // ---------------------------------------------------------------------------

@@ -12,6 +12,7 @@
 
 #include "common/zps_model.h"
 #include "zps_integration.h"
+#include "zps_mlog_read.h"
 #include "zps_proc.h"
 
 #define MODEL "mlp:784-512-512-10"
@@ -61,24 +62,19 @@ static void s_median_lags(const char *path, double med[2])
 {
     static double lag[2][4096];
     size_t n[2] = {0, 0};
-    FILE *f = fopen(path, "r");
-    ck_assert_ptr_nonnull(f);
-    char line[8192];
-    while (fgets(line, sizeof line, f)) {
-        json_t *o = json_loads(line, 0, NULL);
-        json_t *ws = o ? json_object_get(o, "workers") : NULL;
-        size_t i;
-        json_t *w;
-        json_array_foreach(ws, i, w)
-        {
-            json_int_t r = json_integer_value(json_object_get(w, "rank"));
-            if (r >= 0 && r < 2 && n[r] < 4096) {
-                lag[r][n[r]++] = json_number_value(json_object_get(w, "lag_ms"));
+    json_t *log = zps_mlog_read(path);
+    size_t i;
+    json_t *rec;
+    json_array_foreach(log, i, rec)
+    {
+        for (int r = 0; r < 2; r++) {
+            json_t *w = zps_mlog_worker(rec, r);
+            if (w != NULL && n[r] < 4096) {
+                lag[r][n[r]++] = zps_mlog_num(w, "lag_ms");
             }
         }
-        json_decref(o);
     }
-    fclose(f);
+    json_decref(log);
     for (int r = 0; r < 2; r++) {
         ck_assert_uint_gt(n[r], 10);
         qsort(lag[r], n[r], sizeof lag[r][0], s_cmp);

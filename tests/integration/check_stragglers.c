@@ -10,6 +10,7 @@
 #include "common/zps_model.h"
 #include "common/zps_wire.h"
 #include "zps_integration.h"
+#include "zps_mlog_read.h"
 #include "zps_proc.h"
 
 #define MODEL "mlp:784-512-512-10"
@@ -163,27 +164,21 @@ static double s_ideal_step_ms(zps_procs *ps, const char *log, uint64_t from, uin
 {
     static double thr[3][1024];
     size_t n[3] = {0, 0, 0};
-    FILE *f = fopen(zps_procs_path(ps, log), "r");
-    ck_assert_ptr_nonnull(f);
-    char line[8192];
-    while (fgets(line, sizeof line, f)) {
-        json_t *o = json_loads(line, 0, NULL);
-        json_t *ws = o ? json_object_get(o, "workers") : NULL;
-        size_t i;
-        json_t *w;
-        json_array_foreach(ws, i, w)
-        {
-            json_int_t r = json_integer_value(json_object_get(w, "rank"));
-            double ms = json_number_value(json_object_get(w, "compute_ms"));
-            double samples = json_number_value(json_object_get(w, "samples"));
-            if (json_integer_value(json_object_get(o, "step")) >= (json_int_t)from && r >= 0 &&
-                r < 3 && ms > 0 && n[r] < 1024) {
-                thr[r][n[r]++] = samples / ms * 1e3;
+    json_t *records = zps_procs_mlog(ps, log);
+    size_t i;
+    json_t *rec;
+    json_array_foreach(records, i, rec)
+    {
+        uint64_t step;
+        for (int r = 0; r < 3 && zps_mlog_step(rec, &step) && step >= from; r++) {
+            json_t *w = zps_mlog_worker(rec, r);
+            double ms = zps_mlog_num(w, "compute_ms");
+            if (ms > 0 && n[r] < 1024) {
+                thr[r][n[r]++] = zps_mlog_num(w, "samples") / ms * 1e3;
             }
         }
-        json_decref(o);
     }
-    fclose(f);
+    json_decref(records);
     double sum = 0;
     for (int r = 0; r < 3; r++) {
         ck_assert_uint_gt(n[r], 5);

@@ -7,6 +7,7 @@
 
 #include "common/zps_model.h"
 #include "zps_integration.h"
+#include "zps_mlog_read.h"
 #include "zps_proc.h"
 
 #define STEPS "50"
@@ -143,21 +144,23 @@ START_TEST(test_train_three_workers_hold_bitwise_identical_parameters)
     }
     free(w0);
     // The metrics log has one record per step and the evaluation at the end.
-    FILE *f = fopen(zps_procs_path(&ps, "three-metrics.jsonl"), "r");
-    ck_assert_ptr_nonnull(f);
-    char line[512];
+    json_t *log = zps_procs_mlog(&ps, "three-metrics.jsonl");
     int steps = 0, evals = 0;
-    while (fgets(line, sizeof line, f)) {
-        if (strncmp(line, "{\"step\":", 8) == 0) {
-            ck_assert_ptr_nonnull(strstr(line, "\"loss\":"));
-            ck_assert_ptr_nonnull(strstr(line, "\"samples\":64"));
-            ck_assert_ptr_nonnull(strstr(line, "\"step_ms\":"));
+    size_t i;
+    json_t *rec;
+    json_array_foreach(log, i, rec)
+    {
+        uint64_t step;
+        if (zps_mlog_step(rec, &step)) {
+            ck_assert(json_is_number(json_object_get(rec, "loss")));
+            ck_assert(json_is_number(json_object_get(rec, "step_ms")));
+            ck_assert_double_eq(zps_mlog_num(rec, "samples"), 64);
             steps++;
-        } else if (strstr(line, "\"test_accuracy\":")) {
+        } else if (json_is_number(json_object_get(rec, "test_accuracy"))) {
             evals++;
         }
     }
-    fclose(f);
+    json_decref(log);
     ck_assert_int_eq(steps, 50);
     ck_assert_int_eq(evals, 1);
     zps_procs_fini(&ps, false);

@@ -14,6 +14,7 @@
 #include "server/zps_msgtab.h"
 #include "server/zps_token.h"
 #include "tests/zps_check.h"
+#include "tests/zps_tmpdir.h"
 
 #define JOB 0x1234abcdull
 #define RANK 2u
@@ -363,8 +364,8 @@ END_TEST
 
 START_TEST(test_token_kept_owner_only_and_read_back_damage_refused)
 {
-    char dir[] = "/tmp/zps-token-XXXXXX";
-    ck_assert_ptr_nonnull(mkdtemp(dir));
+    char dir[64];
+    zps_tmpdir_make(dir, sizeof dir, "token");
     uint64_t t = 0;
     ck_assert_int_eq(zps_token_load(dir, 3, &t), ZPS_ENOENT);
     ck_assert_int_eq(zps_token_save(dir, 3, 0xfeedfacecafebeefull), ZPS_OK);
@@ -390,9 +391,7 @@ START_TEST(test_token_kept_owner_only_and_read_back_damage_refused)
     snprintf(path, sizeof path, "%s/shard-tokens", dir);
     ck_assert_int_eq(stat(path, &st), 0);
     ck_assert_uint_eq(st.st_mode & 0777, 0600);
-    char cmd[160];
-    snprintf(cmd, sizeof cmd, "rm -rf '%s'", dir);
-    ck_assert_int_eq(system(cmd), 0);
+    ck_assert_int_eq(zps_tmpdir_remove(dir), 0);
 }
 END_TEST
 

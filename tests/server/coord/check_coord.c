@@ -22,6 +22,7 @@
 #include "server/coord/zps_coord.h"
 #include "server/zps_msgtab.h"
 #include "tests/zps_check.h"
+#include "tests/zps_tmpdir.h"
 
 #define N_TEST 100u
 
@@ -792,20 +793,6 @@ END_TEST
 // ---------------------------------------------------------------------------
 // Recovery: a coordinator restarted from its saved job state.
 
-// A temporary directory, made for the test.
-static void s_tmpdir(char *dir, size_t len)
-{
-    snprintf(dir, len, "/tmp/zps-check-coord-XXXXXX");
-    ck_assert_ptr_nonnull(mkdtemp(dir));
-}
-
-static void s_rmdir(const char *dir)
-{
-    char cmd[128];
-    snprintf(cmd, sizeof cmd, "rm -rf '%s'", dir);
-    ck_assert_int_eq(system(cmd), 0);
-}
-
 // The job of s_start_two saved at step 5, and a new coordinator resumed
 // from it: RECOVERING until both workers call back.
 static void s_resumed_two(mjob *j, mjob *r, const char *dir)
@@ -841,7 +828,7 @@ static void s_call_back(mjob *r, int i)
 START_TEST(test_coord_resumed_rolls_everyone_back_once_every_worker_called_back)
 {
     char dir[64];
-    s_tmpdir(dir, sizeof dir);
+    zps_tmpdir_make(dir, sizeof dir, "check-coord");
     mjob j, r;
     s_resumed_two(&j, &r, dir);
     // A newcomer waits while the members of before come back.
@@ -864,14 +851,14 @@ START_TEST(test_coord_resumed_rolls_everyone_back_once_every_worker_called_back)
     }
     s_members_teardown(&r);
     s_members_teardown(&j);
-    s_rmdir(dir);
+    ck_assert_int_eq(zps_tmpdir_remove(dir), 0);
 }
 END_TEST
 
 START_TEST(test_coord_resumed_evicts_a_worker_that_does_not_call_back_in_time)
 {
     char dir[64];
-    s_tmpdir(dir, sizeof dir);
+    zps_tmpdir_make(dir, sizeof dir, "check-coord");
     mjob j, r;
     s_resumed_two(&j, &r, dir);
     s_call_back(&r, 0);
@@ -890,7 +877,7 @@ START_TEST(test_coord_resumed_evicts_a_worker_that_does_not_call_back_in_time)
     ck_assert(s_got(&r.w[0], ZPS__MSG_TYPE__ROLLBACK));
     s_members_teardown(&r);
     s_members_teardown(&j);
-    s_rmdir(dir);
+    ck_assert_int_eq(zps_tmpdir_remove(dir), 0);
 }
 END_TEST
 

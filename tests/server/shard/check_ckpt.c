@@ -1,10 +1,9 @@
 /* check_ckpt.c - shard checkpoint files: exact round trips, the newest valid
  * one wins, torn and damaged files are reported and skipped, other shards'
  * or jobs' files are refused, and writes are atomic and tidy. Each test
- * works in its own mkdtemp directory and removes it. */
+ * works in its own directory (zps_tmpdir_fixture). */
 #include <dirent.h>
 #include <fcntl.h>
-#include <ftw.h>
 #include <inttypes.h>
 #include <stdbool.h>
 #include <stdio.h>
@@ -17,32 +16,12 @@
 
 #include "server/shard/zps_ckpt.h"
 #include "tests/zps_check.h"
+#include "tests/zps_tmpdir.h"
 
 #define SEED 42u
 #define HASH 0x0123456789ABCDEFull
 
 // ---------------------------------------------------------------- helpers
-
-static void s_tmpdir(char *buf, size_t len)
-{
-    snprintf(buf, len, "/tmp/zps-ckpt-XXXXXX");
-    ck_assert_ptr_nonnull(mkdtemp(buf));
-}
-
-static int s_rm_one(const char *path, const struct stat *st, int flag, struct FTW *ftw)
-{
-    (void)st;
-    (void)flag;
-    (void)ftw;
-    chmod(path, 0700); // a test may have made a directory read-only
-    return remove(path);
-}
-
-static void s_rmtree(const char *dir)
-{
-    chmod(dir, 0700);
-    ck_assert_int_eq(nftw(dir, s_rm_one, 16, FTW_DEPTH | FTW_PHYS), 0);
-}
 
 static zps_ckpt_meta s_meta(uint32_t shard, uint64_t lo, uint64_t hi, uint64_t step)
 {
@@ -146,8 +125,7 @@ static off_t s_size(const char *path)
 
 START_TEST(test_ckpt_round_trip_exact_bits)
 {
-    char dir[64];
-    s_tmpdir(dir, sizeof dir);
+    const char *dir = zps_tmpdir_dir();
     enum { N = 1000 };
     s_write(dir, 1, 500, 500 + N, 7, 1);
     char path[128];
@@ -162,14 +140,12 @@ START_TEST(test_ckpt_round_trip_exact_bits)
     zps_ckpt_meta empty = s_meta(0, 9, 9, 3);
     ck_assert_int_eq(zps_ckpt_write(dir, &empty, NULL, NULL, 1), ZPS_OK);
     ck_assert_int_eq(zps_ckpt_load(dir, &empty, 3, NULL, NULL, NULL), ZPS_OK);
-    s_rmtree(dir);
 }
 END_TEST
 
 START_TEST(test_ckpt_newest_is_loaded)
 {
-    char dir[64];
-    s_tmpdir(dir, sizeof dir);
+    const char *dir = zps_tmpdir_dir();
     enum { N = 64 };
     s_write(dir, 0, 0, N, 10, 5);
     s_write(dir, 0, 0, N, 30, 5);
@@ -181,14 +157,12 @@ START_TEST(test_ckpt_newest_is_loaded)
     ck_assert_int_eq(zps_ckpt_load_newest(dir, &want, &step, p, m, NULL), ZPS_OK);
     ck_assert_uint_eq(step, 30);
     ck_assert(s_holds(p, m, N, 30));
-    s_rmtree(dir);
 }
 END_TEST
 
 START_TEST(test_ckpt_keep_deletes_older)
 {
-    char dir[64];
-    s_tmpdir(dir, sizeof dir);
+    const char *dir = zps_tmpdir_dir();
     for (uint64_t t = 10; t <= 50; t += 10) {
         s_write(dir, 0, 0, 8, t, 2);
     }
@@ -204,14 +178,13 @@ START_TEST(test_ckpt_keep_deletes_older)
     s_write(dir, 0, 0, 8, 30, 1);
     ck_assert_int_eq(zps_ckpt_steps(dir, 0, steps, 8), 3);
     ck_assert_uint_eq(steps[0], 30);
-    s_rmtree(dir);
 }
 END_TEST
 
 START_TEST(test_ckpt_truncated_newest_falls_back)
 {
-    char dir[64], log[80], path[128];
-    s_tmpdir(dir, sizeof dir);
+    const char *dir = zps_tmpdir_dir();
+    char log[80], path[128];
     s_capture_log(dir, log, sizeof log);
     enum { N = 256 };
     s_write(dir, 0, 0, N, 10, 3);
@@ -229,7 +202,6 @@ START_TEST(test_ckpt_truncated_newest_falls_back)
     // Shorter than the header is truncated too, not a crash.
     ck_assert_int_eq(truncate(path, 10), 0);
     ck_assert_int_eq(zps_ckpt_load(dir, &want, 20, p, m, NULL), ZPS_EPROTO);
-    s_rmtree(dir);
     unlink(log);
 }
 END_TEST
@@ -240,8 +212,8 @@ static const long s_flip_at[] = {50, 64 + 4 * 128 + 1, 64 + 4 * 256 + 100, 64 + 
 
 START_TEST(test_ckpt_flipped_byte_fails_crc_and_falls_back)
 {
-    char dir[64], log[80], path[128];
-    s_tmpdir(dir, sizeof dir);
+    const char *dir = zps_tmpdir_dir();
+    char log[80], path[128];
     s_capture_log(dir, log, sizeof log);
     enum { N = 256 };
     s_write(dir, 0, 0, N, 10, 3);
@@ -261,7 +233,6 @@ START_TEST(test_ckpt_flipped_byte_fails_crc_and_falls_back)
     ck_assert_uint_eq(step, 10);
     ck_assert(s_holds(p, m, N, 10));
     ck_assert(s_log_has(log, "shard-0-step-20.ckpt", "checksum mismatch"));
-    s_rmtree(dir);
     unlink(log);
 }
 END_TEST
@@ -285,8 +256,8 @@ static const mismatch_case s_mismatch[] = {
 
 START_TEST(test_ckpt_refuses_other_shard_range_seed_model)
 {
-    char dir[64], log[80];
-    s_tmpdir(dir, sizeof dir);
+    const char *dir = zps_tmpdir_dir();
+    char log[80];
     s_capture_log(dir, log, sizeof log);
     enum { N = 16 };
     zps_ckpt_meta want = s_meta(0, 0, N, 0);
@@ -329,15 +300,14 @@ START_TEST(test_ckpt_refuses_other_shard_range_seed_model)
                   s_mismatch[_i].name, s_mismatch[_i].why);
     ck_assert_int_eq(zps_ckpt_load_newest(dir, &want, &step, p, m, NULL), ZPS_ENOENT);
     ck_assert_uint_eq(step, 99);
-    s_rmtree(dir);
     unlink(log);
 }
 END_TEST
 
 START_TEST(test_ckpt_write_leaves_no_temp_file)
 {
-    char dir[64], name[256], path[128];
-    s_tmpdir(dir, sizeof dir);
+    const char *dir = zps_tmpdir_dir();
+    char name[256], path[128];
     // A temporary left by a writer that crashed is cleared by the next write.
     snprintf(path, sizeof path, "%s/.shard-0-step-3.ckpt.tmp.123.abcdef", dir);
     FILE *f = fopen(path, "w");
@@ -357,14 +327,13 @@ START_TEST(test_ckpt_write_leaves_no_temp_file)
     zps_ckpt_meta meta = s_meta(0, 0, 100, 6);
     ck_assert_int_eq(zps_ckpt_write(dir, &meta, v, v, 1), ZPS_EIO);
     ck_assert_int_eq(s_entries(dir, NULL, 0), 2);
-    s_rmtree(dir);
 }
 END_TEST
 
 START_TEST(test_ckpt_unwritable_dir_fails_and_leaves_nothing)
 {
-    char dir[64], file[96], sub[128], name[256];
-    s_tmpdir(dir, sizeof dir);
+    const char *dir = zps_tmpdir_dir();
+    char file[96], sub[128], name[256];
     snprintf(file, sizeof file, "%s/plain", dir);
     FILE *f = fopen(file, "w");
     ck_assert_ptr_nonnull(f);
@@ -384,14 +353,13 @@ START_TEST(test_ckpt_unwritable_dir_fails_and_leaves_nothing)
         ck_assert_int_eq(zps_ckpt_write(sub, &meta, v, v, 1), ZPS_EIO);
         ck_assert_int_eq(s_entries(sub, NULL, 0), 0);
     }
-    s_rmtree(dir);
 }
 END_TEST
 
 START_TEST(test_ckpt_steps_lists_ascending)
 {
-    char dir[64], path[128];
-    s_tmpdir(dir, sizeof dir);
+    const char *dir = zps_tmpdir_dir();
+    char path[128];
     uint64_t steps[8];
     snprintf(path, sizeof path, "%s/missing", dir);
     ck_assert_int_eq(zps_ckpt_steps(path, 0, steps, 8), 0);
@@ -419,14 +387,12 @@ START_TEST(test_ckpt_steps_lists_ascending)
     ck_assert_uint_eq(steps[1], 100);
     ck_assert_int_eq(zps_ckpt_steps(dir, 1, steps, 8), 1);
     ck_assert_uint_eq(steps[0], 7);
-    s_rmtree(dir);
 }
 END_TEST
 
 START_TEST(test_ckpt_large_range_round_trips)
 {
-    char dir[64];
-    s_tmpdir(dir, sizeof dir);
+    const char *dir = zps_tmpdir_dir();
     // 3M floats: 12 MB per array, past several 8 MB chunks.
     const uint64_t lo = 1000, n = 3000000 + 17;
     s_write(dir, 1, lo, lo + n, 1, 1);
@@ -440,7 +406,6 @@ START_TEST(test_ckpt_large_range_round_trips)
     ck_assert(s_holds(p, m, n, 1));
     free(p);
     free(m);
-    s_rmtree(dir);
 }
 END_TEST
 
@@ -451,8 +416,8 @@ END_TEST
 // optimizer's shard refuses it, and the CRC covers all of it.
 START_TEST(test_ckpt_adam_state_round_trips_with_its_step_count)
 {
-    char dir[64], log[80], path[128];
-    s_tmpdir(dir, sizeof dir);
+    const char *dir = zps_tmpdir_dir();
+    char log[80], path[128];
     s_capture_log(dir, log, sizeof log);
     enum { N = 300 };
     static float p[N], state[2 * N], rp[N], rstate[2 * N];
@@ -494,7 +459,6 @@ START_TEST(test_ckpt_adam_state_round_trips_with_its_step_count)
         ck_assert_int_eq(zps_ckpt_load_newest(dir, &want, &step, rp, rstate, NULL), ZPS_ENOENT);
     }
     ck_assert(s_log_has(log, "shard-1-step-7.ckpt", "checksum mismatch"));
-    s_rmtree(dir);
     unlink(log);
 }
 END_TEST
@@ -504,8 +468,8 @@ END_TEST
 // and an SGD write produces exactly its bytes.
 START_TEST(test_ckpt_sgd_keeps_format_version_1)
 {
-    char dir[64], path[128];
-    s_tmpdir(dir, sizeof dir);
+    const char *dir = zps_tmpdir_dir();
+    char path[128];
     enum { N = 50 };
     float p[N], m[N];
     s_fill(p, N, 5);
@@ -560,7 +524,6 @@ START_TEST(test_ckpt_sgd_keeps_format_version_1)
     ck_assert_uint_eq(fread(written, 1, sizeof written, f), sizeof file);
     fclose(f);
     ck_assert_mem_eq(written, file, sizeof file);
-    s_rmtree(dir);
 }
 END_TEST
 
@@ -569,6 +532,7 @@ Suite *zps_suite_ckpt(void)
     Suite *s = suite_create("ckpt");
     TCase *tc = tcase_create("files");
     tcase_set_timeout(tc, 30); // fsync on a slow disk
+    zps_tmpdir_fixture(tc);
     tcase_add_test(tc, test_ckpt_round_trip_exact_bits);
     tcase_add_test(tc, test_ckpt_newest_is_loaded);
     tcase_add_test(tc, test_ckpt_keep_deletes_older);

@@ -9,19 +9,15 @@
 
 #include "server/shard/zps_ckpt.h"
 #include "server/shard/zps_shard.h"
+#include "tests/server/shard/zps_shard_fx.h"
 #include "tests/zps_check.h"
+#include "tests/zps_tmpdir.h"
 
 // mlp:1-2-1 is [0, 4) for layer 0 (W 2x1, b 2) and [4, 7) for layer 1.
 // The shard owns [2, 7): bucket 0 is [4, 7), bucket 1 is [2, 4), a range
 // that starts inside layer 0.
 #define LO 2
 #define HI 7
-
-// The plan: rank 0 (id 11) has [0, 10) of the batch, rank 1 (id 22) [10, 40).
-static uint32_t s_slice_offset(uint32_t rank)
-{
-    return rank == 0 ? 0 : 10;
-}
 
 // A PUSH as zps_wire_recv would return it: decoded header, payload frames.
 // The slice is the rank's own, unless samples says otherwise.
@@ -34,22 +30,15 @@ static zps_wire_msg s_push(uint32_t rank, uint64_t member_id, uint64_t step, uin
     h.member_id = member_id;
     h.step = step;
     h.samples = samples;
-    h.batch_offset = s_slice_offset(rank);
+    h.batch_offset = zps_shard_fx_offset[rank == 0 ? 0 : 1]; // a stranger claims rank 1's
     h.generation = 1;
     h.offset = off;
     h.count = count;
     h.dtype = (Zps__DType)dtype;
     h.loss = (float)rank + 1.0f;
-    uint8_t buf[128];
-    size_t len = zps__header__pack(&h, buf);
     zps_wire_msg m;
-    memset(&m, 0, sizeof m);
-    m.hdr = zps__header__unpack(NULL, len, buf);
-    size_t bytes = count * zps_dtype_size(dtype);
-    zmq_msg_init_size(&m.frames[0], bytes);
-    zps_dtype_from_f32(dtype, vals, zmq_msg_data(&m.frames[0]), count);
-    m.n_frames = 1;
-    m.payload_bytes = bytes;
+    zps_dtype_from_f32(dtype, vals, zps_shard_fx_msg(&m, &h, count * zps_dtype_size(dtype)),
+                       count);
     return m;
 }
 
@@ -71,33 +60,17 @@ static zps_err s_feed(zps_shard *s, uint32_t rank, uint64_t id, uint64_t step, u
     return s_feed_as(s, ZPS_DTYPE_F32, rank, id, step, samples, off, vals, count, ready);
 }
 
-static zps_model_spec s_model(void)
-{
-    zps_model_spec m;
-    ck_assert_int_eq(zps_model_parse("mlp:1-2-1", &m), ZPS_OK);
-    return m;
-}
-
-// The plan of s_slice_offset, generation 1 from step 0.
-static void s_add_plan(zps_shard *s)
-{
-    zps_plan plan = {.global_batch = 40, .n = 2};
-    plan.slices[0] = (zps_plan_slice){.rank = 0, .member_id = 11, .offset = 0, .count = 10};
-    plan.slices[1] = (zps_plan_slice){.rank = 1, .member_id = 22, .offset = 10, .count = 30};
-    zps_shard_add_plan(s, 1, 0, &plan);
-}
-
-// Shard `index` of [lo, hi) on batch 40 with the plan of s_slice_offset.
+// Shard `index` of [lo, hi) on the fixture's batch and plan.
 static zps_shard *s_shard_of(const zps_model_spec *model, uint32_t index, uint64_t lo,
                              uint64_t hi, zps_dtype dtype, float momentum)
 {
     zps_shard_cfg cfg = {.index = index, .lo = lo, .hi = hi, .model = model, .seed = 4,
-                         .global_batch = 40, .dtype = dtype,
+                         .global_batch = ZPS_SHARD_FX_BATCH, .dtype = dtype,
                          .optim = {.lr = 0.5f, .momentum = momentum,
                                    .schedule = ZPS_LR_CONSTANT}};
     zps_shard *s = zps_shard_new(&cfg);
     ck_assert_ptr_nonnull(s);
-    s_add_plan(s);
+    zps_shard_fx_add_plan(s);
     return s;
 }
 
@@ -111,13 +84,7 @@ static zps_shard *s_shard(const zps_model_spec *model, zps_dtype dtype, float mo
 // The shard's current f32 parameters of [LO, HI).
 static void s_params(zps_shard *s, float *out)
 {
-    for (int b = 0; b < zps_shard_n_buckets(s); b++) {
-        const void *data;
-        uint64_t off, count;
-        zps_wire_ref *ref;
-        zps_shard_bucket_params(s, b, &data, &off, &count, &ref);
-        memcpy(out + (off - LO), data, count * sizeof(float));
-    }
+    zps_shard_fx_params(s, LO, out);
 }
 
 // A flat model of 200 buckets (more than one 64-bit word of bucket bits):
@@ -153,7 +120,7 @@ END_TEST
 
 START_TEST(test_shard_updates_each_bucket_by_weighted_average)
 {
-    zps_model_spec model = s_model();
+    zps_model_spec model = zps_shard_fx_model();
     zps_shard *s = s_shard(&model, ZPS_DTYPE_F32, 0);
     float init[HI - LO];
     zps_model_init_range(&model, 4, LO, HI, init);
@@ -189,7 +156,7 @@ END_TEST
 
 START_TEST(test_shard_refusals_leave_parameters_untouched)
 {
-    zps_model_spec model = s_model();
+    zps_model_spec model = zps_shard_fx_model();
     zps_shard *s = s_shard(&model, ZPS_DTYPE_F32, 0.9f);
     float before[HI - LO], after[HI - LO];
     s_params(s, before);
@@ -221,7 +188,7 @@ END_TEST
 // an older plan after a newer one took effect is stale.
 START_TEST(test_shard_counts_handed_slices_once_and_follows_generations)
 {
-    zps_model_spec model = s_model();
+    zps_model_spec model = zps_shard_fx_model();
     zps_shard *s = s_shard(&model, ZPS_DTYPE_F32, 0);
     float g[HI - LO] = {1, 1, 1, 1, 1};
     int ready;
@@ -265,7 +232,7 @@ END_TEST
 
 START_TEST(test_shard_serves_parameters_of_the_step_in_progress)
 {
-    zps_model_spec model = s_model();
+    zps_model_spec model = zps_shard_fx_model();
     zps_shard *s = s_shard(&model, ZPS_DTYPE_F32, 0);
     float init[HI - LO];
     zps_model_init_range(&model, 4, LO, HI, init);
@@ -300,23 +267,36 @@ START_TEST(test_shard_serves_parameters_of_the_step_in_progress)
 }
 END_TEST
 
+// Both ranks push bucket `b` of their gradients (g[r]: the whole range),
+// and the shard applies it: bucket 0 is [4, 7), bucket 1 [2, 4).
+static void s_push_bucket(zps_shard *s, int b, const float *const g[2])
+{
+    uint64_t step = zps_shard_step(s);
+    uint64_t off = b == 0 ? 4 : 2, count = b == 0 ? 3 : 2;
+    int ready;
+    for (uint32_t r = 0; r < 2; r++) {
+        ck_assert_int_eq(s_feed(s, r, zps_shard_fx_id[r], step, zps_shard_fx_count[r], off,
+                                g[r] + (off - LO), count, &ready),
+                         ZPS_OK);
+    }
+    zps_shard_apply(s, ready);
+}
+
+// One step of both ranks pushing both buckets (g[r]: rank r's gradient),
+// applied and ended.
+static void s_step_ranks(zps_shard *s, const float *const g[2])
+{
+    s_push_bucket(s, 0, g);
+    s_push_bucket(s, 1, g);
+    ck_assert(zps_shard_step_done(s));
+    zps_shard_end_step(s);
+}
+
 // One step of both ranks pushing both buckets with gradient g, applied.
 static void s_step_both(zps_shard *s, const float *g)
 {
-    uint64_t step = zps_shard_step(s);
-    int ready;
-    for (uint32_t r = 0; r < 2; r++) {
-        ck_assert_int_eq(s_feed(s, r, r ? 22 : 11, step, r ? 30 : 10, 4, g + 2, 3, &ready),
-                         ZPS_OK);
-    }
-    zps_shard_apply(s, ready);
-    for (uint32_t r = 0; r < 2; r++) {
-        ck_assert_int_eq(s_feed(s, r, r ? 22 : 11, step, r ? 30 : 10, 2, g, 2, &ready),
-                         ZPS_OK);
-    }
-    zps_shard_apply(s, ready);
-    ck_assert(zps_shard_step_done(s));
-    zps_shard_end_step(s);
+    const float *const both[2] = {g, g};
+    s_step_ranks(s, both);
 }
 
 // The parameters live in two arrays by step parity (zps_shard.c): each
@@ -325,7 +305,7 @@ static void s_step_both(zps_shard *s, const float *g)
 // still reads is never written, however many steps go by.
 START_TEST(test_shard_keeps_what_a_peer_reads_and_serves_both_sides_of_an_update)
 {
-    zps_model_spec model = s_model();
+    zps_model_spec model = zps_shard_fx_model();
     zps_shard *s = s_shard(&model, ZPS_DTYPE_F32, 0.9f);
     float g[HI - LO] = {1, -2, 0.5f, 4, -1};
     float p0[HI - LO], p1[HI - LO], p2[HI - LO], held[3];
@@ -352,12 +332,8 @@ START_TEST(test_shard_keeps_what_a_peer_reads_and_serves_both_sides_of_an_update
     atomic_fetch_sub(&ref->inflight, 1);
     // Mid-step: the bucket updated serves its values before and after.
     uint64_t step = zps_shard_step(s);
-    int ready;
-    for (uint32_t r = 0; r < 2; r++) {
-        ck_assert_int_eq(s_feed(s, r, r ? 22 : 11, step, r ? 30 : 10, 4, g + 2, 3, &ready),
-                         ZPS_OK);
-    }
-    zps_shard_apply(s, ready);
+    const float *const both[2] = {g, g};
+    s_push_bucket(s, 0, both);
     ck_assert_int_eq(zps_shard_bucket_at(s, 0, step, &v), ZPS_OK);
     ck_assert_mem_eq(v, p2 + 2, 3 * sizeof(float));
     ck_assert_int_eq(zps_shard_bucket_at(s, 0, step + 1, &v), ZPS_OK);
@@ -373,13 +349,14 @@ END_TEST
 // 0's initial values of every bucket are in; then they are the parameters.
 START_TEST(test_shard_waits_for_initial_values_then_serves_them)
 {
-    zps_model_spec model = s_model();
-    zps_shard_cfg cfg = {.index = 1, .lo = LO, .hi = HI, .model = &model, .global_batch = 40,
-                         .dtype = ZPS_DTYPE_F32, .await_init = true,
+    zps_model_spec model = zps_shard_fx_model();
+    zps_shard_cfg cfg = {.index = 1, .lo = LO, .hi = HI, .model = &model,
+                         .global_batch = ZPS_SHARD_FX_BATCH, .dtype = ZPS_DTYPE_F32,
+                         .await_init = true,
                          .optim = {.lr = 0.5f, .schedule = ZPS_LR_CONSTANT}};
     zps_shard *s = zps_shard_new(&cfg);
     ck_assert_ptr_nonnull(s);
-    s_add_plan(s);
+    zps_shard_fx_add_plan(s);
     const float *v;
     int ready;
     float init[HI - LO] = {1, 2, 3, 4, 5}, g[HI - LO] = {0};
@@ -419,15 +396,15 @@ END_TEST
 
 START_TEST(test_shard_bf16_pushes_and_replies)
 {
-    zps_model_spec model = s_model();
+    zps_model_spec model = zps_shard_fx_model();
     zps_shard *s = s_shard(&model, ZPS_DTYPE_BF16, 0);
     float init[HI - LO];
     zps_model_init_range(&model, 4, LO, HI, init);
     float g[HI - LO] = {1, 0.5f, -1, 2, 0.25f}; // exact in bf16
     int ready;
     for (uint32_t r = 0; r < 2; r++) {
-        uint64_t id = r ? 22 : 11;
-        uint32_t n = r ? 30 : 10;
+        uint64_t id = zps_shard_fx_id[r];
+        uint32_t n = zps_shard_fx_count[r];
         ck_assert_int_eq(s_feed_as(s, ZPS_DTYPE_BF16, r, id, 0, n, 4, g + 2, 3, &ready), ZPS_OK);
         ck_assert_int_eq(s_feed_as(s, ZPS_DTYPE_BF16, r, id, 0, n, 2, g, 2, &ready), ZPS_OK);
     }
@@ -458,13 +435,13 @@ END_TEST
 static zps_shard *s_optim_shard(const zps_model_spec *model, zps_optim_kind kind)
 {
     zps_shard_cfg cfg = {.index = 1, .shards = 2, .lo = LO, .hi = HI, .model = model, .seed = 4,
-                         .global_batch = 40, .dtype = ZPS_DTYPE_F32,
+                         .global_batch = ZPS_SHARD_FX_BATCH, .dtype = ZPS_DTYPE_F32,
                          .optim = {.kind = kind, .lr = 0.05f, .weight_decay = 0.1f,
                                    .momentum = 0.9f, .beta1 = 0.9, .beta2 = 0.999, .eps = 1e-8,
                                    .schedule = ZPS_LR_COSINE, .total_steps = 10}};
     zps_shard *s = zps_shard_new(&cfg);
     ck_assert_ptr_nonnull(s);
-    s_add_plan(s);
+    zps_shard_fx_add_plan(s);
     return s;
 }
 
@@ -479,19 +456,8 @@ static void s_adamw_step(zps_shard *s)
             g[r][i] = sinf((float)(step * 7 + (uint64_t)i * 3 + (uint64_t)r)) * (float)(i + 1);
         }
     }
-    int ready;
-    for (uint32_t r = 0; r < 2; r++) {
-        ck_assert_int_eq(s_feed(s, r, r ? 22 : 11, step, r ? 30 : 10, 4, g[r] + 2, 3, &ready),
-                         ZPS_OK);
-    }
-    zps_shard_apply(s, ready);
-    for (uint32_t r = 0; r < 2; r++) {
-        ck_assert_int_eq(s_feed(s, r, r ? 22 : 11, step, r ? 30 : 10, 2, g[r], 2, &ready),
-                         ZPS_OK);
-    }
-    zps_shard_apply(s, ready);
-    ck_assert(zps_shard_step_done(s));
-    zps_shard_end_step(s);
+    const float *const ranks[2] = {g[0], g[1]};
+    s_step_ranks(s, ranks);
 }
 
 // An AdamW shard saved after 3 steps and restored into a new shard goes on
@@ -499,9 +465,9 @@ static void s_adamw_step(zps_shard *s)
 // both moments and the step count that the bias corrections need.
 START_TEST(test_shard_adamw_restored_from_checkpoint_continues_bitwise)
 {
-    zps_model_spec model = s_model();
-    char dir[] = "/tmp/zps-shard-XXXXXX";
-    ck_assert_ptr_nonnull(mkdtemp(dir));
+    zps_model_spec model = zps_shard_fx_model();
+    char dir[64];
+    zps_tmpdir_make(dir, sizeof dir, "shard");
     zps_shard *a = s_optim_shard(&model, ZPS_OPTIM_ADAMW);
     for (int t = 0; t < 3; t++) {
         s_adamw_step(a);
@@ -536,15 +502,7 @@ START_TEST(test_shard_adamw_restored_from_checkpoint_continues_bitwise)
     }
     zps_shard_destroy(&a);
     zps_shard_destroy(&b);
-    uint64_t steps[4];
-    int n = zps_ckpt_steps(dir, 1, steps, 4);
-    for (int i = 0; i < n; i++) {
-        char path[128];
-        snprintf(path, sizeof path, "%s/shard-1-step-%llu.ckpt", dir,
-                 (unsigned long long)steps[i]);
-        ck_assert_int_eq(unlink(path), 0);
-    }
-    ck_assert_int_eq(rmdir(dir), 0);
+    ck_assert_int_eq(zps_tmpdir_remove(dir), 0);
 }
 END_TEST
 
@@ -584,13 +542,13 @@ static void s_train_threads(const zps_model_spec *model, int threads, zps_optim_
                             zps_dtype dtype, uint8_t *out)
 {
     zps_shard_cfg cfg = {.index = 0, .lo = 0, .hi = THREADS_P, .model = model, .seed = 4,
-                         .global_batch = 40, .dtype = dtype, .threads = threads,
+                         .global_batch = ZPS_SHARD_FX_BATCH, .dtype = dtype, .threads = threads,
                          .optim = {.kind = kind, .lr = 0.01f, .momentum = 0.9f,
                                    .weight_decay = 0.01f, .beta1 = 0.9f, .beta2 = 0.999f,
                                    .eps = 1e-8f, .schedule = ZPS_LR_CONSTANT}};
     zps_shard *s = zps_shard_new(&cfg);
     ck_assert_ptr_nonnull(s);
-    s_add_plan(s);
+    zps_shard_fx_add_plan(s);
     static float vals[65536];
     for (uint64_t step = 0; step < 3; step++) {
         for (int b = zps_shard_n_buckets(s) - 1; b >= 0; b--) {

@@ -9,6 +9,7 @@
 #include "common/zps_outer.h"
 #include "common/zps_quant.h"
 #include "server/shard/zps_shard.h"
+#include "tests/server/shard/zps_shard_fx.h"
 #include "tests/zps_check.h"
 
 // mlp:1-2-1: 7 parameters, one shard of all of them: bucket 0 is [4, 7)
@@ -17,23 +18,13 @@
 #define N 7
 #define H 4
 
-static const uint32_t s_offset[2] = {0, 10}, s_count[2] = {10, 30};
-static const uint64_t s_id[2] = {11, 22};
-
-static zps_model_spec s_model(void)
-{
-    zps_model_spec m;
-    ck_assert_int_eq(zps_model_parse("mlp:1-2-1", &m), ZPS_OK);
-    return m;
-}
-
 // A diloco shard at outer lr 1 and momentum 0 (the step is theta -= mean),
 // compressing as `compress`; diloco false: a synchronous one.
 static zps_shard *s_shard(const zps_model_spec *model, bool diloco, int compress)
 {
     zps_outer_cfg outer = {.lr = 1.0f, .momentum = 0.0f};
     zps_shard_cfg cfg = {.index = 0, .lo = 0, .hi = N, .model = model, .seed = 4,
-                         .global_batch = 40, .dtype = ZPS_DTYPE_F32,
+                         .global_batch = ZPS_SHARD_FX_BATCH, .dtype = ZPS_DTYPE_F32,
                          .optim = zps_outer_optim(&outer)};
     if (diloco) {
         cfg.mode = (zps_outer_mode){.diloco = true, .inner_steps = H, .compress = compress,
@@ -41,25 +32,14 @@ static zps_shard *s_shard(const zps_model_spec *model, bool diloco, int compress
     }
     zps_shard *s = zps_shard_new(&cfg);
     ck_assert_ptr_nonnull(s);
-    zps_plan plan = {.global_batch = 40, .n = 2};
-    for (uint32_t r = 0; r < 2; r++) {
-        plan.slices[r] = (zps_plan_slice){.rank = r, .member_id = s_id[r],
-                                          .offset = s_offset[r], .count = s_count[r]};
-    }
-    zps_shard_add_plan(s, 1, 0, &plan);
+    zps_shard_fx_add_plan(s);
     ck_assert_int_eq(zps_shard_n_buckets(s), 2);
     return s;
 }
 
 static void s_params(zps_shard *s, float *out)
 {
-    for (int b = 0; b < zps_shard_n_buckets(s); b++) {
-        const void *data;
-        uint64_t off, count;
-        zps_wire_ref *ref;
-        zps_shard_bucket_params(s, b, &data, &off, &count, &ref);
-        memcpy(out + off, data, count * sizeof(float));
-    }
+    zps_shard_fx_params(s, 0, out);
 }
 
 // Rank r's push of delta[lo, hi) of round 0 with `inner` inner steps, its
@@ -71,9 +51,9 @@ static zps_err s_push(zps_shard *s, uint32_t r, uint32_t inner, int compress, bo
     Zps__Header h;
     zps_wire_header_init(&h, ZPS__MSG_TYPE__PUSH);
     h.rank = r;
-    h.member_id = s_id[r];
-    h.samples = s_count[r];
-    h.batch_offset = s_offset[r];
+    h.member_id = zps_shard_fx_id[r];
+    h.samples = zps_shard_fx_count[r];
+    h.batch_offset = zps_shard_fx_offset[r];
     h.generation = 1;
     h.offset = lo;
     h.count = hi - lo;
@@ -81,17 +61,12 @@ static zps_err s_push(zps_shard *s, uint32_t r, uint32_t inner, int compress, bo
     h.inner_steps = inner;
     h.compress = (uint32_t)compress;
     h.loss = 1.0f;
-    uint8_t buf[128];
-    size_t len = zps__header__pack(&h, buf);
-    zps_wire_msg m;
-    memset(&m, 0, sizeof m);
-    m.hdr = zps__header__unpack(NULL, len, buf);
     size_t bytes = (hi - lo) * sizeof(float);
     if (compress) {
         ck_assert_int_eq(zps_quant_size(compress, hi - lo, ZPS_QUANT_BLOCK, &bytes), ZPS_OK);
     }
-    zmq_msg_init_size(&m.frames[0], bytes);
-    uint8_t *data = zmq_msg_data(&m.frames[0]);
+    zps_wire_msg m;
+    uint8_t *data = zps_shard_fx_msg(&m, &h, bytes);
     if (compress) {
         ck_assert_int_eq(zps_quant_encode(compress, ZPS_QUANT_BLOCK, delta + lo, hi - lo, data,
                                           bytes), ZPS_OK);
@@ -101,8 +76,6 @@ static zps_err s_push(zps_shard *s, uint32_t r, uint32_t inner, int compress, bo
     } else {
         memcpy(data, delta + lo, bytes);
     }
-    m.n_frames = 1;
-    m.payload_bytes = bytes;
     char why[256] = "";
     zps_err err = zps_shard_push(s, &m, ready, why, sizeof why);
     ck_assert(err == ZPS_OK || why[0] != '\0');
@@ -152,7 +125,7 @@ static const float s_db[N] = {-0.1f, 0.2f, 0.4f, -0.8f, 1.6f, 0.05f, -0.3f};
 
 START_TEST(test_shard_outer_weighs_pseudo_gradients_by_samples_times_inner_steps)
 {
-    zps_model_spec model = s_model();
+    zps_model_spec model = zps_shard_fx_model();
     zps_shard *s = s_shard(&model, true, 0);
     float theta[N], got[N], want[N];
     s_params(s, theta);
@@ -169,7 +142,7 @@ END_TEST
 
 START_TEST(test_shard_outer_a_missing_member_counts_for_nothing)
 {
-    zps_model_spec model = s_model();
+    zps_model_spec model = zps_shard_fx_model();
     zps_shard *s = s_shard(&model, true, 0);
     float theta[N], got[N], want[N];
     s_params(s, theta);
@@ -192,7 +165,7 @@ END_TEST
 
 START_TEST(test_shard_outer_a_round_no_member_reached_keeps_the_parameters)
 {
-    zps_model_spec model = s_model();
+    zps_model_spec model = zps_shard_fx_model();
     zps_shard *s = s_shard(&model, true, ZPS_QUANT_INT8);
     float theta[N], got[N];
     s_params(s, theta);
@@ -210,7 +183,7 @@ END_TEST
 // A compressed push counts what it decodes to.
 static void s_check_compressed(int compress)
 {
-    zps_model_spec model = s_model();
+    zps_model_spec model = zps_shard_fx_model();
     zps_shard *s = s_shard(&model, true, compress);
     float theta[N], got[N], want[N], da[N], db[N];
     s_params(s, theta);
@@ -255,7 +228,7 @@ END_TEST
 
 START_TEST(test_shard_outer_refusals_count_nothing)
 {
-    zps_model_spec model = s_model();
+    zps_model_spec model = zps_shard_fx_model();
     // A synchronous job's push carries no inner steps.
     zps_shard *sync = s_shard(&model, false, 0);
     int ready;

@@ -1,0 +1,53 @@
+/* zps_shard_fx.c - what check_shard and check_shard_outer both build a
+ * shard and its pushes from, kept once so the two suites mean the same job. */
+#include "tests/server/shard/zps_shard_fx.h"
+
+#include <check.h>
+#include <string.h>
+#include <zmq.h>
+
+const uint32_t zps_shard_fx_offset[2] = {0, 10}, zps_shard_fx_count[2] = {10, 30};
+const uint64_t zps_shard_fx_id[2] = {11, 22};
+
+zps_model_spec zps_shard_fx_model(void)
+{
+    zps_model_spec m;
+    ck_assert_int_eq(zps_model_parse("mlp:1-2-1", &m), ZPS_OK);
+    return m;
+}
+
+void zps_shard_fx_add_plan(zps_shard *s)
+{
+    zps_plan plan = {.global_batch = ZPS_SHARD_FX_BATCH, .n = 2};
+    for (uint32_t r = 0; r < 2; r++) {
+        plan.slices[r] = (zps_plan_slice){.rank = r, .member_id = zps_shard_fx_id[r],
+                                          .offset = zps_shard_fx_offset[r],
+                                          .count = zps_shard_fx_count[r]};
+    }
+    zps_shard_add_plan(s, 1, 0, &plan);
+}
+
+uint8_t *zps_shard_fx_msg(zps_wire_msg *m, const Zps__Header *h, size_t bytes)
+{
+    uint8_t buf[256];
+    ck_assert_uint_le(zps__header__get_packed_size(h), sizeof buf);
+    size_t len = zps__header__pack(h, buf);
+    memset(m, 0, sizeof *m);
+    m->hdr = zps__header__unpack(NULL, len, buf);
+    ck_assert_ptr_nonnull(m->hdr);
+    zmq_msg_init_size(&m->frames[0], bytes);
+    m->n_frames = 1;
+    m->payload_bytes = bytes;
+    return zmq_msg_data(&m->frames[0]);
+}
+
+void zps_shard_fx_params(zps_shard *s, uint64_t base, float *out)
+{
+    for (int b = 0; b < zps_shard_n_buckets(s); b++) {
+        const void *data;
+        uint64_t off, count;
+        zps_wire_ref *ref;
+        zps_shard_bucket_params(s, b, &data, &off, &count, &ref);
+        memcpy(out + (off - base), data, count * sizeof(float));
+    }
+}
