@@ -249,8 +249,11 @@ demo: deps
 	@$(MAKE) --no-print-directory all
 	@bash deploy/demo.sh
 
+# The build of make test and make test-long uses every core (a newcomer
+# types plain make test); the tests then run one at a time.
+NPROC := $(shell nproc 2>/dev/null || echo 1)
 test: test-deps
-	@$(MAKE) --no-print-directory all $(TESTS) $(FUZZ_REPLAY)
+	@$(MAKE) --no-print-directory -j$(NPROC) all $(TESTS) $(FUZZ_REPLAY)
 	@$(MAKE) --no-print-directory test-unit test-integration test-fuzz-replay test-install \
 		test-python test-deploy
 
@@ -272,7 +275,7 @@ test-integration: $(B)/tests/check_integration $(BINS) $(CUDA_TARGETS)
 
 .PHONY: test-long test-integration-long test-python-long
 test-long: test-deps
-	@$(MAKE) --no-print-directory all $(B)/tests/check_integration
+	@$(MAKE) --no-print-directory -j$(NPROC) all $(B)/tests/check_integration
 	@$(MAKE) --no-print-directory test-integration-long test-python-long
 
 test-integration-long: $(B)/tests/check_integration $(BINS) $(CUDA_TARGETS)
