@@ -77,7 +77,7 @@ zps_err zps_ask_take_late_job(zps_client *c, const Zps__Header *h)
 zps_err zps_ask_where_is_job(zps_client *c, uint64_t step)
 {
     double now = zps_clock_ms();
-    c->next_ask_ms = now + ZPS_CLIENT_ASK_EVERY_MS;
+    zps_due_ask_at(c, now + ZPS_CLIENT_ASK_EVERY_MS);
     zps_wire_msg m;
     if (zps_conn_ask(&c->conn, ZPS_CLIENT_ASK_MS, &m) != ZPS_OK) {
         if (now - c->answered_ms > c->timeout_ms) {

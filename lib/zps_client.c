@@ -94,6 +94,7 @@ zps_client *zps_client_new(const char *coordinator)
     c->ahead_of = UINT64_MAX;
     c->retry_ms = ZPS_CLIENT_RETRY_MS;
     zps_decl_init(&c->decl);
+    zps_due_init(c);
     if (zps_conn_init(&c->conn, coordinator) != ZPS_OK) {
         free(c);
         return NULL;

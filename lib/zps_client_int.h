@@ -17,6 +17,7 @@
 #include "common/zps_optim.h"
 #include "common/zps_outer.h"
 #include "common/zps_plan.h"
+#include "common/zps_timers.h"
 #include "lib/zps_conn.h"
 #include "lib/zps_decl.h"
 #include "lib/zps_heartbeat.h"
@@ -110,7 +111,7 @@ struct zps_client {
     int n_step_work;                               // pieces of step t
     double t2;                                     // when the wait after step t began
     bool wait_begun;                               // the wait's state below is set
-    double wait_start, next_log, next_beat;        // of the wait
+    double wait_start;                             // when the wait began
     double train_start;                            // when training began
     uint64_t rollback_to;                          // step to start over from
     double params_ms;                              // when the current parameters were taken
@@ -121,10 +122,13 @@ struct zps_client {
     double sum_data_ms, sum_compute_ms, sum_wait_ms; // per-step phases, summed
     uint64_t timed_steps;                          // steps in those sums
     uint64_t stopped_at;                           // the step a stop interrupted
-    double pull_again_ms[ZPS_CONN_MAX_SHARDS];   // when to send a refused PULL again (0: no)
+    // What falls due while waiting (zps_due.c): named timers, the earliest
+    // the poll timeout.
+    zps_timers timers;
+    int t_pull, t_init, t_redo, t_ask, t_beat, t_log; // their ids
+    zps_err due_err;                               // the first failure of those fired
+    double pull_again_ms[ZPS_CONN_MAX_SHARDS];     // when to send a refused PULL again (0: no)
     int retry_ms;                                  // the next "not yet" backoff
-    double redo_ms;                                // when to compute refused pushes again (0: no)
-    double next_ask_ms;                            // next "where is the job" while waiting
     double answered_ms;                            // the coordinator's last answer to that
     bool rejoin;                                   // handed on by the coordinator: HELLO again
     uint64_t ahead_of;                             // the job's step at the last ask, if behind us
@@ -178,6 +182,24 @@ zps_err zps_ask_rejoin(zps_client *c);
 zps_err zps_ask_take_late_job(zps_client *c, const Zps__Header *h);
 zps_err zps_ask_where_is_job(zps_client *c, uint64_t step);
 bool zps_ask_step_over(zps_client *c, uint64_t step);
+
+// zps_due.c: what falls due while waiting, as timers. zps_due_init
+// adds them (once, to a zeroed client); zps_due_begin arms those of a wait
+// that begins at `start`, zps_due_end disarms those of a wait that ended.
+void zps_due_init(zps_client *c);
+void zps_due_begin(zps_client *c, double start);
+void zps_due_end(zps_client *c);
+// Shard i's refused PULL (INIT) sent again at `at`.
+void zps_due_pull_again(zps_client *c, int i, double at);
+void zps_due_init_again(zps_client *c, int i, double at);
+// The refused pushes queued computed again at `at`.
+void zps_due_redo(zps_client *c, double at);
+// The coordinator asked where the job is at `at` (0: at once).
+void zps_due_ask_at(zps_client *c, double at);
+// The poll timeout: the time to the earliest, at most ZPS_CONN_POLL_MS.
+long zps_due_poll_ms(const zps_client *c, double now);
+// Fires what is due at `now`; the first failure of those, or ZPS_OK.
+zps_err zps_due_run(zps_client *c, double now);
 
 // zps_diloco.c: the round of --mode diloco.
 zps_err zps_diloco_take_mode(zps_client *c, const Zps__Job *job);

@@ -30,7 +30,7 @@ zps_err zps_retry_on_refusal(zps_client *c, int i, uint64_t step, const Zps__Hea
         // A shard not assigned yet (or restarting): its values again, later.
         zps_log_info("%s: not ready for the initial values (%s); sending them again",
                      c->conn.shards[i].endpoint, h->error ? h->error : "");
-        c->init_again_ms[i] = s_backoff(c);
+        zps_due_init_again(c, i, s_backoff(c));
         return ZPS_OK;
     }
     if (h->refused == ZPS__MSG_TYPE__PUSH && h->shm_size > 0 && h->error_code == ZPS_EAGAIN) {
@@ -40,14 +40,14 @@ zps_err zps_retry_on_refusal(zps_client *c, int i, uint64_t step, const Zps__Hea
     case ZPS_CONN_RETRY: {
         double at = s_backoff(c);
         if (h->refused == ZPS__MSG_TYPE__PULL) {
-            c->pull_again_ms[i] = at;
+            zps_due_pull_again(c, i, at);
         } else if (h->refused == ZPS__MSG_TYPE__PUSH && step > 0 && h->step == step - 1 &&
                    h->samples > 0 && h->samples <= c->global_batch &&
                    h->batch_offset <= c->global_batch - h->samples) {
             zps_schedule_add_extra(&c->schedule, h->step,
                                    (zps_piece){.offset = h->batch_offset, .count = h->samples,
                                                .gen = h->generation});
-            c->redo_ms = at;
+            zps_due_redo(c, at);
         }
         return ZPS_OK;
     }
@@ -55,9 +55,9 @@ zps_err zps_retry_on_refusal(zps_client *c, int i, uint64_t step, const Zps__Hea
         // A PULL refused as from an unknown member may be a joiner's that
         // overtook the plan naming it: asked again, after asking the
         // coordinator, which says whether this worker was handed on.
-        c->next_ask_ms = 0;
+        zps_due_ask_at(c, 0);
         if (h->refused == ZPS__MSG_TYPE__PULL) {
-            c->pull_again_ms[i] = s_backoff(c);
+            zps_due_pull_again(c, i, s_backoff(c));
         }
         return ZPS_OK;
     case ZPS_CONN_OVER:

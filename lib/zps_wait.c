@@ -86,7 +86,7 @@ static zps_err s_take_bucket(zps_client *c, int i, uint64_t step, zps_wire_msg *
         // while it stalled), or these are from before a rollback, queued
         // while it was away: only the coordinator knows which. Asked now;
         // the answer says whether to catch up (zps_ask_where_is_job).
-        c->next_ask_ms = 0;
+        zps_due_ask_at(c, 0);
         return ZPS_OK;
     }
     if (i == 0 && h->type == ZPS__MSG_TYPE__JOB) {
@@ -199,46 +199,6 @@ zps_err zps_wait_send_init(zps_client *c)
     return err;
 }
 
-// The poll timeout: the next "not yet" to send again, or the poll interval.
-static long s_poll_ms(const zps_client *c, double now)
-{
-    double next = now + ZPS_CONN_POLL_MS;
-    for (int i = 0; i < c->conn.n_shards; i++) {
-        next = c->pull_again_ms[i] > 0 && c->pull_again_ms[i] < next ? c->pull_again_ms[i] : next;
-    }
-    for (int i = 0; i < c->conn.n_shards; i++) {
-        next = c->init_again_ms[i] > 0 && c->init_again_ms[i] < next ? c->init_again_ms[i] : next;
-    }
-    next = c->redo_ms > 0 && c->redo_ms < next ? c->redo_ms : next;
-    next = c->next_ask_ms < next ? c->next_ask_ms : next;
-    return next > now ? (long)(next - now) + 1 : 0;
-}
-
-// What is due while waiting: refused PULLs and pushes sent again, and,
-// after a long wait, the question where the job is.
-static zps_err s_due(zps_client *c, uint64_t step, double now)
-{
-    zps_err err = ZPS_OK;
-    for (int i = 0; err == ZPS_OK && i < c->conn.n_shards; i++) {
-        if (c->pull_again_ms[i] > 0 && now >= c->pull_again_ms[i]) {
-            c->pull_again_ms[i] = 0;
-            err = zps_conn_pull(&c->conn, i, step);
-        }
-        if (err == ZPS_OK && c->init_again_ms[i] > 0 && now >= c->init_again_ms[i]) {
-            c->init_again_ms[i] = 0;
-            err = zps_conn_send_init(&c->conn, i, c->params);
-        }
-    }
-    if (err == ZPS_OK && c->redo_ms > 0 && now >= c->redo_ms) {
-        c->redo_ms = 0;
-        zps_work_queue_extras(c, step);
-    }
-    if (err == ZPS_OK && now >= c->next_ask_ms) {
-        err = zps_ask_where_is_job(c, step);
-    }
-    return err;
-}
-
 // Receives every bucket of every shard for wait_step, then makes them the
 // caller's parameters. Returns ZPS_OK with pieces queued when some of the
 // step before are to be computed first (the next call goes on waiting),
@@ -261,11 +221,7 @@ zps_err zps_wait_run(zps_client *c)
         }
         zps_wait_release_held(c); // of a wait that did not finish
         c->wait_start = zps_clock_ms();
-        c->next_log = c->wait_start + ZPS_CLIENT_WAIT_LOG_MS;
-        c->next_beat = c->wait_start + c->conn.heartbeat_ms;
-        double ask_after = 4 * c->usual_step_ms > ZPS_CLIENT_ASK_EVERY_MS ? 4 * c->usual_step_ms
-                                                                            : ZPS_CLIENT_ASK_EVERY_MS;
-        c->next_ask_ms = c->wait_start + ask_after;
+        zps_due_begin(c, c->wait_start);
         c->answered_ms = c->wait_start;
     }
     while (!s_all_received(c) || zps_work_queued(c)) {
@@ -275,7 +231,7 @@ zps_err zps_wait_run(zps_client *c)
         if (c->conn.stop) {
             return ZPS_ECLOSED;
         }
-        int rc = zmq_poll(items, c->conn.n_shards, s_poll_ms(c, zps_clock_ms()));
+        int rc = zmq_poll(items, c->conn.n_shards, zps_due_poll_ms(c, zps_clock_ms()));
         if (rc < 0 && errno != EINTR) {
             zps_log_error("zmq_poll on the shard sockets: %s", zmq_strerror(errno));
             return ZPS_EIO;
@@ -294,35 +250,12 @@ zps_err zps_wait_run(zps_client *c)
                 return err;
             }
         }
-        double now = zps_clock_ms();
-        zps_err err = s_due(c, step, now);
+        zps_err err = zps_due_run(c, zps_clock_ms());
         if (err != ZPS_OK) {
             return err;
         }
-        if (now > c->next_beat) {
-            // From the main socket too: a restarted coordinator learns from
-            // it where this worker's replies go.
-            Zps__Header h;
-            zps_wire_header_init(&h, ZPS__MSG_TYPE__HEARTBEAT);
-            h.flags = 1;
-            (void)zps_conn_send(&c->conn, 0, &h, NULL, 0, NULL);
-            c->next_beat = now + c->conn.heartbeat_ms;
-        }
-        if (now > c->next_log) {
-            for (int i = 0; i < c->conn.n_shards; i++) {
-                if (!s_shard_received(&c->conn.shards[i])) {
-                    zps_log_info("waiting %.0f s for step %llu parameters from shard %d (%s)",
-                                 (now - c->wait_start) / 1e3, (unsigned long long)step, i,
-                                 c->conn.shards[i].endpoint);
-                }
-            }
-            c->next_log = now + ZPS_CLIENT_WAIT_LOG_MS;
-        }
     }
-    for (int i = 0; i < c->conn.n_shards; i++) {
-        c->pull_again_ms[i] = 0;
-    }
-    c->redo_ms = 0;
+    zps_due_end(c);
     s_take_held(c);
     zps_schedule_forget_before(&c->schedule, step);
     double now = zps_clock_ms();
