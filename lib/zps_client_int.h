@@ -25,7 +25,7 @@
 #include "lib/zps_sampler.h"
 #include "lib/zps_schedule.h"
 
-#define ZPS_CLIENT_WAIT_LOG_MS 5000.0
+#define ZPS_CLIENT_WAIT_LOG_MS 5000.0  // a wait says what it waits for this often
 #define ZPS_CLIENT_LATE_STEPS 2.0      // a slice not begun this many usual steps in: ask first
 #define ZPS_CLIENT_ASK_MS 500          // bound on the coordinator's answer to that
 #define ZPS_CLIENT_ASK_EVERY_MS 1000.0 // waiting for parameters: ask where the job is this often
@@ -200,6 +200,12 @@ void zps_due_ask_at(zps_client *c, double at);
 long zps_due_poll_ms(const zps_client *c, double now);
 // Fires what is due at `now`; the first failure of those, or ZPS_OK.
 zps_err zps_due_run(zps_client *c, double now);
+
+// zps_evalwork.c: after step t, the evaluation to hand out (none if the
+// step ends no epoch nor the job); the next piece of it, ZPS_NEXT_EVAL, or
+// 0 with none left (on to the next step).
+void zps_evalwork_plan(zps_client *c);
+int zps_evalwork_hand_out(zps_client *c, zps_work *out);
 
 // zps_diloco.c: the round of --mode diloco.
 zps_err zps_diloco_take_mode(zps_client *c, const Zps__Job *job);

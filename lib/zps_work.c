@@ -153,29 +153,116 @@ static int s_wait_over(zps_client *c, zps_err err)
         c->rejoined = false;
         return rejoined ? ZPS_NEXT_REJOINED : ZPS_NEXT_ROLLBACK;
     }
-    // Step t is over: at an epoch's end (and the job's), the test set is
-    // split as the step was: whoever computed samples [a, b) of the global
-    // batch B evaluates records [n a / B, n b / B). The slices tile the
-    // batch, so the ranges tile the test set, a worker's share of it
-    // follows its share of the batch, and the pieces of a late slice carry
-    // the evaluation of its owner, who may have been away then.
-    // A diloco round is H global batches: its end may end an epoch.
-    uint64_t t = c->t, h = c->mode.diloco ? c->mode.inner_steps : 1, spe = c->steps_per_epoch;
-    bool epoch_end = (t + 1) * h / spe > t * h / spe;
-    c->n_eval = c->eval_pos = 0;
-    if (c->has_data && (epoch_end || t + 1 == c->total_steps) && c->done_step == t) {
-        uint64_t B = c->global_batch;
-        for (int i = 0; i < c->n_done; i++) {
-            c->eval_lo[c->n_eval] = (uint32_t)(c->n_test * c->done[i].offset / B);
-            c->eval_hi[c->n_eval++] =
-                (uint32_t)(c->n_test * (c->done[i].offset + c->done[i].count) / B);
-        }
-        // The epoch that ended in the round (the later one, if two did), or
-        // the job's last, still in progress.
-        c->eval_epoch = epoch_end ? (t + 1) * h / spe - 1 : ((t + 1) * h - 1) / spe;
-    }
+    zps_evalwork_plan(c); // step t is over
     c->phase = ZPS_PHASE_EVAL;
     return 0;
+}
+
+// The phases of zps_next_work: each returns what zps_next_work returns,
+// or 0 to go on with the phase it set.
+
+static int s_phase_new(zps_client *c)
+{
+    zps_conn_beat(&c->conn);
+    zps_conn_open_ask(&c->conn);
+    zps_err err = zps_wait_send_init(c);
+    if (err != ZPS_OK) {
+        return zps_work_end(c, err);
+    }
+    c->t = c->start_step;
+    err = s_start_wait(c, c->start_step, ZPS_AFTER_JOIN, true);
+    return err != ZPS_OK ? zps_work_end(c, err) : 0;
+}
+
+static int s_phase_step(zps_client *c)
+{
+    if (c->t >= c->total_steps) {
+        s_log_timing(c, zps_clock_ms() - c->train_start);
+        c->phase = ZPS_PHASE_DONE;
+        return ZPS_NEXT_DONE;
+    }
+    if (c->mode.diloco) {
+        zps_round_begin(&c->round, c->params);
+        c->round_pushed = false;
+        c->inner_h = c->inner_n = 0;
+    }
+    c->n_queue = zps_schedule_take(&c->schedule, c->t, c->queue, ZPS_CLIENT_QUEUE);
+    c->queue_pos = 0;
+    c->queue_step = c->t;
+    c->n_step_work = c->n_queue;
+    c->phase = ZPS_PHASE_COMPUTE;
+    return 0;
+}
+
+// *piece_err: the outcome of the piece handed out last, taken here.
+static int s_phase_compute(zps_client *c, zps_work *out, zps_err *piece_err)
+{
+    int r = 0;
+    if (*piece_err == ZPS_EAGAIN) {
+        c->phase = ZPS_PHASE_START_OVER; // its step was over: catch up
+        *piece_err = ZPS_OK;
+        return 0;
+    }
+    if (*piece_err != ZPS_OK) {
+        return zps_work_end(c, *piece_err);
+    }
+    if (zps_work_queued(c) && (r = s_hand_out(c, out)) != 0) {
+        return r;
+    }
+    if (c->mode.diloco && c->inner_h < c->inner_n) {
+        return s_hand_out(c, out); // the round's inner steps go on
+    }
+    if (c->mode.diloco && c->inner_n > 0 && !c->round_pushed) {
+        zps_client_einval(c, "round %llu: its last inner step was handed out and never ended "
+                             "with zps_inner_done", (unsigned long long)c->t);
+        return zps_work_end(c, ZPS_EINVAL);
+    }
+    // Nothing to compute (a member only from the next step on): ask.
+    c->t2 = zps_clock_ms();
+    zps_err err = s_start_wait(c, c->t + 1, ZPS_AFTER_STEP, c->n_step_work == 0);
+    return err != ZPS_OK ? s_wait_over(c, err) : 0;
+}
+
+static int s_phase_wait(zps_client *c, zps_work *out, zps_err *piece_err)
+{
+    zps_err err = *piece_err;
+    *piece_err = ZPS_OK;
+    if (err == ZPS_OK) {
+        err = zps_wait_run(c);
+    }
+    if (err == ZPS_OK && zps_work_queued(c)) {
+        // diloco: 0 when pushed as missing, nothing to train; wait on
+        return s_hand_out(c, out);
+    }
+    return s_wait_over(c, err);
+}
+
+static int s_phase_start_over(zps_client *c)
+{
+    zps_err err = ZPS_OK;
+    if (c->rejoin && (err = zps_ask_rejoin(c)) != ZPS_OK) {
+        return zps_work_end(c, err);
+    }
+    c->t = c->rollback_to;
+    err = s_start_wait(c, c->rollback_to, ZPS_AFTER_START_OVER, true);
+    return err != ZPS_OK ? s_wait_over(c, err) : 0;
+}
+
+static int s_phase(zps_client *c, zps_work *out, zps_err *piece_err)
+{
+    switch (c->phase) {
+    case ZPS_PHASE_NEW: return s_phase_new(c);
+    case ZPS_PHASE_STEP: return s_phase_step(c);
+    case ZPS_PHASE_COMPUTE: return s_phase_compute(c, out, piece_err);
+    case ZPS_PHASE_WAIT: return s_phase_wait(c, out, piece_err);
+    case ZPS_PHASE_EVAL: return zps_evalwork_hand_out(c, out);
+    case ZPS_PHASE_START_OVER: return s_phase_start_over(c);
+    case ZPS_PHASE_DONE: return ZPS_NEXT_DONE;
+    case ZPS_PHASE_OVER:
+    default:
+        zps_client_einval(c, "the client's loop has ended");
+        return ZPS_NEXT_ERROR;
+    }
 }
 
 int zps_next_work(zps_client *c, zps_work *out)
@@ -195,109 +282,9 @@ int zps_next_work(zps_client *c, zps_work *out)
         if (c->conn.stop && c->phase != ZPS_PHASE_DONE && c->phase != ZPS_PHASE_OVER) {
             return zps_work_end(c, ZPS_ECLOSED);
         }
-        zps_err err = ZPS_OK;
-        int r = 0;
-        switch (c->phase) {
-        case ZPS_PHASE_NEW:
-            zps_conn_beat(&c->conn);
-            zps_conn_open_ask(&c->conn);
-            if ((err = zps_wait_send_init(c)) != ZPS_OK) {
-                return zps_work_end(c, err);
-            }
-            c->t = c->start_step;
-            err = s_start_wait(c, c->start_step, ZPS_AFTER_JOIN, true);
-            if (err != ZPS_OK) {
-                return zps_work_end(c, err);
-            }
-            break;
-        case ZPS_PHASE_STEP:
-            if (c->t >= c->total_steps) {
-                s_log_timing(c, zps_clock_ms() - c->train_start);
-                c->phase = ZPS_PHASE_DONE;
-                return ZPS_NEXT_DONE;
-            }
-            if (c->mode.diloco) {
-                zps_round_begin(&c->round, c->params);
-                c->round_pushed = false;
-                c->inner_h = c->inner_n = 0;
-            }
-            c->n_queue = zps_schedule_take(&c->schedule, c->t, c->queue, ZPS_CLIENT_QUEUE);
-            c->queue_pos = 0;
-            c->queue_step = c->t;
-            c->n_step_work = c->n_queue;
-            c->phase = ZPS_PHASE_COMPUTE;
-            break;
-        case ZPS_PHASE_COMPUTE:
-            if (piece_err == ZPS_EAGAIN) {
-                c->phase = ZPS_PHASE_START_OVER; // its step was over: catch up
-                piece_err = ZPS_OK;
-                break;
-            }
-            if (piece_err != ZPS_OK) {
-                return zps_work_end(c, piece_err);
-            }
-            if (zps_work_queued(c) && (r = s_hand_out(c, out)) != 0) {
-                return r;
-            }
-            if (c->mode.diloco && c->inner_h < c->inner_n) {
-                return s_hand_out(c, out); // the round's inner steps go on
-            }
-            if (c->mode.diloco && c->inner_n > 0 && !c->round_pushed) {
-                zps_client_einval(c, "round %llu: its last inner step was handed out and never ended "
-                            "with zps_inner_done", (unsigned long long)c->t);
-                return zps_work_end(c, ZPS_EINVAL);
-            }
-            // Nothing to compute (a member only from the next step on): ask.
-            c->t2 = zps_clock_ms();
-            err = s_start_wait(c, c->t + 1, ZPS_AFTER_STEP, c->n_step_work == 0);
-            if (err != ZPS_OK && (r = s_wait_over(c, err)) != 0) {
-                return r;
-            }
-            break;
-        case ZPS_PHASE_WAIT:
-            err = piece_err;
-            piece_err = ZPS_OK;
-            if (err == ZPS_OK) {
-                err = zps_wait_run(c);
-            }
-            if (err == ZPS_OK && zps_work_queued(c)) {
-                if ((r = s_hand_out(c, out)) != 0) {
-                    return r;
-                }
-                break; // diloco: pushed as missing, nothing to train; wait on
-            }
-            if ((r = s_wait_over(c, err)) != 0) {
-                return r;
-            }
-            break;
-        case ZPS_PHASE_EVAL:
-            if (c->eval_pos < c->n_eval) {
-                int k = c->eval_pos++;
-                *out = (zps_work){.kind = ZPS_WORK_EVAL, .id = ++c->work_id, .step = c->t,
-                                  .epoch = c->eval_epoch, .offset = c->eval_lo[k],
-                                  .count = c->eval_hi[k] - c->eval_lo[k]};
-                return ZPS_NEXT_EVAL;
-            }
-            c->t++;
-            c->phase = ZPS_PHASE_STEP;
-            break;
-        case ZPS_PHASE_START_OVER:
-            if (c->rejoin) {
-                if ((err = zps_ask_rejoin(c)) != ZPS_OK) {
-                    return zps_work_end(c, err);
-                }
-            }
-            c->t = c->rollback_to;
-            err = s_start_wait(c, c->rollback_to, ZPS_AFTER_START_OVER, true);
-            if (err != ZPS_OK && (r = s_wait_over(c, err)) != 0) {
-                return r;
-            }
-            break;
-        case ZPS_PHASE_DONE:
-            return ZPS_NEXT_DONE;
-        case ZPS_PHASE_OVER:
-            zps_client_einval(c, "the client's loop has ended");
-            return ZPS_NEXT_ERROR;
+        int r = s_phase(c, out, &piece_err);
+        if (r != 0) {
+            return r;
         }
     }
 }
