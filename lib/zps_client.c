@@ -151,7 +151,7 @@ zps_err zps_client_set_int(zps_client *c, zps_opt opt, int64_t v)
     }
     if (v < lo || v > hi) {
         return zps_client_einval(c, "option %d: %lld is not in %lld..%lld", (int)opt, (long long)v,
-                        (long long)lo, (long long)hi);
+                                 (long long)lo, (long long)hi);
     }
     *dst = (int)v;
     return ZPS_OK;
@@ -208,7 +208,8 @@ zps_err zps_join(zps_client *c)
         return zps_client_einval(c, "the declared model: %s", why);
     }
     if (zps_decl_any(&c->decl) && !c->decl.has_dataset) {
-        return zps_client_einval(c, "a declared model needs its dataset declared (zps_declare_dataset)");
+        return zps_client_einval(
+            c, "a declared model needs its dataset declared (zps_declare_dataset)");
     }
     zps_wire_msg m = {0};
     zps_err err = zps_ask_hello_until_job(c, &m);
@@ -328,8 +329,9 @@ zps_err zps_set_params(zps_client *c, float *params, size_t n)
 {
     zps_client_begin(c);
     if (!c->joined || !params || n != c->model.n_params) {
-        return zps_client_einval(c, "the parameter buffer must hold the model's %zu floats (join first)",
-                        c->joined ? c->model.n_params : 0);
+        return zps_client_einval(
+            c, "the parameter buffer must hold the model's %zu floats (join first)",
+            c->joined ? c->model.n_params : 0);
     }
     if (c->dtype != ZPS_DTYPE_F32 && !c->wire &&
         !(c->wire = malloc(c->model.n_params * zps_dtype_size(c->dtype)))) {

@@ -78,7 +78,7 @@ struct zps_client {
     zps_schedule schedule;                         // what to compute at each step
     // Buffers.
     float *params;                                 // borrowed: the caller's parameters
-    zps_client_held *held;                                  // owned: frames of the next step's parameters,
+    zps_client_held *held;                         // owned: frames of the next step's parameters,
                                                    // kept as they arrive (n_held of cap_held)
     int n_held, cap_held;
     uint8_t *wire;                                 // owned: gradient in a 16-bit wire dtype
@@ -103,7 +103,7 @@ struct zps_client {
     int n_eval, eval_pos;
     // The loop.
     zps_client_phase phase;
-    zps_client_after after;                                 // of the wait in progress
+    zps_client_after after;                        // of the wait in progress
     bool training;                                 // past the first parameters
     bool rejoined;                                 // another member since the last start-over
     uint64_t t;                                    // the step in progress
@@ -151,7 +151,8 @@ struct zps_client {
 
 // zps_client.c: errors, a code and the sentence that was logged for it.
 zps_err zps_client_fail(zps_client *c, zps_err err);
-zps_err zps_client_einval(zps_client *c, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
+zps_err zps_client_einval(zps_client *c, const char *fmt, ...)
+    __attribute__((format(printf, 2, 3)));
 void zps_client_begin(zps_client *c);
 
 // zps_work.c: the loop's end, and the pieces queued to hand out.

@@ -195,9 +195,10 @@ zps_err zps_inner_done(zps_client *c, const zps_work *w, float loss)
         return ZPS_EINVAL;
     }
     if (!c->mode.diloco || w->inner != c->inner_h - 1 || c->inner_taken == w->id) {
-        return zps_client_einval(c, !c->mode.diloco ? "not a diloco job: zps_push_bucket, zps_work_done"
-                           : c->inner_taken == w->id ? "this inner step is done already"
-                                                     : "not the inner step handed out last");
+        return zps_client_einval(
+            c, !c->mode.diloco ? "not a diloco job: zps_push_bucket, zps_work_done"
+               : c->inner_taken == w->id ? "this inner step is done already"
+                                         : "not the inner step handed out last");
     }
     c->inner_taken = w->id;
     double ms = zps_clock_ms() - c->step_t0 - w->data_ms;

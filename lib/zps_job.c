@@ -13,8 +13,8 @@
 
 // A plan (and extras) from JOB or PLAN: into the schedule.
 zps_err zps_job_take_plan(zps_client *c, Zps__Slice *const *slices, size_t n_slices,
-                           uint32_t gen, uint64_t effective, Zps__Extra *const *extras,
-                           size_t n_extras)
+                          uint32_t gen, uint64_t effective, Zps__Extra *const *extras,
+                          size_t n_extras)
 {
     zps_plan plan;
     if (zps_plan_from_wire(slices, n_slices, c->global_batch, &plan) != ZPS_OK) {
@@ -80,7 +80,7 @@ zps_err zps_job_take(zps_client *c, const Zps__Header *h)
     snprintf(c->dataset_name, sizeof c->dataset_name, "%s", job->dataset ? job->dataset : "");
     zps_schedule_init(&c->schedule, c->conn.rank);
     zps_err err = zps_job_take_plan(c, job->plan, job->n_plan, job->generation, job->plan_effective,
-                              job->extras, job->n_extras);
+                                    job->extras, job->n_extras);
     if (err != ZPS_OK) {
         return err;
     }

@@ -153,7 +153,7 @@ static zps_err s_take_message(zps_client *c, int i, uint64_t step, zps_wire_msg 
                      p->generation);
         zps_schedule_forget_before(&c->schedule, UINT64_MAX);
         zps_err err = zps_job_take_plan(c, p->slices, p->n_slices, p->generation, p->effective_step,
-                                  p->extras, p->n_extras);
+                                        p->extras, p->n_extras);
         c->rollback_to = h->step;
         return err == ZPS_OK ? ZPS_EAGAIN : err;
     }
@@ -164,7 +164,7 @@ static zps_err s_take_message(zps_client *c, int i, uint64_t step, zps_wire_msg 
     zps_log_info("plan %u from step %llu: %zu members", p->generation,
                  (unsigned long long)p->effective_step, p->n_slices);
     zps_err err = zps_job_take_plan(c, p->slices, p->n_slices, p->generation, p->effective_step,
-                              p->extras, p->n_extras);
+                                    p->extras, p->n_extras);
     if (err == ZPS_OK) {
         zps_work_queue_extras(c, step);
     }

@@ -214,7 +214,7 @@ static int s_phase_compute(zps_client *c, zps_work *out, zps_err *piece_err)
     }
     if (c->mode.diloco && c->inner_n > 0 && !c->round_pushed) {
         zps_client_einval(c, "round %llu: its last inner step was handed out and never ended "
-                             "with zps_inner_done", (unsigned long long)c->t);
+                          "with zps_inner_done", (unsigned long long)c->t);
         return zps_work_end(c, ZPS_EINVAL);
     }
     // Nothing to compute (a member only from the next step on): ask.
@@ -320,10 +320,11 @@ zps_err zps_push_bucket(zps_client *c, const zps_work *w, int bucket, const floa
     }
     if (c->mode.diloco) {
         return zps_client_einval(c, "a diloco job pushes no gradients: step your optimizer, then "
-                           "zps_inner_done");
+                                 "zps_inner_done");
     }
     if (bucket < 0 || bucket >= zps_model_n_buckets(&c->model) || !grad) {
-        return zps_client_einval(c, "bucket %d: the model has %d", bucket, zps_model_n_buckets(&c->model));
+        return zps_client_einval(c, "bucket %d: the model has %d", bucket,
+                                 zps_model_n_buckets(&c->model));
     }
     uint64_t blo, bhi;
     zps_model_bucket(&c->model, bucket, &blo, &bhi);
