@@ -21,6 +21,7 @@
 #include "common/zps_curve.h"
 #include "common/zps_log.h"
 #include "common/zps_model.h"
+#include "common/zps_timers.h"
 #include "common/zps_wire.h"
 #include "server/coord/zps_coord.h"
 #include "server/shard/zps_shard.h"
@@ -28,7 +29,6 @@
 #include "server/zps_http.h"
 #include "server/zps_refusals.h"
 #include "server/zps_server.h"
-#include "server/zps_timers.h"
 #include "server/zps_zap.h"
 
 #define ZPS_SERVER_POLL_MS 200

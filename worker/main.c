@@ -281,6 +281,55 @@ static void s_check_blas_core(void)
     }
 }
 
+// The client of the options, its pid file written, the signals that stop
+// it set, connected; NULL if any of that failed (said).
+static zps_client *s_start(const s_opts *o)
+{
+    zps_client *c = s_client_new(o);
+    if (!c) {
+        return NULL;
+    }
+    if (o->pid_file && zps_pidfile_write(o->pid_file) != ZPS_OK) {
+        zps_client_destroy(&c);
+        return NULL;
+    }
+    s_client = c;
+    struct sigaction sa = {.sa_handler = s_on_signal};
+    (void)sigaction(SIGTERM, &sa, NULL);
+    (void)sigaction(SIGINT, &sa, NULL);
+    openblas_set_num_threads(o->threads);
+    s_check_blas_core();
+    if (zps_connect(c) != ZPS_OK) {
+        s_client = NULL;
+        zps_client_destroy(&c);
+        return NULL;
+    }
+    return c;
+}
+
+// Leaves the job after the run ended with err: ZPS_OK also when stopped by
+// signal or when the job ended without this worker (over).
+static zps_err s_leave(zps_client *c, zps_err err, bool over)
+{
+    if (err == ZPS_OK) {
+        (void)zps_leave(c);
+        zps_log_info("done: %llu steps",
+                     (unsigned long long)zps_info_u64(c, ZPS_INFO_TOTAL_STEPS));
+    } else if (s_stop) {
+        // Left on purpose: the coordinator hands this worker's share on at once.
+        (void)zps_leave(c);
+        zps_log_info("stopped by signal");
+        err = ZPS_OK;
+    } else if (over) {
+        // Not a failure of this worker: a supervisor need not restart it.
+        // Its BYE spares the coordinator the wait for its last report.
+        (void)zps_leave(c);
+        zps_log_info("the job ended without this worker: exiting without final parameters");
+        err = ZPS_OK;
+    }
+    return err;
+}
+
 int main(int argc, char **argv)
 {
     zps_log_set_name("worker");
@@ -302,23 +351,8 @@ int main(int argc, char **argv)
         fprintf(stderr, "zps-worker: --curve-secret and --server-key go together\n");
         return 2;
     }
-    zps_client *c = s_client_new(&o);
+    zps_client *c = s_start(&o);
     if (!c) {
-        return 2;
-    }
-    if (o.pid_file && zps_pidfile_write(o.pid_file) != ZPS_OK) {
-        zps_client_destroy(&c);
-        return 2;
-    }
-    s_client = c;
-    struct sigaction sa = {.sa_handler = s_on_signal};
-    (void)sigaction(SIGTERM, &sa, NULL);
-    (void)sigaction(SIGINT, &sa, NULL);
-    openblas_set_num_threads(o.threads);
-    s_check_blas_core();
-    if (zps_connect(c) != ZPS_OK) {
-        s_client = NULL;
-        zps_client_destroy(&c);
         return 2;
     }
     zps_train_opts topts = {
@@ -341,22 +375,7 @@ int main(int argc, char **argv)
     if (err == ZPS_OK && o.save_params) {
         err = s_save_params(tr, o.save_params);
     }
-    if (err == ZPS_OK) {
-        (void)zps_leave(c);
-        zps_log_info("done: %llu steps",
-                     (unsigned long long)zps_info_u64(c, ZPS_INFO_TOTAL_STEPS));
-    } else if (s_stop) {
-        // Left on purpose: the coordinator hands this worker's share on at once.
-        (void)zps_leave(c);
-        zps_log_info("stopped by signal");
-        err = ZPS_OK;
-    } else if (over) {
-        // Not a failure of this worker: a supervisor need not restart it.
-        // Its BYE spares the coordinator the wait for its last report.
-        (void)zps_leave(c);
-        zps_log_info("the job ended without this worker: exiting without final parameters");
-        err = ZPS_OK;
-    }
+    err = s_leave(c, err, over);
     s_client = NULL;
     zps_client_destroy(&c); // first: ZeroMQ may hold the backend's gradient
     zps_train_destroy(&tr);

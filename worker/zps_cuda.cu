@@ -336,6 +336,54 @@ static bool s_dev_alloc(void **p, size_t bytes, const char *what)
     return s_ok(cudaMalloc(p, bytes ? bytes : 1), what);
 }
 
+// s_destroy's events, and the activations allocated per layer with them.
+static void s_destroy_events(zps_cuda *m)
+{
+    for (int l = 0; l < ZPS_MODEL_MAX_LAYERS; l++) {
+        cudaEvent_t *evs[3] = {&m->param_up[l], &m->grad_done[l], &m->landed[l]};
+        for (int k = 0; k < 3; k++) {
+            if (*evs[k]) {
+                (void)s_ok(cudaEventDestroy(*evs[k]), "cudaEventDestroy");
+            }
+        }
+        if (m->d_act[l]) {
+            (void)s_ok(cudaFree(m->d_act[l]), "cudaFree");
+        }
+    }
+    for (int k = 0; k < ZPS_CUDA_MAX_GEMMS; k++) {
+        for (int e = 0; e < 2; e++) {
+            if (m->gemm_t[k][e]) {
+                (void)s_ok(cudaEventDestroy(m->gemm_t[k][e]), "cudaEventDestroy");
+            }
+        }
+    }
+    if (m->head_done) {
+        (void)s_ok(cudaEventDestroy(m->head_done), "cudaEventDestroy");
+    }
+    if (m->step_done) {
+        (void)s_ok(cudaEventDestroy(m->step_done), "cudaEventDestroy");
+    }
+}
+
+// s_destroy's buffers, pinned on the host and on the device.
+static void s_destroy_buffers(zps_cuda *m)
+{
+    void *host[] = {m->h_params, m->h_grads, m->h_x, m->h_labels, m->h_loss, m->h_hits};
+    for (size_t k = 0; k < sizeof host / sizeof host[0]; k++) {
+        if (host[k]) {
+            (void)s_ok(cudaFreeHost(host[k]), "cudaFreeHost");
+        }
+    }
+    void *dev[] = {m->d_params, m->d_grads,  m->d_delta[0], m->d_delta[1],
+                   m->d_x,      m->d_labels, m->d_row_loss, m->d_row_hit,
+                   m->d_loss,   m->d_hits,   m->d_bf[0],    m->d_bf[1]};
+    for (size_t k = 0; k < sizeof dev / sizeof dev[0]; k++) {
+        if (dev[k]) {
+            (void)s_ok(cudaFree(dev[k]), "cudaFree");
+        }
+    }
+}
+
 static void s_destroy(zps_cuda **mp)
 {
     zps_cuda *m = mp ? *mp : NULL;
@@ -361,44 +409,8 @@ static void s_destroy(zps_cuda **mp)
     if (m->blas) {
         (void)s_blas_ok(cublasDestroy(m->blas), "cublasDestroy");
     }
-    for (int l = 0; l < ZPS_MODEL_MAX_LAYERS; l++) {
-        cudaEvent_t *evs[3] = {&m->param_up[l], &m->grad_done[l], &m->landed[l]};
-        for (int k = 0; k < 3; k++) {
-            if (*evs[k]) {
-                (void)s_ok(cudaEventDestroy(*evs[k]), "cudaEventDestroy");
-            }
-        }
-        if (m->d_act[l]) {
-            (void)s_ok(cudaFree(m->d_act[l]), "cudaFree");
-        }
-    }
-    for (int k = 0; k < ZPS_CUDA_MAX_GEMMS; k++) {
-        for (int e = 0; e < 2; e++) {
-            if (m->gemm_t[k][e]) {
-                (void)s_ok(cudaEventDestroy(m->gemm_t[k][e]), "cudaEventDestroy");
-            }
-        }
-    }
-    if (m->head_done) {
-        (void)s_ok(cudaEventDestroy(m->head_done), "cudaEventDestroy");
-    }
-    if (m->step_done) {
-        (void)s_ok(cudaEventDestroy(m->step_done), "cudaEventDestroy");
-    }
-    void *host[] = {m->h_params, m->h_grads, m->h_x, m->h_labels, m->h_loss, m->h_hits};
-    for (size_t k = 0; k < sizeof host / sizeof host[0]; k++) {
-        if (host[k]) {
-            (void)s_ok(cudaFreeHost(host[k]), "cudaFreeHost");
-        }
-    }
-    void *dev[] = {m->d_params, m->d_grads,  m->d_delta[0], m->d_delta[1],
-                   m->d_x,      m->d_labels, m->d_row_loss, m->d_row_hit,
-                   m->d_loss,   m->d_hits,   m->d_bf[0],    m->d_bf[1]};
-    for (size_t k = 0; k < sizeof dev / sizeof dev[0]; k++) {
-        if (dev[k]) {
-            (void)s_ok(cudaFree(dev[k]), "cudaFree");
-        }
-    }
+    s_destroy_events(m);
+    s_destroy_buffers(m);
     if (m->cs) {
         (void)s_ok(cudaStreamDestroy(m->cs), "cudaStreamDestroy");
     }

@@ -1,8 +1,8 @@
-/* check_timers.c - the server loop's timer table, on a clock the test
+/* check_timers.c - the loops' timer table (common/), on a clock the test
  * drives: periodic timers fire at their period, a deadline once, the poll
  * timeout is the time to the earliest deadline (bounded), and a callback
  * may re-arm its own timer. */
-#include "server/zps_timers.h"
+#include "common/zps_timers.h"
 #include "tests/zps_check.h"
 
 typedef struct s_log {

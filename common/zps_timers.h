@@ -1,7 +1,9 @@
-/* zps_timers.h - the server loop's timer table: named timers, each with a
- * period or a one-off deadline and a callback. The earliest deadline sets
- * the loop's poll timeout, so a deadline is met when it falls due, not when
+/* zps_timers.h - a loop's timer table: named timers, each with a period
+ * or a one-off deadline and a callback. The earliest deadline sets the
+ * loop's poll timeout, so a deadline is met when it falls due, not when
  * some other check (or a log line's rate limit) next looks at the clock.
+ * Both loops run on one: the server's (server/zps_server.c) and libzps's
+ * wait for parameters (lib/zps_wait.c).
  *
  * The table knows no clock of its own: the caller passes `now` (ms, any
  * monotonic origin), so a test drives it with a clock of its own. A table

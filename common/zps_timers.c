@@ -1,6 +1,6 @@
-/* zps_timers.c - the server loop's timer table (zps_timers.h). A handful
+/* zps_timers.c - a loop's timer table (zps_timers.h). A handful
  * of timers, scanned in full: a heap would save nothing at this size. */
-#include "zps_timers.h"
+#include "common/zps_timers.h"
 
 #include <math.h>
 #include <stddef.h>

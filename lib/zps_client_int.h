@@ -1,0 +1,215 @@
+/* zps_client_int.h - libzps's handle inside: the struct of zps_client and
+ * the calls between the rooms of its loop (zps_client.c, zps_work.c,
+ * zps_job.c, zps_wait.c, zps_retry.c, zps_ask.c, zps_diloco.c,
+ * zps_evalwork.c). Internal to lib/: nothing outside it includes this;
+ * callers see the opaque handle of include/zps.h. */
+#ifndef ZPS_CLIENT_INT_H
+#define ZPS_CLIENT_INT_H
+
+#include "include/zps.h"
+
+#include <stdbool.h>
+#include <stdint.h>
+
+#include "common/zps_dtype.h"
+#include "common/zps_err.h"
+#include "common/zps_model.h"
+#include "common/zps_optim.h"
+#include "common/zps_outer.h"
+#include "common/zps_plan.h"
+#include "common/zps_timers.h"
+#include "lib/zps_conn.h"
+#include "lib/zps_decl.h"
+#include "lib/zps_heartbeat.h"
+#include "lib/zps_round.h"
+#include "lib/zps_sampler.h"
+#include "lib/zps_schedule.h"
+
+#define ZPS_CLIENT_WAIT_LOG_MS 5000.0  // a wait says what it waits for this often
+#define ZPS_CLIENT_LATE_STEPS 2.0      // a slice not begun this many usual steps in: ask first
+#define ZPS_CLIENT_ASK_MS 500          // bound on the coordinator's answer to that
+#define ZPS_CLIENT_ASK_EVERY_MS 1000.0 // waiting for parameters: ask where the job is this often
+#define ZPS_CLIENT_RETRY_MS 20         // first wait before sending a "not yet" message again
+#define ZPS_CLIENT_RETRY_MAX_MS 1000   // longest such wait (doubling)
+#define ZPS_CLIENT_QUEUE (1 + ZPS_PLANS_HANDED_MAX)
+
+// Where zps_next_work picks up.
+typedef enum zps_client_phase {
+    ZPS_PHASE_NEW,        // joined; the first call starts heartbeats and pulls
+    ZPS_PHASE_STEP,       // step t begins
+    ZPS_PHASE_COMPUTE,    // handing out step t's pieces
+    ZPS_PHASE_WAIT,       // waiting for wait_step's parameters (handing out late pieces)
+    ZPS_PHASE_EVAL,       // handing out the evaluation of the epoch's end
+    ZPS_PHASE_START_OVER, // after a rollback or catching up: pull rollback_to's parameters
+    ZPS_PHASE_DONE,       // the last step is over
+    ZPS_PHASE_OVER,       // ended: stopped, over, or failed
+} zps_client_phase;
+
+// A frame of the next step's parameters, kept as it came until all are
+// in: the current parameters stay whole until then (a slice of the step in
+// progress may be handed to this worker while it waits), and the frames
+// are copied into them once, in one pass, rather than into a buffer of
+// their own and from there again.
+typedef struct zps_client_held {
+    zmq_msg_t frame;  // owned: the received frame
+    uint64_t offset;  // the parameter its first element is
+} zps_client_held;
+
+// What a wait for parameters was for.
+typedef enum zps_client_after {
+    ZPS_AFTER_JOIN,       // the first parameters
+    ZPS_AFTER_STEP,       // those after step t
+    ZPS_AFTER_START_OVER, // those of rollback_to
+} zps_client_after;
+
+struct zps_client {
+    zps_conn conn;                                 // the wire: sockets, identity, heartbeat
+    int timeout_ms;                                // the coordinator's silence ends the job
+    int join_timeout_ms;                           // bound on waiting for the job
+    zps_err errcode;                               // the last failure
+    char errmsg[256];                              // its sentence
+    // The job.
+    bool joined;                                   // a JOB was taken
+    uint32_t global_batch;                         // B
+    uint64_t seed, total_steps, steps_per_epoch, start_step;
+    char model_name[256], dataset_name[256];       // from JOB
+    zps_model_spec model;
+    zps_dtype dtype;                               // tensors on the wire
+    zps_schedule schedule;                         // what to compute at each step
+    // Buffers.
+    float *params;                                 // borrowed: the caller's parameters
+    zps_client_held *held;                         // owned: frames of the next step's parameters,
+                                                   // kept as they arrive (n_held of cap_held)
+    int n_held, cap_held;
+    uint8_t *wire;                                 // owned: gradient in a 16-bit wire dtype
+    zps_wire_ref grad_ref;                         // the caller's gradient still held by ZeroMQ
+    bool has_data;                                 // zps_set_dataset called
+    zps_sampler sampler;                           // owned
+    uint64_t n_test;                               // test records (64 bits: n_test * offset)
+    // The piece handed out.
+    uint32_t work_id;                              // its id
+    bool handed;                                   // a piece is out; its outcome not yet taken
+    bool skip;                                     // zps_work_start said skip it
+    uint64_t cur_step;                             // its step
+    zps_piece cur_work;                            // its slice
+    double step_t0;                                // when it was handed out
+    zps_err push_err;                              // its first failed push
+    // Pieces to hand out.
+    uint64_t queue_step;                           // their step
+    zps_piece queue[ZPS_CLIENT_QUEUE];
+    int n_queue, queue_pos;
+    uint64_t eval_epoch;                           // the evaluation to hand out
+    uint32_t eval_lo[ZPS_CLIENT_QUEUE], eval_hi[ZPS_CLIENT_QUEUE];
+    int n_eval, eval_pos;
+    // The loop.
+    zps_client_phase phase;
+    zps_client_after after;                        // of the wait in progress
+    bool training;                                 // past the first parameters
+    bool rejoined;                                 // another member since the last start-over
+    uint64_t t;                                    // the step in progress
+    uint64_t wait_step;                            // the step whose parameters are awaited
+    int n_step_work;                               // pieces of step t
+    double t2;                                     // when the wait after step t began
+    bool wait_begun;                               // the wait's state below is set
+    double wait_start;                             // when the wait began
+    double train_start;                            // when training began
+    uint64_t rollback_to;                          // step to start over from
+    double params_ms;                              // when the current parameters were taken
+    double usual_step_ms;                          // running mean of the time between those
+    uint64_t done_step;                            // the step of the slices below
+    zps_piece done[ZPS_CLIENT_QUEUE];              // the slices computed of it, pieces too
+    int n_done;
+    double sum_data_ms, sum_compute_ms, sum_wait_ms; // per-step phases, summed
+    uint64_t timed_steps;                          // steps in those sums
+    uint64_t stopped_at;                           // the step a stop interrupted
+    // What falls due while waiting (zps_due.c): named timers, the earliest
+    // the poll timeout.
+    zps_timers timers;
+    int t_pull, t_init, t_redo, t_ask, t_beat, t_log; // their ids
+    zps_err due_err;                               // the first failure of those fired
+    double pull_again_ms[ZPS_CONN_MAX_SHARDS];     // when to send a refused PULL again (0: no)
+    int retry_ms;                                  // the next "not yet" backoff
+    double answered_ms;                            // the coordinator's last answer to that
+    bool rejoin;                                   // handed on by the coordinator: HELLO again
+    uint64_t ahead_of;                             // the job's step at the last ask, if behind us
+    bool job_over;                                 // the coordinator said the job is over
+    // A declared model (--model external).
+    zps_decl decl;                                 // what HELLO declares
+    bool send_init;                                // rank 0 of a first start: send INIT
+    double init_again_ms[ZPS_CONN_MAX_SHARDS];     // when to send a refused INIT again (0: no)
+    // --mode diloco: the round in progress (step t is round t).
+    zps_outer_mode mode;                           // zeroed: synchronous
+    zps_optim_cfg inner;                           // diloco: the job's inner optimizer, from JOB
+    zps_round round;                               // owned: theta_sync, the delta, its payloads
+    zps_piece own;                                 // this worker's slice of the round
+    uint32_t inner_h, inner_n;                     // inner steps handed out, and to take
+    bool round_pushed;                             // the round's pseudo-gradient is out
+    uint32_t inner_taken;                          // the work id zps_inner_done took last
+    double inner_loss;                             // the round's inner losses, summed
+    double round_ms;                               // the round's compute, summed
+};
+
+// zps_client.c: errors, a code and the sentence that was logged for it.
+zps_err zps_client_fail(zps_client *c, zps_err err);
+zps_err zps_client_einval(zps_client *c, const char *fmt, ...)
+    __attribute__((format(printf, 2, 3)));
+void zps_client_begin(zps_client *c);
+
+// zps_work.c: the loop's end, and the pieces queued to hand out.
+int zps_work_end(zps_client *c, zps_err err);
+void zps_work_queue_extras(zps_client *c, uint64_t step);
+bool zps_work_queued(const zps_client *c);
+// Whether w is the piece handed out last (of that kind); ZPS_EINVAL set if not.
+bool zps_work_is_current(zps_client *c, const zps_work *w, uint32_t kind);
+
+// zps_job.c: a JOB, and a plan of it or of PLAN, into the client.
+zps_err zps_job_take(zps_client *c, const Zps__Header *h);
+zps_err zps_job_take_plan(zps_client *c, Zps__Slice *const *slices, size_t n_slices,
+                          uint32_t gen, uint64_t effective, Zps__Extra *const *extras,
+                          size_t n_extras);
+
+// zps_wait.c: the parameter wait.
+zps_err zps_wait_run(zps_client *c);
+zps_err zps_wait_pull(zps_client *c, uint64_t step);
+zps_err zps_wait_send_init(zps_client *c);
+void zps_wait_release_held(zps_client *c);
+
+// zps_retry.c: a shard's refusal while waiting for `step`'s parameters.
+zps_err zps_retry_on_refusal(zps_client *c, int i, uint64_t step, const Zps__Header *h);
+
+// zps_ask.c: asking the coordinator, joining again.
+zps_err zps_ask_hello_until_job(zps_client *c, zps_wire_msg *m);
+zps_err zps_ask_rejoin(zps_client *c);
+zps_err zps_ask_take_late_job(zps_client *c, const Zps__Header *h);
+zps_err zps_ask_where_is_job(zps_client *c, uint64_t step);
+bool zps_ask_step_over(zps_client *c, uint64_t step);
+
+// zps_due.c: what falls due while waiting, as timers. zps_due_init
+// adds them (once, to a zeroed client); zps_due_begin arms those of a wait
+// that begins at `start`, zps_due_end disarms those of a wait that ended.
+void zps_due_init(zps_client *c);
+void zps_due_begin(zps_client *c, double start);
+void zps_due_end(zps_client *c);
+// Shard i's refused PULL (INIT) sent again at `at`.
+void zps_due_pull_again(zps_client *c, int i, double at);
+void zps_due_init_again(zps_client *c, int i, double at);
+// The refused pushes queued computed again at `at`.
+void zps_due_redo(zps_client *c, double at);
+// The coordinator asked where the job is at `at` (0: at once).
+void zps_due_ask_at(zps_client *c, double at);
+// The poll timeout: the time to the earliest, at most ZPS_CONN_POLL_MS.
+long zps_due_poll_ms(const zps_client *c, double now);
+// Fires what is due at `now`; the first failure of those, or ZPS_OK.
+zps_err zps_due_run(zps_client *c, double now);
+
+// zps_evalwork.c: after step t, the evaluation to hand out (none if the
+// step ends no epoch nor the job); the next piece of it, ZPS_NEXT_EVAL, or
+// 0 with none left (on to the next step).
+void zps_evalwork_plan(zps_client *c);
+int zps_evalwork_hand_out(zps_client *c, zps_work *out);
+
+// zps_diloco.c: the round of --mode diloco.
+zps_err zps_diloco_take_mode(zps_client *c, const Zps__Job *job);
+int zps_diloco_hand_out(zps_client *c, zps_work *out);
+
+#endif

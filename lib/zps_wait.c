@@ -1,0 +1,268 @@
+/* zps_wait.c - the wait for a step's parameters: every bucket of every
+ * shard, its frames held as they came until all are in, then copied into
+ * the caller's buffer in one pass. Meanwhile it takes plans and rollbacks,
+ * hands back pieces to compute at once, resends what was refused and asks
+ * where the job is; every wait is bounded and says what it waits for. */
+#include "lib/zps_client_int.h"
+
+#include <errno.h>
+#include <stdio.h>
+#include <stdlib.h>
+
+#include "common/zps_clock.h"
+#include "common/zps_log.h"
+#include "common/zps_wire.h"
+
+// Lets go of the frames kept (a wait that starts over, or ends).
+void zps_wait_release_held(zps_client *c)
+{
+    for (int i = 0; i < c->n_held; i++) {
+        ZPS_ASSERT(zmq_msg_close(&c->held[i].frame) == 0);
+    }
+    c->n_held = 0;
+}
+
+// Keeps the frames of a checked PARAMS message of the parameters from
+// `offset` on (they leave m empty); ZPS_ENOMEM if there is no room.
+static zps_err s_hold(zps_client *c, zps_wire_msg *m, uint64_t offset)
+{
+    if (c->n_held + m->n_frames > c->cap_held) {
+        int cap = 2 * (c->n_held + m->n_frames) + 16;
+        zps_client_held *more = malloc((size_t)cap * sizeof *more);
+        if (!more) {
+            zps_log_error("out of memory keeping the parameters received");
+            return ZPS_ENOMEM;
+        }
+        for (int i = 0; i < c->n_held; i++) {
+            more[i].offset = c->held[i].offset;
+            ZPS_ASSERT(zmq_msg_init(&more[i].frame) == 0);
+            ZPS_ASSERT(zmq_msg_move(&more[i].frame, &c->held[i].frame) == 0);
+            ZPS_ASSERT(zmq_msg_close(&c->held[i].frame) == 0);
+        }
+        free(c->held);
+        c->held = more;
+        c->cap_held = cap;
+    }
+    size_t esize = zps_dtype_size(c->dtype);
+    for (int f = 0; f < m->n_frames; f++) {
+        zps_client_held *k = &c->held[c->n_held++];
+        k->offset = offset;
+        ZPS_ASSERT(zmq_msg_init(&k->frame) == 0);
+        ZPS_ASSERT(zmq_msg_move(&k->frame, &m->frames[f]) == 0);
+        offset += zmq_msg_size(&k->frame) / esize;
+    }
+    return ZPS_OK;
+}
+
+// The parameters received become the caller's, in one pass over the
+// frames kept; they are let go of.
+static void s_take_held(zps_client *c)
+{
+    size_t esize = zps_dtype_size(c->dtype);
+    for (int i = 0; i < c->n_held; i++) {
+        zmq_msg_t *frame = &c->held[i].frame;
+        zps_dtype_to_f32(c->dtype, zmq_msg_data(frame), c->params + c->held[i].offset,
+                         zmq_msg_size(frame) / esize);
+    }
+    zps_wait_release_held(c);
+}
+
+// Checks a PARAMS message from shard i against what step `step` expects
+// and keeps its frames until the step's parameters are all in.
+static zps_err s_take_bucket(zps_client *c, int i, uint64_t step, zps_wire_msg *m)
+{
+    zps_conn_shard *sc = &c->conn.shards[i];
+    const Zps__Header *h = m->hdr;
+    char why[160] = "";
+    int b = -1;
+    if (h->type == ZPS__MSG_TYPE__ERROR) {
+        return zps_retry_on_refusal(c, i, step, h);
+    }
+    if (h->type == ZPS__MSG_TYPE__PARAMS && h->step < step) {
+        return ZPS_OK; // a late answer for a step already over: nothing to take
+    }
+    if (h->type == ZPS__MSG_TYPE__PARAMS && h->step > step) {
+        // Either the job went on without this worker (its slices handed on
+        // while it stalled), or these are from before a rollback, queued
+        // while it was away: only the coordinator knows which. Asked now;
+        // the answer says whether to catch up (zps_ask_where_is_job).
+        zps_due_ask_at(c, 0);
+        return ZPS_OK;
+    }
+    if (i == 0 && h->type == ZPS__MSG_TYPE__JOB) {
+        return zps_ask_take_late_job(c, h);
+    }
+    if (h->type != ZPS__MSG_TYPE__PARAMS || h->step != step) {
+        snprintf(why, sizeof why, "%s for step %llu, expected PARAMS for step %llu",
+                 zps_wire_type_name(h->type), (unsigned long long)h->step,
+                 (unsigned long long)step);
+    } else if (zps_wire_check_tensor(m, (int)c->dtype, sc->lo, sc->hi, why, sizeof why) ==
+               ZPS_OK) {
+        for (int k = 0; k < sc->n_buckets; k++) {
+            if (sc->buckets[k].lo == h->offset && sc->buckets[k].hi == h->offset + h->count) {
+                b = k;
+            }
+        }
+        if (b >= 0 && zps_bucket_set_has(&sc->received, b)) {
+            // A second answer (to a pull and a push both): the same values.
+            return ZPS_OK;
+        }
+        if (b < 0) {
+            snprintf(why, sizeof why, "[%llu, +%llu) is not one of the shard's buckets",
+                     (unsigned long long)h->offset, (unsigned long long)h->count);
+        }
+    }
+    if (b < 0) {
+        zps_log_error("%s sent bad parameters: %s", sc->endpoint, why);
+        return ZPS_EPROTO;
+    }
+    zps_err err = s_hold(c, m, h->offset);
+    if (err != ZPS_OK) {
+        return err;
+    }
+    zps_bucket_set_add(&sc->received, b);
+    c->retry_ms = ZPS_CLIENT_RETRY_MS;
+    return ZPS_OK;
+}
+
+static bool s_shard_received(const zps_conn_shard *sc)
+{
+    return zps_bucket_set_full(&sc->received, sc->n_buckets);
+}
+
+static bool s_all_received(const zps_client *c)
+{
+    for (int i = 0; i < c->conn.n_shards; i++) {
+        if (!s_shard_received(&c->conn.shards[i])) {
+            return false;
+        }
+    }
+    return true;
+}
+
+// A message from shard i while waiting for parameters: a bucket of them,
+// or (from the coordinator) a new plan, maybe with slices of the step in
+// progress to compute right away.
+static zps_err s_take_message(zps_client *c, int i, uint64_t step, zps_wire_msg *m)
+{
+    const Zps__Header *h = m->hdr;
+    if (i == 0 && h->type == ZPS__MSG_TYPE__ROLLBACK && h->plan) {
+        // A shard came back from its checkpoint: start over from its step.
+        const Zps__Plan *p = h->plan;
+        zps_log_warn("rolling back to step %llu (plan %u)", (unsigned long long)h->step,
+                     p->generation);
+        zps_schedule_forget_before(&c->schedule, UINT64_MAX);
+        zps_err err = zps_job_take_plan(c, p->slices, p->n_slices, p->generation, p->effective_step,
+                                        p->extras, p->n_extras);
+        c->rollback_to = h->step;
+        return err == ZPS_OK ? ZPS_EAGAIN : err;
+    }
+    if (i != 0 || h->type != ZPS__MSG_TYPE__PLAN || !h->plan) {
+        return s_take_bucket(c, i, step, m);
+    }
+    const Zps__Plan *p = h->plan;
+    zps_log_info("plan %u from step %llu: %zu members", p->generation,
+                 (unsigned long long)p->effective_step, p->n_slices);
+    zps_err err = zps_job_take_plan(c, p->slices, p->n_slices, p->generation, p->effective_step,
+                                    p->extras, p->n_extras);
+    if (err == ZPS_OK) {
+        zps_work_queue_extras(c, step);
+    }
+    return err;
+}
+
+zps_err zps_wait_pull(zps_client *c, uint64_t step)
+{
+    zps_err err = ZPS_OK;
+    for (int i = 0; err == ZPS_OK && i < c->conn.n_shards; i++) {
+        err = zps_conn_pull(&c->conn, i, step);
+    }
+    return err;
+}
+
+// Rank 0 of a declared model's first start: the caller's buffer, as it is
+// now, becomes the job's initial values on every shard. They arrive back
+// as step 0's parameters, like everyone's: the buffer is not written
+// before all of them are in.
+zps_err zps_wait_send_init(zps_client *c)
+{
+    if (!c->send_init || c->start_step != 0) {
+        return ZPS_OK;
+    }
+    c->send_init = false;
+    zps_log_info("rank 0: sending the initial values of %zu parameters to %d shards",
+                 c->model.n_params, c->conn.n_shards);
+    zps_err err = ZPS_OK;
+    for (int i = 0; err == ZPS_OK && i < c->conn.n_shards; i++) {
+        err = zps_conn_send_init(&c->conn, i, c->params);
+    }
+    return err;
+}
+
+// Receives every bucket of every shard for wait_step, then makes them the
+// caller's parameters. Returns ZPS_OK with pieces queued when some of the
+// step before are to be computed first (the next call goes on waiting),
+// ZPS_OK with none when the parameters are in place. The wait has no
+// fixed end while the job lives: after a while the coordinator is asked
+// where the job is, and the worker goes on waiting, catches up, joins
+// again, or ends (the job is over, or the coordinator stayed silent for
+// the timeout).
+zps_err zps_wait_run(zps_client *c)
+{
+    uint64_t step = c->wait_step;
+    zmq_pollitem_t items[ZPS_CONN_MAX_SHARDS];
+    for (int i = 0; i < c->conn.n_shards; i++) {
+        items[i] = (zmq_pollitem_t){.socket = c->conn.shards[i].sock, .events = ZMQ_POLLIN};
+    }
+    if (!c->wait_begun) {
+        c->wait_begun = true;
+        for (int i = 0; i < c->conn.n_shards; i++) {
+            c->conn.shards[i].received = (zps_bucket_set){0};
+        }
+        zps_wait_release_held(c); // of a wait that did not finish
+        c->wait_start = zps_clock_ms();
+        zps_due_begin(c, c->wait_start);
+        c->answered_ms = c->wait_start;
+    }
+    while (!s_all_received(c) || zps_work_queued(c)) {
+        if (zps_work_queued(c)) {
+            return ZPS_OK;
+        }
+        if (c->conn.stop) {
+            return ZPS_ECLOSED;
+        }
+        int rc = zmq_poll(items, c->conn.n_shards, zps_due_poll_ms(c, zps_clock_ms()));
+        if (rc < 0 && errno != EINTR) {
+            zps_log_error("zmq_poll on the shard sockets: %s", zmq_strerror(errno));
+            return ZPS_EIO;
+        }
+        for (int i = 0; rc > 0 && i < c->conn.n_shards; i++) {
+            if (!(items[i].revents & ZMQ_POLLIN)) {
+                continue;
+            }
+            zps_wire_msg m;
+            zps_err err = zps_wire_recv(c->conn.shards[i].sock, false, &m);
+            if (err == ZPS_OK) {
+                err = s_take_message(c, i, step, &m);
+            }
+            zps_wire_msg_fini(&m);
+            if (err != ZPS_OK && err != ZPS_ETIMEDOUT) {
+                return err;
+            }
+        }
+        zps_err err = zps_due_run(c, zps_clock_ms());
+        if (err != ZPS_OK) {
+            return err;
+        }
+    }
+    zps_due_end(c);
+    s_take_held(c);
+    zps_schedule_forget_before(&c->schedule, step);
+    double now = zps_clock_ms();
+    if (c->params_ms > 0) {
+        double d = now - c->params_ms;
+        c->usual_step_ms = c->usual_step_ms > 0 ? 0.9 * c->usual_step_ms + 0.1 * d : d;
+    }
+    c->params_ms = now;
+    return ZPS_OK;
+}
