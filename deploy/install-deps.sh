@@ -28,6 +28,7 @@ fi
 if [ "${1:-}" = --test ] || [ "${1:-}" = --ci ]; then
   pkgs+=(
     python3-pytest                     # tests/python: the Python package's tests
+    python3-torchvision                # tests/python: ResNet-18 with BatchNorm, a model no one here wrote
     tcpdump                            # the security test captures loopback traffic
     prometheus                         # promtool checks /metrics (the server is never run)
     shellcheck                         # tests/deploy: the shell scripts of deploy/ and the tests

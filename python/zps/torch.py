@@ -57,10 +57,10 @@ import warnings
 import numpy as np
 import torch
 
-from . import BadArgument, Client, JobGone, TimedOut, ZpsError, _lib
+from . import BadArgument, Client, JobGone, TimedOut, ZpsError, _lib, _torch_optim, _torch_state
 from ._lib import lib
 
-__all__ = ["Run", "Work", "Dropout", "ZpsWarning", "global_batch_indices", "sample_context"]
+__all__ = ["Run", "Work", "MicroBatch", "Dropout", "ZpsWarning", "global_batch_indices", "sample_context"]
 
 
 class ZpsWarning(UserWarning):
@@ -226,6 +226,28 @@ class Work:
         diloco: loss.backward(), then the Run's optimizer.step()."""
         self._run._backward(self, loss)
 
+    def micro_batches(self, max_samples):
+        """The piece cut into micro-batches of at most max_samples (a slice
+        that does not fit in memory at once, DDP's no_sync): for each,
+        mb.backward(loss of mb.indices). Their gradients add up weighted by
+        samples, and the piece is pushed once, after the last: the same as
+        one backward over the piece, within round-off."""
+        if int(max_samples) < 1:
+            raise BadArgument(_lib.EINVAL, f"micro_batches({max_samples}): at least 1 sample")
+        step = int(max_samples)
+        for lo in range(0, self.count, step):
+            hi = min(self.count, lo + step)
+            mb = MicroBatch(self, lo, hi)
+            piece = getattr(_context, "value", None)  # zps.torch.Dropout: the mb's samples
+            if piece is None or mb.indices is None:
+                yield mb
+            else:
+                with sample_context(piece[0], piece[1], mb.indices):
+                    yield mb
+            if not mb._done:
+                raise BadArgument(_lib.EINVAL, f"micro-batch [{lo}, {hi}) of step {self.step} "
+                                               f"was not computed: call mb.backward(loss)")
+
     def __repr__(self):
         if self.inner_steps:
             return (f"Work(round={self.round}, inner={self.inner}/{self.inner_steps}, "
@@ -233,18 +255,53 @@ class Work:
         return f"Work(step={self.step}, offset={self.offset}, count={self.count})"
 
 
-def _check_model(model):
+class MicroBatch:
+    """Samples [offset, offset + count) of a piece (offsets within it):
+    indices, then backward(loss), loss the mean over these samples."""
+
+    __slots__ = ("_work", "_done", "offset", "count", "indices")
+
+    def __init__(self, work, lo, hi):
+        self._work = work
+        self._done = False
+        self.offset, self.count = lo, hi - lo
+        self.indices = work.indices[lo:hi] if work.indices is not None else None
+
+    def backward(self, loss):
+        if self._done:
+            raise BadArgument(_lib.EINVAL, "mb.backward: once per micro-batch")
+        w = self._work
+        self._done = True
+        w._run._backward(w, loss, self.count, first=self.offset == 0,
+                         last=self.offset + self.count == w.count)
+
+    def __repr__(self):
+        return f"MicroBatch(step={self._work.step}, offset={self.offset}, count={self.count})"
+
+
+def _check_model(model, staged):
+    """The parameters, and whether they need the staged path: a dtype other
+    than fp32, a device other than the CPU (or staged=True)."""
     named = list(model.named_parameters())
     if not named:
         raise BadArgument(_lib.EINVAL, "the model has no parameters")
     for name, p in named:
-        if p.dtype != torch.float32 or p.device.type != "cpu":
-            raise BadArgument(_lib.EINVAL, f"parameter {name} is {p.dtype} on {p.device}: zps "
-                                           f"trains float32 parameters on the CPU")
-    return named
+        if p.dtype not in _STAGED_DTYPES:
+            raise BadArgument(_lib.EINVAL, f"parameter {name} is {p.dtype}: zps trains float32, "
+                                           f"bfloat16 and float16 parameters")
+    plain = all(p.dtype == torch.float32 and p.device.type == "cpu" for _, p in named)
+    if staged is False and not plain:
+        name, p = next((n, p) for n, p in named
+                       if p.dtype != torch.float32 or p.device.type != "cpu")
+        raise BadArgument(_lib.EINVAL, f"parameter {name} is {p.dtype} on {p.device}: only "
+                                       f"float32 on the CPU trains in place (staged=False)")
+    return named, bool(staged) or not plain
 
 
-def _check_optimizer(optimizer, named):
+_STAGED_DTYPES = (torch.float32, torch.bfloat16, torch.float16)
+
+
+def _check_inner_optimizer(optimizer, named):
     """A diloco job's inner optimizer steps the model's own parameters,
     which Run makes views of the flat vector the job's rounds start from."""
     if optimizer is None:
@@ -261,18 +318,23 @@ def _check_optimizer(optimizer, named):
                                                f"build it over model.parameters()")
 
 
-def _warn_uncovered(model):
+_BUFFER_MODES = {"average": _lib.BUFFER_AVERAGE, "broadcast": _lib.BUFFER_BROADCAST,
+                 "local": None}
+
+
+def _warn_uncovered(model, buffers):
     for name, mod in model.named_modules():
         name = name or type(mod).__name__
         bufs = [b for b, _ in mod.named_buffers(recurse=False)]
-        if bufs:
-            what = (" BatchNorm in training mode normalises over a piece, not the global batch, "
-                    "so its gradient is not one process's;"
-                    if isinstance(mod, torch.nn.modules.batchnorm._BatchNorm) else "")
+        if bufs and buffers == "local":
             warnings.warn(f"zps: module '{name}' ({type(mod).__name__}) keeps buffers "
-                          f"{', '.join(bufs)}: zps averages parameters only;{what} each "
-                          f"worker's buffers come from its own pieces and stay its own",
-                          ZpsWarning, stacklevel=3)
+                          f"{', '.join(bufs)} and Run(buffers='local'): each worker's buffers "
+                          f"come from its own pieces and stay its own", ZpsWarning, stacklevel=3)
+        if bufs and isinstance(mod, torch.nn.modules.batchnorm._BatchNorm) and mod.training:
+            warnings.warn(f"zps: module '{name}' ({type(mod).__name__}) normalises over a "
+                          f"piece, not the global batch, so its gradient is not one process's "
+                          f"(docs/pytorch.md, BatchNorm); GroupNorm and LayerNorm keep the "
+                          f"promise", ZpsWarning, stacklevel=3)
         if isinstance(mod, torch.nn.modules.dropout._DropoutNd):
             warnings.warn(f"zps: module '{name}' ({type(mod).__name__}) draws its masks from "
                           f"this process's generator, so they depend on how the global batch "
@@ -282,7 +344,7 @@ def _warn_uncovered(model):
 
 class Run:
     """This process's part in the zps job whose coordinator is at
-    `coordinator`, training `model` (its parameters, float32 on the CPU).
+    `coordinator`, training `model`.
 
     dataset_size: train records (the job's global-batch order runs over
     them); test_size and evaluate(offset, count) -> (correct, loss_sum):
@@ -290,25 +352,45 @@ class Run:
     samples of each global batch (None: the job splits). timeout: leave when
     the coordinator is silent this long (s); join_timeout: the bound on
     waiting for the job to start (s). curve: (secret key file, servers'
-    public key file), see zps-ctl keygen. optimizer: a diloco job's inner
-    optimizer (a torch.optim.Optimizer over the model's parameters), which
-    such a job needs and a synchronous one refuses (the shards' optimizer
-    is the job's there).
+    public key file), see zps-ctl keygen.
+
+    The training script's parts (docs/pytorch.md): optimizer, a
+    torch.optim SGD, Adam or AdamW over model.parameters() with any
+    param_groups, which the shards then apply per tensor (a diloco job: the
+    inner optimizer, which Run steps); scheduler, a torch.optim.lr_scheduler
+    of that optimizer whose learning rate depends on the step alone, whose
+    table over the job's steps the shards follow; clip_grad_norm, the
+    shards clip the averaged gradient to that global 2-norm; buffers,
+    "average" (the shards average floating-point buffers by samples, every
+    replica holds the same), "broadcast" (rank 0's, as DDP) or "local";
+    staged: None (a bf16/fp16 model or one on a GPU trains staged: its own
+    tensors, copied to and from fp32 host vectors per bucket), True (force
+    that path), False (refuse it).
 
     Joins on creation: raises Refused, TimedOut, JobGone, TransportError
-    (all ZpsError) with the library's reason, BadArgument for an optimizer
-    the job's mode does not take. The first call that waits is bounded the
-    same way."""
+    (all ZpsError) with the library's reason, BadArgument for an argument
+    the job cannot take. The first call that waits is bounded the same way."""
 
     def __init__(self, coordinator, model, dataset_size, share=None, test_size=0,
                  evaluate=None, timeout=60.0, join_timeout=600.0, heartbeat=None, curve=None,
-                 sndbuf=None, device="torch-cpu", optimizer=None):
-        named = _check_model(model)
-        _check_optimizer(optimizer, named)
+                 sndbuf=None, device="torch-cpu", optimizer=None, scheduler=None,
+                 clip_grad_norm=None, buffers="average", staged=None):
+        named, self._staged = _check_model(model, staged)
+        if buffers not in _BUFFER_MODES:
+            raise BadArgument(_lib.EINVAL, f"buffers={buffers!r}: one of "
+                                           f"{', '.join(_BUFFER_MODES)}")
+        if scheduler is not None and optimizer is None:
+            raise BadArgument(_lib.EINVAL, "scheduler= needs Run's optimizer= (the one it "
+                                           "schedules)")
+        if clip_grad_norm is not None and not clip_grad_norm > 0:
+            raise BadArgument(_lib.EINVAL, f"clip_grad_norm={clip_grad_norm}: a norm > 0")
+        _check_inner_optimizer(optimizer, named)
         self.model = model
         self.optimizer = optimizer
+        self.scheduler = scheduler
         self.evaluate = evaluate
         self._timeout = timeout
+        self._buffers_mode = buffers
         self.done = False
         self._closed = False
         self._joined = False
@@ -317,13 +399,16 @@ class Run:
         self._work = None
         self._hook_error = None
         self._diloco = False
+        self._table = None
+        self._patched = None
+        self._last_step = None
         self.timing = {"pieces": 0, "python_s": 0.0, "wait_s": 0.0, "backward_s": 0.0,
                        "lib_s": 0.0, "optimizer_s": 0.0}
         self._client = Client(coordinator)
         self._interrupts = None
         try:
             self._setup(named, dataset_size, test_size, share, timeout, join_timeout, heartbeat,
-                        curve, sndbuf, device)
+                        curve, sndbuf, device, clip_grad_norm)
         except BaseException:
             if self._interrupts:
                 self._interrupts.close()  # Python's wakeup fd back as it was
@@ -334,11 +419,42 @@ class Run:
                     pass
             self._client.close()
             raise
-        _warn_uncovered(model)
+        _warn_uncovered(model, buffers)
         atexit.register(self.close)
 
+    def _declare(self, named, clip_grad_norm):
+        """The layout (parameters, then buffers), the optimizer's groups and
+        the clipping: what rank 0's HELLO makes the job's."""
+        c = self._client
+        for name, p in named:
+            c.declare_tensor(name, list(p.shape))
+        how = _BUFFER_MODES[self._buffers_mode]
+        bufs = list(self.model.named_buffers()) if how else []
+        self._bufs = _torch_state.Buffers(bufs, sum(p.numel() for _, p in named))
+        for name, shape, kind in self._bufs.declared(how):
+            c.declare_buffer(name, shape, kind)
+        self._groups_error = None
+        if self.optimizer is not None:
+            try:
+                kind, groups, of = _torch_optim.optimizer_groups(self.optimizer,
+                                                                 [p for _, p in named])
+            except BadArgument as e:  # a diloco job's inner optimizer may be any
+                self._groups_error = e
+                return self._declare_clip(clip_grad_norm)
+            self._groups = groups
+            for g, settings in enumerate(groups):
+                c.declare_group(g, kind, *settings)
+            for (name, _), g in zip(named, of):
+                if g:
+                    c.declare_tensor_group(name, g)
+        self._declare_clip(clip_grad_norm)
+
+    def _declare_clip(self, clip_grad_norm):
+        if clip_grad_norm is not None:
+            self._client.declare_clip_grad_norm(float(clip_grad_norm))
+
     def _setup(self, named, dataset_size, test_size, share, timeout, join_timeout, heartbeat,
-               curve, sndbuf, device):
+               curve, sndbuf, device, clip_grad_norm):
         c = self._client
         c.set("device", device)
         c.set("timeout_ms", int(timeout * 1000))
@@ -351,8 +467,7 @@ class Run:
             c.set("sndbuf", sndbuf)
         if curve:
             c.set_curve(*curve)
-        for name, p in named:
-            c.declare_tensor(name, list(p.shape))
+        self._declare(named, clip_grad_norm)
         c.declare_dataset(dataset_size, test_size)
         self._flatten([p for _, p in named])
         c.connect()
@@ -361,38 +476,71 @@ class Run:
         self._joined = True
         n = c.info("n_params")
         if n != self._flat.numel():
-            raise BadArgument(_lib.EINVAL, f"the job's model has {n} parameters, this one "
-                                           f"{self._flat.numel()}")
+            raise BadArgument(_lib.EINVAL, f"the job's model has {n} parameters and buffers, "
+                                           f"this one {self._flat.numel()}")
         self._diloco = c.info("mode") == _lib.MODE_DILOCO
-        if self._diloco and self.optimizer is None:
-            raise BadArgument(_lib.EINVAL, "a diloco job (zps-server --mode diloco) trains each "
-                                           "worker with its own optimizer: give Run optimizer="
-                                           "torch.optim.AdamW(model.parameters(), ...) or another")
+        self._check_mode()
+        if not self._diloco and self._groups_error:
+            raise self._groups_error
         if not self._diloco and self.optimizer is not None:
-            raise BadArgument(_lib.EINVAL, "a synchronous job's optimizer is the shards' "
-                                           "(zps-server --optimizer, --lr, ...): drop Run's "
-                                           "optimizer=, or run the server with --mode diloco")
+            self._take_optimizer(c.info("total_steps"))
         c.set_params(self._flat.data_ptr(), n)
         if not self._diloco:
             self._buckets(named)  # diloco pushes no gradients: libzps pushes the round
 
+    def _check_mode(self):
+        if self._diloco and self.optimizer is None:
+            raise BadArgument(_lib.EINVAL, "a diloco job (zps-server --mode diloco) trains each "
+                                           "worker with its own optimizer: give Run optimizer="
+                                           "torch.optim.AdamW(model.parameters(), ...) or another")
+        if self._diloco and (self._staged or self._bufs.entries or self.scheduler):
+            raise BadArgument(_lib.EINVAL, "a diloco job trains float32 models on the CPU, "
+                                           "without buffers=average/broadcast or scheduler= "
+                                           "(step your scheduler yourself; buffers='local')")
+
+    def _take_optimizer(self, total_steps):
+        """Sync: the shards step the optimizer; its schedule is declared as
+        a table over the job's steps, and opt.step() does nothing here."""
+        if self.scheduler is not None:
+            self._table = _torch_optim.lr_table(self.scheduler, self.optimizer, total_steps)
+            self._client.declare_lr_table(len(self._groups), total_steps, self._table)
+        opt = self.optimizer
+        said = []
+
+        def step(*_, **__):
+            if not said:
+                said.append(True)
+                warnings.warn("zps: opt.step() does nothing in a synchronous zps job: the "
+                              "shards apply this optimizer to the averaged gradient",
+                              ZpsWarning, stacklevel=2)
+        self._patched = opt.__dict__.get("step")
+        opt.step = step
+
     def _flatten(self, params):
-        """The parameters and their .grad as views of one flat vector each."""
-        n = sum(p.numel() for p in params)
-        self._flat = torch.empty(n, dtype=torch.float32)
-        self._gflat = torch.zeros(n, dtype=torch.float32)
+        """The parameters (then the buffers) in one flat fp32 vector, their
+        gradients in another: the model's own tensors are views of them, or
+        (staged) copied to and from them by Stage."""
+        n = self._bufs.end
+        cuda = any(p.device.type == "cuda" for p in params)
+        self._flat = _torch_state.Stage.host(n, cuda)
+        self._gflat = _torch_state.Stage.host(n, cuda)
         self._params, self._ranges, self._grads = params, [], []
         at = 0
         with torch.no_grad():
             for p in params:
                 k = p.numel()
                 self._flat[at:at + k].copy_(p.reshape(-1))
-                p.data = self._flat[at:at + k].view_as(p)
-                g = self._gflat[at:at + k].view_as(p)
-                p.grad = g
-                self._grads.append(g)
                 self._ranges.append((at, at + k))
+                if not self._staged:
+                    p.data = self._flat[at:at + k].view_as(p)
+                    g = self._gflat[at:at + k].view_as(p)
+                    p.grad = g
+                    self._grads.append(g)
                 at += k
+            for _, b, lo, hi, _ in self._bufs.entries:
+                self._flat[lo:hi].copy_(b.reshape(-1))  # rank 0's are the job's first
+        self._stage = (_torch_state.Stage(params, self._ranges, self._flat, self._gflat)
+                       if self._staged else None)
 
     def _buckets(self, named):
         """Which buckets each parameter lies in, and a hook on its gradient
@@ -414,9 +562,11 @@ class Run:
     def _final_hook(self, i):
         def hook(*_):
             if self._work is None:
-                return  # a backward of the caller's own, not a piece's
+                return  # a backward of the caller's own, or a micro-batch before the last
             t = time.perf_counter()
             try:
+                if self._stage:
+                    self._stage.grad_final(i)
                 for b in self._param_buckets[i]:
                     self._pending[b] -= 1
                     if self._pending[b] == 0:
@@ -428,6 +578,8 @@ class Run:
 
     def _push(self, b):
         self._pushed[b] = True
+        if self._stage:
+            self._stage.bucket_ready()
         t = time.perf_counter()
         self._client.push_bucket(self._work._w, b, self._gflat.data_ptr(), self._loss)
         self._lib_s += time.perf_counter() - t
@@ -486,6 +638,7 @@ class Run:
                 if r == _lib.NEXT_WORK:
                     if not c.work_start(w):
                         continue
+                    self._load(w.step)
                     work = Work(self, w, self._indices(w))
                     with sample_context(seed, w.step, work.indices):
                         yield work
@@ -493,6 +646,7 @@ class Run:
                         raise BadArgument(_lib.EINVAL, f"the piece of step {w.step} was not "
                                                        f"computed: call work.backward(loss)")
                 elif r == _lib.NEXT_EVAL:
+                    self._load(None)
                     self._evaluate(w)
                 elif r == _lib.NEXT_DONE:
                     self.done = True
@@ -521,23 +675,64 @@ class Run:
         correct, loss_sum = self.evaluate(w.offset, w.count)
         self._client.eval_done(w, int(correct), float(loss_sum))
 
-    def _backward(self, work, loss):
+    def _load(self, step):
+        """Before a piece of `step` (None: an evaluation): a staged model's
+        parameters and the buffers from the flat vector, which holds the
+        step's; the integer buffers are checked one step on."""
+        if self._stage:
+            self._stage.to_model()
+        if self._bufs.entries:
+            self._bufs.load(self._flat, step is not None and self._last_step == step - 1)
+            if self._bufs.mismatch:
+                name, self._bufs.mismatch = self._bufs.mismatch, None
+                warnings.warn(f"zps: integer buffer {name} differs from rank 0's: the workers' "
+                              f"forwards count differently; rank 0's is taken", ZpsWarning,
+                              stacklevel=3)
+        if step is not None:
+            self._last_step = step
+
+    def _backward(self, work, loss, count=None, first=True, last=True):
+        """loss.backward() of a piece, or of its micro-batch of `count`
+        samples (weighted count / work.count); after the last, the push."""
         if work._run is not self or work._done or self._work is not None:
             raise BadArgument(_lib.EINVAL, "work.backward: once per piece, inside its iteration")
-        t0 = time.perf_counter()
-        self._loss = float(loss.detach())
-        self._gflat.zero_()
+        if first:
+            self._t0 = time.perf_counter()
+            self._loss_sum = 0.0
+            self._gflat.zero_()
+            self._fresh_grads()
+        count = work.count if count is None else count
+        self._loss_sum += float(loss.detach()) * count
+        if count != work.count:
+            loss = loss * (count / work.count)
+        if not last:
+            loss.backward()  # accumulates; the hooks push nothing yet
+            return
+        self._loss = self._loss_sum / work.count
+        self._bufs.store(self._gflat)
+        if self._diloco:
+            self._inner_step(work, loss, self._t0)
+            return
+        self._backward_and_push(work, loss)
+
+    def _fresh_grads(self):
+        if self._stage:
+            self._stage.begin()
+            return
         for p, g in zip(self._params, self._grads):
             if p.grad is None or p.grad.data_ptr() != g.data_ptr():
                 p.grad = g  # the caller's zero_grad(set_to_none=True) undid it
-        if self._diloco:
-            self._inner_step(work, loss, t0)
-            return
+
+    def _backward_and_push(self, work, loss):
+        t0 = self._t0
         self._pending = list(self._need)
         self._pushed = [False] * len(self._need)
         self._hook_s = self._lib_s = 0.0
         self._work = work
         try:
+            for b, need in enumerate(self._need):
+                if need == 0 and self._bufs.entries:
+                    self._push(b)  # buffers alone: final since the forward
             t1 = time.perf_counter()
             loss.backward()
             t2 = time.perf_counter()
@@ -587,6 +782,21 @@ class Run:
             except ZpsError as e:
                 warnings.warn(f"zps: leaving the job: {e}", ZpsWarning, stacklevel=2)
 
+    def _give_optimizer_back(self):
+        """opt.step is the optimizer's again, and its param_groups hold the
+        learning rates of the job's last step."""
+        opt = self.optimizer
+        if opt is None or self._diloco:
+            return
+        if self._patched is not None:
+            opt.step = self._patched
+        else:
+            opt.__dict__.pop("step", None)
+        if self._table:
+            n = len(opt.param_groups)
+            for g, lr in zip(opt.param_groups, self._table[-n:]):
+                g["lr"] = lr
+
     def stop(self):
         """From any thread: the loop ends soon (zps_client_stop)."""
         self._client.stop()
@@ -602,6 +812,9 @@ class Run:
         self._closed = True
         self._client.close()
         self._hooks = []  # the accumulators; their hooks do nothing once closed
+        if self._joined:
+            self._load(None)  # a staged model and the buffers: the last values
+            self._give_optimizer_back()
         atexit.unregister(self.close)
 
     def __enter__(self):

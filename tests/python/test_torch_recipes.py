@@ -1,0 +1,127 @@
+"""A training script's recipes on zps (docs/pytorch.md, "Your training
+script"): the user's optimizer with parameter groups and its scheduler,
+clipping by the global norm, buffers held the same everywhere,
+micro-batches, half precision and the staged path a GPU model takes.
+
+Each runs real zps-server processes and real workers (recipe_worker.py,
+one process each) and compares them with one torch process on the global
+batch over a short horizon (10-20 steps: training is chaotic past ~100
+steps at these learning rates, docs/tests.md). Adam amplifies round-off
+where a gradient is near zero, so an Adam comparison bounds the gap to the
+plain torch process by the gap of a torch process that splits the batch as
+the workers do (--split).
+"""
+import os
+
+import pytest
+import torch
+
+from conftest import PYTHON
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+RECIPE = os.path.join(HERE, "recipe_worker.py")
+
+
+def server(procs, *args, workers=1, steps=20, shards=1, name="server"):
+    s = procs.server("--model", "external", "--global-batch", "40", "--steps", str(steps),
+                     "--workers", str(workers), "--seed", "1", "--shards", str(shards), *args,
+                     name=name)
+    for k in range(1, shards):
+        procs.start(f"{name}-shard{k}", [os.path.join(os.environ.get("ZPS_BIN_DIR", ""), "zps-server"),
+                                  "--shard", str(k), "--shards", str(shards),
+                                  "--coordinator", s.endpoint, "--listen", "tcp://127.0.0.1:*"])
+    return s
+
+
+def sgd_flags(lr="0.05"):
+    return ("--optimizer", "sgd", "--lr", lr, "--momentum", "0.9", "--lr-schedule", "constant")
+
+
+def run_workers(procs, endpoint, names, *args, shares=None):
+    ps = []
+    for i, name in enumerate(names):
+        share = ["--share", str(shares[i])] if shares else []
+        ps.append(procs.start(name, [PYTHON, RECIPE, "--coordinator", endpoint, *share,
+                                     "--save", os.path.join(procs.tmp, name + ".pt"), *args]))
+    for p in ps:
+        procs.ok(p, 180)
+    return [load(procs, n) for n in names]
+
+
+def run_single(procs, name, *args):
+    p = procs.start(name, [PYTHON, RECIPE, "--single", "--save",
+                           os.path.join(procs.tmp, name + ".pt"), *args])
+    procs.ok(p, 180)
+    return load(procs, name)
+
+
+def load(procs, name):
+    return torch.load(os.path.join(procs.tmp, name + ".pt"))
+
+
+def max_gap(a, b):
+    return max(float((x.float() - y.float()).abs().max()) for x, y in
+               zip(a["state"].values(), b["state"].values()) if x.is_floating_point())
+
+
+def bitwise(a, b):
+    return all(torch.equal(x, y) for x, y in zip(a["state"].values(), b["state"].values()))
+
+
+def test_micro_batches_of_8_within_a_piece_of_40_equal_one_backward(procs):
+    s = server(procs, *sgd_flags(), steps=15)
+    (w,) = run_workers(procs, s.endpoint, ["micro"], "--optimizer", "none", "--micro", "8",
+                       "--steps", "15")
+    ref = run_single(procs, "single", "--optimizer", "sgd", "--lr", "0.05", "--steps", "15")
+    gap = max_gap(w, ref)
+    assert gap < 1e-5, gap
+    assert w["losses"][-1] < w["losses"][0]
+
+
+def test_the_staged_path_gives_the_bits_of_the_in_place_one(procs):
+    # The path a GPU or half-precision model takes (copies per bucket into
+    # the flat gradient, parameters copied back per piece), forced on a
+    # float32 CPU model: the same gradients reach the shards, so the same bits.
+    s = server(procs, *sgd_flags(), steps=15)
+    (staged,) = run_workers(procs, s.endpoint, ["staged"], "--optimizer", "none", "--staged",
+                            "--steps", "15")
+    s2 = server(procs, *sgd_flags(), steps=15, name="server2")
+    (plain,) = run_workers(procs, s2.endpoint, ["plain"], "--optimizer", "none", "--steps", "15")
+    assert bitwise(staged, plain)
+    assert torch.equal(staged["flat"], plain["flat"])
+
+
+@pytest.mark.parametrize("wire", ["fp32", "bf16"])
+def test_a_bf16_model_trains_on_fp32_masters_the_same_on_every_worker(procs, wire):
+    s = server(procs, *sgd_flags("0.1"), "--wire-dtype", wire, workers=2, steps=20)
+    a, b = run_workers(procs, s.endpoint, ["w0", "w1"], "--optimizer", "none", "--dtype",
+                       "bfloat16", "--steps", "20", shares=[24, 16])
+    assert a["state"]["0.weight"].dtype == torch.bfloat16
+    assert torch.equal(a["flat"], b["flat"])  # what each worker got from the shards
+    assert bitwise(a, b)
+    rounded = torch.equal(a["flat"], a["flat"].bfloat16().float())
+    # An fp32 wire brings the shards' masters, which keep what bf16 drops;
+    # a bf16 wire brings them rounded to the workers' dtype.
+    assert rounded == (wire == "bf16")
+    assert sum(a["losses"][-5:]) < sum(a["losses"][:5])
+
+
+def test_autocast_inside_the_loop_trains_fp32_parameters(procs):
+    s = server(procs, *sgd_flags(), workers=2, steps=15)
+    a, b = run_workers(procs, s.endpoint, ["w0", "w1"], "--optimizer", "none", "--autocast",
+                       "--steps", "15", shares=[20, 20])
+    ref = run_single(procs, "single", "--optimizer", "sgd", "--lr", "0.05", "--autocast",
+                     "--steps", "15", "--split", "20,20")
+    assert bitwise(a, b)
+    assert max_gap(a, ref) < 1e-4, max_gap(a, ref)  # bf16 matmuls: each piece's own rounding
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(),
+                    reason="no CUDA device for torch here: the GPU copies run on a GPU only "
+                           "(their logic runs on the CPU in the staged test above)")
+def test_a_model_on_cuda_trains_with_the_bits_of_the_cpu_staged_path(procs):
+    s = server(procs, *sgd_flags(), steps=10)
+    (gpu,) = run_workers(procs, s.endpoint, ["gpu"], "--optimizer", "none", "--device",
+                         "cuda", "--steps", "10")
+    ref = run_single(procs, "single", "--optimizer", "sgd", "--lr", "0.05", "--steps", "10")
+    assert max_gap(gpu, ref) < 1e-4
