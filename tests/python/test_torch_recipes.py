@@ -125,3 +125,34 @@ def test_a_model_on_cuda_trains_with_the_bits_of_the_cpu_staged_path(procs):
                          "cuda", "--steps", "10")
     ref = run_single(procs, "single", "--optimizer", "sgd", "--lr", "0.05", "--steps", "10")
     assert max_gap(gpu, ref) < 1e-4
+
+
+GPT = os.path.join(os.path.dirname(os.path.dirname(HERE)), "examples", "torch_gpt.py")
+
+
+def gpt(procs, name, *args):
+    out = os.path.join(procs.tmp, name + ".pt")
+    return procs.start(name, [PYTHON, GPT, "--steps", "10", "--log-every", "0", "--save", out,
+                              *args]), out
+
+
+def test_the_example_gpt_as_two_workers_agrees_with_single_over_10_steps(procs):
+    # No optimizer flags: the job takes rank 0's AdamW groups, its
+    # SequentialLR's table and the clipping. bf16 autocast rounds each
+    # piece's matmuls on its own and AdamW amplifies round-off, so the bound
+    # is that of one process that splits the batch as the workers do.
+    s = procs.server("--model", "external", "--global-batch", "32", "--steps", "10",
+                     "--workers", "2", "--seed", "1")
+    w0, out0 = gpt(procs, "w0", "--coordinator", s.endpoint, "--share", "20")
+    w1, out1 = gpt(procs, "w1", "--coordinator", s.endpoint, "--share", "12")
+    single, out_s = gpt(procs, "single", "--single", "--global-batch", "32", "--seed", "1")
+    split, out_p = gpt(procs, "split", "--single", "--global-batch", "32", "--seed", "1",
+                       "--split", "20,12")
+    for p in (w0, w1, single, split):
+        procs.ok(p, 240)
+    a, b, ref, ref_split = (torch.load(o) for o in (out0, out1, out_s, out_p))
+    assert bitwise(a, b)
+    own = max_gap(ref_split, ref)
+    gap = max_gap(a, ref)
+    assert gap <= max(4 * own, 1e-5), (gap, own)
+    assert max_gap(a, ref_split) <= max(4 * own, 1e-5)
