@@ -107,7 +107,11 @@ def worker(args, model, x, y):
                  clip_grad_norm=args.clip, buffers=args.buffers,
                  staged=True if args.staged else None)
     losses = {}
+    snap = None
     for work in run:
+        if work.step == args.snapshot_step and snap is None:
+            # what the shards sent for the steps before: the model's state now
+            snap = {k: v.detach().cpu().clone() for k, v in model.state_dict().items()}
         if args.micro:
             total = 0.0
             for mb in work.micro_batches(args.micro):
@@ -117,6 +121,7 @@ def worker(args, model, x, y):
             losses[work.step] = piece(model, x, y, work.indices, args, work.backward)
     flat = run._flat.clone()
     run.close()
+    args.snap = snap
     return [losses[s] for s in sorted(losses)], flat
 
 
@@ -141,6 +146,8 @@ def main():
     ap.add_argument("--staged", action="store_true")
     ap.add_argument("--autocast", action="store_true")
     ap.add_argument("--device", default="cpu")
+    ap.add_argument("--snapshot-step", type=int, default=-1,
+                    help="save the model's state as the piece of this step starts")
     ap.add_argument("--save", required=True)
     args = ap.parse_args()
     torch.set_num_threads(1)
@@ -150,7 +157,8 @@ def main():
     x, y = x.to(getattr(torch, args.dtype)).to(args.device), y.to(args.device)
     losses, flat = (single if args.single else worker)(args, model, x, y)
     state = {k: v.cpu() for k, v in model.state_dict().items()}
-    torch.save({"state": state, "flat": flat, "losses": losses}, args.save)
+    torch.save({"state": state, "flat": flat, "losses": losses,
+                "snap": getattr(args, "snap", None)}, args.save)
     print("losses", " ".join(f"{v:.4f}" for v in losses))
     return 0 if all(math.isfinite(v) for v in losses) else 1
 

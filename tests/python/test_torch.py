@@ -151,17 +151,33 @@ def test_a_piece_not_computed_is_an_error_and_the_worker_leaves(procs):
     run.close()
 
 
-def test_buffers_and_torch_dropout_are_named_in_a_warning(procs):
+@pytest.mark.parametrize("buffers", ["average", "local"])
+def test_batchnorm_local_buffers_and_torch_dropout_are_named_in_a_warning(procs, buffers):
     s = tiny_server(procs)
     model = torch.nn.Sequential(torch.nn.Linear(4, 5), torch.nn.BatchNorm1d(5),
                                 torch.nn.Dropout(0.2), torch.nn.Linear(5, 3))
     with warnings.catch_warnings(record=True) as got:
         warnings.simplefilter("always")
-        run = zt.Run(s.endpoint, model, dataset_size=N, join_timeout=30)
+        run = zt.Run(s.endpoint, model, dataset_size=N, join_timeout=30, buffers=buffers)
     text = [str(w.message) for w in got if issubclass(w.category, zt.ZpsWarning)]
-    assert any("'1' (BatchNorm1d)" in m and "running_mean" in m for m in text), text
+    assert any("'1' (BatchNorm1d) normalises over a piece" in m for m in text), text
+    local = [m for m in text if "running_mean" in m and "buffers='local'" in m]
+    assert bool(local) == (buffers == "local"), text
     assert any("'2' (Dropout)" in m and "zps.torch.Dropout" in m for m in text), text
     run.close()
+
+
+def test_a_bad_buffers_mode_or_a_scheduler_without_optimizer_is_refused_before_joining():
+    with pytest.raises(zps.BadArgument, match="buffers='shared': one of average"):
+        zt.Run("tcp://127.0.0.1:1", tiny(), dataset_size=N, buffers="shared")
+    opt = torch.optim.SGD(tiny().parameters(), lr=0.1)
+    with pytest.raises(zps.BadArgument, match="scheduler= needs Run's optimizer="):
+        zt.Run("tcp://127.0.0.1:1", tiny(), dataset_size=N,
+               scheduler=torch.optim.lr_scheduler.StepLR(opt, 5))
+    with pytest.raises(zps.BadArgument, match="clip_grad_norm=0"):
+        zt.Run("tcp://127.0.0.1:1", tiny(), dataset_size=N, clip_grad_norm=0)
+    with pytest.raises(zps.BadArgument, match="float64"):
+        zt.Run("tcp://127.0.0.1:1", tiny().double(), dataset_size=N)
 
 
 def test_zps_dropout_masks_do_not_depend_on_the_split():

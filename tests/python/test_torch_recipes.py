@@ -156,3 +156,19 @@ def test_the_example_gpt_as_two_workers_agrees_with_single_over_10_steps(procs):
     gap = max_gap(a, ref)
     assert gap <= max(4 * own, 1e-5), (gap, own)
     assert max_gap(a, ref_split) <= max(4 * own, 1e-5)
+
+
+def test_resnet18_with_batchnorm_holds_the_same_bits_of_parameters_and_buffers(procs):
+    pytest.importorskip("torchvision", reason="python3-torchvision (install-deps.sh --test)")
+    s = server(procs, *sgd_flags("0.02"), workers=2, steps=10)
+    a, b = run_workers(procs, s.endpoint, ["w0", "w1"], "--model", "resnet18", "--optimizer",
+                       "none", "--steps", "10", "--snapshot-step", "1", shares=[24, 16])
+    assert bitwise(a, b)  # every state_dict tensor: parameters, running stats, counts
+    assert int(a["state"]["bn1.num_batches_tracked"]) == 10
+    ref = run_single(procs, "single", "--model", "resnet18", "--optimizer", "sgd", "--lr",
+                     "0.02", "--steps", "1")
+    # After one step the running mean is the global batch's: the pieces'
+    # means weighted by samples are the batch's mean.
+    mean = a["snap"]["bn1.running_mean"]
+    assert float(mean.abs().max()) > 1e-3  # it moved
+    assert torch.allclose(mean, ref["state"]["bn1.running_mean"], rtol=0, atol=1e-6)
