@@ -106,6 +106,10 @@ int zps_start_coordinator(zps_server *srv, uint32_t n_train, uint32_t n_test, ch
                          .global_batch = o->global_batch, .dtype = o->wire_dtype,
                          .optim = o->optim, .await_init = srv->declared != NULL,
                          .threads = o->threads, .mode = o->mode};
+    // --clip-grad-norm, or else what the workers declared with the model.
+    cfg.clip_grad_norm = o->clip_grad_norm > 0 ? o->clip_grad_norm
+                         : srv->declared      ? srv->declared->layout->clip_grad_norm
+                                              : 0.0f;
     cfg.optim.total_steps = srv->total_steps;
     zps_optim_cfg inner = o->optim;
     if (o->mode.diloco) {
@@ -129,7 +133,7 @@ int zps_start_coordinator(zps_server *srv, uint32_t n_train, uint32_t n_test, ch
         .wire_dtype = o->wire_dtype, .endpoint = srv->endpoint, .metrics = srv->metrics,
         .worker_timeout_ms = o->worker_timeout_ms, .checkpoint_every = o->checkpoint_every,
         .adaptive_split = o->adaptive_split, .restore = s_coord_restore, .restore_arg = srv,
-        .mode = o->mode, .inner = inner,
+        .mode = o->mode, .inner = inner, .clip_grad_norm = cfg.clip_grad_norm,
     };
     if (!(srv->coord = zps_coord_new(&cc))) {
         zps_shard_destroy(&srv->shard);
@@ -141,6 +145,10 @@ int zps_start_coordinator(zps_server *srv, uint32_t n_train, uint32_t n_test, ch
         zps_coord_destroy(&srv->coord); // a declaration refused for it changes nothing
         zps_shard_destroy(&srv->shard);
         return 2;
+    }
+    if (cfg.clip_grad_norm > 0) {
+        zps_log_info("clipping every step's gradient to a global norm of at most %g",
+                     (double)cfg.clip_grad_norm);
     }
     zps_log_info("listening on %s: model %s (%zu parameters), dataset %s (%u train, %u test), "
                  "global batch %u, %llu steps, shard 0 of %u: [%llu, %llu)",
