@@ -46,7 +46,7 @@ def test_clip_grad_norm_is_declared_with_the_model_and_positive():
             c.declare_clip_grad_norm(bad)
     c.declare_clip_grad_norm(1.0)
     c.connect()
-    with pytest.raises(zps.BadArgument, match="declared with the model"):
+    with pytest.raises(zps.Refused, match="declared with the model"):
         c.join()  # no tensor declared: nothing to clip
     c.close()
 
