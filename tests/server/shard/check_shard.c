@@ -217,6 +217,41 @@ START_TEST(test_shard_clip_waits_for_the_norm_and_updates_on_coef_times_g)
 }
 END_TEST
 
+// The clipped path's threads: the mean and the sum of squares split over
+// --threads give the same partial sum and, clipped, the same parameters.
+START_TEST(test_shard_clip_threads_give_the_same_bits)
+{
+    zps_model_spec model;
+    ck_assert_int_eq(zps_model_parse("flat:131072", &model), ZPS_OK);
+    static float g0[131072], g1[131072];
+    for (size_t i = 0; i < 131072; i++) {
+        g0[i] = (float)((int)(i % 97) - 48) * 0.01f;
+        g1[i] = (float)((int)(i % 89) - 44) * 0.013f;
+    }
+    zps_sumsq part[2];
+    float *p[2];
+    for (int t = 0; t < 2; t++) {
+        zps_shard_cfg cfg = {.lo = 0, .hi = 131072, .model = &model, .seed = 4,
+                             .global_batch = ZPS_SHARD_FX_BATCH, .dtype = ZPS_DTYPE_F32,
+                             .optim = {.lr = 0.5f, .schedule = ZPS_LR_CONSTANT},
+                             .threads = t ? 3 : 1, .clip_grad_norm = 1.0f};
+        zps_shard *s = zps_shard_new(&cfg);
+        ck_assert_ptr_nonnull(s);
+        zps_shard_fx_add_plan(s);
+        s_clip_feed(s, g0, g1);
+        ck_assert(zps_shard_norm_due(s, &part[t]));
+        ck_assert_int_eq(zps_shard_clip(s, 0, zps_sumsq_norm(&part[t])), ZPS_OK);
+        p[t] = malloc(131072 * sizeof(float));
+        zps_shard_fx_params(s, 0, p[t]);
+        zps_shard_destroy(&s);
+    }
+    ck_assert_mem_eq(part[0].limb, part[1].limb, sizeof part[0].limb);
+    ck_assert_mem_eq(p[0], p[1], 131072 * sizeof(float));
+    free(p[0]);
+    free(p[1]);
+}
+END_TEST
+
 START_TEST(test_shard_updates_each_bucket_by_weighted_average)
 {
     zps_model_spec model = zps_shard_fx_model();
@@ -719,6 +754,7 @@ Suite *zps_suite_shard(void)
     tcase_add_test(tc, test_shard_adamw_restored_from_checkpoint_continues_bitwise);
     tcase_add_test(tc, test_shard_threads_give_the_same_bits_for_any_number);
     tcase_add_test(tc, test_shard_clip_waits_for_the_norm_and_updates_on_coef_times_g);
+    tcase_add_test(tc, test_shard_clip_threads_give_the_same_bits);
     suite_add_tcase(s, tc);
     return s;
 }
