@@ -191,8 +191,9 @@ START_TEST(test_clip_status_and_metrics_show_the_gradient_norm)
     int port = zps_free_port();
     char http[64];
     snprintf(http, sizeof http, "127.0.0.1:%d", port);
-    const char *args[] = {"--workers", "1", "--global-batch", "32", "--steps", "400", "--model",
-                          MODEL, "--clip-grad-norm", CLIP, "--http", http, NULL};
+    // Long enough to be running when /status is read; killed at the end.
+    const char *args[] = {"--workers", "1", "--global-batch", "32", "--steps", "100000",
+                          "--model", MODEL, "--clip-grad-norm", CLIP, "--http", http, NULL};
     pid_t server;
     char ep[256];
     snprintf(ep, sizeof ep, "%s", zps_procs_start_server(&ps, "server", &server, args, 10000));
@@ -222,7 +223,7 @@ START_TEST(test_clip_status_and_metrics_show_the_gradient_norm)
     }
     ck_assert_msg(norm > 0, "/status never showed a positive grad_norm");
     ck_assert_msg(gauge, "/metrics never showed a zps_grad_norm gauge");
-    zps_procs_fini(&ps, false); // the run is not waited for: it was here for its /status
+    zps_procs_fini(&ps, false); // killed mid-run: it was here for its /status
 }
 END_TEST
 
