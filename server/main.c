@@ -216,7 +216,7 @@ static const zps_opts_row s_table[] = {
      .lo = 0, .hi = LLONG_MAX},
     {.name = "clip-grad-norm", .kind = ZPS_OPTS_REAL, .metavar = "X", .def = "0: off",
      .help = "scale each step's averaged gradient so that its global 2-norm is at most X, as "
-             "torch.nn.utils.clip_grad_norm_ (docs/optimizers.md)",
+             "torch.nn.utils.clip_grad_norm_ (shard 0 sets it for all; docs/optimizers.md)",
      .offset = offsetof(s_flags, srv.clip_grad_norm), .ctype = ZPS_OPTS_C_FLOAT,
      .real_lo = 0, .real_hi = FLT_MAX},
     {.name = "mode", .kind = ZPS_OPTS_CUSTOM, .metavar = "sync|diloco", .def = "sync",
