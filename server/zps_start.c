@@ -90,6 +90,19 @@ static int s_job_steps(zps_server *srv, uint32_t n_train, uint64_t *spe, char *w
     return 0;
 }
 
+// --clip-grad-norm, or else what the workers declared with the model (0: none).
+static float s_clip_grad_norm(const zps_server *srv)
+{
+    float clip = srv->o->clip_grad_norm > 0 ? srv->o->clip_grad_norm
+                 : srv->declared            ? srv->declared->layout->clip_grad_norm
+                                            : 0.0f;
+    if (clip > 0) {
+        zps_log_info("clipping every step's gradient to a global norm of at most %g",
+                     (double)clip);
+    }
+    return clip;
+}
+
 // Shard 0 with the job's sizes known: the coordinator and this shard's
 // range. *why says what does not fit (2), or memory ran out (1).
 int zps_start_coordinator(zps_server *srv, uint32_t n_train, uint32_t n_test, char *why,
@@ -106,10 +119,7 @@ int zps_start_coordinator(zps_server *srv, uint32_t n_train, uint32_t n_test, ch
                          .global_batch = o->global_batch, .dtype = o->wire_dtype,
                          .optim = o->optim, .await_init = srv->declared != NULL,
                          .threads = o->threads, .mode = o->mode};
-    // --clip-grad-norm, or else what the workers declared with the model.
-    cfg.clip_grad_norm = o->clip_grad_norm > 0 ? o->clip_grad_norm
-                         : srv->declared      ? srv->declared->layout->clip_grad_norm
-                                              : 0.0f;
+    cfg.clip_grad_norm = s_clip_grad_norm(srv);
     cfg.optim.total_steps = srv->total_steps;
     zps_optim_cfg inner = o->optim;
     if (o->mode.diloco) {
@@ -145,10 +155,6 @@ int zps_start_coordinator(zps_server *srv, uint32_t n_train, uint32_t n_test, ch
         zps_coord_destroy(&srv->coord); // a declaration refused for it changes nothing
         zps_shard_destroy(&srv->shard);
         return 2;
-    }
-    if (cfg.clip_grad_norm > 0) {
-        zps_log_info("clipping every step's gradient to a global norm of at most %g",
-                     (double)cfg.clip_grad_norm);
     }
     zps_log_info("listening on %s: model %s (%zu parameters), dataset %s (%u train, %u test), "
                  "global batch %u, %llu steps, shard 0 of %u: [%llu, %llu)",
