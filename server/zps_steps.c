@@ -61,7 +61,10 @@ void zps_steps_clip(zps_server *srv, uint64_t step, float norm)
         return;
     }
     srv->norm_wait_ms = 0;
-    for (int b = 0; b < zps_shard_n_buckets(srv->shard); b++) {
+    // Every bucket is updated now; a rollback taken at the step boundary
+    // (s_apply's first) would forget them: then none is sent.
+    for (int b = 0; b < zps_shard_n_buckets(srv->shard) &&
+                    zps_shard_bucket_params_are(srv->shard, b, step + 1); b++) {
         s_apply(srv, b);
     }
 }
