@@ -9,6 +9,7 @@ static const char *const s_names[ZPS_MLOG_N_KEYS] = {
     [ZPS_MLOG_STEP_MS] = "step_ms",
     [ZPS_MLOG_PLAN] = "plan",
     [ZPS_MLOG_REPLANS] = "replans",
+    [ZPS_MLOG_GRAD_NORM] = "grad_norm",
     [ZPS_MLOG_COUNTED] = "counted",
     [ZPS_MLOG_WORKERS] = "workers",
     [ZPS_MLOG_RANK] = "rank",

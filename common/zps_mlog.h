@@ -8,7 +8,7 @@
  * name. A step record:
  *
  *   {"step":S,"epoch":E,"loss":L,"samples":N,"step_ms":T,"plan":G,"replans":R,
- *    "counted":[[rank,n],...],
+ *    ["grad_norm":X,] "counted":[[rank,n],...],
  *    "workers":[{"rank":r,"lag_ms":x,"compute_ms":y,"samples":n},...]}
  * (a diloco round's rows add "inner_steps", "inner_samples", "delta_norm",
  * "bytes")
@@ -40,6 +40,7 @@ typedef enum zps_mlog_key {
     ZPS_MLOG_INNER_SAMPLES, // worker row, diloco: the samples they trained
     ZPS_MLOG_DELTA_NORM,    // worker row, diloco: the norm of its pseudo-gradient
     ZPS_MLOG_BYTES,         // worker row, diloco: payload bytes it pushed in the round
+    ZPS_MLOG_GRAD_NORM,     // step, --clip-grad-norm: the global gradient norm, before clipping
     ZPS_MLOG_N_KEYS
 } zps_mlog_key;
 

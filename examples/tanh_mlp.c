@@ -6,6 +6,9 @@
  *   tanh_mlp --coordinator tcp://HOST:PORT [--share N] [--save FILE]
  *   tanh_mlp --single --steps S --global-batch B --lr X --momentum M [--save FILE]
  *
+ * --clip-grad-norm X: the worker declares torch's clip_grad_norm_ max_norm
+ * with the model (the shards clip by the global norm); --single clips too.
+ *
  * The second form trains alone on each step's whole global batch, in zps's
  * data order (zps_batch_indices), with the shards' SGD: what a zps run of
  * the same job computes, to round-off (docs/failures.md's note: compare within
@@ -44,6 +47,7 @@ typedef struct opts {
     uint64_t steps, seed;
     uint32_t global_batch;
     float lr, momentum;
+    float clip;              // clip_grad_norm_'s max_norm (0: none): declared, or applied alone
 } opts;
 
 typedef struct model {
@@ -305,6 +309,19 @@ static int s_run_single(const opts *o, model *m, const data *d, float *p)
         }
         s_gather(m, d, idx, o->global_batch, y);
         loss = s_gradient(m, p, o->global_batch, y, g);
+        if (o->clip > 0) {
+            // torch.nn.utils.clip_grad_norm_: the shards sum the squares
+            // exactly; a double sum is that to round-off here.
+            double sq = 0;
+            for (size_t i = 0; i < n; i++) {
+                sq += (double)g[i] * g[i];
+            }
+            float coef = o->clip / ((float)sqrt(sq) + 1e-6f);
+            coef = coef > 1.0f ? 1.0f : coef;
+            for (size_t i = 0; i < n; i++) {
+                g[i] *= coef;
+            }
+        }
         for (size_t i = 0; i < n; i++) {
             float b = o->momentum * buf[i] + g[i];
             buf[i] = b;
@@ -322,7 +339,7 @@ static int s_run_single(const opts *o, model *m, const data *d, float *p)
     return 0;
 }
 
-static int s_declare(zps_client *c, const model *m, uint32_t n_train)
+static int s_declare(zps_client *c, const model *m, uint32_t n_train, float clip)
 {
     int64_t w1[2] = {m->h, N_IN}, b1[1] = {m->h}, w2[2] = {N_CLASSES, m->h};
     int64_t b2[1] = {N_CLASSES};
@@ -330,7 +347,8 @@ static int s_declare(zps_client *c, const model *m, uint32_t n_train)
         zps_declare_tensor(c, "hidden.bias", 1, b1) != ZPS_OK ||
         zps_declare_tensor(c, "out.weight", 2, w2) != ZPS_OK ||
         zps_declare_tensor(c, "out.bias", 1, b2) != ZPS_OK ||
-        zps_declare_dataset(c, n_train, N_TEST) != ZPS_OK) {
+        zps_declare_dataset(c, n_train, N_TEST) != ZPS_OK ||
+        (clip > 0 && zps_declare_clip_grad_norm(c, clip) != ZPS_OK)) {
         fprintf(stderr, "tanh_mlp: %s\n", zps_errmsg(c));
         return -1;
     }
@@ -373,7 +391,7 @@ static int s_run_worker(const opts *o, model *m, const data *d, float *p)
     int status = 1;
     float *g = malloc(m->n * sizeof(float));
     uint8_t *y = malloc(m->max_rows);
-    if (!g || !y || s_declare(c, m, d->n_train) != 0 ||
+    if (!g || !y || s_declare(c, m, d->n_train, o->clip) != 0 ||
         zps_client_set_str(c, ZPS_OPT_DEVICE, "cpu (tanh_mlp)") != ZPS_OK ||
         zps_client_set_int(c, ZPS_OPT_SHARE, o->share) != ZPS_OK || zps_connect(c) != ZPS_OK ||
         zps_join(c) != ZPS_OK || zps_set_params(c, p, m->n) != ZPS_OK) {
@@ -426,7 +444,8 @@ static void s_usage(void)
             "  --n-train N     train records (default 8192)\n"
             "  --init-seed N   initial values (default 1; rank 0's are the job's)\n"
             "  --save FILE     write the final parameters, raw fp32\n"
-            "  --sleep-ms N    sleep this long per piece (a slow worker)\n");
+            "  --sleep-ms N    sleep this long per piece (a slow worker)\n"
+            "  --clip-grad-norm X  clip each step's gradient to a global norm of X\n");
 }
 
 static int s_parse(int argc, char **argv, opts *o)
@@ -466,6 +485,8 @@ static int s_parse(int argc, char **argv, opts *o)
             o->lr = strtof(v, NULL);
         } else if (strcmp(a, "--momentum") == 0) {
             o->momentum = strtof(v, NULL);
+        } else if (strcmp(a, "--clip-grad-norm") == 0) {
+            o->clip = strtof(v, NULL);
         } else if (strcmp(a, "--seed") == 0) {
             o->seed = strtoull(v, NULL, 10);
         } else {

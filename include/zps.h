@@ -41,7 +41,7 @@ extern "C" {
 #endif
 
 #define ZPS_VERSION_MAJOR 1
-#define ZPS_VERSION_MINOR 3
+#define ZPS_VERSION_MINOR 4
 #define ZPS_VERSION_PATCH 0
 #define ZPS_VERSION (ZPS_VERSION_MAJOR * 10000 + ZPS_VERSION_MINOR * 100 + ZPS_VERSION_PATCH)
 
@@ -157,6 +157,13 @@ zps_err zps_declare_tensor(zps_client *c, const char *name, int ndim, const int6
 // size:N may fix n_train): work items then carry dataset indices, as after
 // zps_set_dataset, which a declared model's caller need not call.
 zps_err zps_declare_dataset(zps_client *c, uint32_t n_train, uint32_t n_test);
+// 1.4: with a declared model, the max_norm of the training script's
+// torch.nn.utils.clip_grad_norm_: the shards scale every step's averaged
+// gradient so that its 2-norm over the whole model is at most max_norm
+// (zps-server --clip-grad-norm, which wins if given: a different value is
+// refused at zps_join). Before zps_join, with zps_declare_tensor; max_norm
+// finite and > 0, else ZPS_EINVAL.
+zps_err zps_declare_clip_grad_norm(zps_client *c, double max_norm);
 
 // Connects to the coordinator. ZPS_EIO when the endpoint is unusable.
 zps_err zps_connect(zps_client *c);

@@ -10,6 +10,7 @@
  * zps_evalwork.c (the evaluation of an epoch's end). */
 #include "lib/zps_client_int.h"
 
+#include <float.h>
 #include <stdarg.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -211,6 +212,10 @@ zps_err zps_join(zps_client *c)
         return zps_client_einval(
             c, "a declared model needs its dataset declared (zps_declare_dataset)");
     }
+    if (!zps_decl_any(&c->decl) && c->decl.layout.clip_grad_norm > 0) {
+        return zps_client_einval(c, "clip_grad_norm is declared with the model "
+                                    "(zps_declare_tensor)");
+    }
     zps_wire_msg m = {0};
     zps_err err = zps_ask_hello_until_job(c, &m);
     if (err == ZPS_OK && m.hdr->type != ZPS__MSG_TYPE__JOB) {
@@ -251,6 +256,19 @@ zps_err zps_declare_dataset(zps_client *c, uint32_t n_train, uint32_t n_test)
     if (zps_decl_dataset(&c->decl, n_train, n_test, why, sizeof why) != ZPS_OK) {
         return zps_client_einval(c, "%s", why);
     }
+    return ZPS_OK;
+}
+
+zps_err zps_declare_clip_grad_norm(zps_client *c, double max_norm)
+{
+    zps_client_begin(c);
+    if (c->joined) {
+        return zps_client_einval(c, "clip_grad_norm is declared before zps_join");
+    }
+    if (!(max_norm > 0.0 && max_norm <= FLT_MAX)) {
+        return zps_client_einval(c, "clip_grad_norm %g: a max norm is finite and > 0", max_norm);
+    }
+    c->decl.layout.clip_grad_norm = (float)max_norm;
     return ZPS_OK;
 }
 

@@ -214,6 +214,11 @@ static const zps_opts_row s_table[] = {
      .help = "linear warm-up to the peak learning rate",
      .offset = offsetof(s_flags, srv.optim.warmup_steps), .ctype = ZPS_OPTS_C_U64,
      .lo = 0, .hi = LLONG_MAX},
+    {.name = "clip-grad-norm", .kind = ZPS_OPTS_REAL, .metavar = "X", .def = "0: off",
+     .help = "scale each step's averaged gradient so that its global 2-norm is at most X, as "
+             "torch.nn.utils.clip_grad_norm_ (shard 0 sets it for all; docs/optimizers.md)",
+     .offset = offsetof(s_flags, srv.clip_grad_norm), .ctype = ZPS_OPTS_C_FLOAT,
+     .real_lo = 0, .real_hi = FLT_MAX},
     {.name = "mode", .kind = ZPS_OPTS_CUSTOM, .metavar = "sync|diloco", .def = "sync",
      .help = "diloco: workers train --inner-steps alone, shards take an outer Nesterov step on "
              "their pseudo-gradients; leaves the one-process promise (docs/diloco.md)",
@@ -413,6 +418,11 @@ static bool s_check_mode(const zps_server_opts *o, const bool *given)
                            o->wire_dtype != ZPS_DTYPE_F32)) {
         fprintf(stderr, "zps-server: --mode diloco takes neither --speculate-after, "
                         "--adaptive-split nor --wire-dtype (--compress int8 instead)\n");
+        return false;
+    }
+    if (o->mode.diloco && o->clip_grad_norm > 0) {
+        fprintf(stderr, "zps-server: --clip-grad-norm clips a synchronous step's gradient; "
+                        "--mode diloco has none\n");
         return false;
     }
     return true;

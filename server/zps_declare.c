@@ -6,6 +6,7 @@
 #include "server/zps_server_int.h"
 
 #include <errno.h>
+#include <float.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -28,6 +29,13 @@ static bool s_declaration_ok(const zps_server *srv, const Zps__Hello *hello, cha
         return false;
     }
     if (zps_layout_check(hello->layout, why, len) != ZPS_OK) {
+        return false;
+    }
+    float clip = hello->layout->clip_grad_norm;
+    if (!(clip >= 0.0f && clip <= FLT_MAX) ||
+        (clip > 0.0f && srv->o->clip_grad_norm > 0.0f && clip != srv->o->clip_grad_norm)) {
+        snprintf(why, len, "declared clip_grad_norm %g; this server's --clip-grad-norm is %g",
+                 (double)clip, (double)srv->o->clip_grad_norm);
         return false;
     }
     if (hello->n_train == 0 || (srv->size_train && hello->n_train != srv->size_train)) {

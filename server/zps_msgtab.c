@@ -39,6 +39,9 @@ static const zps_msgtab_rule s_rules[] = {
                               ZPS_AT_ASSIGNING | ZPS_AT_TRAINING, true, false},
     [ZPS__MSG_TYPE__STEP_DONE] = {ZPS_FROM_SHARD, S, ZPS_CRED_SHARD_TOKEN, AT_MEMBERS, true,
                                   false},
+    // --clip-grad-norm: a shard's sum of squares of a step, as STEP_DONE:
+    // its token, or nothing changes.
+    [ZPS__MSG_TYPE__NORM] = {ZPS_FROM_SHARD, S, ZPS_CRED_SHARD_TOKEN, AT_MEMBERS, true, false},
     [ZPS__MSG_TYPE__EVAL] = {ZPS_FROM_WORKER, W, ZPS_CRED_MEMBER, AT_MEMBERS, true, false},
     [ZPS__MSG_TYPE__BYE] = {ZPS_FROM_WORKER, W, ZPS_CRED_MEMBER, AT_MEMBERS, true, false},
     [ZPS__MSG_TYPE__HEARTBEAT] = {ZPS_FROM_WORKER, W, ZPS_CRED_MEMBER, AT_MEMBERS, true, false},

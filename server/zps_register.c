@@ -4,6 +4,8 @@
  * refusal that ends a shard the coordinator will not have. */
 #include "server/zps_server_int.h"
 
+#include <float.h>
+
 #include "common/zps_clock.h"
 #include "common/zps_layout.h"
 #include "server/zps_token.h"
@@ -79,6 +81,12 @@ static zps_err s_assignment_cfg(zps_server *srv, const Zps__Job *job, zps_shard_
             return ZPS_EPROTO;
         }
     }
+    if (!(job->clip_grad_norm >= 0.0f && job->clip_grad_norm <= FLT_MAX) ||
+        (job->outer && job->clip_grad_norm > 0)) {
+        zps_log_error("the coordinator sent a --clip-grad-norm this shard cannot use");
+        return ZPS_EPROTO;
+    }
+    cfg->clip_grad_norm = job->clip_grad_norm;
     cfg->shards = srv->o->shards;
     cfg->threads = srv->o->threads;
     return ZPS_OK;
@@ -157,6 +165,10 @@ zps_err zps_register_read_up(zps_server *srv)
         }
     } else if (err == ZPS_OK && m.hdr->type == ZPS__MSG_TYPE__PLAN && srv->shard && m.hdr->plan) {
         zps_steps_take_wire_plan(srv, m.hdr->plan);
+    } else if (err == ZPS_OK && m.hdr->type == ZPS__MSG_TYPE__NORM && srv->shard &&
+               m.hdr->job_id == srv->job_id) {
+        // --clip-grad-norm: from the coordinator's socket, as PLAN and ROLLBACK.
+        zps_steps_clip(srv, m.hdr->step, m.hdr->grad_norm);
     } else if (err == ZPS_OK) {
         zps_log_warn("ignored %s from the coordinator", zps_wire_type_name(m.hdr->type));
     } else if (err == ZPS_ETIMEDOUT) {

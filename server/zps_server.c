@@ -69,6 +69,7 @@ static void s_dispatch_coord(zps_server *srv, zps_wire_msg *m)
     // A member's heartbeat after it was evicted or finished: its own, not a refusal.
     case ZPS__MSG_TYPE__HEARTBEAT: (void)zps_coord_on_heartbeat(srv->coord, &srv->out, m); break;
     case ZPS__MSG_TYPE__STEP_DONE: err = zps_coord_on_step_done(srv->coord, m); break;
+    case ZPS__MSG_TYPE__NORM: err = zps_coord_on_norm(srv->coord, &srv->out, m); break;
     case ZPS__MSG_TYPE__STATUS:
         zps_coord_on_status(srv->coord, &srv->out, m, zps_shard_step(srv->shard),
                             srv->refused.count);
@@ -80,6 +81,7 @@ static void s_dispatch_coord(zps_server *srv, zps_wire_msg *m)
     srv->refused.count += err != ZPS_OK;
     (void)zps_outbox_flush(&srv->out, srv->sock);
     zps_steps_sync_coord(srv);
+    zps_steps_take_norm(srv); // a NORM that completed a step's norm: shard 0's update
 }
 
 // Shard 0 of an external job before its model is declared (zps_declare.c
@@ -316,6 +318,12 @@ static void s_on_publish(void *arg, double now)
     free(status);
 }
 
+// --clip-grad-norm, shards > 0: a norm awaited for long is said and asked again.
+static void s_on_norm_wait(void *arg, double now)
+{
+    zps_steps_norm_wait(arg, now);
+}
+
 static void s_on_stop_grace(void *arg, double now)
 {
     zps_server *srv = arg;
@@ -350,6 +358,8 @@ static void s_add_timers(zps_server *srv)
                                      : -1;
     if (coordinator) {
         (void)s_add(srv, "coordinator", ZPS_SERVER_TICK_MS, s_on_tick, true);
+    } else {
+        (void)s_add(srv, "gradient norm", 1000.0, s_on_norm_wait, true);
     }
     if (o->http) {
         (void)s_add(srv, "publish", ZPS_SERVER_PUBLISH_MS, s_on_publish, true);

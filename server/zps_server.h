@@ -61,6 +61,7 @@ typedef struct zps_server_opts {
     int sndbuf;                 // TCP send buffer of the data socket (0: the OS's, -1: auto)
     int shm;                    // --shm: a zps_server_shm
     int threads;                // threads of the shard's accumulate and update (1: the loop's only)
+    float clip_grad_norm;       // shard 0: clip by the global gradient norm to this (0: off)
 } zps_server_opts;
 
 // Runs a shard until the job is over or SIGINT/SIGTERM; returns the exit

@@ -46,6 +46,8 @@
 #define ZPS_SERVER_TICK_MS 50.0         // the coordinator's clock: evictions, waiting lines
 #define ZPS_SERVER_PUBLISH_MS 500.0     // refresh of what --http serves
 #define ZPS_SERVER_DECLARE_LOG_MS 20000.0 // "waiting for the model" line
+#define ZPS_SERVER_NORM_RESEND_MS 5000.0  // --clip-grad-norm: a part unanswered this long is
+                                          // said, and sent again
 
 struct zps_server {
     const zps_server_opts *o;                    // borrowed: flags
@@ -85,6 +87,8 @@ struct zps_server {
     int t_speculate;
     int t_stop_grace;
     int t_declare_log;
+    double norm_wait_ms;                         // --clip-grad-norm: since when the shard waits
+                                                 // for the norm (0: it does not)
 };
 
 // ---------------------------------------------------------------------------
@@ -134,6 +138,14 @@ zps_err zps_register_read_up(zps_server *srv);
 // zps_steps_on_push takes a PUSH the table let through, and what follows
 // from it: the step boundary, the bucket's update, the end of the step.
 void zps_steps_on_push(zps_server *srv, zps_wire_msg *m);
+// --clip-grad-norm. zps_steps_clip: the global norm of `step` came (from
+// the coordinator's socket, or shard 0's own coordinator): the shard clips
+// and updates every bucket, and sends them. zps_steps_take_norm: shard 0
+// takes a norm its coordinator completed. zps_steps_norm_wait: from the
+// loop's clock, a part unanswered for long is said and sent again.
+void zps_steps_clip(zps_server *srv, uint64_t step, float norm);
+void zps_steps_take_norm(zps_server *srv);
+void zps_steps_norm_wait(zps_server *srv, double now);
 // zps_steps_end ends the step the shard just completed.
 void zps_steps_end(zps_server *srv);
 // zps_steps_add_plan gives the shard a new plan generation.

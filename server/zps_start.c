@@ -90,6 +90,19 @@ static int s_job_steps(zps_server *srv, uint32_t n_train, uint64_t *spe, char *w
     return 0;
 }
 
+// --clip-grad-norm, or else what the workers declared with the model (0: none).
+static float s_clip_grad_norm(const zps_server *srv)
+{
+    float clip = srv->o->clip_grad_norm > 0 ? srv->o->clip_grad_norm
+                 : srv->declared            ? srv->declared->layout->clip_grad_norm
+                                            : 0.0f;
+    if (clip > 0) {
+        zps_log_info("clipping every step's gradient to a global norm of at most %g",
+                     (double)clip);
+    }
+    return clip;
+}
+
 // Shard 0 with the job's sizes known: the coordinator and this shard's
 // range. *why says what does not fit (2), or memory ran out (1).
 int zps_start_coordinator(zps_server *srv, uint32_t n_train, uint32_t n_test, char *why,
@@ -106,6 +119,7 @@ int zps_start_coordinator(zps_server *srv, uint32_t n_train, uint32_t n_test, ch
                          .global_batch = o->global_batch, .dtype = o->wire_dtype,
                          .optim = o->optim, .await_init = srv->declared != NULL,
                          .threads = o->threads, .mode = o->mode};
+    cfg.clip_grad_norm = s_clip_grad_norm(srv);
     cfg.optim.total_steps = srv->total_steps;
     zps_optim_cfg inner = o->optim;
     if (o->mode.diloco) {
@@ -129,7 +143,7 @@ int zps_start_coordinator(zps_server *srv, uint32_t n_train, uint32_t n_test, ch
         .wire_dtype = o->wire_dtype, .endpoint = srv->endpoint, .metrics = srv->metrics,
         .worker_timeout_ms = o->worker_timeout_ms, .checkpoint_every = o->checkpoint_every,
         .adaptive_split = o->adaptive_split, .restore = s_coord_restore, .restore_arg = srv,
-        .mode = o->mode, .inner = inner,
+        .mode = o->mode, .inner = inner, .clip_grad_norm = cfg.clip_grad_norm,
     };
     if (!(srv->coord = zps_coord_new(&cc))) {
         zps_shard_destroy(&srv->shard);

@@ -9,11 +9,105 @@
 #include "common/zps_clock.h"
 #include "server/zps_late.h"
 
+// Bucket b is updated: the step boundary if it is the step's first (the
+// next step's plan goes out before its first parameters, on the same
+// socket, so it arrives first), its values sent, and the step's end after
+// the last.
+static void s_apply(zps_server *srv, int b)
+{
+    if (srv->coord && zps_shard_io_between_steps(&srv->io)) {
+        zps_coord_release(srv->coord, &srv->out, zps_shard_step(srv->shard) + 1);
+        (void)zps_outbox_flush(&srv->out, srv->sock);
+        zps_steps_sync_coord(srv);
+    }
+    zps_shard_io_apply(&srv->io, b);
+    if (zps_shard_step_done(srv->shard)) {
+        zps_steps_end(srv);
+    }
+}
+
+// --clip-grad-norm: this shard's part of the step's norm, to the
+// coordinator (shard 0: itself; the norm may be complete at once).
+static void s_send_norm_part(zps_server *srv)
+{
+    zps_sumsq part;
+    if (!zps_shard_norm_due(srv->shard, &part)) {
+        return;
+    }
+    uint64_t step = zps_shard_step(srv->shard);
+    if (srv->coord) {
+        zps_coord_note_norm(srv->coord, &srv->out, step, &part);
+        (void)zps_outbox_flush(&srv->out, srv->sock);
+        zps_steps_take_norm(srv);
+        return;
+    }
+    Zps__Header h;
+    zps_wire_header_init(&h, ZPS__MSG_TYPE__NORM);
+    h.job_id = srv->job_id;
+    h.shard = srv->o->shard;
+    h.shard_token = srv->shard_token;
+    h.step = step;
+    h.n_norm_limbs = ZPS_SUMSQ_LIMBS;
+    h.norm_limbs = part.limb;
+    h.norm_flags = part.flags;
+    (void)zps_wire_send(srv->up, NULL, &h, NULL, 0, NULL);
+}
+
+void zps_steps_clip(zps_server *srv, uint64_t step, float norm)
+{
+    if (zps_shard_clip(srv->shard, step, norm) != ZPS_OK) {
+        zps_log_debug("the gradient norm of step %llu came again or late: ignored",
+                      (unsigned long long)step);
+        return;
+    }
+    srv->norm_wait_ms = 0;
+    // Every bucket is updated now; a rollback taken at the step boundary
+    // (s_apply's first) would forget them: then none is sent.
+    for (int b = 0; b < zps_shard_n_buckets(srv->shard) &&
+                    zps_shard_bucket_params_are(srv->shard, b, step + 1); b++) {
+        s_apply(srv, b);
+    }
+}
+
+void zps_steps_take_norm(zps_server *srv)
+{
+    uint64_t step;
+    float norm;
+    if (srv->coord && zps_coord_take_norm(srv->coord, &step, &norm)) {
+        zps_steps_clip(srv, step, norm);
+    }
+}
+
+void zps_steps_norm_wait(zps_server *srv, double now)
+{
+    if (!srv->shard || !zps_shard_norm_due(srv->shard, NULL)) {
+        srv->norm_wait_ms = 0;
+        return;
+    }
+    if (srv->norm_wait_ms == 0) {
+        srv->norm_wait_ms = now;
+        return;
+    }
+    if (now - srv->norm_wait_ms < ZPS_SERVER_NORM_RESEND_MS) {
+        return;
+    }
+    // Bounded: said, and the part sent again (a duplicate is answered
+    // with the norm, if it is out already).
+    zps_log_warn("step %llu: shard %u waiting for the gradient norm from the coordinator "
+                 "(%.0f s)", (unsigned long long)zps_shard_step(srv->shard), srv->o->shard,
+                 (now - srv->norm_wait_ms) / 1e3);
+    srv->norm_wait_ms = now;
+    s_send_norm_part(srv);
+}
+
 // A push, and what it means beyond the shard: its timing for the
-// coordinator, the step boundary, the end of the step.
+// coordinator, the step boundary, the bucket's update, the end of the
+// step; with --clip-grad-norm, the shard's part of the norm once its
+// whole range is in.
 void zps_steps_on_push(zps_server *srv, zps_wire_msg *m)
 {
     double quorum_ms = srv->io.quorum_ms;
+    bool was_due = zps_shard_io_started(&srv->io) && zps_shard_norm_due(srv->shard, NULL);
     int ready;
     zps_err err = zps_shard_io_on_push(&srv->io, m, &ready);
     if (srv->io.quorum_ms != quorum_ms) {
@@ -31,19 +125,12 @@ void zps_steps_on_push(zps_server *srv, zps_wire_msg *m)
                                  h->round_bytes);
         }
     }
-    if (ready < 0) {
+    if (err == ZPS_OK && !was_due && zps_shard_norm_due(srv->shard, NULL)) {
+        s_send_norm_part(srv);
         return;
     }
-    if (srv->coord && zps_shard_io_between_steps(&srv->io)) {
-        // The step boundary: the next step's plan goes out before its
-        // first parameters (on the same socket, so it arrives first).
-        zps_coord_release(srv->coord, &srv->out, zps_shard_step(srv->shard) + 1);
-        (void)zps_outbox_flush(&srv->out, srv->sock);
-        zps_steps_sync_coord(srv);
-    }
-    zps_shard_io_apply(&srv->io, ready);
-    if (zps_shard_step_done(srv->shard)) {
-        zps_steps_end(srv);
+    if (ready >= 0) {
+        s_apply(srv, ready);
     }
 }
 

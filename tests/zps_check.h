@@ -22,6 +22,7 @@ Suite *zps_suite_shm(void);
 Suite *zps_suite_sndbuf(void);
 Suite *zps_suite_err(void);
 Suite *zps_suite_atomic(void);
+Suite *zps_suite_sumsq(void);
 
 // server/
 Suite *zps_suite_msgtab(void);

@@ -161,6 +161,25 @@ class Client:
     def declare_dataset(self, n_train, n_test=0):
         self._check(lib.zps_declare_dataset(self._c, n_train, n_test), "dataset", local=True)
 
+    def declare_clip_grad_norm(self, max_norm):
+        """With a declared model, before join: the shards clip every step's
+        averaged gradient to a global 2-norm of at most `max_norm`, as
+        torch.nn.utils.clip_grad_norm_(model.parameters(), max_norm) would
+        (zps-server --clip-grad-norm wins if given; a different value is
+        refused at join).
+
+        Example::
+
+            client.declare_tensor("fc.weight", (10, 784))
+            client.declare_clip_grad_norm(1.0)
+        """
+        if not _lib.has("zps_declare_clip_grad_norm"):
+            major, minor, _ = version()
+            raise BadArgument(_lib.EINVAL, f"libzps {major}.{minor} has no "
+                                           f"zps_declare_clip_grad_norm: it needs libzps 1.4")
+        self._check(lib.zps_declare_clip_grad_norm(self._c, float(max_norm)),
+                    f"clip_grad_norm {max_norm}", local=True)
+
     def connect(self):
         self._check(lib.zps_connect(self._c), f"connecting to {self.coordinator}")
 

@@ -85,6 +85,8 @@ _SIGNATURES = {
     "zps_client_stop": (None, [_P]),
     "zps_declare_tensor": (_INT, [_P, _STR, _INT, ctypes.POINTER(_I64)]),
     "zps_declare_dataset": (_INT, [_P, _U32, _U32]),
+    # 1.4
+    "zps_declare_clip_grad_norm": (_INT, [_P, ctypes.c_double]),
     "zps_connect": (_INT, [_P]),
     "zps_join": (_INT, [_P]),
     "zps_info_u64": (_U64, [_P, _INT]),
@@ -106,7 +108,8 @@ _SIGNATURES = {
 
 # Calls added by a minor version, which an older libzps 1.x lacks: bound
 # when present; the methods that call them say which version they need.
-_SINCE = {"zps_inner_done": (1, 2), "zps_info_f64": (1, 3), "zps_inner_lr": (1, 3)}
+_SINCE = {"zps_inner_done": (1, 2), "zps_info_f64": (1, 3), "zps_inner_lr": (1, 3),
+          "zps_declare_clip_grad_norm": (1, 4)}
 
 
 def has(name):

@@ -17,6 +17,7 @@
 #include "common/zps_optim.h"
 #include "common/zps_outer.h"
 #include "common/zps_plan.h"
+#include "common/zps_sumsq.h"
 #include "common/zps_wire.h"
 #include "server/coord/zps_outbox.h"
 
@@ -53,6 +54,7 @@ typedef struct zps_coord_cfg {
     zps_err (*restore)(void *arg, uint64_t step);
     void *restore_arg;            // borrowed: passed to restore
     double (*clock_ms)(void);     // NULL: zps_clock_ms (a test passes its own)
+    float clip_grad_norm;         // --clip-grad-norm, sent with ASSIGN (0: off)
 } zps_coord_cfg;
 
 typedef struct zps_coord zps_coord;
@@ -84,6 +86,17 @@ void zps_coord_on_status(zps_coord *c, zps_outbox *out, zps_wire_msg *m, uint64_
 // STEP_DONE from a shard > 0: refused (ZPS_ESTALE, logged) for a step it
 // cannot have done yet, more than one past shard 0's.
 zps_err zps_coord_on_step_done(zps_coord *c, const zps_wire_msg *m);
+
+// --clip-grad-norm. zps_coord_on_norm takes shard k's NORM (its exact
+// sum of squares of `step`), zps_coord_note_norm shard 0's own part; with
+// every shard's part of a step in, the norm is computed once, sent (NORM)
+// to the shards > 0 and kept for shard 0, which takes it, once, with
+// zps_coord_take_norm. A part of a step whose norm was sent already is
+// answered with that norm again (a duplicate); parts of steps a rollback
+// discards are forgotten. ZPS_EPROTO for a NORM that is not one.
+zps_err zps_coord_on_norm(zps_coord *c, zps_outbox *out, const zps_wire_msg *m);
+void zps_coord_note_norm(zps_coord *c, zps_outbox *out, uint64_t step, const zps_sumsq *part);
+bool zps_coord_take_norm(zps_coord *c, uint64_t *step, float *norm);
 
 // What the message table (server/zps_msgtab.h) asks of the coordinator:
 // its state as a zps_at bit; whether a worker with this rank and member id

@@ -11,6 +11,7 @@
  *                        table's questions, pushes and shards' steps noted
  *   zps_coord_plan.c     plans, handed-over slices, step boundaries
  *   zps_coord_policy.c   adaptive split, speculation
+ *   zps_coord_norm.c     --clip-grad-norm: the shards' sums of squares, the norm
  *   zps_coord_recover.c  shards registering and restarting, rollback
  *   zps_coord_members.c  admission, heartbeats, departures, eviction
  *   zps_coord_render.c   STATUS, /metrics, /status, the metrics-log line
@@ -25,6 +26,7 @@
 
 #include "common/zps_log.h"
 #include "common/zps_plans.h"
+#include "common/zps_sumsq.h"
 #include "server/coord/zps_eval.h"
 #include "server/coord/zps_member.h"
 #include "server/coord/zps_monitor.h"
@@ -66,6 +68,20 @@ typedef struct zps_coord_member {
     uint64_t covered;     // its slices of steps before this one were also handed to others
     double last_seen_ms;  // last message from it (heartbeats included)
 } zps_coord_member;
+
+// --clip-grad-norm: the shards' parts of a step's sum of squares, until
+// every shard's is in. A slot per step in flight: a shard's partial of a
+// step no other shard is at yet (a rollback crossing it) waits in its own.
+#define ZPS_COORD_NORM_SLOTS 4
+
+typedef struct zps_coord_norm_slot {
+    bool used;                        // slot taken
+    uint64_t step;                    // the step
+    bool in[ZPS_MAX_SHARDS];          // shard's part arrived
+    uint32_t n_in;                    // of them
+    zps_sumsq part[ZPS_MAX_SHARDS];   // each shard's part (a second copy replaces the first)
+    double since_ms;                  // when the first part came
+} zps_coord_norm_slot;
 
 typedef struct zps_coord_peer {
     bool registered;     // REGISTER received
@@ -110,6 +126,12 @@ struct zps_coord {
     double sum_step_ms;                 // for the mean in the progress line
     uint64_t n_step_ms;
     zps_log_limit refusals;             // bounds the lines refused messages cause
+    zps_coord_norm_slot norms[ZPS_COORD_NORM_SLOTS]; // --clip-grad-norm: parts gathering
+    bool has_grad_norm;                 // a step's norm was computed (grad_norm is valid)
+    uint64_t grad_norm_step;            // the step of the newest norm
+    float grad_norm;                    // its value, before clipping
+    bool norm_for_shard0;               // shard 0 has not taken the newest norm yet
+    double next_norm_log_ms;            // next "waiting for the gradient norm" line
 };
 
 // zps_coord.c
@@ -142,6 +164,10 @@ void zps_coord_start_workers(zps_coord *c, zps_outbox *out);
 
 // zps_coord_recover.c
 void zps_coord_try_recover(zps_coord *c, zps_outbox *out, bool deadline_passed);
+
+// zps_coord_norm.c
+void zps_coord_norm_forget_from(zps_coord *c, uint64_t step);
+void zps_coord_norm_tick(zps_coord *c, double now_ms);
 
 // zps_coord_members.c
 void zps_coord_evict(zps_coord *c, zps_outbox *out, zps_coord_member *mem, double now_ms);

@@ -103,6 +103,13 @@ static bool s_declared_differs(const zps_coord *c, const Zps__Hello *hello, char
         zps_layout_differs(c->cfg.layout, hello->layout, why, len)) {
         return true;
     }
+    float clip = hello->layout ? hello->layout->clip_grad_norm : 0.0f;
+    if (clip != 0.0f && clip != c->cfg.clip_grad_norm) {
+        // 0: declared none (the server's flag, or none, holds).
+        snprintf(why, len, "declared clip_grad_norm %g; the job's is %g (0: none)", (double)clip,
+                 (double)c->cfg.clip_grad_norm);
+        return true;
+    }
     if (hello->n_train != c->cfg.n_train || hello->n_test != c->cfg.n_test) {
         snprintf(why, len, "declared a dataset of %u train and %u test records; the job's has "
                            "%u and %u", hello->n_train, hello->n_test, c->cfg.n_train,

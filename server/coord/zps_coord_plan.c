@@ -84,12 +84,13 @@ static void s_optim_to_wire(const zps_optim_cfg *o, Zps__Optim *w)
     w->eps = o->eps;
 }
 
-static void s_mode_to_wire(const zps_outer_mode *m, Zps__Outer *w)
+static Zps__Outer s_mode_to_wire(const zps_outer_mode *m)
 {
-    zps__outer__init(w);
-    w->inner_steps = m->inner_steps;
-    w->auto_steps = m->auto_steps;
-    w->compress = (uint32_t)m->compress;
+    Zps__Outer w = ZPS__OUTER__INIT;
+    w.inner_steps = m->inner_steps;
+    w.auto_steps = m->auto_steps;
+    w.compress = (uint32_t)m->compress;
+    return w;
 }
 
 // The handed-over slices member `mem` computes; their count.
@@ -123,8 +124,7 @@ void zps_coord_send_job(zps_coord *c, zps_outbox *out, zmq_msg_t *route, Zps__Ms
     Zps__Optim optim, inner;
     s_optim_to_wire(&c->cfg.optim, &optim);
     s_optim_to_wire(&c->cfg.inner, &inner);
-    Zps__Outer outer;
-    s_mode_to_wire(&c->cfg.mode, &outer);
+    Zps__Outer outer = s_mode_to_wire(&c->cfg.mode);
     Zps__Extra extras[ZPS_PLANS_HANDED_MAX];
     Zps__Extra *extra_ptrs[ZPS_PLANS_HANDED_MAX];
     char *keys[ZPS_MAX_SHARDS];
@@ -154,6 +154,7 @@ void zps_coord_send_job(zps_coord *c, zps_outbox *out, zmq_msg_t *route, Zps__Ms
     job.outer = c->cfg.mode.diloco ? &outer : NULL;
     job.inner = c->cfg.mode.diloco && mem ? &inner : NULL;
     job.checkpoint_every = c->cfg.checkpoint_every;
+    job.clip_grad_norm = mem ? 0.0f : c->cfg.clip_grad_norm;
     job.shard_token = shard_token;
     job.n_shard_keys = mem ? c->cfg.shards : 0;
     job.shard_keys = keys;

@@ -21,6 +21,7 @@ static zps_err s_rollback(zps_coord *c, zps_outbox *out, uint64_t step, uint32_t
     zps_log_warn("shard %u is back at step %llu: every shard and worker rolls back to it "
                  "and replays from there", shard, (unsigned long long)step);
     zps_plans_clear_handed(&c->plans);
+    zps_coord_norm_forget_from(c, step);
     for (uint32_t i = 0; i < c->cfg.shards; i++) {
         c->shard_done[i] = step;
     }

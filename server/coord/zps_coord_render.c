@@ -138,6 +138,16 @@ static void s_metric_head(FILE *f, const char *name, const char *type, const cha
     fprintf(f, "# HELP %s %s\n# TYPE %s %s\n", name, help, name, type);
 }
 
+// --clip-grad-norm's gauge: the newest step's norm (absent when clipping is off).
+static void s_render_clip(const zps_coord *c, FILE *f)
+{
+    if (c->cfg.clip_grad_norm > 0) {
+        s_metric_head(f, "zps_grad_norm", "gauge",
+                      "Global gradient norm of the newest step, before clipping.");
+        fprintf(f, "zps_grad_norm %.6g\n", c->has_grad_norm ? (double)c->grad_norm : 0.0);
+    }
+}
+
 static void s_render_metrics(const zps_coord *c, uint64_t step, uint64_t bad, FILE *f)
 {
     s_metric_head(f, "zps_steps_completed_total", "counter", "Steps completed on shard 0.");
@@ -146,6 +156,7 @@ static void s_render_metrics(const zps_coord *c, uint64_t step, uint64_t bad, FI
     fprintf(f, "zps_steps_planned %llu\n", (unsigned long long)c->cfg.total_steps);
     s_metric_head(f, "zps_loss", "gauge", "Mean training loss of the last step.");
     fprintf(f, "zps_loss %.6f\n", c->last_loss);
+    s_render_clip(c, f);
     s_metric_head(f, "zps_step_seconds_median", "gauge", "Median step time, last steps.");
     fprintf(f, "zps_step_seconds_median %.6f\n", zps_monitor_step_quantile(c->mon, 0.5) / 1e3);
     s_metric_head(f, "zps_step_seconds_p95", "gauge", "95th percentile step time, last steps.");
@@ -249,6 +260,13 @@ zps_err zps_coord_render(const zps_coord *c, uint64_t step, uint64_t bad_message
         return ZPS_ENOMEM;
     }
     json_t *st = s_render_status(c, step, bad_messages);
+    if (st && c->cfg.clip_grad_norm > 0) {
+        // --clip-grad-norm: the newest step's norm before clipping (null before the first).
+        json_object_set_new(st, "clip_grad_norm", json_real(c->cfg.clip_grad_norm));
+        json_object_set_new(st, "grad_norm",
+                            c->has_grad_norm ? json_real(c->grad_norm) : json_null());
+        json_object_set_new(st, "grad_norm_step", json_integer((json_int_t)c->grad_norm_step));
+    }
     *status_json = st ? json_dumps(st, JSON_COMPACT) : NULL;
     json_decref(st);
     if (!*status_json) {
@@ -281,6 +299,9 @@ void zps_coord_log_step(zps_coord *c, uint64_t step, float loss, double step_ms,
         zps_mlog_real(f, false, ZPS_MLOG_STEP_MS, step_ms, 3);
         zps_mlog_uint(f, false, ZPS_MLOG_PLAN, g ? g->gen : 0);
         zps_mlog_uint(f, false, ZPS_MLOG_REPLANS, c->replans);
+        if (c->has_grad_norm && c->grad_norm_step == step) {
+            zps_mlog_real(f, false, ZPS_MLOG_GRAD_NORM, c->grad_norm, 6);
+        }
         zps_mlog_key_only(f, false, ZPS_MLOG_COUNTED);
         fputc('[', f);
         bool first = true;

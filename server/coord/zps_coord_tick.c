@@ -120,6 +120,7 @@ static void s_log_waiting(zps_coord *c)
 void zps_coord_tick(zps_coord *c, zps_outbox *out, double now_ms)
 {
     s_check_deadlines(c, out, now_ms);
+    zps_coord_norm_tick(c, now_ms);
     if (now_ms >= c->next_log_ms) {
         s_log_waiting(c);
         c->next_log_ms = now_ms + (c->state == ZPS_COORD_TRAINING ? ZPS_COORD_PROGRESS_MS

@@ -76,6 +76,13 @@ struct zps_shard {
     zps_plans plans;                                // plan generations still in use
     bool awaiting_init;                             // rank 0's initial values not all in
     zps_bucket_set init_in;                         // buckets of them taken
+    float clip;                                     // --clip-grad-norm's max norm (0: off)
+    float *clipg;                                   // owned, clipping: n floats, the step's
+                                                    // averaged gradient once all is in
+    bool complete[ZPS_MODEL_MAX_BUCKETS];           // clipping: bucket's slices all counted
+    int n_complete;                                 // of them
+    bool norm_due;                                  // clipping: g is in clipg, the norm is not
+    zps_sumsq partial;                              // clipping: the sum of squares of clipg
 };
 
 // FNV-1a: a checkpoint names the model it belongs to.
@@ -168,6 +175,7 @@ zps_shard *zps_shard_new(const zps_shard_cfg *cfg)
     s->global_batch = cfg->global_batch;
     s->awaiting_init = cfg->await_init;
     s->mode = cfg->mode;
+    s->clip = cfg->mode.diloco ? 0.0f : cfg->clip_grad_norm;
     s->n_buckets = zps_model_range_buckets(cfg->model, s->lo, s->hi, s->buckets);
     s->arr[0] = s_snapshot_new(s->n * sizeof(float));
     s->arr[1] = s_snapshot_new(s->n * sizeof(float));
@@ -176,6 +184,9 @@ zps_shard *zps_shard_new(const zps_shard_cfg *cfg)
     s->state = s_alloc((size_t)s->state_floats * s->n * sizeof(float));
     s->acc = s_alloc(s->n * sizeof(double));
     if (s->mode.diloco && !(s->decoded = s_alloc(s->n * sizeof(float)))) {
+        goto fail;
+    }
+    if (s->clip > 0 && !(s->clipg = s_alloc(s->n * sizeof(float)))) {
         goto fail;
     }
     int threads = cfg->threads > 1 ? cfg->threads : 1;
@@ -220,6 +231,7 @@ void zps_shard_destroy(zps_shard **sp)
     free(s->state);
     free(s->acc);
     free(s->decoded);
+    free(s->clipg);
     free(s->grad);
     zps_pool_destroy(&s->pool);
     free(s);
@@ -362,22 +374,27 @@ static void s_accumulate(zps_shard *s, const zps_wire_msg *m, float samples, boo
 }
 
 static void s_update(zps_shard *s, int bucket, const zps_wire_msg *m, float weight, bool alone);
+static void s_complete(zps_shard *s, int b);
 
 // Counts a checked push of bucket b, whose values are m's frames, with its
 // weight: added to the accumulator, or, when it is the one that completes
 // the bucket, averaged with it and the bucket updated in the same pass
 // (the slices of a bucket are disjoint parts of the batch, so the covered
-// samples reach B exactly with its last push).
+// samples reach B exactly with its last push). With clipping the last push
+// is only added too: the update waits for the norm (s_complete).
 static void s_count(zps_shard *s, const zps_wire_msg *m, int b, uint32_t weight)
 {
     const Zps__Header *h = m->hdr;
     bool first = s->covered[b] == 0;
     s->covered[b] += h->samples;
     s->weight[b] += weight;
-    if (s->covered[b] == s->global_batch) {
+    if (s->covered[b] == s->global_batch && !s->clip) {
         s_update(s, b, m, (float)weight, first);
     } else {
         s_accumulate(s, m, (float)weight, first);
+    }
+    if (s->covered[b] == s->global_batch && s->clip) {
+        s_complete(s, b);
     }
     if (b == 0) {
         // The counted slices of one bucket tile the batch: each sample's
@@ -720,6 +737,124 @@ static void s_update(zps_shard *s, int bucket, const zps_wire_msg *m, float weig
     s->n_updated++;
 }
 
+// ---------------------------------------------------------------------------
+// --clip-grad-norm: the update waits for the whole model's gradient norm.
+
+// One bucket averaged into clipg and its squares summed, for the threads:
+// each thread sums into its own accumulator, and the sums are added after
+// (exact integers: the same bits for any number of threads).
+typedef struct s_mean_job {
+    zps_shard *s;
+    size_t first;               // the bucket's first element in the range
+    double total;               // its pushes' weights
+    zps_sumsq part[ZPS_POOL_MAX]; // per thread
+} s_mean_job;
+
+static void s_mean_range(void *arg, size_t lo, size_t hi, int thread)
+{
+    s_mean_job *j = arg;
+    float *g = j->s->clipg + j->first;
+    const double *acc = j->s->acc + j->first;
+    for (size_t i = lo; i < hi; i++) {
+        g[i] = (float)(acc[i] / j->total);
+    }
+    zps_sumsq_add(&j->part[thread], g + lo, hi - lo);
+}
+
+// Bucket b's slices tile the batch (clipping): once every bucket's do, the
+// range's mean gradient, as the unclipped update computes it
+// ((float)(acc / total), zps_dtype_axpy_mean's bits), and its exact sum of
+// squares, the shard's part of the norm.
+static void s_complete(zps_shard *s, int b)
+{
+    s->complete[b] = true;
+    if (++s->n_complete < s->n_buckets) {
+        return;
+    }
+    s_mean_job j = {.s = s}; // zeroed accumulators, 5.6 KiB
+    for (int k = 0; k < s->n_buckets; k++) {
+        j.first = s->buckets[k].lo - s->lo;
+        j.total = (double)s->weight[k];
+        zps_pool_for(s->pool, s->buckets[k].hi - s->buckets[k].lo, 1, s_mean_range, &j);
+    }
+    zps_sumsq_init(&s->partial);
+    for (int t = 0; t < ZPS_POOL_MAX; t++) {
+        zps_sumsq_merge(&s->partial, &j.part[t]);
+    }
+    s->norm_due = true;
+}
+
+bool zps_shard_clipping(const zps_shard *s)
+{
+    return s->clip > 0;
+}
+
+bool zps_shard_norm_due(const zps_shard *s, zps_sumsq *partial)
+{
+    if (s->norm_due && partial) {
+        *partial = s->partial;
+    }
+    return s->norm_due;
+}
+
+// The clipped update, for the threads: g times coef, then the optimizer.
+typedef struct s_clip_job {
+    zps_shard *s;
+    float coef;
+    float lr;
+} s_clip_job;
+
+static void s_clip_range(void *arg, size_t lo, size_t hi, int thread)
+{
+    const s_clip_job *j = arg;
+    zps_shard *s = j->s;
+    float *grad = s->grad + (size_t)thread * ZPS_SHARD_BLOCK;
+    for (size_t at = lo; at < hi; at += ZPS_SHARD_BLOCK) {
+        size_t len = hi - at < ZPS_SHARD_BLOCK ? hi - at : ZPS_SHARD_BLOCK;
+        for (size_t i = 0; i < len; i++) {
+            grad[i] = s->clipg[at + i] * j->coef; // torch's g.mul_(clip_coef_clamped)
+        }
+        const float *in = s_cur(s) + at;
+        float *out = s_next(s) + at;
+        if (s->optim.kind == ZPS_OPTIM_SGD) {
+            zps_optim_sgd_to(&s->optim, j->lr, in, out, s->state + at, grad, len);
+        } else {
+            zps_optim_adam_to(&s->optim, j->lr, s->optim_steps + 1, in, out, s->state + at,
+                              s->state + s->n + at, grad, len);
+        }
+        if (s->snap) {
+            zps_dtype_from_f32(s->dtype, out, s->snap->data + at * zps_dtype_size(s->dtype), len);
+        }
+    }
+}
+
+zps_err zps_shard_clip(zps_shard *s, uint64_t step, float norm)
+{
+    if (!s->norm_due || step != s->step) {
+        return ZPS_ESTALE;
+    }
+    s_prepare(s, &s->arr[(s->step + 1) & 1], s->n * sizeof(float));
+    if (s->snap) {
+        s_prepare(s, &s->snap, s->n * zps_dtype_size(s->dtype));
+    }
+    s_clip_job j = {.s = s, .coef = zps_sumsq_clip_coef(s->clip, norm),
+                    .lr = zps_optim_lr_at(&s->optim, s->step)};
+    zps_pool_for(s->pool, s->n, ZPS_SHARD_BLOCK, s_clip_range, &j);
+    for (int b = 0; b < s->n_buckets; b++) {
+        s->updated[b] = true;
+    }
+    s->n_updated = s->n_buckets;
+    s->norm_due = false;
+    return ZPS_OK;
+}
+
+static void s_clip_forget(zps_shard *s)
+{
+    memset(s->complete, 0, sizeof s->complete);
+    s->n_complete = 0;
+    s->norm_due = false;
+}
+
 void zps_shard_apply(zps_shard *s, int bucket)
 {
     ZPS_ASSERT(s->updated[bucket] && !s->applied[bucket]);
@@ -750,6 +885,7 @@ float zps_shard_end_step(zps_shard *s)
     s->n_slices = 0;
     s->loss_sum = 0;
     memset(s->counted, 0, sizeof s->counted);
+    s_clip_forget(s);
     s->step++;
     s->optim_steps++;
     zps_plans_forget_before(&s->plans, s->step);
@@ -894,6 +1030,7 @@ zps_err zps_shard_restore(zps_shard *s, const char *dir, uint64_t step, uint64_t
     s->n_updated = 0;
     s->n_slices = 0;
     s->loss_sum = 0;
+    s_clip_forget(s);
     s->step = *loaded;
     s->awaiting_init = false;
     zps_log_info("shard %u: restored step %llu from %s", s->index, (unsigned long long)s->step,

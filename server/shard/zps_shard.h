@@ -22,6 +22,7 @@
 #include "common/zps_optim.h"
 #include "common/zps_outer.h"
 #include "common/zps_plan.h"
+#include "common/zps_sumsq.h"
 #include "common/zps_wire.h"
 
 typedef struct zps_shard zps_shard;
@@ -48,6 +49,10 @@ typedef struct zps_shard_cfg {
     // payload counts for nothing), weighted by samples * inner steps, fp32
     // or compressed as mode.compress says; optim is the outer step.
     zps_outer_mode mode;
+    // --clip-grad-norm (0: off; a synchronous job's only): no bucket is
+    // updated before the whole model's gradient norm is known
+    // (zps_shard_norm_due, zps_shard_clip).
+    float clip_grad_norm;
 } zps_shard_cfg;
 
 // Caller owns the result; NULL on failure, logged.
@@ -103,6 +108,20 @@ bool zps_shard_applied(const zps_shard *s, int bucket);
 bool zps_shard_step_done(const zps_shard *s);
 // Closes a done step: advances the step, returns its sample-weighted mean loss.
 float zps_shard_end_step(zps_shard *s);
+
+// --clip-grad-norm. With clipping on, a push that completes a bucket only
+// accumulates it (*ready stays -1); once every bucket of the range is
+// complete, the shard averages its gradient, g = acc / B, and keeps it:
+// zps_shard_norm_due turns true, with the exact sum of squares of that
+// range's g in *partial (may be NULL). zps_shard_clip then takes the global
+// norm of `step` (that of every shard's range): every element of g times
+// torch's coefficient, min(max_norm / (norm + 1e-6), 1) in float32, and the
+// optimizer on that, for every bucket; each is then ready (zps_shard_apply).
+// ZPS_ESTALE, nothing changed, when the shard is not waiting for the norm
+// of `step`.
+bool zps_shard_clipping(const zps_shard *s);
+bool zps_shard_norm_due(const zps_shard *s, zps_sumsq *partial);
+zps_err zps_shard_clip(zps_shard *s, uint64_t step, float norm);
 
 // Samples of the step in progress counted from `rank` (bucket 0, whose
 // counted slices tile the batch once the step is done: they add up to B).

@@ -16,19 +16,26 @@
 #define N_PARAMS 2372 // tanh_mlp's model: 64 x 32 + 64 + 4 x 64 + 4
 #define WAIT_MS 120000
 
-// The single-process reference of `steps` steps into single.bin.
-static void s_single(zps_procs *ps, const char *steps)
+// The single-process reference of `steps` steps into single.bin (clip:
+// its --clip-grad-norm, or NULL).
+static void s_single_clip(zps_procs *ps, const char *steps, const char *clip)
 {
     const char *args[] = {"--single", "--steps", steps, "--global-batch", "64", "--lr", "0.1",
                           "--momentum", "0.9", "--seed", "0", "--save",
-                          zps_procs_path(ps, "single.bin"), NULL};
+                          zps_procs_path(ps, "single.bin"), clip ? "--clip-grad-norm" : NULL,
+                          clip, NULL};
     pid_t pid = zps_procs_start(ps, "tanh_mlp", "single.log", args);
     ck_assert_int_eq(zps_procs_wait(ps, pid, WAIT_MS), 0);
 }
 
+static void s_single(zps_procs *ps, const char *steps)
+{
+    s_single_clip(ps, steps, NULL);
+}
+
 // An external job of `workers` workers and two shards; its endpoint.
-static const char *s_job(zps_procs *ps, const char *workers, const char *steps,
-                         const char *dataset, pid_t *s0, pid_t *s1)
+static const char *s_job_clip(zps_procs *ps, const char *workers, const char *steps,
+                              const char *dataset, const char *clip, pid_t *s0, pid_t *s1)
 {
     static char endpoint[256];
     const char *args[] = {"--workers", workers, "--model", "external", "--steps", steps,
@@ -36,11 +43,18 @@ static const char *s_job(zps_procs *ps, const char *workers, const char *steps,
                           "--lr-schedule", "constant", "--shards", "2",
                           "--worker-timeout-ms", "1000", "--metrics-log",
                           zps_procs_path(ps, "metrics.jsonl"),
+                          clip ? "--clip-grad-norm" : "--seed", clip ? clip : "0",
                           dataset ? "--dataset" : NULL, dataset, NULL};
     snprintf(endpoint, sizeof endpoint, "%s", zps_procs_start_server(ps, "s0", s0, args, 10000));
     const char *kargs[] = {"--shard", "1", "--shards", "2", "--coordinator", endpoint, NULL};
     zps_procs_start_server(ps, "s1", s1, kargs, 10000);
     return endpoint;
+}
+
+static const char *s_job(zps_procs *ps, const char *workers, const char *steps,
+                         const char *dataset, pid_t *s0, pid_t *s1)
+{
+    return s_job_clip(ps, workers, steps, dataset, NULL, s0, s1);
 }
 
 // A tanh_mlp worker of the job at endpoint saving to w<i>.bin, logging to
@@ -145,6 +159,44 @@ START_TEST(test_external_refuses_another_layout_and_another_dataset_size)
 }
 END_TEST
 
+// Workers declare clip_grad_norm_ with the model (zps_declare_clip_grad_norm):
+// the server, without --clip-grad-norm, takes it and both shards clip by
+// the global norm, ending where one process clipping alone ends; a server
+// with another explicit value refuses the declaration in one line.
+START_TEST(test_external_declared_clip_grad_norm_is_the_jobs)
+{
+    zps_procs ps;
+    zps_procs_init(&ps, "external-clip");
+    s_single_clip(&ps, "30", "0.05");
+    pid_t s0, s1;
+    const char *ep = s_job(&ps, "2", "30", NULL, &s0, &s1);
+    const char *a[] = {"--share", "16", "--clip-grad-norm", "0.05", NULL};
+    const char *b[] = {"--share", "48", "--clip-grad-norm", "0.05", NULL};
+    pid_t w0 = s_worker(&ps, ep, 0, a), w1 = s_worker(&ps, ep, 1, b);
+    ck_assert_int_eq(zps_procs_wait(&ps, w0, WAIT_MS), 0);
+    ck_assert_int_eq(zps_procs_wait(&ps, w1, WAIT_MS), 0);
+    ck_assert_int_eq(zps_procs_wait(&ps, s0, 30000), 0);
+    ck_assert_int_eq(zps_procs_wait(&ps, s1, 30000), 0);
+    double d0 = zps_procs_params_diff(&ps, "single.bin", "w0.bin", N_PARAMS);
+    fprintf(stderr, "external, clip_grad_norm 0.05 declared, 30 steps: max |single - zps| = "
+            "%.3g\n", d0);
+    ck_assert_double_le(d0, 1e-5);
+    ck_assert_double_eq(zps_procs_params_diff(&ps, "w0.bin", "w1.bin", N_PARAMS), 0);
+    ck_assert(zps_procs_log_has(&ps, "s0.log", "global norm of at most 0.05"));
+    ck_assert(zps_procs_log_has(&ps, "metrics.jsonl", "\"grad_norm\":"));
+    zps_procs_fini(&ps, false);
+
+    zps_procs_init(&ps, "external-clip-refused");
+    ep = s_job_clip(&ps, "1", "5", NULL, "0.1", &s0, &s1);
+    const char *other[] = {"--clip-grad-norm", "0.05", NULL};
+    pid_t w = s_worker(&ps, ep, 0, other);
+    ck_assert_int_ne(zps_procs_wait(&ps, w, 30000), 0);
+    ck_assert(zps_procs_log_has(&ps, "w0.log", "declared clip_grad_norm 0.05; this server's "
+                                               "--clip-grad-norm is 0.1"));
+    zps_procs_fini(&ps, false);
+}
+END_TEST
+
 Suite *zps_suite_external(void)
 {
     Suite *s = suite_create("external");
@@ -154,5 +206,9 @@ Suite *zps_suite_external(void)
     tcase_add_test(tc, test_external_survivors_of_a_killed_worker_stay_with_one_process);
     tcase_add_test(tc, test_external_refuses_another_layout_and_another_dataset_size);
     suite_add_tcase(s, tc);
+    TCase *clip = tcase_create("clip");
+    tcase_set_timeout(clip, 120);
+    tcase_add_test(clip, test_external_declared_clip_grad_norm_is_the_jobs);
+    suite_add_tcase(s, clip);
     return s;
 }

@@ -374,6 +374,17 @@ START_TEST(test_failures_adamw_shard_killed_and_resumed_run_ends_equal)
 }
 END_TEST
 
+// The same with --clip-grad-norm: a shard killed while the step's norm may
+// be in flight; the coordinator forgets the parts of the steps the
+// rollback replays, and the replay over 2 shards ends bit for bit where
+// the uninterrupted run over 1 shard does (the norm is an exact sum).
+START_TEST(test_failures_clipped_shard_killed_and_resumed_run_ends_equal)
+{
+    static const char *const clip[] = {"--clip-grad-norm", "0.05", NULL};
+    s_shard_restart("clip-shard", 25, false, clip);
+}
+END_TEST
+
 // The coordinator (shard 0) is killed and restarted with --resume on the
 // same address: it reloads its checkpoint and job state, finds its shard
 // and workers again, and everyone rolls back to that step and replays.
@@ -434,5 +445,9 @@ Suite *zps_suite_failures(void)
     tcase_add_test(tc, test_failures_adamw_shard_killed_and_resumed_run_ends_equal);
     tcase_add_test(tc, test_failures_coordinator_killed_and_resumed_run_ends_equal);
     suite_add_tcase(s, tc);
+    TCase *clip = tcase_create("clip");
+    tcase_set_timeout(clip, 120);
+    tcase_add_test(clip, test_failures_clipped_shard_killed_and_resumed_run_ends_equal);
+    suite_add_tcase(s, clip);
     return s;
 }

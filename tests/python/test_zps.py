@@ -39,6 +39,18 @@ def test_unknown_option_is_a_bad_argument():
     c.close()
 
 
+def test_clip_grad_norm_is_declared_with_the_model_and_positive():
+    c = zps.Client("tcp://127.0.0.1:9")
+    for bad in (0, -1.0, float("inf"), float("nan")):
+        with pytest.raises(zps.BadArgument, match="finite and > 0"):
+            c.declare_clip_grad_norm(bad)
+    c.declare_clip_grad_norm(1.0)
+    c.connect()
+    with pytest.raises(zps.Refused, match="declared with the model"):
+        c.join()  # no tensor declared: nothing to clip
+    c.close()
+
+
 def test_malformed_endpoint_is_a_transport_error_at_once():
     c = zps.Client("tcp://no port here")
     t = time.monotonic()

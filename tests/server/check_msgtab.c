@@ -101,6 +101,7 @@ static const spec s_spec[] = {
     {ZPS__MSG_TYPE__PUSH, "W", "tdrs", 'm', true, true},
     {ZPS__MSG_TYPE__PULL, "W", "tdrs", 'm', true, true},
     {ZPS__MSG_TYPE__INIT, "W", "tdrs", 'm', true, true},
+    {ZPS__MSG_TYPE__NORM, "S", "tdr", 't', true, false},
 };
 
 static const struct {
@@ -166,7 +167,7 @@ static zps_err s_expected(int type, size_t sender, char state, bool good, bool a
 START_TEST(test_msgtab_every_type_from_every_sender_in_every_state_meets_the_spec)
 {
     int checked = 0;
-    for (int type = -1; type <= ZPS__MSG_TYPE__INIT + 2; type++) {
+    for (int type = -1; type <= ZPS__MSG_TYPE__NORM + 2; type++) {
         const spec *sp = s_spec_of(type);
         const zps_msgtab_rule *r = zps_msgtab_rule_of(type);
         ck_assert_ptr_nonnull(r);
@@ -201,7 +202,7 @@ START_TEST(test_msgtab_every_type_from_every_sender_in_every_state_meets_the_spe
             }
         }
     }
-    ck_assert_int_eq(checked, 22 * 7 * 7 * 4); // types -1..INIT+2
+    ck_assert_int_eq(checked, 23 * 7 * 7 * 4); // types -1..NORM+2
 }
 END_TEST
 

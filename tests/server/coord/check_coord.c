@@ -6,7 +6,8 @@
  * refused without changing anything. The metrics log shows the result.
  * Then its credentials and the requests it refuses: shard tokens with
  * ASSIGN, a rollback to a step in the future or to a checkpoint shard 0
- * does not have, a STEP_DONE ahead of what can be. Members coming and
+ * does not have, a STEP_DONE ahead of what can be, the shards' parts of
+ * the gradient norm (--clip-grad-norm). Members coming and
  * going within a step: joins take effect together at the next step
  * boundary, a joiner never owns work of the step in progress unless nobody
  * else can compute it, an evicted member's pieces go to members active at
@@ -257,6 +258,7 @@ static zps_err s_deliver(job *j, peer *from, Zps__Header *h)
     case ZPS__MSG_TYPE__HELLO: err = zps_coord_on_hello(j->c, &j->out, &m); break;
     case ZPS__MSG_TYPE__READY: err = zps_coord_on_ready(j->c, &j->out, &m); break;
     case ZPS__MSG_TYPE__STEP_DONE: err = zps_coord_on_step_done(j->c, &m); break;
+    case ZPS__MSG_TYPE__NORM: err = zps_coord_on_norm(j->c, &j->out, &m); break;
     default: ck_abort_msg("no handler for type %d here", h->type);
     }
     s_msg_done(&m);
@@ -301,7 +303,8 @@ static void s_job_setup(job *j)
                          .global_batch = 8, .total_steps = 20, .steps_per_epoch = 5,
                          .n_test = N_TEST, .workers = 1, .worker_timeout_ms = 60000,
                          .n_params = 23, .shards = 2, .endpoint = "tcp://127.0.0.1:1",
-                         .restore = s_restore, .restore_arg = j, .clock_ms = s_clock};
+                         .restore = s_restore, .restore_arg = j, .clock_ms = s_clock,
+                         .clip_grad_norm = 1.0f};
     j->c = zps_coord_new(&cfg);
     ck_assert_ptr_nonnull(j->c);
     ck_assert_int_eq(s_register(j, 0), ZPS_OK);
@@ -411,6 +414,78 @@ START_TEST(test_coord_step_done_ahead_of_what_can_be_is_refused)
     ck_assert_int_eq(s_deliver(&j, &j.shard1, &h), ZPS_OK);
     h.shard = 7; // not a shard of the job
     ck_assert_int_eq(s_deliver(&j, &j.shard1, &h), ZPS_ESTALE);
+    s_job_teardown(&j);
+}
+END_TEST
+
+
+// --clip-grad-norm: shard 1's NORM of a step (the sum of squares of its
+// range) with shard 0's own part completes the norm, sent to shard 1 and
+// taken once by shard 0; a second copy is answered with the norm again; a
+// malformed one changes nothing; a rollback forgets the parts of the steps
+// it replays.
+static zps_err s_norm(job *j, uint64_t step, float value, size_t n_limbs)
+{
+    zps_sumsq part;
+    zps_sumsq_init(&part);
+    zps_sumsq_add(&part, &value, 1);
+    Zps__Header h;
+    zps_wire_header_init(&h, ZPS__MSG_TYPE__NORM);
+    h.job_id = zps_coord_job_id(j->c);
+    h.shard = 1;
+    h.shard_token = j->token;
+    h.step = step;
+    h.n_norm_limbs = n_limbs;
+    h.norm_limbs = part.limb;
+    return s_deliver(j, &j->shard1, &h);
+}
+
+static void s_note_norm(job *j, uint64_t step, float value)
+{
+    zps_sumsq part;
+    zps_sumsq_init(&part);
+    zps_sumsq_add(&part, &value, 1);
+    zps_coord_note_norm(j->c, &j->out, step, &part);
+    s_post(&j->out, (peer *const[]){&j->shard1, &j->worker}, 2);
+}
+
+START_TEST(test_coord_norm_gathers_every_shards_part_once)
+{
+    job j;
+    s_job_setup(&j);
+    uint64_t step;
+    float norm;
+    s_note_norm(&j, 0, 3.0f);
+    ck_assert(!zps_coord_take_norm(j.c, &step, &norm)); // shard 1's part is missing
+    ck_assert_int_eq(s_norm(&j, 0, 4.0f, 3), ZPS_EPROTO); // not ZPS_SUMSQ_LIMBS limbs
+    ck_assert(!zps_coord_take_norm(j.c, &step, &norm));
+    ck_assert_int_eq(s_norm(&j, 0, 4.0f, ZPS_SUMSQ_LIMBS), ZPS_OK);
+    ck_assert(zps_coord_take_norm(j.c, &step, &norm));
+    ck_assert_uint_eq(step, 0);
+    ck_assert_float_eq(norm, 5.0f);
+    ck_assert(!zps_coord_take_norm(j.c, &step, &norm)); // once
+    Zps__Header *got = s_take(&j.shard1, ZPS__MSG_TYPE__NORM);
+    ck_assert_ptr_nonnull(got);
+    ck_assert_uint_eq(got->step, 0);
+    ck_assert_float_eq(got->grad_norm, 5.0f);
+    zps__header__free_unpacked(got, NULL);
+    // A second copy (sent again while shard 1 waited): the norm again.
+    ck_assert_int_eq(s_norm(&j, 0, 4.0f, ZPS_SUMSQ_LIMBS), ZPS_OK);
+    ck_assert(s_got(&j.shard1, ZPS__MSG_TYPE__NORM));
+    ck_assert(!zps_coord_take_norm(j.c, &step, &norm));
+    // Step 1: shard 1's part, then shard 1 restarts and everyone rolls
+    // back to step 0: the part is of a step replayed, forgotten.
+    ck_assert_int_eq(s_norm(&j, 1, 6.0f, ZPS_SUMSQ_LIMBS), ZPS_OK);
+    s_restart_shard1(&j);
+    ck_assert_int_eq(s_ready(&j, 0), ZPS_OK);
+    ck_assert(zps_coord_take_rollback(j.c, &step));
+    s_note_norm(&j, 1, 8.0f);
+    ck_assert(!zps_coord_take_norm(j.c, &step, &norm));
+    ck_assert(!s_got(&j.shard1, ZPS__MSG_TYPE__NORM));
+    ck_assert_int_eq(s_norm(&j, 1, 6.0f, ZPS_SUMSQ_LIMBS), ZPS_OK);
+    ck_assert(zps_coord_take_norm(j.c, &step, &norm));
+    ck_assert_uint_eq(step, 1);
+    ck_assert_float_eq(norm, 10.0f);
     s_job_teardown(&j);
 }
 END_TEST
@@ -893,6 +968,7 @@ Suite *zps_suite_coord(void)
     tcase_add_test(tk, test_coord_ready_for_a_step_in_the_future_is_refused_and_nothing_rolls_back);
     tcase_add_test(tk, test_coord_rollback_shard0_cannot_restore_is_refused_and_the_job_goes_on);
     tcase_add_test(tk, test_coord_step_done_ahead_of_what_can_be_is_refused);
+    tcase_add_test(tk, test_coord_norm_gathers_every_shards_part_once);
     suite_add_tcase(s, tk);
     TCase *mc = tcase_create("members");
     tcase_add_test(mc, test_coord_two_joins_within_a_step_make_one_plan_at_the_boundary);

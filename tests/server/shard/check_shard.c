@@ -118,6 +118,140 @@ START_TEST(test_shard_tracks_buckets_past_the_first_64)
 }
 END_TEST
 
+// --clip-grad-norm: a shard of [lo, hi) of the fixture's model, SGD with momentum.
+static zps_shard *s_clip_shard(const zps_model_spec *model, uint64_t lo, uint64_t hi, float clip)
+{
+    zps_shard_cfg cfg = {.index = 0, .lo = lo, .hi = hi, .model = model, .seed = 4,
+                         .global_batch = ZPS_SHARD_FX_BATCH, .dtype = ZPS_DTYPE_F32,
+                         .optim = {.lr = 0.5f, .momentum = 0.9f, .schedule = ZPS_LR_CONSTANT},
+                         .clip_grad_norm = clip};
+    zps_shard *s = zps_shard_new(&cfg);
+    ck_assert_ptr_nonnull(s);
+    zps_shard_fx_add_plan(s);
+    return s;
+}
+
+// Both ranks' pushes of every bucket of s (g0 from rank 0, g1 from rank 1,
+// indexed from parameter 0); none makes a bucket ready.
+static void s_clip_feed(zps_shard *s, const float *g0, const float *g1)
+{
+    for (int b = zps_shard_n_buckets(s) - 1; b >= 0; b--) {
+        const void *data;
+        uint64_t off, count;
+        zps_wire_ref *ref;
+        zps_shard_bucket_params(s, b, &data, &off, &count, &ref);
+        int ready;
+        ck_assert_int_eq(s_feed(s, 0, 11, 0, 10, off, g0 + off, count, &ready), ZPS_OK);
+        ck_assert_int_eq(ready, -1);
+        ck_assert(!zps_shard_norm_due(s, NULL) || b == 0);
+        ck_assert_int_eq(s_feed(s, 1, 22, 0, 30, off, g1 + off, count, &ready), ZPS_OK);
+        ck_assert_int_eq(ready, -1); // not even the bucket's last push updates it
+    }
+}
+
+// With clipping on, no bucket is updated before the norm is supplied; the
+// norm's coefficient times the averaged gradient is what the optimizer
+// then takes; and two shards' parts of the sum of squares add up to one
+// shard's, bit for bit, as do their parameters after the clipped update.
+START_TEST(test_shard_clip_waits_for_the_norm_and_updates_on_coef_times_g)
+{
+    zps_model_spec model = zps_shard_fx_model();
+    float g0[7] = {1, -2, 4, 0, -4, 8, 2}, g1[7] = {3, 2, 0, 4, 4, 0, 2};
+    float g[7], init[7];
+    zps_model_init_range(&model, 4, 0, 7, init);
+    zps_sumsq want;
+    zps_sumsq_init(&want);
+    for (int i = 0; i < 7; i++) {
+        g[i] = (float)((10.0 * g0[i] + 30.0 * g1[i]) / 40.0);
+    }
+    zps_sumsq_add(&want, g, 7);
+    zps_shard *whole = s_clip_shard(&model, 0, 7, 1.0f);
+    zps_shard *a = s_clip_shard(&model, 0, 4, 1.0f), *b = s_clip_shard(&model, 4, 7, 1.0f);
+    ck_assert(zps_shard_clipping(whole));
+    zps_shard *all[3] = {whole, a, b};
+    for (int k = 0; k < 3; k++) {
+        s_clip_feed(all[k], g0, g1);
+        const float *v;
+        ck_assert_int_eq(zps_shard_bucket_at(all[k], 0, 1, &v), ZPS_EAGAIN); // not updated
+        ck_assert(!zps_shard_step_done(all[k]));
+    }
+    zps_sumsq pw, pa, pb;
+    ck_assert(zps_shard_norm_due(whole, &pw));
+    ck_assert(zps_shard_norm_due(a, &pa));
+    ck_assert(zps_shard_norm_due(b, &pb));
+    ck_assert_mem_eq(pw.limb, want.limb, sizeof want.limb);
+    zps_sumsq_merge(&pa, &pb);
+    ck_assert_mem_eq(pa.limb, pw.limb, sizeof pw.limb);
+    float norm = zps_sumsq_norm(&pw);
+    ck_assert_float_eq_tol(norm, sqrtf(g[0] * g[0] + g[1] * g[1] + g[2] * g[2] + g[3] * g[3] +
+                                       g[4] * g[4] + g[5] * g[5] + g[6] * g[6]), 1e-5f);
+    ck_assert_int_eq(zps_shard_clip(whole, 1, norm), ZPS_ESTALE); // another step: nothing
+    for (int k = 0; k < 3; k++) {
+        ck_assert_int_eq(zps_shard_clip(all[k], 0, norm), ZPS_OK);
+        ck_assert_int_eq(zps_shard_clip(all[k], 0, norm), ZPS_ESTALE); // once
+        ck_assert(!zps_shard_norm_due(all[k], NULL));
+        for (int bk = 0; bk < zps_shard_n_buckets(all[k]); bk++) {
+            ck_assert(zps_shard_bucket_params_are(all[k], bk, 1));
+            zps_shard_apply(all[k], bk);
+        }
+        ck_assert(zps_shard_step_done(all[k]));
+        zps_shard_end_step(all[k]);
+    }
+    // The optimizer on coef * g, from zero momentum, bit for bit.
+    float coef = zps_sumsq_clip_coef(1.0f, norm), cg[7], want_p[7], mom[7] = {0};
+    ck_assert_float_lt(coef, 1.0f); // the clip is active
+    for (int i = 0; i < 7; i++) {
+        cg[i] = g[i] * coef;
+    }
+    zps_optim_cfg o = {.lr = 0.5f, .momentum = 0.9f, .schedule = ZPS_LR_CONSTANT};
+    zps_optim_sgd_to(&o, 0.5f, init, want_p, mom, cg, 7);
+    float pw7[7], pab[7];
+    zps_shard_fx_params(whole, 0, pw7);
+    zps_shard_fx_params(a, 0, pab);
+    zps_shard_fx_params(b, 0, pab);
+    ck_assert_mem_eq(pw7, want_p, sizeof want_p);
+    ck_assert_mem_eq(pab, want_p, sizeof want_p);
+    for (int k = 0; k < 3; k++) {
+        zps_shard_destroy(&all[k]);
+    }
+}
+END_TEST
+
+// The clipped path's threads: the mean and the sum of squares split over
+// --threads give the same partial sum and, clipped, the same parameters.
+START_TEST(test_shard_clip_threads_give_the_same_bits)
+{
+    zps_model_spec model;
+    ck_assert_int_eq(zps_model_parse("flat:131072", &model), ZPS_OK);
+    static float g0[131072], g1[131072];
+    for (size_t i = 0; i < 131072; i++) {
+        g0[i] = (float)((int)(i % 97) - 48) * 0.01f;
+        g1[i] = (float)((int)(i % 89) - 44) * 0.013f;
+    }
+    zps_sumsq part[2];
+    float *p[2];
+    for (int t = 0; t < 2; t++) {
+        zps_shard_cfg cfg = {.lo = 0, .hi = 131072, .model = &model, .seed = 4,
+                             .global_batch = ZPS_SHARD_FX_BATCH, .dtype = ZPS_DTYPE_F32,
+                             .optim = {.lr = 0.5f, .schedule = ZPS_LR_CONSTANT},
+                             .threads = t ? 3 : 1, .clip_grad_norm = 1.0f};
+        zps_shard *s = zps_shard_new(&cfg);
+        ck_assert_ptr_nonnull(s);
+        zps_shard_fx_add_plan(s);
+        s_clip_feed(s, g0, g1);
+        ck_assert(zps_shard_norm_due(s, &part[t]));
+        ck_assert_int_eq(zps_shard_clip(s, 0, zps_sumsq_norm(&part[t])), ZPS_OK);
+        p[t] = malloc(131072 * sizeof(float));
+        zps_shard_fx_params(s, 0, p[t]);
+        zps_shard_destroy(&s);
+    }
+    ck_assert_mem_eq(part[0].limb, part[1].limb, sizeof part[0].limb);
+    ck_assert_mem_eq(p[0], p[1], 131072 * sizeof(float));
+    free(p[0]);
+    free(p[1]);
+}
+END_TEST
+
 START_TEST(test_shard_updates_each_bucket_by_weighted_average)
 {
     zps_model_spec model = zps_shard_fx_model();
@@ -619,6 +753,8 @@ Suite *zps_suite_shard(void)
     tcase_add_test(tc, test_shard_waits_for_initial_values_then_serves_them);
     tcase_add_test(tc, test_shard_adamw_restored_from_checkpoint_continues_bitwise);
     tcase_add_test(tc, test_shard_threads_give_the_same_bits_for_any_number);
+    tcase_add_test(tc, test_shard_clip_waits_for_the_norm_and_updates_on_coef_times_g);
+    tcase_add_test(tc, test_shard_clip_threads_give_the_same_bits);
     suite_add_tcase(s, tc);
     return s;
 }
