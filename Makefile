@@ -128,7 +128,7 @@ WORKER_OBJ := $(call obj,$(WORKER_SRC))
 # the public API alone (lib/libzps.map). zps-worker (worker/) links the
 # archive; its training loop and backends (the "user code") are not in the
 # library.
-LIBZPS_SRC := $(PROTO_C) $(addprefix common/,zps_curve.c zps_dtype.c zps_err.c zps_layout.c \
+LIBZPS_SRC := $(PROTO_C) $(addprefix common/,zps_curve.c zps_dtype.c zps_err.c zps_groups.c zps_layout.c \
 	zps_log.c zps_model.c zps_optim.c zps_outer.c zps_plan.c zps_plans.c zps_quant.c zps_shm.c \
 	zps_sndbuf.c zps_timers.c zps_wire.c) $(LIB_SRC)
 LIBZPS_OBJ := $(call obj,$(LIBZPS_SRC))
