@@ -6,6 +6,7 @@
  * declares one: it sits below both, so that neither calls the other. */
 #include "server/zps_server_int.h"
 
+#include "common/zps_groups.h"
 #include "server/shard/zps_ckpt.h"
 
 // The coordinator's question before it decides a rollback (zps_coord_cfg).
@@ -107,6 +108,14 @@ int zps_start_coordinator(zps_server *srv, uint32_t n_train, uint32_t n_test, ch
                          .optim = o->optim, .await_init = srv->declared != NULL,
                          .threads = o->threads, .mode = o->mode};
     cfg.optim.total_steps = srv->total_steps;
+    cfg.layout = srv->declared ? srv->declared->layout : NULL;
+    if (cfg.layout && cfg.layout->n_groups > 0 && !o->optim_given) {
+        // No optimizer flags: the workers' optimizer, group 0's settings the
+        // job's (its kind sizes the state), with no schedule but the
+        // table rank 0 may declare (a torch optimizer without a scheduler).
+        zps_optim_cfg base = {.schedule = ZPS_LR_CONSTANT, .total_steps = srv->total_steps};
+        cfg.optim = zps_groups_cfg(cfg.layout->groups[0], &base);
+    }
     zps_optim_cfg inner = o->optim;
     if (o->mode.diloco) {
         cfg.optim = zps_outer_optim(&o->mode.outer);

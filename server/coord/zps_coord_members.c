@@ -3,6 +3,7 @@
 
 #include <string.h>
 
+#include "common/zps_groups.h"
 #include "common/zps_layout.h"
 #include "server/zps_token.h"
 
@@ -102,6 +103,9 @@ static bool s_declared_differs(const zps_coord *c, const Zps__Hello *hello, char
     if (c->cfg.layout && zps_layout_digest(hello->layout) != zps_layout_digest(c->cfg.layout) &&
         zps_layout_differs(c->cfg.layout, hello->layout, why, len)) {
         return true;
+    }
+    if (c->cfg.layout && zps_groups_differ(c->cfg.layout, hello->layout, why, len)) {
+        return true; // the same tensors, another optimizer
     }
     if (hello->n_train != c->cfg.n_train || hello->n_test != c->cfg.n_test) {
         snprintf(why, len, "declared a dataset of %u train and %u test records; the job's has "
