@@ -134,7 +134,7 @@ LIBZPS_SRC := $(PROTO_C) $(addprefix common/,zps_curve.c zps_dtype.c zps_err.c z
 LIBZPS_OBJ := $(call obj,$(LIBZPS_SRC))
 LIBZPS_PIC := $(patsubst $(B)/obj/%,$(B)/pic/%,$(LIBZPS_OBJ))
 ZPS_SO_MAJOR := 1
-ZPS_SO_VERSION := 1.3.0
+ZPS_SO_VERSION := 1.4.0
 LIBZPS_SO := $(BIN)/libzps.so.$(ZPS_SO_VERSION)
 LIBZPS_LIBS := $(shell pkg-config --libs libzmq libprotobuf-c 2>/dev/null) -lm -pthread
 ZPS_WORKER_OBJ := $(call obj,worker/main.c $(WORKER_SRC))
@@ -221,7 +221,8 @@ $(BIN)/zps-server: $(B)/obj/server/main.o $(B)/libzps_server.a $(B)/libzps_commo
 $(BIN)/zps-worker: $(ZPS_WORKER_OBJ) $(B)/libzps.a $(B)/libzps_common.a
 
 # libzps.so.$(ZPS_SO_VERSION) (1.1: ZPS_OPT_SHM; 1.2: diloco; 1.3: a diloco job's inner
-# optimizer, node ZPS_1.3 of the map), soname libzps.so.1, and the links a
+# optimizer, node ZPS_1.3 of the map; 1.4: declared parameter groups, buffers and a
+# learning-rate table, node ZPS_1.4), soname libzps.so.1, and the links a
 # build and a loader look for.
 $(LIBZPS_SO): $(LIBZPS_PIC) lib/libzps.map
 	@mkdir -p $(BIN)

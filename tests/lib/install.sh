@@ -19,7 +19,7 @@ make --no-print-directory "${make_flags[@]}" install PREFIX="$tmp/prefix" >"$tmp
 for f in include/zps.h lib/libzps.a lib/libzps.so lib/libzps.so.1 lib/pkgconfig/zps.pc; do
   [ -e "$tmp/prefix/$f" ] || fail "make install put no $f"
 done
-[ "$(readlink "$tmp/prefix/lib/libzps.so.1")" = libzps.so.1.3.0 ] || fail "libzps.so.1 is not a link to libzps.so.1.3.0"
+[ "$(readlink "$tmp/prefix/lib/libzps.so.1")" = libzps.so.1.4.0 ] || fail "libzps.so.1 is not a link to libzps.so.1.4.0"
 
 # Outside the source tree, with nothing but the prefix: no -I. here.
 cp tests/lib/zps_min.c "$tmp/"
