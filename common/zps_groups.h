@@ -23,8 +23,9 @@
 #include "zps_optim.h"
 
 #define ZPS_GROUPS_MAX 256 // parameter groups of a layout
-// Floats of a learning-rate table (steps * groups): 64 MiB.
-#define ZPS_GROUPS_MAX_TABLE (16u << 20)
+// Floats of a learning-rate table (steps * groups): 4 MiB, so that the
+// INIT header carrying it stays inside a frame (ZPS_WIRE_MAX_MSG_BYTES).
+#define ZPS_GROUPS_MAX_TABLE (1u << 20)
 
 // What a tensor is. The numbers travel in Tensor.role: never renumber.
 typedef enum zps_tensor_role {

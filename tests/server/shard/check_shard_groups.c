@@ -13,6 +13,7 @@
 #include "server/shard/zps_shard.h"
 #include "tests/server/shard/zps_shard_fx.h"
 #include "tests/zps_check.h"
+#include "tests/zps_tmpdir.h"
 
 // The layout: A[6] in group 0 (AdamW, decay 0.1), B[5] in group 1 (AdamW,
 // decay 0), C[3] a buffer averaged, D[4] a buffer broadcast.
@@ -118,38 +119,56 @@ static zps_err s_send(zps_shard *s, int b, bool init, int r, uint64_t t)
     return err;
 }
 
+// Shard k of n of the layout (which must outlive it), awaiting INIT.
+static zps_shard *s_new(const s_layout *x, zps_model_spec *model, int k, int n)
+{
+    char why[256];
+    ck_assert_int_eq(zps_layout_check(&x->l, why, sizeof why), ZPS_OK);
+    zps_layout_model(&x->l, model);
+    ck_assert_uint_eq(model->n_params, N_PARAMS);
+    zps_shard_cfg cfg = {.index = (uint32_t)k, .shards = (uint32_t)n, .model = model,
+                         .global_batch = ZPS_SHARD_FX_BATCH, .dtype = ZPS_DTYPE_F32,
+                         .optim = {.kind = ZPS_OPTIM_ADAMW, .lr = 0.01f, .beta1 = 0.9,
+                                   .beta2 = 0.999, .eps = 1e-8},
+                         .await_init = true, .layout = &x->l};
+    zps_model_shard_range(N_PARAMS, (uint32_t)k, (uint32_t)n, &cfg.lo, &cfg.hi);
+    zps_shard *s = zps_shard_new(&cfg);
+    ck_assert_ptr_nonnull(s);
+    zps_shard_fx_add_plan(s);
+    return s;
+}
+
+// Steps [from, to) of the job on shard s.
+static void s_steps(zps_shard *s, uint64_t from, uint64_t to)
+{
+    for (uint64_t t = from; t < to; t++) {
+        for (int b = 0; b < zps_shard_n_buckets(s); b++) {
+            ck_assert_int_eq(s_send(s, b, false, 0, t), ZPS_OK);
+            ck_assert_int_eq(s_send(s, b, false, 1, t), ZPS_OK);
+        }
+        ck_assert(zps_shard_step_done(s));
+        zps_shard_end_step(s);
+    }
+}
+
+static void s_init_all(zps_shard *s)
+{
+    for (int b = 0; b < zps_shard_n_buckets(s); b++) {
+        ck_assert_int_eq(s_send(s, b, true, 0, 0), ZPS_OK);
+    }
+}
+
 // STEPS steps of the job on n shards; out: the parameters after them.
 static void s_run(int n, float *out)
 {
     s_layout x;
     s_layout_init(&x);
-    char why[256];
-    ck_assert_int_eq(zps_layout_check(&x.l, why, sizeof why), ZPS_OK);
     zps_model_spec model;
-    zps_layout_model(&x.l, &model);
-    ck_assert_uint_eq(model.n_params, N_PARAMS);
     for (int k = 0; k < n; k++) {
-        zps_shard_cfg cfg = {.index = (uint32_t)k, .shards = (uint32_t)n, .model = &model,
-                             .global_batch = ZPS_SHARD_FX_BATCH, .dtype = ZPS_DTYPE_F32,
-                             .optim = {.kind = ZPS_OPTIM_ADAMW, .lr = 0.01f, .beta1 = 0.9,
-                                       .beta2 = 0.999, .eps = 1e-8},
-                             .await_init = true, .layout = &x.l};
-        zps_model_shard_range(N_PARAMS, (uint32_t)k, (uint32_t)n, &cfg.lo, &cfg.hi);
-        zps_shard *s = zps_shard_new(&cfg);
-        ck_assert_ptr_nonnull(s);
-        zps_shard_fx_add_plan(s);
-        for (int b = 0; b < zps_shard_n_buckets(s); b++) {
-            ck_assert_int_eq(s_send(s, b, true, 0, 0), ZPS_OK);
-        }
-        for (uint64_t t = 0; t < STEPS; t++) {
-            for (int b = 0; b < zps_shard_n_buckets(s); b++) {
-                ck_assert_int_eq(s_send(s, b, false, 0, t), ZPS_OK);
-                ck_assert_int_eq(s_send(s, b, false, 1, t), ZPS_OK);
-            }
-            ck_assert(zps_shard_step_done(s));
-            zps_shard_end_step(s);
-        }
-        zps_shard_fx_params(s, cfg.lo, out + cfg.lo);
+        zps_shard *s = s_new(&x, &model, k, n);
+        s_init_all(s);
+        s_steps(s, 0, STEPS);
+        zps_shard_fx_params(s, zps_shard_lo(s), out + zps_shard_lo(s));
         zps_shard_destroy(&s);
     }
 }
@@ -247,12 +266,39 @@ START_TEST(test_shard_groups_refuse_bad_groups_and_name_the_difference)
 }
 END_TEST
 
+// A shard restarted from its checkpoint (--resume: no INIT again) takes
+// the table kept beside it and ends where an uninterrupted one ends.
+START_TEST(test_shard_groups_a_restored_shard_keeps_the_table)
+{
+    float want[N_PARAMS], got[N_PARAMS];
+    s_run(1, want);
+    s_layout x;
+    s_layout_init(&x);
+    zps_model_spec model;
+    zps_shard *s = s_new(&x, &model, 0, 1);
+    s_init_all(s);
+    s_steps(s, 0, 1);
+    ck_assert_int_eq(zps_shard_save(s, zps_tmpdir_dir(), 2), ZPS_OK);
+    zps_shard_destroy(&s);
+    s = s_new(&x, &model, 0, 1);
+    uint64_t loaded;
+    ck_assert_int_eq(zps_shard_restore(s, zps_tmpdir_dir(), UINT64_MAX, &loaded), ZPS_OK);
+    ck_assert_uint_eq(loaded, 1);
+    s_steps(s, 1, STEPS);
+    zps_shard_fx_params(s, 0, got);
+    zps_shard_destroy(&s);
+    ck_assert(memcmp(got, want, sizeof got) == 0);
+}
+END_TEST
+
 Suite *zps_suite_shard_groups(void)
 {
     Suite *s = suite_create("shard_groups");
     TCase *tc = tcase_create("groups");
     tcase_add_test(tc, test_shard_groups_follow_each_tensor_with_the_same_bits_on_1_2_3_shards);
     tcase_add_test(tc, test_shard_groups_refuse_bad_groups_and_name_the_difference);
+    tcase_add_test(tc, test_shard_groups_a_restored_shard_keeps_the_table);
+    zps_tmpdir_fixture(tc);
     suite_add_tcase(s, tc);
     return s;
 }
