@@ -17,8 +17,9 @@ STEPS = 3
 
 
 def job(procs, *args, name="server"):
+    workers = [] if "--workers" in args else ["--workers", "1"]
     return procs.server("--model", "external", "--global-batch", "16", "--steps", str(STEPS),
-                        "--workers", "1", *args, name=name)
+                        *workers, *args, name=name)
 
 
 def client(endpoint, table=False):
@@ -114,3 +115,38 @@ def test_a_server_without_flags_trains_each_group_with_its_table(procs):
     want[7:9] = g[7:9]  # the averaged buffer: the one worker's value
     assert np.array_equal(p, want), (p, want)
     c.close()
+
+
+def test_a_later_worker_must_declare_the_first_workers_groups(procs):
+    import threading
+
+    s = job(procs, "--workers", "2")
+    first = client(s.endpoint)
+    first.connect()
+    joined = []
+    t = threading.Thread(target=lambda: joined.append(first.join() or True))
+    t.start()
+    other = zps.Client(s.endpoint)
+    other.set("join_timeout_ms", 30000)
+    other.declare_tensor("a", [4])
+    other.declare_tensor("b", [3])
+    other.declare_buffer("m", [2], _lib.BUFFER_AVERAGE)
+    other.declare_group(0, _lib.INNER_SGD, 0.1)
+    other.declare_group(1, _lib.INNER_SGD, 0.1, weight_decay=0.01, momentum=0.5)
+    other.declare_tensor_group("b", 1)
+    other.declare_dataset(N)
+    other.connect()
+    try:
+        with pytest.raises(zps.ZpsError, match=r"group 1 declares weight_decay 0.01"):
+            other.join()
+        other.close()
+        same = client(s.endpoint)
+        same.connect()
+        same.join()  # the first's declaration: admitted, and the job starts
+        t.join(timeout=60)
+        assert joined == [True]
+        same.close()
+    finally:
+        first.stop()
+        t.join(timeout=60)
+        first.close()
