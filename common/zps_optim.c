@@ -141,7 +141,8 @@ float zps_optim_lr_at(const zps_optim_cfg *cfg, uint64_t step)
     uint64_t after = step - cfg->warmup_steps;
     if (cfg->schedule == ZPS_LR_STEP && cfg->step_size > 0) {
         // torch's StepLR: lr * gamma ** (t // step_size).
-        return (float)(cfg->lr * pow(cfg->gamma, (double)(after / cfg->step_size)));
+        uint64_t decays = after / cfg->step_size; // floor, as torch's //
+        return (float)(cfg->lr * pow(cfg->gamma, (double)decays));
     }
     if (cfg->schedule == ZPS_LR_CONSTANT || cfg->schedule == ZPS_LR_STEP ||
         cfg->total_steps <= cfg->warmup_steps) {

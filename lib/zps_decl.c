@@ -118,7 +118,7 @@ zps_err zps_decl_group(zps_decl *d, int group, const Zps__Optim *settings, char 
         return ZPS_EINVAL;
     }
     if ((size_t)group == n) {
-        Zps__Optim **grown = realloc(d->groups, (n + 1) * sizeof *grown);
+        Zps__Optim **grown = realloc(d->groups, (n + 1) * sizeof(Zps__Optim *));
         Zps__Optim *g = calloc(1, sizeof *g);
         if (grown) {
             d->groups = grown;

@@ -91,6 +91,19 @@ static int s_job_steps(zps_server *srv, uint32_t n_train, uint64_t *spe, char *w
     return 0;
 }
 
+// A declared layout's groups, taken when no optimizer flag was given:
+// the workers' optimizer, group 0's settings the job's (its kind sizes the
+// state), with no schedule but the table rank 0 may declare (a torch
+// optimizer without a scheduler).
+static void s_declared_optim(const zps_server *srv, zps_shard_cfg *cfg)
+{
+    cfg->layout = srv->declared ? srv->declared->layout : NULL;
+    if (cfg->layout && cfg->layout->n_groups > 0 && !srv->o->optim_given) {
+        zps_optim_cfg base = {.schedule = ZPS_LR_CONSTANT, .total_steps = srv->total_steps};
+        cfg->optim = zps_groups_cfg(cfg->layout->groups[0], &base);
+    }
+}
+
 // Shard 0 with the job's sizes known: the coordinator and this shard's
 // range. *why says what does not fit (2), or memory ran out (1).
 int zps_start_coordinator(zps_server *srv, uint32_t n_train, uint32_t n_test, char *why,
@@ -108,14 +121,7 @@ int zps_start_coordinator(zps_server *srv, uint32_t n_train, uint32_t n_test, ch
                          .optim = o->optim, .await_init = srv->declared != NULL,
                          .threads = o->threads, .mode = o->mode};
     cfg.optim.total_steps = srv->total_steps;
-    cfg.layout = srv->declared ? srv->declared->layout : NULL;
-    if (cfg.layout && cfg.layout->n_groups > 0 && !o->optim_given) {
-        // No optimizer flags: the workers' optimizer, group 0's settings the
-        // job's (its kind sizes the state), with no schedule but the
-        // table rank 0 may declare (a torch optimizer without a scheduler).
-        zps_optim_cfg base = {.schedule = ZPS_LR_CONSTANT, .total_steps = srv->total_steps};
-        cfg.optim = zps_groups_cfg(cfg.layout->groups[0], &base);
-    }
+    s_declared_optim(srv, &cfg);
     zps_optim_cfg inner = o->optim;
     if (o->mode.diloco) {
         cfg.optim = zps_outer_optim(&o->mode.outer);
