@@ -95,6 +95,12 @@ static bool s_declared_differs(const zps_coord *c, const Zps__Hello *hello, char
         if (zps_layout_differs_mlp(c->cfg.spec, hello->layout, why, len)) {
             return true;
         }
+        if (zps_groups_declared(hello->layout) || hello->declares_schedule) {
+            snprintf(why, len, "this job trains %s with the server's optimizer flags: declare "
+                               "no parameter groups, buffers or learning-rate table",
+                     c->cfg.model);
+            return true;
+        }
     } else if (!hello->layout) {
         snprintf(why, len, "this job's model is declared by its workers (--model external): "
                            "this worker declared none");
