@@ -144,6 +144,10 @@ zps_err zps_decl_tensor_is(zps_decl *d, const char *name, int group, int role, c
         return ZPS_EINVAL;
     }
     for (size_t i = 0; name && i < d->layout.n_tensors; i++) {
+        if (strcmp(d->tensors[i]->name, name) == 0 && d->tensors[i]->role != 0) {
+            snprintf(why, len, "tensor '%s' is a buffer: it has no group", name);
+            return ZPS_EINVAL;
+        }
         if (strcmp(d->tensors[i]->name, name) == 0) {
             d->tensors[i]->group = (uint32_t)group;
             d->tensors[i]->role = (uint32_t)role;

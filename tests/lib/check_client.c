@@ -92,6 +92,8 @@ START_TEST(test_client_declared_optimizer_refusals)
     ck_assert_int_eq(zps_declare_tensor_group(c, "w", 1), ZPS_OK);
     ck_assert_int_eq(zps_declare_buffer(c, "bn", 1, shape, 3), ZPS_EINVAL);
     ck_assert_int_eq(zps_declare_buffer(c, "bn", 1, shape, ZPS_BUFFER_BROADCAST), ZPS_OK);
+    ck_assert_int_eq(zps_declare_tensor_group(c, "bn", 1), ZPS_EINVAL);
+    ck_assert_ptr_nonnull(strstr(zps_errmsg(c), "is a buffer"));
     float lr[2] = {0.1f, 0.2f};
     ck_assert_int_eq(zps_declare_lr_table(c, 2, 1, lr), ZPS_EINVAL); // not joined yet
     ck_assert_ptr_nonnull(strstr(zps_errmsg(c), "after zps_join"));

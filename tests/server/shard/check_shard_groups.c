@@ -291,6 +291,72 @@ START_TEST(test_shard_groups_a_restored_shard_keeps_the_table)
 }
 END_TEST
 
+// INIT of bucket b of s (zeros) with a table of one group (NULL: none).
+static zps_err s_init_with(zps_shard *s, int b, const float *lr, size_t n, char *why, size_t len)
+{
+    const void *data;
+    uint64_t off, count;
+    zps_wire_ref *ref;
+    zps_shard_bucket_params(s, b, &data, &off, &count, &ref);
+    Zps__Header h;
+    zps_wire_header_init(&h, ZPS__MSG_TYPE__INIT);
+    Zps__Schedule table = ZPS__SCHEDULE__INIT;
+    table.groups = 1;
+    table.steps = n;
+    table.lr = (float *)lr;
+    table.n_lr = n;
+    h.schedule = lr ? &table : NULL;
+    h.offset = off;
+    h.count = count;
+    h.dtype = ZPS__DTYPE__F32;
+    zps_wire_msg m;
+    memset(zps_shard_fx_msg(&m, &h, count * sizeof(float)), 0, count * sizeof(float));
+    bool complete;
+    zps_err err = zps_shard_take_init(s, &m, &complete, why, len);
+    zps_wire_msg_fini(&m);
+    return err;
+}
+
+// The first INIT's table is the shard's; a later INIT (another bucket)
+// with another table, or none, is refused and changes nothing.
+START_TEST(test_shard_groups_refuse_an_init_of_another_table)
+{
+    static uint64_t shape[1] = {70000}; // more than a bucket: two
+    Zps__Tensor t = ZPS__TENSOR__INIT;
+    Zps__Tensor *tp = &t;
+    t.name = "big";
+    t.shape = shape;
+    t.n_shape = 1;
+    t.role = ZPS_ROLE_AVERAGE; // declared: the shard cuts segments
+    Zps__Layout l = ZPS__LAYOUT__INIT;
+    l.tensors = &tp;
+    l.n_tensors = 1;
+    zps_model_spec model;
+    zps_layout_model(&l, &model);
+    zps_shard_cfg cfg = {.shards = 1, .model = &model, .lo = 0, .hi = model.n_params,
+                         .global_batch = ZPS_SHARD_FX_BATCH, .dtype = ZPS_DTYPE_F32,
+                         .await_init = true, .layout = &l};
+    zps_shard *s = zps_shard_new(&cfg);
+    ck_assert_ptr_nonnull(s);
+    ck_assert_int_eq(zps_shard_n_buckets(s), 2);
+    const float one[2] = {0.1f, 0.2f}, other[2] = {0.1f, 0.3f};
+    char why[256] = "";
+    ck_assert_int_eq(s_init_with(s, 0, one, 2, why, sizeof why), ZPS_OK);
+    ck_assert_int_eq(s_init_with(s, 1, other, 2, why, sizeof why), ZPS_EPROTO);
+    ck_assert_msg(strstr(why, "not the first INIT's") != NULL, "%s", why);
+    ck_assert_int_eq(s_init_with(s, 1, NULL, 0, why, sizeof why), ZPS_EPROTO);
+    ck_assert(zps_shard_awaits_init(s));
+    ck_assert_int_eq(s_init_with(s, 1, one, 2, why, sizeof why), ZPS_OK);
+    ck_assert(!zps_shard_awaits_init(s));
+    zps_shard_destroy(&s);
+    s = zps_shard_new(&cfg);
+    float bad[2] = {0.1f, -1.0f};
+    ck_assert_int_eq(s_init_with(s, 0, bad, 2, why, sizeof why), ZPS_EPROTO);
+    ck_assert_msg(strstr(why, "step 1 group 0 is -1") != NULL, "%s", why);
+    zps_shard_destroy(&s);
+}
+END_TEST
+
 Suite *zps_suite_shard_groups(void)
 {
     Suite *s = suite_create("shard_groups");
@@ -298,6 +364,7 @@ Suite *zps_suite_shard_groups(void)
     tcase_add_test(tc, test_shard_groups_follow_each_tensor_with_the_same_bits_on_1_2_3_shards);
     tcase_add_test(tc, test_shard_groups_refuse_bad_groups_and_name_the_difference);
     tcase_add_test(tc, test_shard_groups_a_restored_shard_keeps_the_table);
+    tcase_add_test(tc, test_shard_groups_refuse_an_init_of_another_table);
     zps_tmpdir_fixture(tc);
     suite_add_tcase(s, tc);
     return s;
