@@ -72,8 +72,11 @@ def test_a_server_with_schedule_flags_refuses_a_declared_table(procs):
     c.close()
 
 
-def test_a_server_without_flags_trains_each_group_with_its_table(procs):
-    s = job(procs)
+@pytest.mark.parametrize("shards", [1, 2])
+def test_a_server_without_flags_trains_each_group_with_its_table(procs, shards):
+    s = job(procs, "--shards", str(shards))
+    if shards == 2:  # shard 1 learns the groups from its ASSIGN's layout
+        procs.server("--shard", "1", "--shards", "2", "--coordinator", s.endpoint, name="s1")
     c = client(s.endpoint, table=True)
     c.connect()
     c.join()
