@@ -10,16 +10,67 @@ import numpy as np
 import pytest
 
 import zps
+from conftest import BIN
 from zps import _lib
 
 N = 64  # train records
 STEPS = 3
 
 
-def job(procs, *args, name="server"):
+def job(procs, *args, name="server", steps=STEPS):
     workers = [] if "--workers" in args else ["--workers", "1"]
-    return procs.server("--model", "external", "--global-batch", "16", "--steps", str(STEPS),
+    return procs.server("--model", "external", "--global-batch", "16", "--steps", str(steps),
                         *workers, *args, name=name)
+
+
+LR = np.array([[0.1, 0.0], [0.2, 0.5], [0.05, 0.25]], dtype=np.float32)  # [step][group]
+
+
+def expected(p0, g, steps):
+    """SGD as torch: group 0 (a) without momentum at the table's column 0;
+    group 1 (b) with momentum 0.5 at column 1; past the table its last row.
+    The averaged buffer m: the one worker's value."""
+    want = p0.copy()
+    buf = np.zeros(3, dtype=np.float32)
+    for t in range(steps):
+        lr = LR[min(t, len(LR) - 1)]
+        want[:4] = want[:4] - lr[0] * (g[:4] + np.float32(0) * want[:4])
+        buf = np.float32(0.5) * buf + (g[4:7] + np.float32(0) * want[4:7])
+        want[4:7] = want[4:7] - lr[1] * buf
+    want[7:9] = g[7:9]
+    return want
+
+
+def train(c, steps, after_step=None):
+    """The worker's loop over constant pushes; the parameters at the end."""
+    n = c.info("n_params")
+    c.declare_lr_table(2, len(LR), LR.ravel().tolist())
+    p = np.arange(1, n + 1, dtype=np.float32) * np.float32(0.1)
+    p0 = p.copy()
+    c.set_params(p.ctypes.data, n)
+    g = np.full(n, 0.5, dtype=np.float32)
+    g[7:9] = [3.0, -1.0]  # the buffer's value, pushed where its gradient would be
+    w = _lib.Work()
+    done = set()
+    while True:
+        r = c.next_work(w)
+        if r == _lib.NEXT_WORK:
+            if not c.work_start(w):
+                continue
+            for b in range(c.info("n_buckets")):
+                c.push_bucket(w, b, g.ctypes.data, 1.0)
+            c.work_done(w)
+            if after_step and w.step not in done:
+                after_step(w.step)
+            done.add(w.step)
+        elif r == _lib.NEXT_EVAL:
+            c.eval_done(w, 0, 0.0)
+        elif r == _lib.NEXT_DONE:
+            break
+        else:
+            assert r in (_lib.NEXT_ROLLBACK, _lib.NEXT_REJOINED), r
+    assert done == set(range(steps))
+    return p, expected(p0, g, steps)
 
 
 def client(endpoint, table=False):
@@ -80,42 +131,47 @@ def test_a_server_without_flags_trains_each_group_with_its_table(procs, shards):
     c = client(s.endpoint, table=True)
     c.connect()
     c.join()
-    n = c.info("n_params")
-    assert n == 9
-    lr = np.array([[0.1, 0.0], [0.2, 0.5], [0.05, 0.25]], dtype=np.float32)
-    c.declare_lr_table(2, STEPS, lr.ravel().tolist())
-    p0 = np.arange(1, n + 1, dtype=np.float32) * np.float32(0.1)
-    p = p0.copy()
-    c.set_params(p.ctypes.data, n)
-    g = np.full(n, 0.5, dtype=np.float32)
-    g[7:9] = [3.0, -1.0]  # the buffer's value, pushed where its gradient would be
-    w = _lib.Work()
-    steps = 0
-    while True:
-        r = c.next_work(w)
-        if r == _lib.NEXT_WORK:
-            if not c.work_start(w):
-                continue
-            for b in range(c.info("n_buckets")):
-                c.push_bucket(w, b, g.ctypes.data, 1.0)
-            c.work_done(w)
-            steps += 1
-        elif r == _lib.NEXT_EVAL:
-            c.eval_done(w, 0, 0.0)
-        elif r == _lib.NEXT_DONE:
-            break
-        else:
-            assert r in (_lib.NEXT_ROLLBACK, _lib.NEXT_REJOINED), r
-    assert steps == STEPS
-    # SGD as torch: group 0 (a) without momentum at the table's column 0;
-    # group 1 (b) with momentum 0.5 at column 1.
-    want = p0.copy()
-    buf = np.zeros(3, dtype=np.float32)
-    for t in range(STEPS):
-        want[:4] = want[:4] - lr[t, 0] * (g[:4] + np.float32(0) * want[:4])
-        buf = np.float32(0.5) * buf + (g[4:7] + np.float32(0) * want[4:7])
-        want[4:7] = want[4:7] - lr[t, 1] * buf
-    want[7:9] = g[7:9]  # the averaged buffer: the one worker's value
+    assert c.info("n_params") == 9
+    p, want = train(c, STEPS)
+    assert np.array_equal(p, want), (p, want)
+    c.close()
+
+
+def test_a_shard_restarted_from_its_checkpoint_keeps_the_groups_and_the_table(procs):
+    """Shard 1 killed after step 3 and restarted with --resume: no INIT
+    comes again; its groups come with ASSIGN, its table from beside its
+    checkpoints, and the replayed run ends bit for bit as the uninterrupted one."""
+    import os
+    import signal
+    import socket
+
+    steps = 6
+    ck0, ck1 = os.path.join(procs.tmp, "ck0"), os.path.join(procs.tmp, "ck1")
+    s = job(procs, "--shards", "2", "--checkpoint-dir", ck0, "--checkpoint-every", "1",
+            "--worker-timeout-ms", "30000", steps=steps)
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        port = sock.getsockname()[1]
+    shard1 = ["--shard", "1", "--shards", "2", "--coordinator", s.endpoint, "--checkpoint-dir",
+              ck1]
+    s1 = procs.start("s1", [os.path.join(BIN, "zps-server"), "--listen",
+                            f"tcp://127.0.0.1:{port}", *shard1])
+    again = []
+
+    def kill_shard_1(step):
+        if step == 3 and not again:
+            os.kill(s1.pid, signal.SIGKILL)
+            s1.wait(timeout=10)
+            again.append(procs.start("s1-again", [os.path.join(BIN, "zps-server"), "--listen",
+                                                  f"tcp://127.0.0.1:{port}", *shard1,
+                                                  "--resume"]))
+
+    c = client(s.endpoint, table=True)
+    c.set("timeout_ms", 30000)
+    c.connect()
+    c.join()
+    p, want = train(c, steps, kill_shard_1)
+    assert again and "restored step" in procs.log(again[0]), procs.log(again[0])
     assert np.array_equal(p, want), (p, want)
     c.close()
 
