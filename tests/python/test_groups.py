@@ -176,6 +176,42 @@ def test_a_shard_restarted_from_its_checkpoint_keeps_the_groups_and_the_table(pr
     c.close()
 
 
+def test_a_coordinator_restarted_from_its_checkpoint_takes_the_declared_groups_again(procs):
+    """Shard 0 (alone) killed after step 3 and restarted with --resume: the
+    declaration kept beside its checkpoints gives it the groups before any
+    worker is back, its table comes from beside them too."""
+    import os
+    import signal
+    import socket
+
+    steps = 6
+    ck0 = os.path.join(procs.tmp, "ck0")
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        port = sock.getsockname()[1]
+    ep = f"tcp://127.0.0.1:{port}"
+    args = [os.path.join(BIN, "zps-server"), "--listen", ep, "--model", "external",
+            "--global-batch", "16", "--steps", str(steps), "--workers", "1",
+            "--checkpoint-dir", ck0, "--checkpoint-every", "1", "--worker-timeout-ms", "30000"]
+    s0 = procs.start("s0", args)
+    again = []
+
+    def kill_coordinator(step):
+        if step == 3 and not again:
+            os.kill(s0.pid, signal.SIGKILL)
+            s0.wait(timeout=10)
+            again.append(procs.start("s0-again", args + ["--resume"]))
+
+    c = client(ep, table=True)
+    c.set("timeout_ms", 30000)
+    c.connect()
+    c.join()
+    p, want = train(c, steps, kill_coordinator)
+    assert again and "restored step" in procs.log(again[0]), procs.log(again[0])
+    assert np.array_equal(p, want), (p, want)
+    c.close()
+
+
 def test_a_later_worker_must_declare_the_first_workers_groups(procs):
     import threading
 
