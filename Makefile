@@ -128,7 +128,7 @@ WORKER_OBJ := $(call obj,$(WORKER_SRC))
 # the public API alone (lib/libzps.map). zps-worker (worker/) links the
 # archive; its training loop and backends (the "user code") are not in the
 # library.
-LIBZPS_SRC := $(PROTO_C) $(addprefix common/,zps_curve.c zps_dtype.c zps_err.c zps_layout.c \
+LIBZPS_SRC := $(PROTO_C) $(addprefix common/,zps_curve.c zps_dtype.c zps_err.c zps_groups.c zps_layout.c \
 	zps_log.c zps_model.c zps_optim.c zps_outer.c zps_plan.c zps_plans.c zps_quant.c zps_shm.c \
 	zps_sndbuf.c zps_timers.c zps_wire.c) $(LIB_SRC)
 LIBZPS_OBJ := $(call obj,$(LIBZPS_SRC))
@@ -221,8 +221,9 @@ $(BIN)/zps-server: $(B)/obj/server/main.o $(B)/libzps_server.a $(B)/libzps_commo
 $(BIN)/zps-worker: $(ZPS_WORKER_OBJ) $(B)/libzps.a $(B)/libzps_common.a
 
 # libzps.so.$(ZPS_SO_VERSION) (1.1: ZPS_OPT_SHM; 1.2: diloco; 1.3: a diloco job's inner
-# optimizer, node ZPS_1.3 of the map; 1.4: zps_declare_clip_grad_norm, node ZPS_1.4),
-# soname libzps.so.1, and the links a build and a loader look for.
+# optimizer, node ZPS_1.3 of the map; 1.4: declared parameter groups, buffers, a
+# learning-rate table and clipping, node ZPS_1.4), soname libzps.so.1, and the
+# links a build and a loader look for.
 $(LIBZPS_SO): $(LIBZPS_PIC) lib/libzps.map
 	@mkdir -p $(BIN)
 	$(CC) $(ZPS_CFLAGS) -shared -Wl,-soname,libzps.so.$(ZPS_SO_MAJOR) \

@@ -5,6 +5,8 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "zps_groups.h"
+
 #define S_FNV_OFFSET 0xcbf29ce484222325ull
 #define S_FNV_PRIME 0x100000001b3ull
 
@@ -106,7 +108,8 @@ zps_err zps_layout_check(const Zps__Layout *l, char *why, size_t len)
             return err;
         }
     }
-    return s_check_unique(l, why, len);
+    zps_err err = s_check_unique(l, why, len);
+    return err == ZPS_OK ? zps_groups_check(l, why, len) : err;
 }
 
 uint64_t zps_layout_n_params(const Zps__Layout *l)

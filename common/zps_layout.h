@@ -24,7 +24,8 @@
 // Whether l can be a job's model: 1..ZPS_LAYOUT_MAX_TENSORS tensors, each
 // with a unique name of printable characters without spaces, at most
 // ZPS_LAYOUT_MAX_DIMS dimensions of at least 1 each, and 1..ZPS_MODEL_MAX_FLAT
-// elements in all. ZPS_EINVAL with the reason in why.
+// elements in all; its groups and roles as zps_groups_check has them.
+// ZPS_EINVAL with the reason in why.
 zps_err zps_layout_check(const Zps__Layout *l, char *why, size_t len);
 
 // Elements of the flat vector (the product of each shape, summed).

@@ -71,6 +71,12 @@ zps_err zps_optim_validate(const zps_optim_cfg *cfg)
         zps_log_error("optimizer %s: --lr and --weight-decay must be >= 0", name);
         return ZPS_EINVAL;
     }
+    if (cfg->schedule == ZPS_LR_STEP && (cfg->step_size == 0 || !(cfg->gamma >= 0) ||
+                                         isinf(cfg->gamma))) {
+        zps_log_error("--lr-schedule step needs --lr-step-size >= 1 and a finite --lr-gamma "
+                      ">= 0");
+        return ZPS_EINVAL;
+    }
     if (cfg->kind == ZPS_OPTIM_SGD) {
         if (!(cfg->momentum >= 0)) {
             zps_log_error("optimizer sgd: --momentum must be >= 0");
@@ -117,6 +123,10 @@ zps_err zps_optim_parse_schedule(const char *text, zps_lr_schedule *out)
         *out = ZPS_LR_CONSTANT;
     } else if (strcmp(text, "cosine") == 0) {
         *out = ZPS_LR_COSINE;
+    } else if (strcmp(text, "linear") == 0) {
+        *out = ZPS_LR_LINEAR;
+    } else if (strcmp(text, "step") == 0) {
+        *out = ZPS_LR_STEP;
     } else {
         return ZPS_EINVAL;
     }
@@ -128,12 +138,24 @@ float zps_optim_lr_at(const zps_optim_cfg *cfg, uint64_t step)
     if (step < cfg->warmup_steps) {
         return (float)(cfg->lr * (double)(step + 1) / (double)cfg->warmup_steps);
     }
-    if (cfg->schedule == ZPS_LR_CONSTANT || cfg->total_steps <= cfg->warmup_steps) {
+    uint64_t after = step - cfg->warmup_steps;
+    if (cfg->schedule == ZPS_LR_STEP && cfg->step_size > 0) {
+        // torch's StepLR: lr * gamma ** (t // step_size).
+        uint64_t decays = after / cfg->step_size; // floor, as torch's //
+        return (float)(cfg->lr * pow(cfg->gamma, (double)decays));
+    }
+    if (cfg->schedule == ZPS_LR_CONSTANT || cfg->schedule == ZPS_LR_STEP ||
+        cfg->total_steps <= cfg->warmup_steps) {
         return cfg->lr;
     }
-    // torch's CosineAnnealingLR(T_max = decay steps, eta_min = 0), stepped per step.
-    double t = (double)(step - cfg->warmup_steps);
+    double t = (double)after;
     double span = (double)(cfg->total_steps - cfg->warmup_steps);
+    if (cfg->schedule == ZPS_LR_LINEAR) {
+        // torch's LinearLR(start_factor 1, end_factor 0, total_iters = decay steps).
+        double done = t < span ? t : span;
+        return (float)(cfg->lr * (1.0 + (0.0 - 1.0) * done / span));
+    }
+    // torch's CosineAnnealingLR(T_max = decay steps, eta_min = 0), stepped per step.
     return (float)(cfg->lr * 0.5 * (1.0 + cos(M_PI * t / span)));
 }
 

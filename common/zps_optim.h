@@ -18,6 +18,8 @@
 typedef enum zps_lr_schedule {
     ZPS_LR_CONSTANT = 0,
     ZPS_LR_COSINE = 1, // decays to 0 at total_steps
+    ZPS_LR_LINEAR = 2, // torch LinearLR(1, 0, decay steps): to 0 at total_steps
+    ZPS_LR_STEP = 3,   // torch StepLR(step_size, gamma)
 } zps_lr_schedule;
 
 // Which update, and so which state a shard keeps. The numbers travel in
@@ -38,7 +40,9 @@ typedef struct zps_optim_cfg {
     double eps;                // Adam, AdamW: added to the denominator, > 0
     zps_lr_schedule schedule;  // per step
     uint64_t warmup_steps;     // linear warm-up from lr/warmup to lr
-    uint64_t total_steps;      // length of the run, for the cosine
+    uint64_t total_steps;      // length of the run, for the cosine and the linear
+    uint64_t step_size;        // step: the rate falls by gamma every step_size steps (>= 1)
+    double gamma;              // step: the factor
 } zps_optim_cfg;
 
 // torch's defaults for Adam and AdamW.
@@ -63,10 +67,13 @@ zps_err zps_optim_validate(const zps_optim_cfg *cfg);
 // zps_optim_validate, after checking that name is the name of cfg->kind
 // (the flags set both).
 zps_err zps_optim_check(const char *name, const zps_optim_cfg *cfg);
-// "constant" or "cosine" into *out; ZPS_EINVAL, unlogged, otherwise.
+// "constant", "cosine", "linear" or "step" into *out; ZPS_EINVAL,
+// unlogged, otherwise.
 zps_err zps_optim_parse_schedule(const char *text, zps_lr_schedule *out);
 
-// The learning rate used by the update of step `step` (0-based).
+// The learning rate used by the update of step `step` (0-based): after
+// the warm-up, torch's closed form of the scheduler stepped once a step
+// (CosineAnnealingLR, LinearLR, StepLR) over the steps after it.
 float zps_optim_lr_at(const zps_optim_cfg *cfg, uint64_t step);
 
 // One SGD update of n elements: params and momentum_buf (zeroed before the

@@ -165,6 +165,44 @@ zps_err zps_declare_dataset(zps_client *c, uint32_t n_train, uint32_t n_test);
 // finite and > 0, else ZPS_EINVAL.
 zps_err zps_declare_clip_grad_norm(zps_client *c, double max_norm);
 
+// The user's optimizer, declared with the model (1.4; docs/optimizers.md):
+// torch's param_groups, applied per tensor by the shards. A server started
+// without optimizer flags takes them; one started with them refuses a
+// declaration whose groups differ (zps_join fails, zps_errmsg names the
+// first difference). Every later worker declares the same.
+//
+// Parameter group `group` (0..n-1, declared in order before zps_join; one
+// declared again is replaced): kind ZPS_INNER_SGD, _ADAM or _ADAMW (the
+// same for every group) and its hyperparameters as torch names them
+// (momentum and nesterov: SGD; beta1, beta2, eps: Adam and AdamW). Without
+// any, the server's flags are the optimizer. ZPS_EINVAL with the reason.
+zps_err zps_declare_group(zps_client *c, int group, int kind, double lr, double momentum,
+                          int nesterov, double weight_decay, double beta1, double beta2,
+                          double eps);
+// A declared tensor's group (default 0), before zps_join. ZPS_EINVAL.
+zps_err zps_declare_tensor_group(zps_client *c, const char *name, int group);
+// A buffer (1.4): a tensor of the flat vector (fp32, declared in its place
+// as zps_declare_tensor does) that is not optimized. The worker pushes its
+// value (the buffer after its forward) in the gradient at its range, and
+// gets the new value back with the parameters: the sample-weighted mean of
+// the values pushed (ZPS_BUFFER_AVERAGE), or the value pushed for the
+// slice holding the global batch's sample 0 (ZPS_BUFFER_BROADCAST, as
+// DDP broadcasts rank 0's buffers). ZPS_EINVAL.
+enum { ZPS_BUFFER_AVERAGE = 1, ZPS_BUFFER_BROADCAST = 2 };
+zps_err zps_declare_buffer(zps_client *c, const char *name, int ndim, const int64_t *shape,
+                           int how);
+// A learning-rate table (1.4): a torch scheduler run by rank 0 over the
+// job's steps (ZPS_INFO_TOTAL_STEPS), lr[step * groups + g] the rate of
+// group g in the update of step; past the table, its last row. Called
+// twice: before zps_join with steps 0 and lr NULL, to announce it (a
+// server given --lr or schedule flags refuses the join), then after
+// zps_join and before the first zps_next_work with the table, which the
+// library copies and sends with INIT when this client sends them (rank 0
+// of a fresh job); otherwise it is ignored. groups must be the groups
+// declared (1 without any). ZPS_EINVAL with the reason: bad sizes, a
+// negative or non-finite rate, no announcement.
+zps_err zps_declare_lr_table(zps_client *c, int groups, uint64_t steps, const float *lr);
+
 // Connects to the coordinator. ZPS_EIO when the endpoint is unusable.
 zps_err zps_connect(zps_client *c);
 // Says HELLO until the coordinator admits this worker and sends the job

@@ -128,6 +128,7 @@ static zps_err s_hello(zps_conn *n)
         hello.layout = (Zps__Layout *)&n->decl->layout;
         hello.n_train = n->decl->n_train;
         hello.n_test = n->decl->n_test;
+        hello.declares_schedule = n->decl->announces_table;
     }
     Zps__Header h;
     zps_wire_header_init(&h, ZPS__MSG_TYPE__HELLO);
@@ -305,6 +306,9 @@ zps_err zps_conn_send_init(zps_conn *n, int i, const float *params)
         h.offset = sc->buckets[b].lo;
         h.count = sc->buckets[b].hi - sc->buckets[b].lo;
         h.dtype = ZPS__DTYPE__F32; // initial values keep every bit, whatever the wire dtype
+        if (n->decl && n->decl->table.n_lr > 0) {
+            h.schedule = (Zps__Schedule *)&n->decl->table; // every INIT: the shard compares
+        }
         err = zps_conn_send(n, i, &h, params + h.offset, h.count * sizeof(float), NULL);
     }
     return err;

@@ -40,7 +40,8 @@ zps_err zps_diloco_take_mode(zps_client *c, const Zps__Job *job)
             .kind = (zps_optim_kind)o->kind, .lr = o->lr, .momentum = o->momentum,
             .nesterov = o->nesterov, .weight_decay = o->weight_decay, .beta1 = o->beta1,
             .beta2 = o->beta2, .eps = o->eps, .schedule = (zps_lr_schedule)o->schedule,
-            .warmup_steps = o->warmup_steps, .total_steps = c->total_steps * c->mode.inner_steps};
+            .warmup_steps = o->warmup_steps, .total_steps = c->total_steps * c->mode.inner_steps,
+            .step_size = o->step_size, .gamma = o->gamma};
     }
     int nb = zps_model_n_buckets(&c->model), n = 0;
     uint64_t *lo = malloc(((size_t)nb + ZPS_CONN_MAX_SHARDS) * sizeof *lo);

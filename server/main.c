@@ -206,10 +206,19 @@ static const zps_opts_row s_table[] = {
      .help = "adam, adamw only: added to the denominator, > 0",
      .offset = offsetof(s_flags, srv.optim.eps), .ctype = ZPS_OPTS_C_PARSER,
      .parse = s_parse_eps, .accepts = "a positive float32 number"},
-    {.name = "lr-schedule", .kind = ZPS_OPTS_CUSTOM, .metavar = "constant|cosine",
-     .def = "cosine", .help = "the learning rate per step; cosine decays to 0 at the end",
+    {.name = "lr-schedule", .kind = ZPS_OPTS_CUSTOM, .metavar = "constant|cosine|linear|step",
+     .def = "cosine", .help = "the learning rate per step; cosine and linear decay to 0 at the "
+                              "end, step multiplies it by --lr-gamma every --lr-step-size steps",
      .offset = offsetof(s_flags, srv.optim.schedule), .ctype = ZPS_OPTS_C_PARSER,
-     .parse = s_parse_schedule, .accepts = "constant or cosine"},
+     .parse = s_parse_schedule, .accepts = "constant, cosine, linear or step"},
+    {.name = "lr-step-size", .kind = ZPS_OPTS_INT, .metavar = "N", .def = "1",
+     .help = "--lr-schedule step: steps (after the warm-up) between decays, as torch's StepLR",
+     .offset = offsetof(s_flags, srv.optim.step_size), .ctype = ZPS_OPTS_C_U64,
+     .lo = 1, .hi = LLONG_MAX},
+    {.name = "lr-gamma", .kind = ZPS_OPTS_REAL, .metavar = "G", .def = "0.1",
+     .help = "--lr-schedule step: the factor of each decay",
+     .offset = offsetof(s_flags, srv.optim.gamma), .ctype = ZPS_OPTS_C_DOUBLE,
+     .real_lo = 0, .real_hi = FLT_MAX},
     {.name = "warmup-steps", .kind = ZPS_OPTS_INT, .metavar = "N", .def = "0",
      .help = "linear warm-up to the peak learning rate",
      .offset = offsetof(s_flags, srv.optim.warmup_steps), .ctype = ZPS_OPTS_C_U64,
@@ -349,6 +358,17 @@ static const zps_opts_prog s_prog = {
 // torch's defaults for Adam and AdamW (lr 1e-3; AdamW's weight decay 1e-2).
 static bool s_check_optim_flags(zps_server_opts *o, const bool *given)
 {
+    static const char *const optim_flags[] = {"optimizer", "momentum", "nesterov",
+                                              "weight-decay", "betas", "eps"};
+    static const char *const schedule_flags[] = {"lr", "lr-schedule", "warmup-steps",
+                                                 "lr-step-size", "lr-gamma"};
+    for (size_t i = 0; i < sizeof schedule_flags / sizeof schedule_flags[0]; i++) {
+        o->schedule_given = o->schedule_given || zps_opts_given(&s_prog, given, schedule_flags[i]);
+    }
+    o->optim_given = o->schedule_given;
+    for (size_t i = 0; i < sizeof optim_flags / sizeof optim_flags[0]; i++) {
+        o->optim_given = o->optim_given || zps_opts_given(&s_prog, given, optim_flags[i]);
+    }
     o->optimizer = zps_optim_name(o->optim.kind);
     bool sgd = o->optim.kind == ZPS_OPTIM_SGD;
     if (sgd && (zps_opts_given(&s_prog, given, "betas") ||
@@ -443,7 +463,8 @@ static int s_parse_flags(int argc, char **argv, s_flags *f)
             .epochs = 10,
             .optimizer = "sgd",
             .optim = {.lr = 0.05f, .momentum = 0.9f, .schedule = ZPS_LR_COSINE,
-                      .beta1 = ZPS_OPTIM_BETA1, .beta2 = ZPS_OPTIM_BETA2, .eps = ZPS_OPTIM_EPS},
+                      .beta1 = ZPS_OPTIM_BETA1, .beta2 = ZPS_OPTIM_BETA2, .eps = ZPS_OPTIM_EPS,
+                      .step_size = 1, .gamma = 0.1},
             .shards = 1,
             .wire_dtype = ZPS_DTYPE_F32,
             .worker_timeout_ms = 10000,

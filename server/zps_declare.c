@@ -10,6 +10,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "common/zps_groups.h"
 #include "common/zps_layout.h"
 #include "server/shard/zps_ckpt.h"
 
@@ -17,6 +18,49 @@
 // with --resume knows the model before any worker is back.
 #define ZPS_SERVER_DECLARED "declared-model"
 #define ZPS_SERVER_DECLARED_MAX (1u << 20)
+
+static const char *s_schedule_name(zps_lr_schedule s)
+{
+    static const char *const names[] = {"constant", "cosine", "linear", "step"};
+    return (unsigned)s < sizeof names / sizeof names[0] ? names[s] : "?";
+}
+
+// The declared optimizer against the flags: a server given optimizer
+// flags takes the groups only when they are its flags, and a table only
+// without schedule flags (the flags are the job's; the refusal names the
+// first difference). A diloco job's shards run the outer step alone: the
+// groups a worker declares there are its inner optimizer's (zps.torch
+// declares its optimizer before it knows the job's mode), and are not the
+// shards' business; buffers and a table have no meaning there.
+static bool s_optimizer_ok(const zps_server *srv, const Zps__Hello *hello, char *why,
+                           size_t len)
+{
+    const zps_server_opts *o = srv->o;
+    if (o->mode.diloco) {
+        bool buffers = false;
+        for (size_t i = 0; i < hello->layout->n_tensors; i++) {
+            buffers = buffers || hello->layout->tensors[i]->role != ZPS_ROLE_PARAM;
+        }
+        if (buffers || hello->declares_schedule) {
+            snprintf(why, len, "a diloco job's shards take one outer step for all: declare no "
+                               "buffers (zps.torch: buffers='local') or learning-rate table "
+                               "(step the scheduler yourself)");
+            return false;
+        }
+        return true;
+    }
+    if (o->optim_given && zps_groups_differ_flags(hello->layout, &o->optim, why, len)) {
+        return false;
+    }
+    if (hello->declares_schedule && o->schedule_given) {
+        snprintf(why, len, "this job's schedule is the server's (--lr %g, --lr-schedule %s, "
+                           "--warmup-steps %llu): drop the scheduler or start zps-server without "
+                           "optimizer flags", o->optim.lr, s_schedule_name(o->optim.schedule),
+                 (unsigned long long)o->optim.warmup_steps);
+        return false;
+    }
+    return true;
+}
 
 // A declaration (the HELLO part: layout, dataset sizes) the job can take;
 // why says what is wrong with it.
@@ -36,6 +80,9 @@ static bool s_declaration_ok(const zps_server *srv, const Zps__Hello *hello, cha
         (clip > 0.0f && srv->o->clip_grad_norm > 0.0f && clip != srv->o->clip_grad_norm)) {
         snprintf(why, len, "declared clip_grad_norm %g; this server's --clip-grad-norm is %g",
                  (double)clip, (double)srv->o->clip_grad_norm);
+        return false;
+    }
+    if (!s_optimizer_ok(srv, hello, why, len)) {
         return false;
     }
     if (hello->n_train == 0 || (srv->size_train && hello->n_train != srv->size_train)) {

@@ -65,8 +65,9 @@ static zps_err s_assignment_cfg(zps_server *srv, const Zps__Job *job, zps_shard_
                   .schedule = (zps_lr_schedule)job->optim->schedule,
                   .warmup_steps = job->optim->warmup_steps, .total_steps = job->total_steps,
                   .kind = (zps_optim_kind)job->optim->kind, .beta1 = job->optim->beta1,
-                  .beta2 = job->optim->beta2, .eps = job->optim->eps},
-        .await_init = job->layout != NULL,
+                  .beta2 = job->optim->beta2, .eps = job->optim->eps,
+                  .step_size = job->optim->step_size, .gamma = job->optim->gamma},
+        .await_init = job->layout != NULL, .layout = job->layout,
     };
     if (zps_optim_validate(&cfg->optim) != ZPS_OK) {
         zps_log_error("the coordinator sent optimizer settings this shard cannot use");

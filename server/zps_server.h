@@ -38,6 +38,8 @@ typedef struct zps_server_opts {
     uint64_t steps;             // run length in steps (wins over epochs)
     const char *optimizer;      // "sgd"
     zps_optim_cfg optim;        // lr, momentum, schedule (diloco: zps-worker's inner optimizer)
+    bool optim_given;           // an optimizer flag was given: declared groups must match them
+    bool schedule_given;        // --lr, --lr-schedule or its flags given: no declared table
     zps_outer_mode mode;        // --mode diloco and its flags; zeroed: synchronous
     uint64_t seed;              // init, data order
     zps_dtype wire_dtype;       // gradients and parameters on the wire

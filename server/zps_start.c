@@ -6,6 +6,7 @@
  * declares one: it sits below both, so that neither calls the other. */
 #include "server/zps_server_int.h"
 
+#include "common/zps_groups.h"
 #include "server/shard/zps_ckpt.h"
 
 // The coordinator's question before it decides a rollback (zps_coord_cfg).
@@ -103,6 +104,19 @@ static float s_clip_grad_norm(const zps_server *srv)
     return clip;
 }
 
+// A declared layout's groups, taken when no optimizer flag was given:
+// the workers' optimizer, group 0's settings the job's (its kind sizes the
+// state), with no schedule but the table rank 0 may declare (a torch
+// optimizer without a scheduler).
+static void s_declared_optim(const zps_server *srv, zps_shard_cfg *cfg)
+{
+    cfg->layout = srv->declared ? srv->declared->layout : NULL;
+    if (cfg->layout && cfg->layout->n_groups > 0 && !srv->o->optim_given) {
+        zps_optim_cfg base = {.schedule = ZPS_LR_CONSTANT, .total_steps = srv->total_steps};
+        cfg->optim = zps_groups_cfg(cfg->layout->groups[0], &base);
+    }
+}
+
 // Shard 0 with the job's sizes known: the coordinator and this shard's
 // range. *why says what does not fit (2), or memory ran out (1).
 int zps_start_coordinator(zps_server *srv, uint32_t n_train, uint32_t n_test, char *why,
@@ -121,6 +135,7 @@ int zps_start_coordinator(zps_server *srv, uint32_t n_train, uint32_t n_test, ch
                          .threads = o->threads, .mode = o->mode};
     cfg.clip_grad_norm = s_clip_grad_norm(srv);
     cfg.optim.total_steps = srv->total_steps;
+    s_declared_optim(srv, &cfg);
     zps_optim_cfg inner = o->optim;
     if (o->mode.diloco) {
         cfg.optim = zps_outer_optim(&o->mode.outer);

@@ -17,6 +17,7 @@ int main(void)
         zps_suite_msgtab,
         zps_suite_coord, zps_suite_member, zps_suite_monitor, zps_suite_outbox,
         zps_suite_shard, zps_suite_ckpt, zps_suite_shard_shm, zps_suite_shard_outer,
+        zps_suite_shard_groups,
         // lib/ (libzps)
         zps_suite_client, zps_suite_sampler, zps_suite_round,
         // worker/ (zps-worker)

@@ -39,6 +39,7 @@ Suite *zps_suite_shard(void);
 Suite *zps_suite_ckpt(void);
 Suite *zps_suite_shard_shm(void);
 Suite *zps_suite_shard_outer(void);
+Suite *zps_suite_shard_groups(void);
 
 // lib/ (libzps)
 Suite *zps_suite_client(void);

@@ -158,6 +158,50 @@ class Client:
         self._check(lib.zps_declare_tensor(self._c, name.encode(), len(shape), dims),
                     f"tensor {name}", local=True)
 
+    def _need_1_4(self, call):
+        if not _lib.has(call):
+            major, minor, _ = version()
+            raise BadArgument(_lib.EINVAL, f"libzps {major}.{minor} has no {call}: declaring "
+                                           f"an optimizer needs libzps 1.4 or later")
+
+    def declare_group(self, group, kind, lr, momentum=0.0, nesterov=False, weight_decay=0.0,
+                      betas=(0.9, 0.999), eps=1e-8):
+        """Parameter group `group` (0..n-1, in order, before join) of the
+        job's optimizer: kind _lib.INNER_SGD, INNER_ADAM or INNER_ADAMW, and
+        the group's hyperparameters as torch names them."""
+        self._need_1_4("zps_declare_group")
+        self._check(lib.zps_declare_group(self._c, group, kind, lr, momentum, int(bool(nesterov)),
+                                          weight_decay, betas[0], betas[1], eps),
+                    f"group {group}", local=True)
+
+    def declare_tensor_group(self, name, group):
+        """The group of declared tensor `name` (default 0), before join."""
+        self._need_1_4("zps_declare_tensor_group")
+        self._check(lib.zps_declare_tensor_group(self._c, name.encode(), group),
+                    f"tensor {name}", local=True)
+
+    def declare_buffer(self, name, shape, how=_lib.BUFFER_AVERAGE):
+        """A buffer of the flat vector (fp32, not optimized): its value is
+        pushed in the gradient, and the new one (_lib.BUFFER_AVERAGE: the
+        sample-weighted mean; BUFFER_BROADCAST: sample 0's slice's) comes
+        back with the parameters."""
+        self._need_1_4("zps_declare_buffer")
+        dims = (ctypes.c_int64 * max(len(shape), 1))(*shape)
+        self._check(lib.zps_declare_buffer(self._c, name.encode(), len(shape), dims, how),
+                    f"buffer {name}", local=True)
+
+    def declare_lr_table(self, groups, steps=0, lr=None):
+        """A learning-rate table, lr[step * groups + g] (floats): before
+        join with steps 0 and lr None to announce it, after join and before
+        the first next_work with the table (rank 0's is sent with INIT)."""
+        self._need_1_4("zps_declare_lr_table")
+        buf = None
+        if lr is not None:
+            buf = (ctypes.c_float * len(lr))(*lr)
+        self._check(lib.zps_declare_lr_table(self._c, groups, steps,
+                                             ctypes.addressof(buf) if buf is not None else None),
+                    "learning-rate table", local=True)
+
     def declare_dataset(self, n_train, n_test=0):
         self._check(lib.zps_declare_dataset(self._c, n_train, n_test), "dataset", local=True)
 

@@ -53,12 +53,13 @@ INFO_JOB_ID, INFO_RANK, INFO_SEED, INFO_GLOBAL_BATCH, INFO_TOTAL_STEPS, INFO_STE
     INFO_START_STEP, INFO_STEP, INFO_N_PARAMS, INFO_N_BUCKETS, INFO_MODE, INFO_INNER_STEPS, \
     INFO_INNER_OPTIM, INFO_INNER_NESTEROV = range(1, 15)
 MODE_SYNC, MODE_DILOCO = 0, 1
-BUFFER_AVERAGE, BUFFER_BROADCAST = 1, 2  # zps_declare_buffer (1.4)
 INNER_SGD, INNER_ADAM, INNER_ADAMW = 1, 2, 3
 INFO_MODEL, INFO_DATASET = 100, 101
 # zps_info_f64 (1.3)
 INFO_INNER_LR, INFO_INNER_MOMENTUM, INFO_INNER_WEIGHT_DECAY, INFO_INNER_BETA1, INFO_INNER_BETA2, \
     INFO_INNER_EPS = range(200, 206)
+# zps_declare_buffer (1.4)
+BUFFER_AVERAGE, BUFFER_BROADCAST = 1, 2
 LOG_LEVEL_DEBUG, LOG_LEVEL_INFO, LOG_LEVEL_WARN, LOG_LEVEL_ERROR = range(4)
 
 _P = ctypes.c_void_p
@@ -85,8 +86,13 @@ _SIGNATURES = {
     "zps_client_stop": (None, [_P]),
     "zps_declare_tensor": (_INT, [_P, _STR, _INT, ctypes.POINTER(_I64)]),
     "zps_declare_dataset": (_INT, [_P, _U32, _U32]),
-    # 1.4
-    "zps_declare_clip_grad_norm": (_INT, [_P, ctypes.c_double]),
+    "zps_declare_group": (_INT, [_P, _INT, _INT, ctypes.c_double, ctypes.c_double, _INT,
+                                 ctypes.c_double, ctypes.c_double, ctypes.c_double,
+                                 ctypes.c_double]),  # 1.4
+    "zps_declare_tensor_group": (_INT, [_P, _STR, _INT]),  # 1.4
+    "zps_declare_buffer": (_INT, [_P, _STR, _INT, ctypes.POINTER(_I64), _INT]),  # 1.4
+    "zps_declare_lr_table": (_INT, [_P, _INT, _U64, _FLOATS]),  # 1.4
+    "zps_declare_clip_grad_norm": (_INT, [_P, ctypes.c_double]),  # 1.4
     "zps_connect": (_INT, [_P]),
     "zps_join": (_INT, [_P]),
     "zps_info_u64": (_U64, [_P, _INT]),
@@ -109,6 +115,8 @@ _SIGNATURES = {
 # Calls added by a minor version, which an older libzps 1.x lacks: bound
 # when present; the methods that call them say which version they need.
 _SINCE = {"zps_inner_done": (1, 2), "zps_info_f64": (1, 3), "zps_inner_lr": (1, 3),
+          "zps_declare_group": (1, 4), "zps_declare_tensor_group": (1, 4),
+          "zps_declare_buffer": (1, 4), "zps_declare_lr_table": (1, 4),
           "zps_declare_clip_grad_norm": (1, 4)}
 
 

@@ -442,11 +442,13 @@ class Run:
                 self._groups_error = e
                 return self._declare_clip(clip_grad_norm)
             self._groups = groups
-            for g, settings in enumerate(groups):
-                c.declare_group(g, kind, *settings)
+            for g, (lr, momentum, nesterov, wd, b1, b2, eps) in enumerate(groups):
+                c.declare_group(g, kind, lr, momentum, nesterov, wd, (b1, b2), eps)
             for (name, _), g in zip(named, of):
                 if g:
                     c.declare_tensor_group(name, g)
+            if self.scheduler is not None:
+                c.declare_lr_table(len(groups))  # announced; the table comes after joining
         self._declare_clip(clip_grad_norm)
 
     def _declare_clip(self, clip_grad_norm):

@@ -3,6 +3,7 @@
 
 #include <string.h>
 
+#include "common/zps_groups.h"
 #include "common/zps_layout.h"
 #include "server/zps_token.h"
 
@@ -94,6 +95,12 @@ static bool s_declared_differs(const zps_coord *c, const Zps__Hello *hello, char
         if (zps_layout_differs_mlp(c->cfg.spec, hello->layout, why, len)) {
             return true;
         }
+        if (zps_groups_declared(hello->layout) || hello->declares_schedule) {
+            snprintf(why, len, "this job trains %s with the server's optimizer flags: declare "
+                               "no parameter groups, buffers or learning-rate table",
+                     c->cfg.model);
+            return true;
+        }
     } else if (!hello->layout) {
         snprintf(why, len, "this job's model is declared by its workers (--model external): "
                            "this worker declared none");
@@ -102,6 +109,11 @@ static bool s_declared_differs(const zps_coord *c, const Zps__Hello *hello, char
     if (c->cfg.layout && zps_layout_digest(hello->layout) != zps_layout_digest(c->cfg.layout) &&
         zps_layout_differs(c->cfg.layout, hello->layout, why, len)) {
         return true;
+    }
+    // Diloco: the groups are each worker's own inner optimizer's.
+    if (c->cfg.layout && !c->cfg.mode.diloco &&
+        zps_groups_differ(c->cfg.layout, hello->layout, why, len)) {
+        return true; // the same tensors, another optimizer
     }
     float clip = hello->layout ? hello->layout->clip_grad_norm : 0.0f;
     if (clip != 0.0f && clip != c->cfg.clip_grad_norm) {

@@ -82,6 +82,8 @@ static void s_optim_to_wire(const zps_optim_cfg *o, Zps__Optim *w)
     w->beta1 = o->beta1;
     w->beta2 = o->beta2;
     w->eps = o->eps;
+    w->step_size = o->step_size;
+    w->gamma = o->gamma;
 }
 
 static Zps__Outer s_mode_to_wire(const zps_outer_mode *m)

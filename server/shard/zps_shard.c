@@ -7,6 +7,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "common/zps_groups.h"
 #include "common/zps_log.h"
 #include "common/zps_plans.h"
 #include "common/zps_quant.h"
@@ -83,6 +84,14 @@ struct zps_shard {
     int n_complete;                                 // of them
     bool norm_due;                                  // clipping: g is in clipg, the norm is not
     zps_sumsq partial;                              // clipping: the sum of squares of clipg
+    zps_groups groups;                              // owned: the range's groups and buffers
+    float *lrs;                                     // owned: each group's rate of the step
+    float *bcast;                                   // owned, a broadcast buffer in the range:
+                                                    // n floats, the sample-0 slice's pushes
+    bool init_any;                                  // an INIT was taken (its table is the one)
+    float *table;                                   // owned: declared rates, [step][group], or NULL
+    uint32_t table_groups;                          // its columns
+    uint64_t table_steps;                           // its rows
 };
 
 // FNV-1a: a checkpoint names the model it belongs to.
@@ -157,6 +166,25 @@ static void s_set_all(zps_shard *s, const float *values)
     }
 }
 
+// The range's groups and buffers, from a declared layout (diloco's outer
+// step is one for all), and what their updates need.
+static zps_err s_groups_new(zps_shard *s, const zps_shard_cfg *cfg)
+{
+    if (cfg->mode.diloco || !cfg->layout) {
+        return ZPS_OK;
+    }
+    if (zps_groups_build(&s->groups, cfg->layout, &cfg->optim, s->lo, s->hi) != ZPS_OK) {
+        return ZPS_ENOMEM;
+    }
+    if (s->groups.n > 0 && !(s->lrs = calloc((size_t)s->groups.n, sizeof *s->lrs))) {
+        return ZPS_ENOMEM;
+    }
+    if (s->groups.broadcast && !(s->bcast = s_alloc(s->n * sizeof(float)))) {
+        return ZPS_ENOMEM;
+    }
+    return ZPS_OK;
+}
+
 zps_shard *zps_shard_new(const zps_shard_cfg *cfg)
 {
     zps_shard *s = calloc(1, sizeof *s);
@@ -197,6 +225,9 @@ zps_shard *zps_shard_new(const zps_shard_cfg *cfg)
     if (s->dtype != ZPS_DTYPE_F32) {
         s->snap = s_snapshot_new(s->n * zps_dtype_size(s->dtype));
     }
+    if (s_groups_new(s, cfg) != ZPS_OK) {
+        goto fail;
+    }
     if (!s->arr[0] || !s->arr[1] || !s->state || !s->acc || !s->grad ||
         (s->dtype != ZPS_DTYPE_F32 && !s->snap)) {
         goto fail;
@@ -233,6 +264,10 @@ void zps_shard_destroy(zps_shard **sp)
     free(s->decoded);
     free(s->clipg);
     free(s->grad);
+    zps_groups_fini(&s->groups);
+    free(s->lrs);
+    free(s->bcast);
+    free(s->table);
     zps_pool_destroy(&s->pool);
     free(s);
     *sp = NULL;
@@ -376,6 +411,20 @@ static void s_accumulate(zps_shard *s, const zps_wire_msg *m, float samples, boo
 static void s_update(zps_shard *s, int bucket, const zps_wire_msg *m, float weight, bool alone);
 static void s_complete(zps_shard *s, int b);
 
+// A push of the slice holding sample 0 (batch offset 0): its values are
+// the broadcast buffers' new ones (DDP's rank 0), kept until the update.
+static void s_keep_broadcast(zps_shard *s, const zps_wire_msg *m)
+{
+    float *dst = s->bcast + (m->hdr->offset - s->lo);
+    size_t esize = zps_dtype_size(s->dtype);
+    for (int f = 0; f < m->n_frames; f++) {
+        zmq_msg_t *frame = (zmq_msg_t *)&m->frames[f];
+        size_t len = zmq_msg_size(frame) / esize;
+        zps_dtype_to_f32(s->dtype, zmq_msg_data(frame), dst, len);
+        dst += len;
+    }
+}
+
 // Counts a checked push of bucket b, whose values are m's frames, with its
 // weight: added to the accumulator, or, when it is the one that completes
 // the bucket, averaged with it and the bucket updated in the same pass
@@ -386,6 +435,9 @@ static void s_count(zps_shard *s, const zps_wire_msg *m, int b, uint32_t weight)
 {
     const Zps__Header *h = m->hdr;
     bool first = s->covered[b] == 0;
+    if (s->bcast && h->batch_offset == 0) {
+        s_keep_broadcast(s, m);
+    }
     s->covered[b] += h->samples;
     s->weight[b] += weight;
     if (s->covered[b] == s->global_batch && !s->clip) {
@@ -668,6 +720,55 @@ typedef struct s_update_job {
     float lr;
 } s_update_job;
 
+// The optimizer's update of elements [at, at + len) of the range, from
+// the averaged gradient grad (of those elements), into the next array.
+static void s_step(zps_shard *s, const zps_optim_cfg *cfg, float lr, size_t at, size_t len,
+                   const float *grad)
+{
+    const float *in = s_cur(s) + at;
+    float *out = s_next(s) + at;
+    if (cfg->kind == ZPS_OPTIM_SGD) {
+        zps_optim_sgd_to(cfg, lr, in, out, s->state + at, grad, len);
+    } else {
+        zps_optim_adam_to(cfg, lr, s->optim_steps + 1, in, out, s->state + at,
+                          s->state + s->n + at, grad, len);
+    }
+}
+
+// The segment holding element at of the range (segments tile it).
+static const zps_seg *s_seg_at(const zps_shard *s, size_t at)
+{
+    size_t lo = 0, hi = s->groups.n_segs;
+    while (hi - lo > 1) {
+        size_t mid = (lo + hi) / 2;
+        if (s->groups.segs[mid].lo <= at) {
+            lo = mid;
+        } else {
+            hi = mid;
+        }
+    }
+    return &s->groups.segs[lo];
+}
+
+// s_step of a range with groups or buffers: each tensor's piece by its
+// own group's update, or a buffer's by its new value (the mean of the
+// pushed values, which grad is; or the sample-0 slice's).
+static void s_step_segments(zps_shard *s, size_t at, size_t len, const float *grad)
+{
+    size_t end = at + len;
+    for (const zps_seg *seg = s_seg_at(s, at); at < end; seg++) {
+        size_t to = seg->hi < end ? seg->hi : end;
+        if (seg->role == ZPS_ROLE_PARAM) {
+            s_step(s, &s->groups.cfg[seg->group], s->lrs[seg->group], at, to - at, grad);
+        } else {
+            const float *src = seg->role == ZPS_ROLE_AVERAGE ? grad : s->bcast + at;
+            memcpy(s_next(s) + at, src, (to - at) * sizeof(float));
+        }
+        grad += to - at;
+        at = to;
+    }
+}
+
 // Elements [at, at + len) of the range, src the push's elements there (in
 // the wire dtype): the push added to the others and averaged, the
 // parameters updated into the next step's array (which is what is sent
@@ -679,14 +780,12 @@ static void s_update_block(const s_update_job *j, const uint8_t *src, size_t at,
     zps_shard *s = j->s;
     zps_dtype_axpy_mean(s->dtype, j->weight, src, j->alone ? NULL : s->acc + at, j->total,
                         grad, len);
-    const float *in = s_cur(s) + at;
-    float *out = s_next(s) + at;
-    if (s->optim.kind == ZPS_OPTIM_SGD) {
-        zps_optim_sgd_to(&s->optim, j->lr, in, out, s->state + at, grad, len);
+    if (s->groups.n_segs == 0) {
+        s_step(s, &s->optim, j->lr, at, len, grad);
     } else {
-        zps_optim_adam_to(&s->optim, j->lr, s->optim_steps + 1, in, out, s->state + at,
-                          s->state + s->n + at, grad, len);
+        s_step_segments(s, at, len, grad);
     }
+    const float *out = s_next(s) + at;
     if (s->snap) {
         zps_dtype_from_f32(s->dtype, out, s->snap->data + at * zps_dtype_size(s->dtype), len);
     }
@@ -713,6 +812,17 @@ static void s_update_range(void *arg, size_t lo, size_t hi, int thread)
     }
 }
 
+// Group g's learning rate of the step in progress: the declared table's
+// (past its end, its last row), or cfg's schedule.
+static float s_lr(const zps_shard *s, int g, const zps_optim_cfg *cfg)
+{
+    if (!s->table) {
+        return zps_optim_lr_at(cfg, s->step);
+    }
+    uint64_t row = s->step < s->table_steps ? s->step : s->table_steps - 1;
+    return s->table[row * s->table_groups + (uint64_t)g];
+}
+
 static void s_update(zps_shard *s, int bucket, const zps_wire_msg *m, float weight, bool alone)
 {
     if (s->n_updated == 0) {
@@ -729,7 +839,10 @@ static void s_update(zps_shard *s, int bucket, const zps_wire_msg *m, float weig
     } else {
         s_update_job j = {.s = s, .m = m, .first = first, .weight = weight,
                           .total = s->weight[bucket], .alone = alone,
-                          .lr = zps_optim_lr_at(&s->optim, s->step)};
+                          .lr = s_lr(s, 0, &s->optim)};
+        for (int g = 0; g < s->groups.n; g++) {
+            s->lrs[g] = s_lr(s, g, &s->groups.cfg[g]);
+        }
         // Ranges of whole blocks, so that no block of the pass is cut in two.
         zps_pool_for(s->pool, len, ZPS_SHARD_BLOCK, s_update_range, &j);
     }
@@ -750,6 +863,26 @@ typedef struct s_mean_job {
     zps_sumsq part[ZPS_POOL_MAX]; // per thread
 } s_mean_job;
 
+// The squares of g's elements [at, at + len) of the range that are
+// parameters' (a buffer's values are no gradient: clip_grad_norm_ over
+// model.parameters() leaves them out).
+static void s_sumsq_params(const zps_shard *s, zps_sumsq *part, size_t at, size_t len)
+{
+    const float *g = s->clipg;
+    if (s->groups.n_segs == 0) {
+        zps_sumsq_add(part, g + at, len);
+        return;
+    }
+    size_t end = at + len;
+    for (const zps_seg *seg = s_seg_at(s, at); at < end; seg++) {
+        size_t to = seg->hi < end ? seg->hi : end;
+        if (seg->role == ZPS_ROLE_PARAM) {
+            zps_sumsq_add(part, g + at, to - at);
+        }
+        at = to;
+    }
+}
+
 static void s_mean_range(void *arg, size_t lo, size_t hi, int thread)
 {
     s_mean_job *j = arg;
@@ -758,7 +891,7 @@ static void s_mean_range(void *arg, size_t lo, size_t hi, int thread)
     for (size_t i = lo; i < hi; i++) {
         g[i] = (float)(acc[i] / j->total);
     }
-    zps_sumsq_add(&j->part[thread], g + lo, hi - lo);
+    s_sumsq_params(j->s, &j->part[thread], j->first + lo, hi - lo);
 }
 
 // Bucket b's slices tile the batch (clipping): once every bucket's do, the
@@ -797,6 +930,22 @@ bool zps_shard_norm_due(const zps_shard *s, zps_sumsq *partial)
     return s->norm_due;
 }
 
+// An averaged buffer's elements of [at, at + len) back to their mean:
+// clipping scales gradients, not the buffers' values.
+static void s_unclip_buffers(const zps_shard *s, size_t at, size_t len, float *grad)
+{
+    size_t end = at + len;
+    float *g = grad;
+    for (const zps_seg *seg = s_seg_at(s, at); at < end; seg++) {
+        size_t to = seg->hi < end ? seg->hi : end;
+        if (seg->role == ZPS_ROLE_AVERAGE) {
+            memcpy(g, s->clipg + at, (to - at) * sizeof(float));
+        }
+        g += to - at;
+        at = to;
+    }
+}
+
 // The clipped update, for the threads: g times coef, then the optimizer.
 typedef struct s_clip_job {
     zps_shard *s;
@@ -814,14 +963,13 @@ static void s_clip_range(void *arg, size_t lo, size_t hi, int thread)
         for (size_t i = 0; i < len; i++) {
             grad[i] = s->clipg[at + i] * j->coef; // torch's g.mul_(clip_coef_clamped)
         }
-        const float *in = s_cur(s) + at;
-        float *out = s_next(s) + at;
-        if (s->optim.kind == ZPS_OPTIM_SGD) {
-            zps_optim_sgd_to(&s->optim, j->lr, in, out, s->state + at, grad, len);
+        if (s->groups.n_segs == 0) {
+            s_step(s, &s->optim, j->lr, at, len, grad);
         } else {
-            zps_optim_adam_to(&s->optim, j->lr, s->optim_steps + 1, in, out, s->state + at,
-                              s->state + s->n + at, grad, len);
+            s_unclip_buffers(s, at, len, grad);
+            s_step_segments(s, at, len, grad);
         }
+        const float *out = s_next(s) + at;
         if (s->snap) {
             zps_dtype_from_f32(s->dtype, out, s->snap->data + at * zps_dtype_size(s->dtype), len);
         }
@@ -838,7 +986,10 @@ zps_err zps_shard_clip(zps_shard *s, uint64_t step, float norm)
         s_prepare(s, &s->snap, s->n * zps_dtype_size(s->dtype));
     }
     s_clip_job j = {.s = s, .coef = zps_sumsq_clip_coef(s->clip, norm),
-                    .lr = zps_optim_lr_at(&s->optim, s->step)};
+                    .lr = s_lr(s, 0, &s->optim)};
+    for (int g = 0; g < s->groups.n; g++) {
+        s->lrs[g] = s_lr(s, g, &s->groups.cfg[g]);
+    }
     zps_pool_for(s->pool, s->n, ZPS_SHARD_BLOCK, s_clip_range, &j);
     for (int b = 0; b < s->n_buckets; b++) {
         s->updated[b] = true;
@@ -918,6 +1069,48 @@ bool zps_shard_bucket_params_are(const zps_shard *s, int b, uint64_t step)
     return !s->awaiting_init && step == s->step + (s->updated[b] ? 1 : 0);
 }
 
+// Whether table (of an INIT; NULL: none) is the shard's: the first INIT's
+// is taken (checked), a later one must be the same.
+static zps_err s_take_table(zps_shard *s, const Zps__Schedule *t, char *why, size_t len)
+{
+    if (s->init_any) {
+        bool same = !t == !s->table &&
+                    (!t || (t->groups == s->table_groups && t->steps == s->table_steps &&
+                            t->n_lr == (size_t)t->groups * t->steps &&
+                            memcmp(t->lr, s->table, t->n_lr * sizeof(float)) == 0));
+        if (!same) {
+            snprintf(why, len, "this INIT's learning-rate table is not the first INIT's");
+            return ZPS_EPROTO;
+        }
+        return ZPS_OK;
+    }
+    if (!t) {
+        return ZPS_OK;
+    }
+    uint32_t want = s->groups.n ? (uint32_t)s->groups.n : 1;
+    char reason[200];
+    if (zps_groups_check_table(t->groups, t->steps, t->lr, t->n_lr, want, reason,
+                               sizeof reason) != ZPS_OK) {
+        snprintf(why, len, "%s", reason);
+        return ZPS_EPROTO;
+    }
+    return zps_shard_set_table(s, t->groups, t->steps, t->lr) == ZPS_OK ? ZPS_OK : ZPS_ENOMEM;
+}
+
+zps_err zps_shard_set_table(zps_shard *s, uint32_t groups, uint64_t steps, const float *lr)
+{
+    float *copy = malloc((size_t)groups * steps * sizeof(float));
+    if (!copy) {
+        return ZPS_ENOMEM;
+    }
+    memcpy(copy, lr, (size_t)groups * steps * sizeof(float));
+    free(s->table);
+    s->table = copy;
+    s->table_groups = groups;
+    s->table_steps = steps;
+    return ZPS_OK;
+}
+
 zps_err zps_shard_take_init(zps_shard *s, const zps_wire_msg *m, bool *complete, char *why,
                             size_t why_len)
 {
@@ -941,6 +1134,10 @@ zps_err zps_shard_take_init(zps_shard *s, const zps_wire_msg *m, bool *complete,
         snprintf(why, why_len, "initial values of bucket %d came twice", b);
         return ZPS_EDUP;
     }
+    if ((err = s_take_table(s, h->schedule, why, why_len)) != ZPS_OK) {
+        return err;
+    }
+    s->init_any = true;
     float *dst = s_cur(s) + (h->offset - s->lo);
     for (int f = 0; f < m->n_frames; f++) {
         size_t bytes = zmq_msg_size((zmq_msg_t *)&m->frames[f]);
@@ -989,10 +1186,64 @@ static zps_ckpt_meta s_meta(const zps_shard *s)
                            .optim = s->optim.kind, .optim_step = s->optim_steps};
 }
 
+// Where a shard keeps its learning-rate table, beside its checkpoints
+// (written with each, as it never changes: a restarted shard reads it).
+static void s_table_record(const zps_shard *s, char *name, size_t len)
+{
+    snprintf(name, len, "lr-table-%u", s->index);
+}
+
+static zps_err s_save_table(const zps_shard *s, const char *dir)
+{
+    Zps__Schedule t = ZPS__SCHEDULE__INIT;
+    t.groups = s->table_groups;
+    t.steps = s->table_steps;
+    t.n_lr = (size_t)s->table_groups * s->table_steps;
+    t.lr = s->table;
+    size_t n = zps__schedule__get_packed_size(&t);
+    uint8_t *buf = malloc(n);
+    if (!buf) {
+        return ZPS_ENOMEM;
+    }
+    zps__schedule__pack(&t, buf);
+    char name[32];
+    s_table_record(s, name, sizeof name);
+    zps_err err = zps_ckpt_write_record(dir, name, buf, n);
+    free(buf);
+    return err;
+}
+
+// The table kept beside the checkpoints, if there is one and the shard has
+// none (a restarted shard: rank 0 does not send INIT again).
+static zps_err s_load_table(zps_shard *s, const char *dir)
+{
+    size_t cap = (size_t)ZPS_GROUPS_MAX_TABLE * 5 + 64, n = 0;
+    uint8_t *buf = s->table ? NULL : malloc(cap);
+    char name[32];
+    s_table_record(s, name, sizeof name);
+    zps_err err = buf ? zps_ckpt_read_record(dir, name, buf, cap, &n) : ZPS_OK;
+    Zps__Schedule *t = buf && err == ZPS_OK ? zps__schedule__unpack(NULL, n, buf) : NULL;
+    free(buf);
+    char why[200];
+    uint32_t want = s->groups.n ? (uint32_t)s->groups.n : 1;
+    if (t && zps_groups_check_table(t->groups, t->steps, t->lr, t->n_lr, want, why,
+                                    sizeof why) == ZPS_OK) {
+        err = zps_shard_set_table(s, t->groups, t->steps, t->lr);
+    } else if (buf && err == ZPS_OK) {
+        zps_log_error("shard %u: %s/%s is not a usable learning-rate table", s->index, dir, name);
+        err = ZPS_EPROTO;
+    }
+    if (t) {
+        zps__schedule__free_unpacked(t, NULL);
+    }
+    return err == ZPS_ENOENT ? ZPS_OK : err;
+}
+
 zps_err zps_shard_save(const zps_shard *s, const char *dir, int keep)
 {
     zps_ckpt_meta meta = s_meta(s);
-    return zps_ckpt_write(dir, &meta, s_cur(s), s->state, keep);
+    zps_err err = s->table ? s_save_table(s, dir) : ZPS_OK;
+    return err == ZPS_OK ? zps_ckpt_write(dir, &meta, s_cur(s), s->state, keep) : err;
 }
 
 zps_err zps_shard_restore(zps_shard *s, const char *dir, uint64_t step, uint64_t *loaded)
@@ -1003,6 +1254,7 @@ zps_err zps_shard_restore(zps_shard *s, const char *dir, uint64_t step, uint64_t
     float *state = s_alloc(state_bytes), *params = s_alloc(s->n * sizeof(float));
     uint64_t optim_steps = 0;
     zps_err err = !state || !params ? ZPS_ENOMEM
+                  : s_load_table(s, dir) != ZPS_OK ? ZPS_EPROTO
                   : step == UINT64_MAX
                       ? zps_ckpt_load_newest(dir, &want, loaded, params, state, &optim_steps)
                       : zps_ckpt_load(dir, &want, step, params, state, &optim_steps);

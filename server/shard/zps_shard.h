@@ -53,6 +53,10 @@ typedef struct zps_shard_cfg {
     // updated before the whole model's gradient norm is known
     // (zps_shard_norm_due, zps_shard_clip).
     float clip_grad_norm;
+    // A declared model's layout (borrowed for zps_shard_new only; NULL:
+    // none): its parameter groups and buffers (common/zps_groups.h), each
+    // tensor's elements updated by its own (synchronous mode only).
+    const Zps__Layout *layout;
 } zps_shard_cfg;
 
 // Caller owns the result; NULL on failure, logged.
@@ -156,6 +160,14 @@ zps_err zps_shard_restore(zps_shard *s, const char *dir, uint64_t step, uint64_t
 // take); ZPS_EPROTO for a tensor that is not one of the buckets.
 zps_err zps_shard_take_init(zps_shard *s, const zps_wire_msg *m, bool *complete, char *why,
                             size_t why_len);
+// An INIT may carry a learning-rate table (Header.schedule): the first
+// INIT's is taken, and the update of step s in group g uses lr[s][g] (past
+// the table, its last row); a later INIT whose table differs (or that has
+// none when the first had one, or the reverse) is ZPS_EPROTO, as is a
+// table whose groups are not the layout's. Checkpoints keep it beside them.
+// The learning-rate table (copied; its sizes checked by the caller, as
+// zps_groups_check_table does): what an INIT's or a checkpoint's gives.
+zps_err zps_shard_set_table(zps_shard *s, uint32_t groups, uint64_t steps, const float *lr);
 // Whether the shard still waits for initial values.
 bool zps_shard_awaits_init(const zps_shard *s);
 

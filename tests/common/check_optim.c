@@ -83,7 +83,44 @@ START_TEST(test_optim_refuses_bad_settings)
     ck_assert_int_eq(zps_optim_check("sgd", &nan_lr), ZPS_EINVAL);
     ck_assert_int_eq(zps_optim_parse_schedule("cosine", &sched), ZPS_OK);
     ck_assert_int_eq(sched, ZPS_LR_COSINE);
-    ck_assert_int_eq(zps_optim_parse_schedule("linear", &sched), ZPS_EINVAL);
+    ck_assert_int_eq(zps_optim_parse_schedule("linear", &sched), ZPS_OK);
+    ck_assert_int_eq(sched, ZPS_LR_LINEAR);
+    ck_assert_int_eq(zps_optim_parse_schedule("step", &sched), ZPS_OK);
+    ck_assert_int_eq(sched, ZPS_LR_STEP);
+    ck_assert_int_eq(zps_optim_parse_schedule("exponential", &sched), ZPS_EINVAL);
+    zps_optim_cfg no_size = {.lr = 0.1f, .schedule = ZPS_LR_STEP, .gamma = 0.5};
+    ck_assert_int_eq(zps_optim_validate(&no_size), ZPS_EINVAL);
+    no_size.step_size = 3;
+    ck_assert_int_eq(zps_optim_validate(&no_size), ZPS_OK);
+}
+END_TEST
+
+// The values torch 1.13's schedulers gave an SGD of lr 0.05 stepped once a
+// step (/usr/bin/python3 with Debian's python3-torch):
+// LinearLR(o, start_factor=1.0, end_factor=0.0, total_iters=90) and
+// StepLR(o, step_size=7, gamma=0.5); here after 10 steps of warm-up, so
+// scheduler step t is zps step 10 + t.
+START_TEST(test_optim_linear_and_step_schedules_follow_torch)
+{
+    static const struct { uint64_t t; double lr; } linear[] = {
+        {0, 0.05}, {1, 0.04944444444444445}, {45, 0.02500000000000002},
+        {89, 0.0005555555555555564}, {90, 0.0}, {99, 0.0},
+    };
+    static const struct { uint64_t t; double lr; } step[] = {
+        {0, 0.05}, {6, 0.05}, {7, 0.025}, {13, 0.025}, {14, 0.0125}, {39, 0.0015625},
+    };
+    zps_optim_cfg cfg = {.lr = 0.05f, .schedule = ZPS_LR_LINEAR, .warmup_steps = 10,
+                         .total_steps = 100};
+    for (size_t i = 0; i < sizeof linear / sizeof linear[0]; i++) {
+        ck_assert_float_eq_tol(zps_optim_lr_at(&cfg, 10 + linear[i].t), (float)linear[i].lr,
+                               1e-8f);
+    }
+    ck_assert_float_eq_tol(zps_optim_lr_at(&cfg, 4), 0.025f, EPS); // the warm-up
+    cfg = (zps_optim_cfg){.lr = 0.05f, .schedule = ZPS_LR_STEP, .warmup_steps = 10,
+                          .total_steps = 100, .step_size = 7, .gamma = 0.5};
+    for (size_t i = 0; i < sizeof step / sizeof step[0]; i++) {
+        ck_assert_float_eq(zps_optim_lr_at(&cfg, 10 + step[i].t), (float)step[i].lr);
+    }
 }
 END_TEST
 
@@ -234,6 +271,7 @@ Suite *zps_suite_optim(void)
     tcase_add_test(tc, test_optim_nesterov_two_steps);
     tcase_add_test(tc, test_optim_cosine_schedule_with_warmup);
     tcase_add_test(tc, test_optim_refuses_bad_settings);
+    tcase_add_test(tc, test_optim_linear_and_step_schedules_follow_torch);
     suite_add_tcase(s, tc);
     TCase *adam = tcase_create("adam");
     tcase_add_loop_test(adam, test_optim_adam_and_adamw_follow_torch_over_20_steps, 0,

@@ -70,6 +70,38 @@ START_TEST(test_client_calls_out_of_order)
 }
 END_TEST
 
+// The declared optimizer's calls (1.4) refuse bad input in one line each.
+START_TEST(test_client_declared_optimizer_refusals)
+{
+    zps_client *c = zps_client_new("tcp://127.0.0.1:1");
+    int64_t shape[1] = {4};
+    ck_assert_int_eq(zps_declare_tensor(c, "w", 1, shape), ZPS_OK);
+    ck_assert_int_eq(zps_declare_group(c, 0, 7, 0.1, 0, 0, 0, 0.9, 0.999, 1e-8), ZPS_EINVAL);
+    ck_assert_ptr_nonnull(strstr(zps_errmsg(c), "ZPS_INNER_SGD"));
+    ck_assert_int_eq(zps_declare_group(c, 1, ZPS_INNER_SGD, 0.1, 0, 0, 0, 0, 0, 0), ZPS_EINVAL);
+    ck_assert_ptr_nonnull(strstr(zps_errmsg(c), "in order"));
+    ck_assert_int_eq(zps_declare_group(c, 0, ZPS_INNER_ADAMW, 0.1, 0, 0, 0.01, 0.9, 1.5, 1e-8),
+                     ZPS_EINVAL);
+    ck_assert_ptr_nonnull(strstr(zps_errmsg(c), "group 0 (adamw): beta2"));
+    ck_assert_int_eq(zps_declare_group(c, 0, ZPS_INNER_SGD, 0.1, 0, 1, 0, 0, 0, 0), ZPS_EINVAL);
+    ck_assert_ptr_nonnull(strstr(zps_errmsg(c), "nesterov"));
+    ck_assert_int_eq(zps_declare_group(c, 0, ZPS_INNER_SGD, 0.1, 0.9, 1, 0, 0, 0, 0), ZPS_OK);
+    ck_assert_int_eq(zps_declare_group(c, 1, ZPS_INNER_SGD, 0.2, 0.9, 0, 0, 0, 0, 0), ZPS_OK);
+    ck_assert_int_eq(zps_declare_tensor_group(c, "v", 1), ZPS_EINVAL);
+    ck_assert_ptr_nonnull(strstr(zps_errmsg(c), "no tensor 'v'"));
+    ck_assert_int_eq(zps_declare_tensor_group(c, "w", 1), ZPS_OK);
+    ck_assert_int_eq(zps_declare_buffer(c, "bn", 1, shape, 3), ZPS_EINVAL);
+    ck_assert_int_eq(zps_declare_buffer(c, "bn", 1, shape, ZPS_BUFFER_BROADCAST), ZPS_OK);
+    ck_assert_int_eq(zps_declare_tensor_group(c, "bn", 1), ZPS_EINVAL);
+    ck_assert_ptr_nonnull(strstr(zps_errmsg(c), "is a buffer"));
+    float lr[2] = {0.1f, 0.2f};
+    ck_assert_int_eq(zps_declare_lr_table(c, 2, 1, lr), ZPS_EINVAL); // not joined yet
+    ck_assert_ptr_nonnull(strstr(zps_errmsg(c), "after zps_join"));
+    ck_assert_int_eq(zps_declare_lr_table(c, 2, 0, NULL), ZPS_OK); // the announcement
+    zps_client_destroy(&c);
+}
+END_TEST
+
 static int s_hook_calls;
 static char s_hook_msg[256];
 
@@ -102,6 +134,7 @@ Suite *zps_suite_client(void)
     tcase_add_test(tc, test_client_version);
     tcase_add_test(tc, test_client_options_refused_with_a_sentence);
     tcase_add_test(tc, test_client_calls_out_of_order);
+    tcase_add_test(tc, test_client_declared_optimizer_refusals);
     tcase_add_test(tc, test_client_log_hook);
     suite_add_tcase(s, tc);
     return s;

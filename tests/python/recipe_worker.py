@@ -55,7 +55,7 @@ def optimizer(args, model):
 def scheduler(args, opt):
     if args.scheduler == "none" or opt is None:
         return None
-    warm = 5
+    warm = 5  # "lambda": LambdaLR's linear warm-up over 5 steps
     return torch.optim.lr_scheduler.LambdaLR(opt, lambda s: min(1.0, (s + 1) / warm))
 
 
@@ -64,7 +64,7 @@ def loss_of(model, x, y, args):
         with torch.autocast("cpu", dtype=torch.bfloat16):
             out = model(x)
         return torch.nn.functional.cross_entropy(out.float(), y)
-    return torch.nn.functional.cross_entropy(model(x).float(), y)
+    return args.loss_scale * torch.nn.functional.cross_entropy(model(x).float(), y)
 
 
 def piece(model, x, y, idx, args, backward):
@@ -146,6 +146,8 @@ def main():
     ap.add_argument("--staged", action="store_true")
     ap.add_argument("--autocast", action="store_true")
     ap.add_argument("--device", default="cpu")
+    ap.add_argument("--loss-scale", type=float, default=1.0, help="a loss (and gradient) this "
+                    "many times cross-entropy")
     ap.add_argument("--snapshot-step", type=int, default=-1,
                     help="save the model's state as the piece of this step starts")
     ap.add_argument("--save", required=True)
