@@ -3,13 +3,15 @@
  * elements follow their own group's update, an averaged buffer becomes the
  * sample-weighted mean of the pushed values and a broadcast one the value
  * of the slice holding sample 0, the table's row of each step is its rate,
- * and the bits are the same with the range cut into 1, 2 or 3 shards. */
+ * and the bits are the same with the range cut into 1, 2 or 3 shards;
+ * and so with --clip-grad-norm, whose norm is the parameters' alone. */
 #include <math.h>
 #include <stdio.h>
 #include <string.h>
 
 #include "common/zps_groups.h"
 #include "common/zps_layout.h"
+#include "common/zps_sumsq.h"
 #include "server/shard/zps_shard.h"
 #include "tests/server/shard/zps_shard_fx.h"
 #include "tests/zps_check.h"
@@ -119,8 +121,9 @@ static zps_err s_send(zps_shard *s, int b, bool init, int r, uint64_t t)
     return err;
 }
 
-// Shard k of n of the layout (which must outlive it), awaiting INIT.
-static zps_shard *s_new(const s_layout *x, zps_model_spec *model, int k, int n)
+// Shard k of n of the layout (which must outlive it), awaiting INIT, with
+// --clip-grad-norm clip (0: off).
+static zps_shard *s_new_clip(const s_layout *x, zps_model_spec *model, int k, int n, float clip)
 {
     char why[256];
     ck_assert_int_eq(zps_layout_check(&x->l, why, sizeof why), ZPS_OK);
@@ -130,7 +133,7 @@ static zps_shard *s_new(const s_layout *x, zps_model_spec *model, int k, int n)
                          .global_batch = ZPS_SHARD_FX_BATCH, .dtype = ZPS_DTYPE_F32,
                          .optim = {.kind = ZPS_OPTIM_ADAMW, .lr = 0.01f, .beta1 = 0.9,
                                    .beta2 = 0.999, .eps = 1e-8},
-                         .await_init = true, .layout = &x->l};
+                         .await_init = true, .layout = &x->l, .clip_grad_norm = clip};
     zps_model_shard_range(N_PARAMS, (uint32_t)k, (uint32_t)n, &cfg.lo, &cfg.hi);
     zps_shard *s = zps_shard_new(&cfg);
     ck_assert_ptr_nonnull(s);
@@ -138,14 +141,25 @@ static zps_shard *s_new(const s_layout *x, zps_model_spec *model, int k, int n)
     return s;
 }
 
+static zps_shard *s_new(const s_layout *x, zps_model_spec *model, int k, int n)
+{
+    return s_new_clip(x, model, k, n, 0.0f);
+}
+
+// Both ranks' pushes of step t, every bucket of shard s.
+static void s_push_step(zps_shard *s, uint64_t t)
+{
+    for (int b = 0; b < zps_shard_n_buckets(s); b++) {
+        ck_assert_int_eq(s_send(s, b, false, 0, t), ZPS_OK);
+        ck_assert_int_eq(s_send(s, b, false, 1, t), ZPS_OK);
+    }
+}
+
 // Steps [from, to) of the job on shard s.
 static void s_steps(zps_shard *s, uint64_t from, uint64_t to)
 {
     for (uint64_t t = from; t < to; t++) {
-        for (int b = 0; b < zps_shard_n_buckets(s); b++) {
-            ck_assert_int_eq(s_send(s, b, false, 0, t), ZPS_OK);
-            ck_assert_int_eq(s_send(s, b, false, 1, t), ZPS_OK);
-        }
+        s_push_step(s, t);
         ck_assert(zps_shard_step_done(s));
         zps_shard_end_step(s);
     }
@@ -173,40 +187,58 @@ static void s_run(int n, float *out)
     }
 }
 
+// Step t's averaged push of every element, as the shard rounds it (the
+// weighted mean in double of rank 0's 10 samples and rank 1's 30).
+static void s_mean(uint64_t t, float *g)
+{
+    for (size_t i = 0; i < N_PARAMS; i++) {
+        double acc = 0.0 + (double)10.0f * (double)s_val(0, t, i);
+        g[i] = (float)((acc + (double)30.0f * (double)s_val(1, t, i)) / 40.0);
+    }
+}
+
+// Step t of the reference, tensor by tensor with zps_optim_adam_to: a
+// parameter's update on pg (the gradient the optimizer takes), an averaged
+// buffer's new value mean, a broadcast one's rank 0's push (its slice
+// holds sample 0). p, m, v: the parameters and the moments, updated.
+static void s_ref_step(const s_layout *x, uint64_t t, const float *pg, const float *mean,
+                       float *p, float *m, float *v)
+{
+    zps_optim_cfg base = {.schedule = ZPS_LR_CONSTANT};
+    const float *row = s_table + 2 * (t < 2 ? t : 1);
+    float next[N_PARAMS];
+    size_t at = 0;
+    for (int k = 0; k < 4; k++) {
+        size_t len = (size_t)s_shape[k][0];
+        if (s_role[k] == ZPS_ROLE_PARAM) {
+            zps_optim_cfg c = zps_groups_cfg(&x->g[s_group[k]], &base);
+            zps_optim_adam_to(&c, row[s_group[k]], t + 1, p + at, next + at, m + at, v + at,
+                              pg + at, len);
+        }
+        for (size_t i = at; i < at + len; i++) {
+            if (s_role[k] == ZPS_ROLE_AVERAGE) {
+                next[i] = mean[i];
+            } else if (s_role[k] == ZPS_ROLE_BROADCAST) {
+                next[i] = s_val(0, t, i);
+            }
+        }
+        at += len;
+    }
+    memcpy(p, next, sizeof next);
+}
+
 // What the shards must compute, tensor by tensor, with zps_optim_adam_to.
 static void s_reference(float *p)
 {
     s_layout x;
     s_layout_init(&x);
-    float m[N_PARAMS] = {0}, v[N_PARAMS] = {0}, next[N_PARAMS], grad[N_PARAMS];
+    float m[N_PARAMS] = {0}, v[N_PARAMS] = {0}, grad[N_PARAMS];
     for (size_t i = 0; i < N_PARAMS; i++) {
         p[i] = s_init(i);
     }
-    zps_optim_cfg base = {.schedule = ZPS_LR_CONSTANT};
     for (uint64_t t = 0; t < STEPS; t++) {
-        for (size_t i = 0; i < N_PARAMS; i++) { // the weighted mean, as the shard rounds it
-            double acc = 0.0 + (double)10.0f * (double)s_val(0, t, i);
-            grad[i] = (float)((acc + (double)30.0f * (double)s_val(1, t, i)) / 40.0);
-        }
-        const float *row = s_table + 2 * (t < 2 ? t : 1);
-        size_t at = 0;
-        for (int k = 0; k < 4; k++) {
-            size_t len = (size_t)s_shape[k][0];
-            if (s_role[k] == ZPS_ROLE_PARAM) {
-                zps_optim_cfg c = zps_groups_cfg(&x.g[s_group[k]], &base);
-                zps_optim_adam_to(&c, row[s_group[k]], t + 1, p + at, next + at, m + at, v + at,
-                                  grad + at, len);
-            }
-            for (size_t i = at; i < at + len; i++) {
-                if (s_role[k] == ZPS_ROLE_AVERAGE) {
-                    next[i] = grad[i];
-                } else if (s_role[k] == ZPS_ROLE_BROADCAST) {
-                    next[i] = s_val(0, t, i); // rank 0's slice holds sample 0
-                }
-            }
-            at += len;
-        }
-        memcpy(p, next, sizeof next);
+        s_mean(t, grad);
+        s_ref_step(&x, t, grad, grad, p, m, v);
     }
 }
 
@@ -357,6 +389,156 @@ START_TEST(test_shard_groups_refuse_an_init_of_another_table)
 }
 END_TEST
 
+// ---------------------------------------------------------------------------
+// --clip-grad-norm with groups and buffers: the norm is the parameters'
+// gradient's alone, the coefficient scales that gradient only, and the
+// buffers take their values unscaled.
+
+#define CLIP_MAX 0.1f // the max norm: below every step's norm, so coef < 1
+
+// The layout with a larger eps: Adam's update is scale-invariant but for
+// eps, and with 1e-3 a wrong coefficient shows in many bits, not in one.
+static void s_clip_layout_init(s_layout *x)
+{
+    s_layout_init(x);
+    x->g[0].eps = 1e-3;
+    x->g[1].eps = 1e-3;
+}
+
+// The exact sum of squares of g's parameter elements in [lo, hi), the
+// buffers' left out.
+static void s_param_sumsq(const float *g, uint64_t lo, uint64_t hi, zps_sumsq *out)
+{
+    zps_sumsq_init(out);
+    uint64_t at = 0;
+    for (int k = 0; k < 4; k++) {
+        uint64_t end = at + s_shape[k][0];
+        uint64_t from = at > lo ? at : lo, to = end < hi ? end : hi;
+        if (s_role[k] == ZPS_ROLE_PARAM && from < to) {
+            zps_sumsq_add(out, g + from, (size_t)(to - from));
+        }
+        at = end;
+    }
+}
+
+static void s_assert_sumsq_eq(const zps_sumsq *got, const zps_sumsq *want, const char *what)
+{
+    ck_assert_msg(memcmp(got->limb, want->limb, sizeof want->limb) == 0 &&
+                      got->flags == want->flags,
+                  "%s: sum of squares %.9g, expected %.9g", what, zps_sumsq_value(got),
+                  zps_sumsq_value(want));
+}
+
+// The clipped reference: each step's coefficient from the parameters'
+// norm, the optimizer on coef * g, the buffers as unclipped.
+static void s_clip_reference(float *p)
+{
+    s_layout x;
+    s_clip_layout_init(&x);
+    float m[N_PARAMS] = {0}, v[N_PARAMS] = {0}, g[N_PARAMS], cg[N_PARAMS];
+    for (size_t i = 0; i < N_PARAMS; i++) {
+        p[i] = s_init(i);
+    }
+    for (uint64_t t = 0; t < STEPS; t++) {
+        s_mean(t, g);
+        zps_sumsq ss;
+        s_param_sumsq(g, 0, N_PARAMS, &ss);
+        float coef = zps_sumsq_clip_coef(CLIP_MAX, zps_sumsq_norm(&ss));
+        ck_assert_float_lt(coef, 1.0f);
+        for (size_t i = 0; i < N_PARAMS; i++) {
+            cg[i] = g[i] * coef;
+        }
+        s_ref_step(&x, t, cg, g, p, m, v);
+    }
+}
+
+// Step t on n shards: the pushes; each shard's part of the sum of squares
+// (its range's parameters alone) and their merge, the whole model's; each
+// shard clipped by the norm of that, its buckets applied.
+static void s_clip_step(zps_shard **s, int n, uint64_t t)
+{
+    float g[N_PARAMS];
+    s_mean(t, g);
+    zps_sumsq all, want, part, mine;
+    zps_sumsq_init(&all);
+    for (int k = 0; k < n; k++) {
+        s_push_step(s[k], t);
+        ck_assert(!zps_shard_step_done(s[k])); // waits for the norm
+        ck_assert(zps_shard_norm_due(s[k], &part));
+        s_param_sumsq(g, zps_shard_lo(s[k]), zps_shard_hi(s[k]), &mine);
+        s_assert_sumsq_eq(&part, &mine, "a shard's part");
+        zps_sumsq_merge(&all, &part);
+    }
+    s_param_sumsq(g, 0, N_PARAMS, &want);
+    s_assert_sumsq_eq(&all, &want, "the shards' parts merged");
+    float norm = zps_sumsq_norm(&all);
+    for (int k = 0; k < n; k++) {
+        ck_assert_int_eq(zps_shard_clip(s[k], t, norm), ZPS_OK);
+        for (int b = 0; b < zps_shard_n_buckets(s[k]); b++) {
+            zps_shard_apply(s[k], b);
+        }
+        ck_assert(zps_shard_step_done(s[k]));
+        zps_shard_end_step(s[k]);
+    }
+}
+
+// STEPS clipped steps of the job on n shards; out: the parameters after them.
+static void s_clip_run(int n, float *out)
+{
+    s_layout x;
+    s_clip_layout_init(&x);
+    zps_model_spec model[3];
+    zps_shard *s[3];
+    for (int k = 0; k < n; k++) {
+        s[k] = s_new_clip(&x, &model[k], k, n, CLIP_MAX);
+        ck_assert(zps_shard_clipping(s[k]));
+        s_init_all(s[k]);
+    }
+    for (uint64_t t = 0; t < STEPS; t++) {
+        s_clip_step(s, n, t);
+    }
+    for (int k = 0; k < n; k++) {
+        zps_shard_fx_params(s[k], zps_shard_lo(s[k]), out + zps_shard_lo(s[k]));
+        zps_shard_destroy(&s[k]);
+    }
+}
+
+// The buffers after the last step, spelled out: C ([11, 14)) the unscaled
+// weighted mean of the pushes, D ([14, 18)) rank 0's (offset 0) push.
+static void s_assert_buffers(const float *got)
+{
+    float g[N_PARAMS];
+    s_mean(STEPS - 1, g);
+    for (size_t i = 11; i < 14; i++) {
+        ck_assert_msg(memcmp(&got[i], &g[i], sizeof(float)) == 0, "C: %zu", i);
+    }
+    for (size_t i = 14; i < N_PARAMS; i++) {
+        float want = s_val(0, STEPS - 1, i);
+        ck_assert_msg(memcmp(&got[i], &want, sizeof(float)) == 0, "D: %zu", i);
+    }
+}
+
+// Clipping with groups and buffers: the norm's sum of squares covers the
+// parameters' averaged gradient only; each parameter element is its
+// group's AdamW on coef * g, the averaged buffer the unscaled mean, the
+// broadcast one the offset-0 slice's value; the same bits on 1, 2, 3 shards.
+START_TEST(test_shard_groups_clip_with_groups_and_buffers)
+{
+    float want[N_PARAMS], got[N_PARAMS];
+    s_clip_reference(want);
+    for (int n = 1; n <= 3; n++) {
+        s_clip_run(n, got);
+        s_assert_buffers(got);
+        for (size_t i = 0; i < N_PARAMS; i++) {
+            if (memcmp(&got[i], &want[i], sizeof(float)) != 0) {
+                ck_abort_msg("%d shards: element %zu is %.9g, expected %.9g", n, i, got[i],
+                             want[i]);
+            }
+        }
+    }
+}
+END_TEST
+
 Suite *zps_suite_shard_groups(void)
 {
     Suite *s = suite_create("shard_groups");
@@ -365,6 +547,7 @@ Suite *zps_suite_shard_groups(void)
     tcase_add_test(tc, test_shard_groups_refuse_bad_groups_and_name_the_difference);
     tcase_add_test(tc, test_shard_groups_a_restored_shard_keeps_the_table);
     tcase_add_test(tc, test_shard_groups_refuse_an_init_of_another_table);
+    tcase_add_test(tc, test_shard_groups_clip_with_groups_and_buffers);
     zps_tmpdir_fixture(tc);
     suite_add_tcase(s, tc);
     return s;
