@@ -77,6 +77,24 @@ static bool s_same_route(zmq_msg_t *a, zmq_msg_t *b)
            memcmp(zmq_msg_data(a), zmq_msg_data(b), zmq_msg_size(a)) == 0;
 }
 
+// A torch worker in a job of the built-in MLP: its optimizer is the
+// server's flags (a diloco worker's groups are its own inner optimizer's,
+// which the shards do not run); buffers and a table are not the flags'.
+static bool s_builtin_optim_differs(const zps_coord *c, const Zps__Hello *hello, char *why,
+                                    size_t len)
+{
+    bool buffers = false;
+    for (size_t i = 0; i < hello->layout->n_tensors; i++) {
+        buffers = buffers || hello->layout->tensors[i]->role != ZPS_ROLE_PARAM;
+    }
+    if (buffers || hello->declares_schedule) {
+        snprintf(why, len, "this job trains %s with the server's optimizer flags: declare no "
+                           "buffers or learning-rate table", c->cfg.model);
+        return true;
+    }
+    return !c->cfg.mode.diloco && zps_groups_differ_flags(hello->layout, &c->cfg.optim, why, len);
+}
+
 // Whether what a HELLO declares (a model, its dataset's sizes) is not the
 // job's; why says how, naming the first tensor that differs.
 static bool s_declared_differs(const zps_coord *c, const Zps__Hello *hello, char *why,
@@ -95,12 +113,7 @@ static bool s_declared_differs(const zps_coord *c, const Zps__Hello *hello, char
         if (zps_layout_differs_mlp(c->cfg.spec, hello->layout, why, len)) {
             return true;
         }
-        if (zps_groups_declared(hello->layout) || hello->declares_schedule) {
-            snprintf(why, len, "this job trains %s with the server's optimizer flags: declare "
-                               "no parameter groups, buffers or learning-rate table",
-                     c->cfg.model);
-            return true;
-        }
+        return s_builtin_optim_differs(c, hello, why, len);
     } else if (!hello->layout) {
         snprintf(why, len, "this job's model is declared by its workers (--model external): "
                            "this worker declared none");

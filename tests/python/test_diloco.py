@@ -161,10 +161,12 @@ def test_a_diloco_job_without_an_optimizer_is_refused_and_the_worker_leaves(proc
         time.sleep(0.05)
 
 
-def test_a_synchronous_job_refuses_an_optimizer_it_would_not_use(procs):
+def test_a_synchronous_job_with_optimizer_flags_refuses_another_optimizer_in_one_line(procs):
+    # Its shards would run the flags' SGD (momentum 0.9), not this one.
     s = tiny_job(procs)
     model = tiny()
-    with pytest.raises(zps.BadArgument, match=r"synchronous job's optimizer is the shards'"):
+    with pytest.raises(zps.Refused, match=r"group 0 declares momentum 0, this job's --momentum "
+                                          r"is 0.9: start zps-server without optimizer flags"):
         zt.Run(s.endpoint, model, dataset_size=N, join_timeout=30,
                optimizer=torch.optim.SGD(model.parameters(), lr=0.05))
 
