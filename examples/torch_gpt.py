@@ -192,8 +192,10 @@ def main():
     t = time.perf_counter()
     losses = (single if args.single else worker)(args, model, data)
     ms = 1000 * (time.perf_counter() - t) / max(1, len(losses))
-    print(f"steps {len(losses)} first loss {losses[0]:.4f} last loss {losses[-1]:.4f} "
-          f"ms/step {ms:.1f}", flush=True)
+    with torch.no_grad():  # the final model on the same 256 windows, in every mode
+        held = loss_of(model, data[:256], not args.no_autocast)
+    print(f"steps {len(losses)} ms/step {ms:.1f}; loss of the final model on the first 256 "
+          f"windows {float(held):.4f}", flush=True)
     if args.save:
         torch.save({"state": model.state_dict(), "losses": losses}, args.save)
     return 0 if all(math.isfinite(v) for v in losses) else 1

@@ -67,12 +67,13 @@ def optimizer_groups(optimizer, params):
         if p not in mine:
             _refuse("the optimizer steps a tensor that is not one of the model's parameters: "
                     "build it over model.parameters()")
-    of = []
-    for n, p in enumerate(params):
-        if p.requires_grad and id(p) not in where:
-            _refuse(f"parameter {n} {list(p.shape)} requires grad but is in no param_group: "
-                    f"torch would leave it as it is, give it a group (lr=0 to freeze it)")
-        of.append(where.get(id(p), 0))
+    # A parameter in no group is one torch never steps (frozen): it goes
+    # into a group of its own with lr 0 and no decay, which leaves it as it
+    # is on the shards too (the table gives that group 0 at every step).
+    frozen = len(groups)
+    of = [where.get(id(p), frozen) for p in params]
+    if frozen in of:
+        groups.append((0.0,) + groups[0][1:3] + (0.0,) + groups[0][4:])
     return kind, groups, of
 
 
@@ -81,10 +82,11 @@ def _base(scheduler):
     return base or torch.optim.lr_scheduler._LRScheduler
 
 
-def lr_table(scheduler, optimizer, steps):
+def lr_table(scheduler, optimizer, steps, frozen=False):
     """lrs[s * groups + g]: group g's learning rate at the update of step s,
-    as the scheduler gives it when stepped once after every optimizer step.
-    The scheduler and the optimizer's learning rates are put back after."""
+    as the scheduler gives it when stepped once after every optimizer step
+    (frozen: and 0 for the group optimizer_groups added last). The
+    scheduler and the optimizer's learning rates are put back after."""
     if isinstance(scheduler, torch.optim.lr_scheduler.ReduceLROnPlateau):
         _refuse("scheduler= is a ReduceLROnPlateau: its learning rate follows a metric, which "
                 "the job cannot know in advance; zps takes schedulers of the step alone")
@@ -106,6 +108,8 @@ def lr_table(scheduler, optimizer, steps):
                     except (ValueError, IndexError) as e:
                         _refuse(f"scheduler= stops at step {s} of the job's {steps}: {e}")
                 table.extend(_float(g["lr"]) for g in optimizer.param_groups)
+                if frozen:
+                    table.append(0.0)
     finally:
         scheduler.load_state_dict(saved)
         for g, kept in zip(optimizer.param_groups, saved_groups):

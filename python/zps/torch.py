@@ -318,6 +318,19 @@ def _check_inner_optimizer(optimizer, named):
                                                f"build it over model.parameters()")
 
 
+def _state_buffers(model):
+    """(name, tensor) of the buffers in the model's state_dict: a buffer
+    registered persistent=False (a constant such as a causal mask) is no
+    state and does not travel."""
+    out = []
+    for prefix, mod in model.named_modules():
+        skip = getattr(mod, "_non_persistent_buffers_set", set())
+        for name, b in mod.named_buffers(recurse=False):
+            if b is not None and name not in skip:
+                out.append((f"{prefix}.{name}" if prefix else name, b))
+    return out
+
+
 _BUFFER_MODES = {"average": _lib.BUFFER_AVERAGE, "broadcast": _lib.BUFFER_BROADCAST,
                  "local": None}
 
@@ -335,7 +348,7 @@ def _warn_uncovered(model, buffers):
                           f"piece, not the global batch, so its gradient is not one process's "
                           f"(docs/pytorch.md, BatchNorm); GroupNorm and LayerNorm keep the "
                           f"promise", ZpsWarning, stacklevel=3)
-        if isinstance(mod, torch.nn.modules.dropout._DropoutNd):
+        if isinstance(mod, torch.nn.modules.dropout._DropoutNd) and mod.p > 0:
             warnings.warn(f"zps: module '{name}' ({type(mod).__name__}) draws its masks from "
                           f"this process's generator, so they depend on how the global batch "
                           f"is split; zps.torch.Dropout draws them from (seed, step, sample)",
@@ -429,7 +442,7 @@ class Run:
         for name, p in named:
             c.declare_tensor(name, list(p.shape))
         how = _BUFFER_MODES[self._buffers_mode]
-        bufs = list(self.model.named_buffers()) if how else []
+        bufs = _state_buffers(self.model) if how else []
         self._bufs = _torch_state.Buffers(bufs, sum(p.numel() for _, p in named))
         for name, shape, kind in self._bufs.declared(how):
             c.declare_buffer(name, shape, kind)
@@ -504,7 +517,9 @@ class Run:
         """Sync: the shards step the optimizer; its schedule is declared as
         a table over the job's steps, and opt.step() does nothing here."""
         if self.scheduler is not None:
-            self._table = _torch_optim.lr_table(self.scheduler, self.optimizer, total_steps)
+            frozen = len(self._groups) > len(self.optimizer.param_groups)
+            self._table = _torch_optim.lr_table(self.scheduler, self.optimizer, total_steps,
+                                                frozen)
             self._client.declare_lr_table(len(self._groups), total_steps, self._table)
         opt = self.optimizer
         said = []
@@ -795,8 +810,8 @@ class Run:
         else:
             opt.__dict__.pop("step", None)
         if self._table:
-            n = len(opt.param_groups)
-            for g, lr in zip(opt.param_groups, self._table[-n:]):
+            last = self._table[-len(self._groups):]
+            for g, lr in zip(opt.param_groups, last):
                 g["lr"] = lr
 
     def stop(self):

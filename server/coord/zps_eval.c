@@ -49,6 +49,12 @@ void zps_eval_destroy(zps_eval **ep)
 
 static void s_complete(zps_eval *e)
 {
+    if (e->count == 0) { // a job without test records: an epoch ends, nothing was measured
+        zps_log_info("epoch %llu: no test records to evaluate", (unsigned long long)e->epoch);
+        e->last_done = e->epoch;
+        e->epoch = UINT64_MAX;
+        return;
+    }
     double acc = (double)e->correct / (double)e->count;
     double loss = e->loss_sum / (double)e->count;
     e->accuracy = acc;

@@ -44,7 +44,6 @@ def test_sgd_nesterov_settings_are_read():
     (lambda ps: torch.optim.Adam(ps, amsgrad=True), "amsgrad=True"),
     (lambda ps: torch.optim.SGD(ps, lr=0.1, momentum=0.9, dampening=0.5), "dampening"),
     (lambda ps: torch.optim.SGD(ps, lr=0.1, maximize=True), "maximize"),
-    (lambda ps: torch.optim.SGD(list(ps)[:2], lr=0.1), "in no param_group"),
 ])
 def test_what_the_shards_cannot_do_is_refused_in_one_line(make, reason):
     m = model()
@@ -88,3 +87,14 @@ def test_a_metric_driven_or_too_short_scheduler_is_refused():
     other = torch.optim.SGD(m.parameters(), lr=0.5)
     with pytest.raises(zps.BadArgument, match="another optimizer"):
         _torch_optim.lr_table(torch.optim.lr_scheduler.StepLR(other, 2), opt, 5)
+
+
+def test_parameters_in_no_group_are_frozen_by_a_group_of_lr_0():
+    m = model()
+    ps = list(m.parameters())
+    opt = torch.optim.AdamW(ps[:2], lr=0.1, weight_decay=0.1)
+    kind, groups, of = _torch_optim.optimizer_groups(opt, ps)
+    assert of == [0, 0, 1, 1, 1, 1]
+    assert groups[1][0] == 0.0 and groups[1][3] == 0.0  # lr 0, no decay: left as they are
+    sched = torch.optim.lr_scheduler.StepLR(opt, 1, gamma=0.5)
+    assert _torch_optim.lr_table(sched, opt, 3, frozen=True) == [0.1, 0.0, 0.05, 0.0, 0.025, 0.0]
