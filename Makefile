@@ -251,12 +251,15 @@ demo: deps
 	@bash deploy/demo.sh
 
 # The build of make test and make test-long uses every core (a newcomer
-# types plain make test); the tests then run one at a time.
+# types plain make test). The unit suites and the deploy checks run side by
+# side (neither measures time, and together they leave a core of the two
+# mostly idle; -O prints each one's output whole); the integration and
+# Python tests, which start jobs of real processes, then run one at a time.
 NPROC := $(shell nproc 2>/dev/null || echo 1)
 test: test-deps
 	@$(MAKE) --no-print-directory -j$(NPROC) all $(TESTS) $(FUZZ_REPLAY)
-	@$(MAKE) --no-print-directory test-unit test-integration test-fuzz-replay test-install \
-		test-python test-deploy
+	@$(MAKE) --no-print-directory -j2 -O test-unit test-deploy
+	@$(MAKE) --no-print-directory test-integration test-fuzz-replay test-install test-python
 
 # A unit case's bound is Check's default of 4 s unless its case sets one:
 # 60 s, so that a case asserts what it computes, not how fast the shared

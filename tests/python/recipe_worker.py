@@ -35,7 +35,7 @@ def build(name, seed):
 
 def data(name):
     g = torch.Generator().manual_seed(7)
-    x = torch.randn(N, 3, 32, 32, generator=g) if name == "resnet18" else \
+    x = torch.randn(N, 3, 16, 16, generator=g) if name == "resnet18" else \
         torch.randn(N, 16, generator=g)
     return x, torch.randint(0, 4, (N,), generator=g)
 

@@ -91,7 +91,8 @@ def test_the_staged_path_gives_the_bits_of_the_in_place_one(procs):
     assert torch.equal(staged["flat"], plain["flat"])
 
 
-@pytest.mark.parametrize("wire", ["fp32", "bf16"])
+# The bf16 wire is the long tier's (make test-long): the fp32 one shows the masters.
+@pytest.mark.parametrize("wire", ["fp32", pytest.param("bf16", marks=pytest.mark.long)])
 def test_a_bf16_model_trains_on_fp32_masters_the_same_on_every_worker(procs, wire):
     s = server(procs, *sgd_flags("0.1"), "--wire-dtype", wire, workers=2, steps=20)
     a, b = run_workers(procs, s.endpoint, ["w0", "w1"], "--optimizer", "none", "--dtype",
@@ -106,6 +107,7 @@ def test_a_bf16_model_trains_on_fp32_masters_the_same_on_every_worker(procs, wir
     assert sum(a["losses"][-5:]) < sum(a["losses"][:5])
 
 
+@pytest.mark.long
 def test_autocast_inside_the_loop_trains_fp32_parameters(procs):
     s = server(procs, *sgd_flags(), workers=2, steps=15)
     a, b = run_workers(procs, s.endpoint, ["w0", "w1"], "--optimizer", "none", "--autocast",
