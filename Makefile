@@ -293,21 +293,28 @@ endif
 # PATH). Under SAN=1 libzps is built with ASan, which a Python process cannot
 # load without preloading the sanitizer runtime: skipped, and said so.
 PYTHON ?= /usr/bin/python3
-.PHONY: test-python
+.PHONY: test-python test-python-recipes test-python-rest
+PYTEST = ZPS_BIN_DIR=$(CURDIR)/$(BIN) ZPS_LIB=$(CURDIR)/$(BIN)/libzps.so.$(ZPS_SO_MAJOR) \
+	PYTHONPATH=$(CURDIR)/python $(PYTHON) -m pytest -v -rs -p no:cacheprovider --durations=5
+# The recipes' tests in one pytest and the others in another, side by side
+# (-O: each one's output whole): the jobs they start wait on each other
+# more than they compute, and each test has its own processes, ports and
+# directory.
+PY_RECIPES := tests/python/test_torch_recipes.py tests/python/test_torch_optim.py
 test-python: $(BINS) $(LIBZPS_SO)
 ifeq ($(SAN),1)
 	@echo "SKIPPED: test-python under SAN=1 (an ASan libzps does not load into python3); make test runs it"
 else
-	ZPS_BIN_DIR=$(CURDIR)/$(BIN) ZPS_LIB=$(CURDIR)/$(BIN)/libzps.so.$(ZPS_SO_MAJOR) \
-		PYTHONPATH=$(CURDIR)/python $(PYTHON) -m pytest -v -rs -p no:cacheprovider \
-		--durations=5 -m "not long" tests/python
+	@$(MAKE) --no-print-directory -j2 -O test-python-recipes test-python-rest
 endif
+test-python-recipes: $(BINS) $(LIBZPS_SO)
+	$(PYTEST) -m "not long" $(PY_RECIPES)
+test-python-rest: $(BINS) $(LIBZPS_SO)
+	$(PYTEST) -m "not long" $(addprefix --ignore=,$(PY_RECIPES)) tests/python
 
 # The Python tests marked long (tests/python/conftest.py): make test-long.
 test-python-long: $(BINS) $(LIBZPS_SO)
-	ZPS_BIN_DIR=$(CURDIR)/$(BIN) ZPS_LIB=$(CURDIR)/$(BIN)/libzps.so.$(ZPS_SO_MAJOR) \
-		PYTHONPATH=$(CURDIR)/python $(PYTHON) -m pytest -v -rs -p no:cacheprovider \
-		--durations=5 -m long tests/python
+	$(PYTEST) -m long tests/python
 
 # The fuzz target run once over its generated seeds and over every input
 # that once broke it (fuzz/regressions/): a regression test with this
