@@ -258,8 +258,12 @@ demo: deps
 NPROC := $(shell nproc 2>/dev/null || echo 1)
 test: test-deps
 	@$(MAKE) --no-print-directory -j$(NPROC) all $(TESTS) $(FUZZ_REPLAY)
-	@$(MAKE) --no-print-directory -j2 -O test-unit test-deploy
-	@$(MAKE) --no-print-directory test-integration test-fuzz-replay test-install test-python
+	@$(MAKE) --no-print-directory -j2 -O test-unit-etc test-deploy
+	@$(MAKE) --no-print-directory test-integration test-python
+
+# make test's first half beside test-deploy: nothing here starts a job.
+test-unit-etc:
+	@$(MAKE) --no-print-directory test-unit test-fuzz-replay test-install
 
 # A unit case's bound is Check's default of 4 s unless its case sets one:
 # 60 s, so that a case asserts what it computes, not how fast the shared
@@ -293,14 +297,15 @@ endif
 # PATH). Under SAN=1 libzps is built with ASan, which a Python process cannot
 # load without preloading the sanitizer runtime: skipped, and said so.
 PYTHON ?= /usr/bin/python3
-.PHONY: test-python test-python-recipes test-python-rest
+.PHONY: test-python test-python-recipes test-python-rest test-unit-etc
 PYTEST = ZPS_BIN_DIR=$(CURDIR)/$(BIN) ZPS_LIB=$(CURDIR)/$(BIN)/libzps.so.$(ZPS_SO_MAJOR) \
 	PYTHONPATH=$(CURDIR)/python $(PYTHON) -m pytest -v -rs -p no:cacheprovider --durations=5
-# The recipes' tests in one pytest and the others in another, side by side
+# zps.torch's own tests in one pytest and the others in another, side by side
 # (-O: each one's output whole): the jobs they start wait on each other
 # more than they compute, and each test has its own processes, ports and
 # directory.
-PY_RECIPES := tests/python/test_torch_recipes.py tests/python/test_torch_optim.py
+PY_RECIPES := tests/python/test_torch_recipes.py tests/python/test_torch_optim.py \
+	tests/python/test_torch.py
 test-python: $(BINS) $(LIBZPS_SO)
 ifeq ($(SAN),1)
 	@echo "SKIPPED: test-python under SAN=1 (an ASan libzps does not load into python3); make test runs it"
