@@ -86,7 +86,7 @@ case_single() {
     --threads 1 >"$run/$tag.out" 2>"$run/$tag.err" &
   pids=($!)
   wait_all "$tag"
-  local ms; ms=$(parse "$tag" '^steps [0-9]* first loss .* ms\/step \([0-9.]*\)$' "$run/$tag.out")
+  local ms; ms=$(parse "$tag" '^steps [0-9]* ms\/step \([0-9.]*\);.*' "$run/$tag.out")
   echo "$ms" >>"$run/single"
   printf 'run %d  %-26s %8.2f ms/step\n' "$1" "single (1 process)" "$ms"
 }
