@@ -114,7 +114,8 @@ static bool s_declared_differs(const zps_coord *c, const Zps__Hello *hello, char
             return true;
         }
         return s_builtin_optim_differs(c, hello, why, len);
-    } else if (!hello->layout) {
+    }
+    if (!hello->layout) {
         snprintf(why, len, "this job's model is declared by its workers (--model external): "
                            "this worker declared none");
         return true;
