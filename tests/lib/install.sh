@@ -35,8 +35,10 @@ read -r -a dep_libs <<<"$(pkg-config --libs libzmq libprotobuf-c)"
   "${zps_cflags[@]}" \
   -L"$tmp/prefix/lib" -Wl,-Bstatic -lzps -Wl,-Bdynamic "${dep_libs[@]}" -lm -pthread) \
   >"$tmp/cc-static.log" 2>&1 || fail "cc against libzps.a"
-! ldd "$tmp/zps_min_static" | grep -q libzps || fail "zps_min_static loads libzps.so"
-LD_LIBRARY_PATH="$tmp/prefix/lib" ldd "$tmp/zps_min" | grep -q "$tmp/prefix/lib/libzps.so.1" ||
+# grep reads all of ldd's output (not -q): under pipefail, ldd killed by
+# SIGPIPE after an early match would fail the pipeline now and then.
+! ldd "$tmp/zps_min_static" | grep libzps >/dev/null || fail "zps_min_static loads libzps.so"
+LD_LIBRARY_PATH="$tmp/prefix/lib" ldd "$tmp/zps_min" | grep "$tmp/prefix/lib/libzps.so.1" >/dev/null ||
   fail "zps_min does not load the installed libzps.so.1"
 
 "$bin/zps-server" --listen 'tcp://127.0.0.1:*' --endpoint-file "$tmp/ep" --workers 1 \
