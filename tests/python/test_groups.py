@@ -6,6 +6,8 @@ each tensor with its own group's rates (docs/optimizers.md).
 
 No torch: the worker is the bare Client over numpy buffers.
 """
+import time
+
 import numpy as np
 import pytest
 
@@ -221,6 +223,12 @@ def test_a_later_worker_must_declare_the_first_workers_groups(procs):
     joined = []
     t = threading.Thread(target=lambda: joined.append(first.join() or True))
     t.start()
+    # The first HELLO's declaration is the job's: wait for it to be taken
+    # before the other one says HELLO (on a loaded machine it could overtake).
+    deadline = time.monotonic() + 30
+    while "admitted as rank 0" not in procs.log(s):
+        assert time.monotonic() < deadline, procs.log(s)
+        time.sleep(0.05)
     other = zps.Client(s.endpoint)
     other.set("join_timeout_ms", 30000)
     other.declare_tensor("a", [4])
