@@ -28,7 +28,7 @@
 // clipping); the workers save their parameters as <tag>-w<i>.bin.
 static void s_run(zps_procs *ps, const char *tag, int shards, const char *clip)
 {
-    char n_shards[8], metrics[64], log[64];
+    char n_shards[16], metrics[64], log[64];
     snprintf(n_shards, sizeof n_shards, "%d", shards);
     snprintf(metrics, sizeof metrics, "%s-metrics.jsonl", tag);
     snprintf(log, sizeof log, "%s-s0", tag);
@@ -40,7 +40,7 @@ static void s_run(zps_procs *ps, const char *tag, int shards, const char *clip)
     char ep[256];
     snprintf(ep, sizeof ep, "%s", zps_procs_start_server(ps, log, &servers[0], sargs, 10000));
     for (int k = 1; k < shards; k++) {
-        char index[8];
+        char index[16];
         snprintf(index, sizeof index, "%d", k);
         snprintf(log, sizeof log, "%s-s%d", tag, k);
         const char *kargs[] = {"--shard", index, "--shards", n_shards, "--coordinator", ep,
