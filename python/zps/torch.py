@@ -11,17 +11,25 @@ What Run does to the model, and why:
 - Its parameters (model.parameters(), in that order) become views of one
   flat fp32 vector, the job's layout; libzps writes each step's parameters
   into it in place, so no copy is made per step. Rank 0's values at the
-  start are the job's initial ones (Horovod's broadcast_parameters).
+  start are the job's initial ones (Horovod's broadcast_parameters). A
+  bf16/fp16 model or one on a GPU keeps its own tensors and trains staged
+  (_torch_state.py): copies to and from the flat vectors per bucket.
 - Their .grad become views of one flat gradient, and a hook on each
   parameter's gradient accumulator pushes a bucket the moment the last
   parameter in it is final, so the wire works while the earlier layers'
   backward still runs (DDP's and Horovod's overlap).
-- The shards' optimizer (zps-server --optimizer) is the job's: the user's
-  own torch optimizer is not used (optimizer= is refused).
-- Buffers and randomness are each worker's own: Run warns, naming the
-  module, where a model has them (BatchNorm, torch.nn.Dropout); Dropout of
-  this module draws its masks from (seed, step, sample) instead, so a
-  piece's masks do not depend on how the global batch is split.
+- The training script's parts go to the shards (_torch_optim.py): the
+  user's torch optimizer and its param_groups (optimizer=), a step-based
+  scheduler's table of learning rates (scheduler=), clipping by the global
+  norm (clip_grad_norm=); opt.step() then does nothing here. Without
+  optimizer=, the server's flags are the job's optimizer.
+- Floating-point buffers (BatchNorm's running statistics) lie in the flat
+  vector after the parameters and are averaged by the shards (buffers=
+  "average"; "broadcast": rank 0's; "local": each worker's own).
+  torch.nn.Dropout draws its masks from this process's generator: Run
+  warns; zps.torch.Dropout draws them from (seed, step, sample) instead,
+  so a piece's masks do not depend on how the global batch is split.
+- work.micro_batches(n) cuts a piece into micro-batches pushed once.
 - Ctrl-C leaves the job (BYE: the others take this worker's share), and
   every wait is bounded (timeout=, join_timeout=).
 
