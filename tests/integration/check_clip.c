@@ -3,18 +3,16 @@
  * the norm is an exact sum, so 1, 2 and 3 shards end with the same bits;
  * the clip was active (an unclipped run ends elsewhere, every step's norm
  * in the metrics log is above the limit); /status shows the norm. */
-#include <arpa/inet.h>
 #include <jansson.h>
-#include <netinet/in.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-#include <sys/socket.h>
 #include <time.h>
 #include <unistd.h>
 
 #include "common/zps_clock.h"
 #include "common/zps_model.h"
+#include "zps_http_get.h"
 #include "zps_integration.h"
 #include "zps_mlog_read.h"
 #include "zps_proc.h"
@@ -148,41 +146,6 @@ START_TEST(test_clip_one_two_three_shards_give_identical_bits)
 }
 END_TEST
 
-// GET path from 127.0.0.1:port; the body (caller frees) or NULL.
-static char *s_get(int port, const char *path)
-{
-    int fd = socket(AF_INET, SOCK_STREAM, 0);
-    struct sockaddr_in a = {.sin_family = AF_INET, .sin_port = htons((uint16_t)port)};
-    a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
-    struct timeval tv = {2, 0};
-    if (fd < 0) {
-        return NULL;
-    }
-    setsockopt(fd, SOL_SOCKET, SO_RCVTIMEO, &tv, sizeof tv);
-    if (connect(fd, (struct sockaddr *)&a, sizeof a) != 0) {
-        close(fd);
-        return NULL;
-    }
-    char req[128];
-    int n = snprintf(req, sizeof req, "GET %s HTTP/1.0\r\nHost: localhost\r\n\r\n", path);
-    ck_assert_int_eq(write(fd, req, (size_t)n), n);
-    size_t cap = 1 << 16, len = 0;
-    char *buf = malloc(cap);
-    ssize_t r;
-    while (len + 1 < cap && (r = read(fd, buf + len, cap - len - 1)) > 0) {
-        len += (size_t)r;
-    }
-    close(fd);
-    buf[len] = '\0';
-    char *body = strstr(buf, "\r\n\r\n");
-    if (!body || !strstr(buf, " 200 ")) {
-        free(buf);
-        return NULL;
-    }
-    memmove(buf, body + 4, strlen(body + 4) + 1);
-    return buf;
-}
-
 // /status and /metrics of a clipped job carry the newest step's norm.
 START_TEST(test_clip_status_and_metrics_show_the_gradient_norm)
 {
@@ -204,7 +167,7 @@ START_TEST(test_clip_status_and_metrics_show_the_gradient_norm)
     bool gauge = false;
     double deadline = zps_clock_ms() + 10000;
     while ((norm <= 0 || !gauge) && zps_clock_ms() < deadline) {
-        char *body = s_get(port, "/status");
+        char *body = zps_http_get(port, "/status");
         json_error_t jerr;
         json_t *st = body && body[0] ? json_loads(body, 0, &jerr) : NULL;
         if (st && json_is_number(json_object_get(st, "grad_norm"))) {
@@ -214,7 +177,7 @@ START_TEST(test_clip_status_and_metrics_show_the_gradient_norm)
         }
         json_decref(st);
         free(body);
-        char *metrics = s_get(port, "/metrics");
+        char *metrics = zps_http_get(port, "/metrics");
         gauge = gauge || (metrics && strstr(metrics, "\nzps_grad_norm ") &&
                           !strstr(metrics, "\nzps_grad_norm 0\n"));
         free(metrics);

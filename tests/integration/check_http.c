@@ -1,57 +1,17 @@
 /* check_http.c - zps-server --http: /metrics passes promtool's checks,
  * /status is JSON and names the slowed worker a straggler; every shard
  * answers the supervisor's probes /healthz and /readyz. */
-#include <arpa/inet.h>
 #include <jansson.h>
-#include <netinet/in.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-#include <sys/socket.h>
 #include <time.h>
 #include <unistd.h>
 
 #include "common/zps_clock.h"
+#include "zps_http_get.h"
 #include "zps_integration.h"
 #include "zps_proc.h"
-
-// GET path from 127.0.0.1:port; returns the body (caller frees) or NULL.
-static char *s_get(int port, const char *path)
-{
-    int fd = socket(AF_INET, SOCK_STREAM, 0);
-    struct sockaddr_in a = {.sin_family = AF_INET, .sin_port = htons((uint16_t)port)};
-    a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
-    struct timeval tv = {2, 0};
-    setsockopt(fd, SOL_SOCKET, SO_RCVTIMEO, &tv, sizeof tv);
-    if (fd < 0 || connect(fd, (struct sockaddr *)&a, sizeof a) != 0) {
-        if (fd >= 0) {
-            close(fd);
-        }
-        return NULL;
-    }
-    char req[256];
-    int n = snprintf(req, sizeof req, "GET %s HTTP/1.0\r\nHost: localhost\r\n\r\n", path);
-    ck_assert_int_eq(write(fd, req, (size_t)n), n);
-    size_t cap = 1 << 16, len = 0;
-    char *buf = malloc(cap);
-    ssize_t r;
-    while ((r = read(fd, buf + len, cap - len - 1)) > 0) {
-        len += (size_t)r;
-        if (len + 1 == cap) {
-            cap *= 2;
-            buf = realloc(buf, cap);
-        }
-    }
-    close(fd);
-    buf[len] = '\0';
-    char *body = strstr(buf, "\r\n\r\n");
-    if (!body || !strstr(buf, " 200 ")) {
-        free(buf);
-        return NULL;
-    }
-    memmove(buf, body + 4, strlen(body + 4) + 1);
-    return buf;
-}
 
 static pid_t s_worker(zps_procs *ps, const char *ep, const char *log, const char *slow)
 {
@@ -105,7 +65,7 @@ START_TEST(test_http_metrics_pass_promtool_and_status_names_the_straggler)
     json_int_t slow_rank = -1;
     double deadline = zps_clock_ms() + 60000;
     while (!flagged && zps_clock_ms() < deadline) {
-        char *body = s_get(port, "/status");
+        char *body = zps_http_get(port, "/status");
         json_error_t jerr;
         json_t *st = body && body[0] ? json_loads(body, 0, &jerr) : NULL;
         if (st) {
@@ -131,7 +91,7 @@ START_TEST(test_http_metrics_pass_promtool_and_status_names_the_straggler)
     ck_assert_msg(flagged, "/status did not flag the slowed worker");
 
     // /metrics: Prometheus text that promtool accepts, a series per worker.
-    char *metrics = s_get(port, "/metrics");
+    char *metrics = zps_http_get(port, "/metrics");
     ck_assert_ptr_nonnull(metrics);
     ck_assert_ptr_nonnull(strstr(metrics, "zps_worker_lag_seconds{rank=\"0\""));
     ck_assert_ptr_nonnull(strstr(metrics, "zps_worker_lag_seconds{rank=\"1\""));
@@ -161,7 +121,7 @@ static bool s_eventually_ok(int port, const char *path, int timeout_ms)
 {
     double deadline = zps_clock_ms() + timeout_ms;
     while (zps_clock_ms() < deadline) {
-        char *body = s_get(port, path);
+        char *body = zps_http_get(port, path);
         if (body) {
             free(body);
             return true;
@@ -191,9 +151,9 @@ START_TEST(test_http_probes_on_every_shard_and_advertised_endpoint)
                            "--listen", listen1, "--advertise", adv1, "--http", http1, NULL};
     pid_t s1 = zps_procs_start(&ps, "zps-server", "shard1.log", args1);
     ck_assert_msg(s_eventually_ok(port1, "/healthz", 10000), "shard 1 /healthz never 200");
-    char *body = s_get(port1, "/readyz");
+    char *body = zps_http_get(port1, "/readyz");
     ck_assert_msg(body == NULL, "shard 1 ready before it has a range");
-    ck_assert_ptr_null(s_get(port1, "/metrics"));
+    ck_assert_ptr_null(zps_http_get(port1, "/metrics"));
     const char *args0[] = {"--workers", "1", "--global-batch", "32", "--steps", "400",
                            "--model", "mlp:784-512-512-10", "--shards", "2", "--listen", listen0,
                            "--http", http0, NULL};
