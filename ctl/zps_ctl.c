@@ -81,6 +81,10 @@ static void s_print_status(const Zps__Header *h)
     if (st->test_accuracy >= 0) {
         printf(", test accuracy %.4f", st->test_accuracy);
     }
+    if (st->clip_grad_norm > 0 && st->has_grad_norm) {
+        printf(", gradient norm %.4g (step %llu, clipped to %g)", st->grad_norm,
+               (unsigned long long)st->grad_norm_step, st->clip_grad_norm);
+    }
     printf("\nmembers %zu of %u, refused messages %llu, evictions %llu, plan %u, "
            "step time median %.2f ms, p95 %.2f ms\n",
            st->n_members, st->workers_expected, (unsigned long long)st->bad_messages,

@@ -61,10 +61,11 @@ void zps_steps_clip(zps_server *srv, uint64_t step, float norm)
         return;
     }
     srv->norm_wait_ms = 0;
-    // Every bucket is updated now; a rollback taken at the step boundary
-    // (s_apply's first) would forget them: then none is sent.
-    for (int b = 0; b < zps_shard_n_buckets(srv->shard) &&
-                    zps_shard_bucket_params_are(srv->shard, b, step + 1); b++) {
+    // One bucket updated and sent at a time, so that the workers take the
+    // first while the next is computed. A rollback taken at the step
+    // boundary (s_apply's first) forgets the norm: then no more is updated.
+    int b;
+    while ((b = zps_shard_clip_next(srv->shard)) >= 0) {
         s_apply(srv, b);
     }
 }

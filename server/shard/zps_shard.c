@@ -84,6 +84,10 @@ struct zps_shard {
     int n_complete;                                 // of them
     bool norm_due;                                  // clipping: g is in clipg, the norm is not
     zps_sumsq partial;                              // clipping: the sum of squares of clipg
+                                                    // (of the complete buckets, so far)
+    bool clip_taken;                                // clipping: the step's norm is in, its
+    float clip_coef;                                // coefficient; the buckets not updated
+    int next_clip;                                  // yet are this one's and after
     zps_groups groups;                              // owned: the range's groups and buffers
     float *lrs;                                     // owned: each group's rate of the step
     float *bcast;                                   // owned, a broadcast buffer in the range:
@@ -894,27 +898,23 @@ static void s_mean_range(void *arg, size_t lo, size_t hi, int thread)
     s_sumsq_params(j->s, &j->part[thread], j->first + lo, hi - lo);
 }
 
-// Bucket b's slices tile the batch (clipping): once every bucket's do, the
-// range's mean gradient, as the unclipped update computes it
-// ((float)(acc / total), zps_dtype_axpy_mean's bits), and its exact sum of
-// squares, the shard's part of the norm.
+// Bucket b's slices tile the batch (clipping): its mean gradient, as the
+// unclipped update computes it ((float)(acc / total), zps_dtype_axpy_mean's
+// bits), and its exact sum of squares added to the shard's part of the
+// norm, at once, while later buckets are still being pushed; once every
+// bucket is complete the part is due.
 static void s_complete(zps_shard *s, int b)
 {
     s->complete[b] = true;
-    if (++s->n_complete < s->n_buckets) {
-        return;
-    }
-    s_mean_job j = {.s = s}; // zeroed accumulators, 5.6 KiB
-    for (int k = 0; k < s->n_buckets; k++) {
-        j.first = s->buckets[k].lo - s->lo;
-        j.total = (double)s->weight[k];
-        zps_pool_for(s->pool, s->buckets[k].hi - s->buckets[k].lo, 1, s_mean_range, &j);
-    }
-    zps_sumsq_init(&s->partial);
+    s_mean_job j = {.s = s, .first = s->buckets[b].lo - s->lo,
+                    .total = (double)s->weight[b]}; // zeroed accumulators, 5.6 KiB
+    zps_pool_for(s->pool, s->buckets[b].hi - s->buckets[b].lo, 1, s_mean_range, &j);
     for (int t = 0; t < ZPS_POOL_MAX; t++) {
         zps_sumsq_merge(&s->partial, &j.part[t]);
     }
-    s->norm_due = true;
+    if (++s->n_complete == s->n_buckets) {
+        s->norm_due = true;
+    }
 }
 
 bool zps_shard_clipping(const zps_shard *s)
@@ -949,7 +949,7 @@ static void s_unclip_buffers(const zps_shard *s, size_t at, size_t len, float *g
 // The clipped update, for the threads: g times coef, then the optimizer.
 typedef struct s_clip_job {
     zps_shard *s;
-    float coef;
+    size_t first; // the bucket's first element in the range
     float lr;
 } s_clip_job;
 
@@ -958,10 +958,10 @@ static void s_clip_range(void *arg, size_t lo, size_t hi, int thread)
     const s_clip_job *j = arg;
     zps_shard *s = j->s;
     float *grad = s->grad + (size_t)thread * ZPS_SHARD_BLOCK;
-    for (size_t at = lo; at < hi; at += ZPS_SHARD_BLOCK) {
-        size_t len = hi - at < ZPS_SHARD_BLOCK ? hi - at : ZPS_SHARD_BLOCK;
+    for (size_t at = j->first + lo; at < j->first + hi; at += ZPS_SHARD_BLOCK) {
+        size_t len = j->first + hi - at < ZPS_SHARD_BLOCK ? j->first + hi - at : ZPS_SHARD_BLOCK;
         for (size_t i = 0; i < len; i++) {
-            grad[i] = s->clipg[at + i] * j->coef; // torch's g.mul_(clip_coef_clamped)
+            grad[i] = s->clipg[at + i] * s->clip_coef; // torch's g.mul_(clip_coef_clamped)
         }
         if (s->groups.n_segs == 0) {
             s_step(s, &s->optim, j->lr, at, len, grad);
@@ -985,18 +985,28 @@ zps_err zps_shard_clip(zps_shard *s, uint64_t step, float norm)
     if (s->snap) {
         s_prepare(s, &s->snap, s->n * zps_dtype_size(s->dtype));
     }
-    s_clip_job j = {.s = s, .coef = zps_sumsq_clip_coef(s->clip, norm),
-                    .lr = s_lr(s, 0, &s->optim)};
+    s->clip_coef = zps_sumsq_clip_coef(s->clip, norm);
     for (int g = 0; g < s->groups.n; g++) {
         s->lrs[g] = s_lr(s, g, &s->groups.cfg[g]);
     }
-    zps_pool_for(s->pool, s->n, ZPS_SHARD_BLOCK, s_clip_range, &j);
-    for (int b = 0; b < s->n_buckets; b++) {
-        s->updated[b] = true;
-    }
-    s->n_updated = s->n_buckets;
     s->norm_due = false;
+    s->clip_taken = true;
+    s->next_clip = 0;
     return ZPS_OK;
+}
+
+int zps_shard_clip_next(zps_shard *s)
+{
+    if (!s->clip_taken || s->next_clip >= s->n_buckets) {
+        return -1;
+    }
+    int b = s->next_clip++;
+    size_t first = s->buckets[b].lo - s->lo;
+    s_clip_job j = {.s = s, .first = first, .lr = s_lr(s, 0, &s->optim)};
+    zps_pool_for(s->pool, s->buckets[b].hi - s->buckets[b].lo, ZPS_SHARD_BLOCK, s_clip_range, &j);
+    s->updated[b] = true;
+    s->n_updated++;
+    return b;
 }
 
 static void s_clip_forget(zps_shard *s)
@@ -1004,6 +1014,8 @@ static void s_clip_forget(zps_shard *s)
     memset(s->complete, 0, sizeof s->complete);
     s->n_complete = 0;
     s->norm_due = false;
+    s->clip_taken = false;
+    zps_sumsq_init(&s->partial);
 }
 
 void zps_shard_apply(zps_shard *s, int bucket)

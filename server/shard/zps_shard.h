@@ -114,18 +114,22 @@ bool zps_shard_step_done(const zps_shard *s);
 float zps_shard_end_step(zps_shard *s);
 
 // --clip-grad-norm. With clipping on, a push that completes a bucket only
-// accumulates it (*ready stays -1); once every bucket of the range is
-// complete, the shard averages its gradient, g = acc / B, and keeps it:
-// zps_shard_norm_due turns true, with the exact sum of squares of that
-// range's g in *partial (may be NULL). zps_shard_clip then takes the global
-// norm of `step` (that of every shard's range): every element of g times
-// torch's coefficient, min(max_norm / (norm + 1e-6), 1) in float32, and the
-// optimizer on that, for every bucket; each is then ready (zps_shard_apply).
-// ZPS_ESTALE, nothing changed, when the shard is not waiting for the norm
-// of `step`.
+// accumulates it (*ready stays -1) and averages its gradient, g = acc / B,
+// into the shard's keeping, its exact sum of squares added to the shard's
+// part of the norm; once every bucket of the range is complete,
+// zps_shard_norm_due turns true, with the part (the sum over the range's
+// g) in *partial (may be NULL). zps_shard_clip then takes the global norm
+// of `step` (that of every shard's range): torch's coefficient,
+// min(max_norm / (norm + 1e-6), 1) in float32. Each zps_shard_clip_next
+// then updates one more bucket, in push order, with the optimizer on
+// coefficient times g, and returns it, ready (zps_shard_apply); -1 once
+// all are (so its values may go out while the next is computed).
+// zps_shard_clip: ZPS_ESTALE, nothing changed, when the shard is not
+// waiting for the norm of `step`.
 bool zps_shard_clipping(const zps_shard *s);
 bool zps_shard_norm_due(const zps_shard *s, zps_sumsq *partial);
 zps_err zps_shard_clip(zps_shard *s, uint64_t step, float norm);
+int zps_shard_clip_next(zps_shard *s);
 
 // Samples of the step in progress counted from `rank` (bucket 0, whose
 // counted slices tile the batch once the step is done: they add up to B).

@@ -186,6 +186,14 @@ START_TEST(test_clip_status_and_metrics_show_the_gradient_norm)
     }
     ck_assert_msg(norm > 0, "/status never showed a positive grad_norm");
     ck_assert_msg(gauge, "/metrics never showed a zps_grad_norm gauge");
+    // zps-ctl status's figures: the same norm, on the wire's STATUS_REPLY.
+    zps_wire_msg m;
+    zps_procs_status(ep, &m);
+    const Zps__Status *st = m.hdr->status;
+    ck_assert(st->has_grad_norm);
+    ck_assert_float_gt(st->grad_norm, 0);
+    ck_assert_float_eq_tol(st->clip_grad_norm, (float)atof(CLIP), 1e-6f);
+    zps_wire_msg_fini(&m);
     zps_procs_fini(&ps, false); // killed mid-run: it was here for its /status
 }
 END_TEST

@@ -191,9 +191,11 @@ START_TEST(test_shard_clip_waits_for_the_norm_and_updates_on_coef_times_g)
         ck_assert_int_eq(zps_shard_clip(all[k], 0, norm), ZPS_ESTALE); // once
         ck_assert(!zps_shard_norm_due(all[k], NULL));
         for (int bk = 0; bk < zps_shard_n_buckets(all[k]); bk++) {
+            ck_assert_int_eq(zps_shard_clip_next(all[k]), bk); // in push order
             ck_assert(zps_shard_bucket_params_are(all[k], bk, 1));
             zps_shard_apply(all[k], bk);
         }
+        ck_assert_int_eq(zps_shard_clip_next(all[k]), -1);
         ck_assert(zps_shard_step_done(all[k]));
         zps_shard_end_step(all[k]);
     }
@@ -241,6 +243,8 @@ START_TEST(test_shard_clip_threads_give_the_same_bits)
         s_clip_feed(s, g0, g1);
         ck_assert(zps_shard_norm_due(s, &part[t]));
         ck_assert_int_eq(zps_shard_clip(s, 0, zps_sumsq_norm(&part[t])), ZPS_OK);
+        while (zps_shard_clip_next(s) >= 0) {
+        }
         p[t] = malloc(131072 * sizeof(float));
         zps_shard_fx_params(s, 0, p[t]);
         zps_shard_destroy(&s);

@@ -474,7 +474,7 @@ static void s_clip_step(zps_shard **s, int n, uint64_t t)
     float norm = zps_sumsq_norm(&all);
     for (int k = 0; k < n; k++) {
         ck_assert_int_eq(zps_shard_clip(s[k], t, norm), ZPS_OK);
-        for (int b = 0; b < zps_shard_n_buckets(s[k]); b++) {
+        for (int b; (b = zps_shard_clip_next(s[k])) >= 0;) {
             zps_shard_apply(s[k], b);
         }
         ck_assert(zps_shard_step_done(s[k]));
