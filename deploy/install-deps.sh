@@ -23,6 +23,8 @@ pkgs=(
 if [ "${1:-}" = --python ] || [ "${1:-}" = --test ] || [ "${1:-}" = --ci ] || [ "${1:-}" = --bench ]; then
   pkgs+=(
     python3-torch python3-numpy        # zps.torch: PyTorch models as zps workers
+    python3-venv python3-pip           # pip install ./python, into a venv (tests/python/test_install.py)
+    python3-setuptools python3-wheel   # its build backend, offline (--no-build-isolation)
   )
 fi
 if [ "${1:-}" = --test ] || [ "${1:-}" = --ci ]; then

@@ -8,13 +8,18 @@ them, Work's fields and the bound calls against the header and the C
 compiler: a header change without its mirror here fails that test. ctypes releases the
 GIL around every call, so a call that waits lets other Python threads run.
 
-Where the library is found, first match wins:
-  1. $ZPS_LIB, a path to libzps.so.1;
-  2. bin/libzps.so.1 of the source tree this package lies in (make);
-  3. the loader's search path (make install, ldconfig).
+Where the library is found, first match wins (find_library):
+  1. $ZPS_LIB, a path to libzps.so.1; when set, the only place looked at;
+  2. libzps.so.1 beside this file (site-packages/zps/ of a pip install);
+  3. bin/libzps.so.1 of the source tree this package lies in (make);
+  4. lib/ of the prefixes make install is given: /usr/local (its default),
+     ~/.local, and the running venv's (make install PREFIX=.venv);
+  5. the loader's search path (LD_LIBRARY_PATH, ldconfig's cache).
+None found is one ImportError line naming every place looked at.
 """
 import ctypes
 import os
+import sys
 
 SO_MAJOR = 1
 
@@ -125,40 +130,71 @@ def has(name):
     return getattr(lib, name, None) is not None
 
 
-def _candidates():
-    env = os.environ.get("ZPS_LIB")
+SONAME = f"libzps.so.{SO_MAJOR}"
+
+
+def install_prefixes():
+    """The PREFIXes make install is given (Makefile: default /usr/local)."""
+    prefixes = ["/usr/local", os.path.expanduser("~/.local")]
+    if sys.prefix != sys.base_prefix:
+        prefixes.append(sys.prefix)  # a venv: make install PREFIX=.venv
+    return list(dict.fromkeys(prefixes))
+
+
+def find_library(environ=None, here=None, prefixes=None, soname=SONAME):
+    """(ctypes.CDLL, path) of the first libzps found in the order above.
+
+    The arguments default to os.environ, this package's directory and
+    install_prefixes(); the tests give others. ImportError when none loads,
+    one line naming each place looked at and what to do.
+    """
+    environ = os.environ if environ is None else environ
+    here = os.path.dirname(os.path.abspath(__file__)) if here is None else here
+    prefixes = install_prefixes() if prefixes is None else prefixes
+    env = environ.get("ZPS_LIB")
     if env:
-        return [env]
-    tree = os.path.join(os.path.dirname(__file__), "..", "..", "bin", f"libzps.so.{SO_MAJOR}")
-    return [os.path.normpath(tree), f"libzps.so.{SO_MAJOR}"]
+        places = [(env, f"ZPS_LIB={env}: no such file")]
+    else:
+        places = [(os.path.join(here, soname), f"ZPS_LIB unset; not beside {here}")]
+        tree = os.path.normpath(os.path.join(here, "..", ".."))
+        if os.path.isfile(os.path.join(tree, "include", "zps.h")):
+            places.append((os.path.join(tree, "bin", soname),
+                           f"not in {os.path.join(tree, 'bin')} (make)"))
+        places += [(os.path.join(p, "lib", soname), f"not in {os.path.join(p, 'lib')}")
+                   for p in prefixes]
+        places.append((soname, "not on the loader's path"))
+    missed = []
+    for path, miss in places:
+        if os.path.sep in path and not os.path.exists(path):
+            missed.append(miss)
+            continue
+        try:
+            return ctypes.CDLL(path), path
+        except OSError as e:
+            err = " ".join(str(e).split())
+            missed.append(miss if err.startswith(f"{soname}: cannot open") else err)
+    if env:
+        fix = "Point ZPS_LIB at a libzps.so.1 (make builds bin/libzps.so.1), or unset it"
+    else:
+        fix = "Run make install, or set ZPS_LIB to a libzps.so.1"
+    raise ImportError(f"{soname} not found: " + "; ".join(missed) + f". {fix}")
 
 
 def _load():
-    tried = []
-    for path in _candidates():
-        if os.path.sep in path and not os.path.exists(path):
-            tried.append(f"{path} (no such file)")
-            continue
-        try:
-            lib = ctypes.CDLL(path)
-        except OSError as e:
-            tried.append(f"{path} ({e})")
-            continue
-        for name, (res, args) in _SIGNATURES.items():
-            fn = getattr(lib, name, None)
-            if fn is None and name in _SINCE:
-                continue  # an older libzps 1.x: the calls of its minor version only
-            if fn is None:
-                raise ImportError(f"{path} has no {name}: not a libzps {SO_MAJOR}")
-            fn.restype = res
-            fn.argtypes = args
-        major = _INT()
-        lib.zps_version(ctypes.byref(major), None, None)
-        if major.value != SO_MAJOR:
-            raise ImportError(f"{path} is libzps {major.value}, this package speaks {SO_MAJOR}")
-        return lib
-    raise ImportError("libzps not found: run make in the source tree, make install, or set "
-                      "ZPS_LIB to libzps.so.1; tried " + "; ".join(tried))
+    lib, path = find_library()
+    for name, (res, args) in _SIGNATURES.items():
+        fn = getattr(lib, name, None)
+        if fn is None and name in _SINCE:
+            continue  # an older libzps 1.x: the calls of its minor version only
+        if fn is None:
+            raise ImportError(f"{path} has no {name}: not a libzps {SO_MAJOR}")
+        fn.restype = res
+        fn.argtypes = args
+    major = _INT()
+    lib.zps_version(ctypes.byref(major), None, None)
+    if major.value != SO_MAJOR:
+        raise ImportError(f"{path} is libzps {major.value}, this package speaks {SO_MAJOR}")
+    return lib, path
 
 
-lib = _load()
+lib, lib_path = _load()  # lib_path: where libzps was found
