@@ -208,11 +208,14 @@ zps_err zps_coord_on_hello(zps_coord *c, zps_outbox *out, zps_wire_msg *m)
     }
     for (uint32_t i = 0; i < c->n_members; i++) {
         zps_coord_member *mem = &c->members[i];
-        if (zps_member_live(&mem->life) && !mem->has_job &&
-            s_same_route(&mem->route, &m->route)) {
+        if (zps_member_live(&mem->life) && s_same_route(&mem->route, &m->route)) {
             // A worker admitted and waiting for its JOB says HELLO again now
             // and then (it cannot tell a slow start or step from a
-            // coordinator that restarted): it is admitted once.
+            // coordinator that restarted): it is admitted once. Its JOB may
+            // be on the way already, crossing this HELLO (the connection
+            // is the same, so the JOB reaches it): nothing more to say.
+            zps_log_debug("rank %u said HELLO again%s", mem->rank,
+                          mem->has_job ? ", its JOB on the way" : "");
             return ZPS_OK;
         }
     }

@@ -773,6 +773,29 @@ START_TEST(test_coord_hello_whose_share_does_not_fit_is_refused_in_one_line_and_
 }
 END_TEST
 
+// A worker whose HELLO timer ran out just as its JOB left says HELLO again
+// on the same connection: the job has started, yet this is no joiner (whose
+// share would not fit), only the member of before; nothing changes.
+START_TEST(test_coord_hello_again_crossing_its_job_is_the_same_member_and_changes_nothing)
+{
+    mjob j;
+    s_members_setup(&j, 2);
+    ck_assert_int_eq(s_hello_share(&j, 0, 6), ZPS_OK);
+    ck_assert_int_eq(s_hello_share(&j, 1, 2), ZPS_OK); // the job starts: JOBs out
+    ck_assert_int_eq(s_hello_share(&j, 1, 2), ZPS_OK); // crossed its JOB
+    ck_assert_uint_eq(s_take_job_of(&j, 0), 0);
+    ck_assert_uint_eq(s_take_job_of(&j, 1), 0);
+    for (int k = 0; k < j.w[1].n; k++) { // after it: no refusal, no second JOB
+        ck_assert_int_ne(j.w[1].box[k]->type, ZPS__MSG_TYPE__ERROR);
+        ck_assert_int_ne(j.w[1].box[k]->type, ZPS__MSG_TYPE__JOB);
+    }
+    const zps_plan *p = zps_coord_plan(j.c);
+    ck_assert_uint_eq(p->n, 2);
+    ck_assert_uint_eq(p->slices[1].count, 2);
+    s_members_teardown(&j);
+}
+END_TEST
+
 START_TEST(test_coord_bye_in_the_middle_hands_the_slice_on_and_replans_at_the_boundary)
 {
     mjob j;
@@ -975,6 +998,7 @@ Suite *zps_suite_coord(void)
     tcase_add_test(mc, test_coord_eviction_during_a_join_hands_the_piece_to_an_active_member);
     tcase_add_test(mc, test_coord_join_during_eviction_wakes_the_joiner_only_when_nobody_else_can);
     tcase_add_test(mc, test_coord_hello_whose_share_does_not_fit_is_refused_in_one_line_and_changes_nothing);
+    tcase_add_test(mc, test_coord_hello_again_crossing_its_job_is_the_same_member_and_changes_nothing);
     tcase_add_test(mc, test_coord_bye_in_the_middle_hands_the_slice_on_and_replans_at_the_boundary);
     suite_add_tcase(s, mc);
     TCase *pc = tcase_create("policy");
