@@ -25,6 +25,11 @@ others get SIGTERM, then SIGKILL after --stop-timeout, and zps-run exits
 with that child's status (128 + N for a signal N). 0 when every worker and
 the server exit 0. The children are killed by their process groups (each
 child leads one), never by name.
+
+Several hosts: zps-run --workers G --job-workers G*H ... on the first
+(its server waits for all), zps-run --coordinator tcp://FIRST:PORT
+--workers G --rank-offset K on each other (a --listen that they reach,
+e.g. --listen tcp://0.0.0.0:5555, goes to the server).
 """
 import argparse
 import os
@@ -71,40 +76,43 @@ def find_server():
 
 
 def parse(argv):
-    if "--" not in argv:
-        _die("give the training command after --: zps-run --workers 2 -- python3 train.py")
-    cut = argv.index("--")
+    cut = argv.index("--") if "--" in argv else len(argv)
     own, command = argv[:cut], argv[cut + 1:]
     p = argparse.ArgumentParser(
         prog="zps-run", allow_abbrev=False,
         usage="zps-run --workers N [--shards S] [--coordinator ENDPOINT] [options] "
               "[SERVER-FLAGS...] -- COMMAND [ARGS...]",
-        description=__doc__.split("\n")[0].split(" - ", 1)[1],
+        description="A zps job on this host: zps-server and N copies of a training script, "
+                    "as torchrun starts a job's processes (docs/pytorch.md, Launch).",
         epilog="Other flags before -- go to zps-server's shard 0 (zps-server --help).")
-    p.add_argument("--workers", type=int, required=True, help="copies of COMMAND to start "
-                   "here; without --coordinator also the job's worker count")
-    p.add_argument("--shards", type=int, default=1, help="server processes (default 1)")
-    p.add_argument("--coordinator", help="start no server: join the job whose shard 0 "
+    p.add_argument("--workers", metavar="N", type=int, required=True, help="copies of COMMAND to start "
+                   "here")
+    p.add_argument("--job-workers", metavar="M", type=int, help="the workers zps-server waits for "
+                   "(default --workers; more when other hosts run zps-run --coordinator)")
+    p.add_argument("--shards", metavar="S", type=int, default=1, help="server processes (default 1)")
+    p.add_argument("--coordinator", metavar="ENDPOINT", help="start no server: join the job whose shard 0 "
                    "listens at ENDPOINT (a cluster's other hosts)")
-    p.add_argument("--share", type=int, help="ZPS_SHARE: each worker's fixed samples per step")
-    p.add_argument("--rank-offset", type=int, default=0, help="ZPS_RANK_HINT of the first "
+    p.add_argument("--share", metavar="K", type=int, help="ZPS_SHARE: each worker's fixed samples per step")
+    p.add_argument("--rank-offset", metavar="R", type=int, default=0, help="ZPS_RANK_HINT of the first "
                    "worker here (several hosts: 0, N, 2N, ...)")
-    p.add_argument("--server-timeout", type=float, default=30.0, help="s to wait for the "
+    p.add_argument("--server-timeout", metavar="SECONDS", type=float, default=30.0, help="s to wait for the "
                    "servers to listen (default 30)")
-    p.add_argument("--server-exit-timeout", type=float, default=60.0, help="s the server may "
+    p.add_argument("--server-exit-timeout", metavar="SECONDS", type=float, default=60.0, help="s the server may "
                    "run on once every worker exited 0 (default 60)")
-    p.add_argument("--stop-timeout", type=float, default=10.0, help="s between SIGTERM and "
+    p.add_argument("--stop-timeout", metavar="SECONDS", type=float, default=10.0, help="s between SIGTERM and "
                    "SIGKILL when stopping the children (default 10)")
     a, server_flags = p.parse_known_args(own)
+    if cut == len(argv):
+        _die("give the training command after --: zps-run --workers 2 -- python3 train.py")
     if not command:
         p.error("no command after --")
     if a.workers < 1:
         p.error(f"--workers {a.workers}: at least 1")
     if a.shards < 1:
         p.error(f"--shards {a.shards}: at least 1")
-    if a.coordinator and (server_flags or a.shards != 1):
-        p.error(f"--coordinator starts no server: {' '.join(server_flags) or '--shards'} "
-                f"would go to one")
+    if a.coordinator and (server_flags or a.shards != 1 or a.job_workers):
+        what = " ".join(server_flags) or ("--shards" if a.shards != 1 else "--job-workers")
+        p.error(f"--coordinator starts no server: {what} would go to one")
     return a, server_flags, command
 
 
@@ -120,6 +128,7 @@ class Child:
         except OSError as e:
             _die(f"{name}: cannot start {argv[0]}: {e.strerror}", 1)
         self.pid = self.proc.pid
+        self.sent = None  # the signal zps-run passed on to it
         prefix = f"{name}: ".encode()
         self.readers = [threading.Thread(target=_relay, args=(src, dst, prefix, out_lock),
                                          daemon=True)
@@ -174,7 +183,7 @@ class Launcher:
         self.a = a
         self.server_flags = server_flags
         self.command = command
-        self.lock = threading.Lock()
+        self.lock = threading.RLock()  # say() may run in a signal handler of its holder
         self.servers = []
         self.workers = []
         self.signalled = None
@@ -202,7 +211,7 @@ class Launcher:
         ep_file = os.path.join(tmp, "endpoint-0")
         env = self._server_env()
         s0 = Child("server", [server, "--shard", "0", "--shards", str(a.shards), "--workers",
-                              str(a.workers), "--endpoint-file", ep_file] + flags, env, self.lock)
+                              str(a.job_workers or a.workers), "--endpoint-file", ep_file] + flags, env, self.lock)
         self.servers.append(s0)
         endpoint = _wait_endpoint(ep_file, s0, a.server_timeout)
         if endpoint is None:
@@ -245,6 +254,7 @@ class Launcher:
             self.say(f"{signal.Signals(sig).name}: passing it to every child")
         for c in self.children():
             if c.poll() is None:
+                c.sent = sig
                 c.signal(sig)
 
     def watch(self):
@@ -269,12 +279,12 @@ class Launcher:
             time.sleep(POLL_S)
 
     def stop(self, status, forward=True):
-        """SIGTERM to each child still running (unless a forwarded signal
-        already went out), SIGKILL after --stop-timeout."""
+        """SIGTERM to each child still running (unless the signal zps-run
+        got already went to it), SIGKILL after --stop-timeout."""
         live = [c for c in self.children() if c.poll() is None]
         for c in live:
-            if forward:
-                c.signal(signal.SIGTERM)
+            if forward or c.sent is None:
+                c.signal(signal.SIGTERM if forward else self.signalled)
         deadline = time.monotonic() + self.a.stop_timeout
         while any(c.poll() is None for c in live) and time.monotonic() < deadline:
             time.sleep(POLL_S)

@@ -9,7 +9,7 @@ import time
 import numpy as np
 import pytest
 
-from conftest import EXAMPLE, PYTHON, env
+from conftest import BIN, EXAMPLE, PYTHON, env
 
 # Rank hint 1 fails at once; the others would sleep a minute, the server
 # waits for a job that never starts.
@@ -167,3 +167,42 @@ def test_run_of_none_takes_the_coordinator_share_and_keys_from_the_environment(m
     monkeypatch.setenv("ZPS_SHARE", "lots")
     with pytest.raises(zps.BadArgument, match="ZPS_SHARE='lots': a number of samples"):
         zt._from_environment(None, None, None)
+
+
+def test_two_hosts_one_zps_run_starting_the_server_the_other_joining_it(tmp_path):
+    """--job-workers and --listen on the first, --coordinator on the
+    second: C workers of the built-in MLP (ZPS_COORDINATOR is zps-worker's
+    --coordinator), 5 steps."""
+    import socket
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        endpoint = f"tcp://127.0.0.1:{s.getsockname()[1]}"
+    worker = [os.path.join(BIN, "zps-worker")]
+    first, second = tmp_path / "first", tmp_path / "second"
+    first.mkdir()
+    second.mkdir()
+    a = zps_run(first, "--workers", "1", "--job-workers", "2", "--listen", endpoint, "--model",
+                "mlp:784-64-10", "--steps", "5", "--", *worker)
+    b = zps_run(second, "--coordinator", endpoint, "--workers", "1", "--rank-offset", "1", "--",
+                *worker)
+    assert finish(a, first, 60) == 0, output(first)
+    assert finish(b, second, 60) == 0, output(second)
+    assert "server: " in output(first) and "admitted as rank 1 (2 of 2)" in output(first)
+    assert "worker 1: " in output(second) and "done: 5 steps" in output(second)
+
+
+def test_no_zps_server_says_where_it_looked(tmp_path):
+    import shutil
+    shutil.copytree(os.path.join(os.path.dirname(EXAMPLE), "..", "python", "zps"),
+                    tmp_path / "pkg" / "zps")  # outside the tree: no bin/ beside it
+    e = env()
+    e.update(PYTHONPATH=str(tmp_path / "pkg"), ZPS_BIN_DIR=str(tmp_path / "nobin"),
+             PATH="/usr/bin:/bin")
+    e.setdefault("ZPS_LIB", os.path.join(BIN, "libzps.so.1"))  # the package's import loads it
+    r = subprocess.run([PYTHON, "-m", "zps.run", "--workers", "1", "--", "true"], env=e,
+                       capture_output=True, text=True, timeout=30)
+    assert r.returncode == 1, r.stderr
+    lines = r.stderr.splitlines()
+    assert len(lines) == 1 and lines[0].startswith(
+        f"zps-run: no zps-server in {tmp_path / 'nobin' / 'zps-server'}, "), r.stderr
+    assert lines[0].endswith("or PATH (HINT: make, then set ZPS_BIN_DIR to its bin/)")
