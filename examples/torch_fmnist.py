@@ -12,8 +12,9 @@ The first form is what a user's training loop becomes (the lines marked
 zps); under zps-run (python -m zps.run, docs/pytorch.md's Launch) the
 coordinator and share come from ZPS_COORDINATOR and ZPS_SHARE, and a
 {rank} in --save's FILE is the copy's ZPS_RANK_HINT. The third trains
-alone on each step's whole global batch in zps's data order (zt.global_batch_indices) with torch.optim's optimizer of the
-shards' settings: what a zps run of the same job computes, to round-off
+alone on each step's whole global batch in zps's data order
+(zt.global_batch_indices) with torch.optim's optimizer of the shards'
+settings: what a zps run of the same job computes, to round-off
 (compare within about 30-80 steps: at these rates training is chaotic
 past about 100, a last-bit difference grows).
 

@@ -85,22 +85,22 @@ def parse(argv):
         description="A zps job on this host: zps-server and N copies of a training script, "
                     "as torchrun starts a job's processes (docs/pytorch.md, Launch).",
         epilog="Other flags before -- go to zps-server's shard 0 (zps-server --help).")
-    p.add_argument("--workers", metavar="N", type=int, required=True, help="copies of COMMAND to start "
-                   "here")
-    p.add_argument("--job-workers", metavar="M", type=int, help="the workers zps-server waits for "
-                   "(default --workers; more when other hosts run zps-run --coordinator)")
-    p.add_argument("--shards", metavar="S", type=int, default=1, help="server processes (default 1)")
-    p.add_argument("--coordinator", metavar="ENDPOINT", help="start no server: join the job whose shard 0 "
-                   "listens at ENDPOINT (a cluster's other hosts)")
-    p.add_argument("--share", metavar="K", type=int, help="ZPS_SHARE: each worker's fixed samples per step")
-    p.add_argument("--rank-offset", metavar="R", type=int, default=0, help="ZPS_RANK_HINT of the first "
-                   "worker here (several hosts: 0, N, 2N, ...)")
-    p.add_argument("--server-timeout", metavar="SECONDS", type=float, default=30.0, help="s to wait for the "
-                   "servers to listen (default 30)")
-    p.add_argument("--server-exit-timeout", metavar="SECONDS", type=float, default=60.0, help="s the server may "
-                   "run on once every worker exited 0 (default 60)")
-    p.add_argument("--stop-timeout", metavar="SECONDS", type=float, default=10.0, help="s between SIGTERM and "
-                   "SIGKILL when stopping the children (default 10)")
+    arg = p.add_argument
+    arg("--workers", metavar="N", type=int, required=True, help="copies of COMMAND to start here")
+    arg("--job-workers", metavar="M", type=int, help="the workers zps-server waits for (default "
+        "--workers; more when other hosts run zps-run --coordinator)")
+    arg("--shards", metavar="S", type=int, default=1, help="server processes (default 1)")
+    arg("--coordinator", metavar="ENDPOINT", help="start no server: join the job whose shard 0 "
+        "listens at ENDPOINT (a cluster's other hosts)")
+    arg("--share", metavar="K", type=int, help="ZPS_SHARE: each worker's fixed samples per step")
+    arg("--rank-offset", metavar="R", type=int, default=0, help="ZPS_RANK_HINT of the first "
+        "worker here (several hosts: 0, N, 2N, ...)")
+    arg("--server-timeout", metavar="SECONDS", type=float, default=30.0, help="s to wait for "
+        "the servers to listen (default 30)")
+    arg("--server-exit-timeout", metavar="SECONDS", type=float, default=60.0, help="s the "
+        "server may run on once every worker exited 0 (default 60)")
+    arg("--stop-timeout", metavar="SECONDS", type=float, default=10.0, help="s between SIGTERM "
+        "and SIGKILL when stopping the children (default 10)")
     a, server_flags = p.parse_known_args(own)
     if cut == len(argv):
         _die("give the training command after --: zps-run --workers 2 -- python3 train.py")
@@ -210,8 +210,9 @@ class Launcher:
             flags = ["--listen", "tcp://127.0.0.1:*"] + flags
         ep_file = os.path.join(tmp, "endpoint-0")
         env = self._server_env()
-        s0 = Child("server", [server, "--shard", "0", "--shards", str(a.shards), "--workers",
-                              str(a.job_workers or a.workers), "--endpoint-file", ep_file] + flags, env, self.lock)
+        argv = [server, "--shard", "0", "--shards", str(a.shards), "--workers",
+                str(a.job_workers or a.workers), "--endpoint-file", ep_file] + flags
+        s0 = Child("server", argv, env, self.lock)
         self.servers.append(s0)
         endpoint = _wait_endpoint(ep_file, s0, a.server_timeout)
         if endpoint is None:
