@@ -4,13 +4,17 @@ or alone, with the same data order and the same initial values.
 
   zps-server --model external --global-batch 64 --steps 900 --workers 2 ...
   torch_fmnist.py --coordinator tcp://HOST:5555 [--share N] [--save FILE]
+  zps-run --workers 2 --steps 900 --global-batch 64 -- python3 torch_fmnist.py [--save FILE]
   torch_fmnist.py --single --steps 900 --global-batch 64 --lr 0.05 ... [--save FILE]
   torch_fmnist.py --coordinator tcp://HOST:5555 --diloco --optimizer adamw --lr 1e-3 ...
 
 The first form is what a user's training loop becomes (the lines marked
-zps); the second trains alone on each step's whole global batch in zps's
-data order (zt.global_batch_indices) with torch.optim's optimizer of the
-shards' settings: what a zps run of the same job computes, to round-off
+zps); under zps-run (python -m zps.run, docs/pytorch.md's Launch) the
+coordinator and share come from ZPS_COORDINATOR and ZPS_SHARE, and a
+{rank} in --save's FILE is the copy's ZPS_RANK_HINT. The third trains
+alone on each step's whole global batch in zps's data order
+(zt.global_batch_indices) with torch.optim's optimizer of the shards'
+settings: what a zps run of the same job computes, to round-off
 (compare within about 30-80 steps: at these rates training is chaotic
 past about 100, a last-bit difference grows).
 
@@ -173,7 +177,8 @@ def worker(a, model, x, y, xt, yt):
 
 def main():
     p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    p.add_argument("--coordinator", help="worker mode: the job's shard 0")
+    p.add_argument("--coordinator", help="worker mode: the job's shard 0 (default "
+                   "$ZPS_COORDINATOR, which zps-run sets)")
     p.add_argument("--single", action="store_true", help="train alone (the reference)")
     p.add_argument("--model", default="cnn", help="cnn (default) or mlp:D0-D1-...")
     p.add_argument("--data", default=DATA, help=f"the IDX files (default {DATA})")
@@ -181,13 +186,16 @@ def main():
                    "values (rank 0's are the job's)")
     p.add_argument("--threads", type=int, default=1, help="torch threads (default 1)")
     p.add_argument("--share", type=int, default=None, help="fixed samples of each step")
-    p.add_argument("--save", help="the final parameters, raw float32")
+    p.add_argument("--save", help="the final parameters, raw float32 (under zps-run a "
+                   "{rank} in FILE becomes $ZPS_RANK_HINT)")
     p.add_argument("--save-init", help="worker: the job's initial parameters, raw float32")
     p.add_argument("--init", help="--single: start from these raw float32 parameters")
     p.add_argument("--timeout", type=float, default=60.0, help="s of coordinator silence")
     p.add_argument("--join-timeout", type=float, default=600.0, help="s to wait for the job")
     p.add_argument("--sleep-ms", type=float, default=0, help="per piece: a slower worker")
     p.add_argument("--test-accuracy", action="store_true", help="print it at the end")
+    p.add_argument("--test-size", type=int, default=None, help="worker: the test records "
+                   "the job evaluates at each epoch's end (default all 10000; 0: none)")
     p.add_argument("--diloco", action="store_true", help="worker of a --mode diloco job: "
                    "inner steps with torch.optim's --optimizer, --lr, ... (constant lr)")
     g = p.add_argument_group("--single: the job's settings, as zps-server was given them; "
@@ -205,11 +213,19 @@ def main():
     g.add_argument("--lr-schedule", choices=["constant", "cosine"], default="cosine")
     g.add_argument("--warmup-steps", type=int, default=0)
     a = p.parse_args()
-    if bool(a.single) == bool(a.coordinator):
-        p.error("give --coordinator ENDPOINT or --single")
+    if a.single and a.coordinator:
+        p.error("--single trains alone: no --coordinator")
+    if not a.single and not (a.coordinator or os.environ.get("ZPS_COORDINATOR")):
+        p.error("give --coordinator ENDPOINT (or run under zps-run, which sets "
+                "ZPS_COORDINATOR) or --single")
+    hint = os.environ.get("ZPS_RANK_HINT", "0")
+    a.save = a.save and a.save.replace("{rank}", hint)
+    a.save_init = a.save_init and a.save_init.replace("{rank}", hint)
     torch.set_num_threads(a.threads)
     x, y = load(a.data, "train")
     xt, yt = load(a.data, "test")
+    if a.test_size is not None:
+        xt, yt = xt[:a.test_size], yt[:a.test_size]
     torch.manual_seed(a.init_seed)
     model = build(a.model)
     try:

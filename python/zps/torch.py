@@ -363,9 +363,41 @@ def _warn_uncovered(model, buffers):
                           ZpsWarning, stacklevel=3)
 
 
+def _from_environment(coordinator, share, curve):
+    """Run(None, ...): the coordinator, share and CURVE keys of zps-run or
+    of a ConfigMap, from ZPS_COORDINATOR, ZPS_SHARE, ZPS_CURVE_SECRET and
+    ZPS_SERVER_KEY (zps-worker's flags as environment variables)."""
+    if coordinator is not None:
+        return coordinator, share, curve
+    env = os.environ
+    coordinator = env.get("ZPS_COORDINATOR")
+    if not coordinator:
+        raise BadArgument(_lib.EINVAL, "Run(None, ...): no coordinator: give Run the endpoint "
+                                       "(tcp://HOST:PORT), set ZPS_COORDINATOR, or start the "
+                                       "script under zps-run")
+    if share is None and env.get("ZPS_SHARE"):
+        try:
+            share = int(env["ZPS_SHARE"])
+        except ValueError:
+            raise BadArgument(_lib.EINVAL, f"ZPS_SHARE={env['ZPS_SHARE']!r}: a number of "
+                                           f"samples") from None
+    if curve is None and env.get("ZPS_CURVE_SECRET") and env.get("ZPS_SERVER_KEY"):
+        curve = (env["ZPS_CURVE_SECRET"], env["ZPS_SERVER_KEY"])
+    return coordinator, share, curve
+
+
 class Run:
     """This process's part in the zps job whose coordinator is at
     `coordinator`, training `model`.
+
+    coordinator None: $ZPS_COORDINATOR, which zps-run (python -m zps.run)
+    and deploy/k8s/zps.yaml's ConfigMap zps-worker set; then share None is
+    $ZPS_SHARE when set, and curve None is ($ZPS_CURVE_SECRET,
+    $ZPS_SERVER_KEY) when both are set, as zps-worker reads its flags. The
+    job's ranks come from the coordinator (the order workers join), not
+    from the environment:
+
+        run = zt.Run(None, model, dataset_size=len(train_set))   # zps-run -- python3 train.py
 
     dataset_size: train records (the job's global-batch order runs over
     them); test_size and evaluate(offset, count) -> (correct, loss_sum):
@@ -406,6 +438,7 @@ class Run:
         if clip_grad_norm is not None and not clip_grad_norm > 0:
             raise BadArgument(_lib.EINVAL, f"clip_grad_norm={clip_grad_norm}: a norm > 0")
         _check_inner_optimizer(optimizer, named)
+        coordinator, share, curve = _from_environment(coordinator, share, curve)
         self.model = model
         self.optimizer = optimizer
         self.scheduler = scheduler

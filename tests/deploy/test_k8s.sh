@@ -54,6 +54,8 @@ broken "ZPS_WORKERS unlike the Jobs' completions" zps.yaml 's/ZPS_WORKERS: "2"/Z
 broken "YAML that does not parse" zps.yaml 's/^data:$/data: [/' 'YAML'
 broken "a CURVE key directory not mounted" zps.yaml 's#mountPath: /etc/zps/keys/operators#mountPath: /etc/zps/ops#' \
   'ZPS_OPERATOR_KEYS /etc/zps/keys/operators is in a mounted volume'
+broken "the torch workers' secret not mounted" workers-torch.yaml 's#mountPath: /etc/zps/secret#mountPath: /secret#' \
+  'zps-workers-torch: ZPS_SERVER_KEY /etc/zps/secret/server.pub is in a mounted volume'
 broken "the workers' secret not mounted" workers-cpu.yaml 's#mountPath: /etc/zps/secret#mountPath: /secret#' \
   'ZPS_CURVE_SECRET /etc/zps/secret/worker.key is in a mounted volume'
 finish

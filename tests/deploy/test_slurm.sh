@@ -148,6 +148,29 @@ expect_match "a node name that resolves to loopback on a multi-node step" \
 expect_match "no Slurm environment" "$(env -i PATH=/usr/bin:/bin bash "$slurm" 2>&1 || echo "exit $?")" \
   'run this under srun.*exit 1'
 
+echo "zps-torch.sbatch: dry run"
+# torch JOB-NODELIST [VAR=VALUE...] -- [ARGS...]: its srun lines, in a clean environment.
+torch() {
+  local nodelist=$1 vars=()
+  shift
+  while [ $# -gt 0 ] && [ "$1" != -- ]; do vars+=("$1"); shift; done
+  [ $# -eq 0 ] || shift
+  env -i PATH=/usr/bin:/bin ZPS_ROOT="$root" ZPS_BIN_DIR=/opt/zps/bin ZPS_SLURM_DRY_RUN=1 \
+    SLURM_JOB_NODELIST="$nodelist" "${vars[@]}" bash "$root/deploy/slurm/zps-torch.sbatch" "$@" \
+    2>/dev/null
+}
+expect_eq "3 GPU nodes of 4: shard 0 on the first, zps-run of 4 workers on the others" \
+  "$(torch 'gpu[01-03]' SLURM_GPUS_ON_NODE=4 -- --steps 900 -- python3 train.py --data /d)" \
+  "srun --nodes=1 --ntasks=1 --nodelist=gpu01 --kill-on-bad-exit=1 $S --listen tcp://0.0.0.0:5555 --workers 8 --model external --steps 900
+srun --nodes=2 --ntasks-per-node=1 --exclude=gpu01 --kill-on-bad-exit=1 python3 -m zps.run --coordinator tcp://gpu01:5555 --workers 4 -- python3 train.py --data /d"
+expect_eq "one node: zps-run starts the server; a model given; an installed zps-run" \
+  "$(torch n1 ZPS_SLURM_WORKERS_PER_NODE=2 ZPS_RUN=zps-run -- --model mlp:784-64-10 -- python3 t.py)" \
+  "srun --nodes=1 --ntasks=1 zps-run --workers 2 --model mlp:784-64-10 -- python3 t.py"
+expect_eq "ZPS_SLURM_IFACE, ZPS_SLURM_PORT" \
+  "$(torch 'cpu[1-2]' ZPS_SLURM_IFACE=ib0 ZPS_SLURM_PORT=6000 -- -- python3 t.py | head -n 1)" \
+  "srun --nodes=1 --ntasks=1 --nodelist=cpu1 --kill-on-bad-exit=1 $S --listen tcp://ib0:6000 --workers 1 --model external"
+expect_match "no command after --" "$(torch n1 -- --steps 9 2>&1 || echo "exit $?")" 'exit 1'
+
 echo "real run: localhost, 4 tasks (2 shards, 2 CPU workers), 20 steps, CurveZMQ"
 need_bins
 # The keys as the script's comment lays them out.
