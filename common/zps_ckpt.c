@@ -756,6 +756,22 @@ zps_err zps_ckpt_load_newest(const char *dir, const zps_ckpt_meta *want, uint64_
     return err;
 }
 
+// The header of the file open at fd, its size checked against it.
+static zps_err s_peek_fd(int fd, zps_ckpt_meta *meta, char *why, size_t why_len)
+{
+    struct stat st;
+    if (fstat(fd, &st) != 0 || !S_ISREG(st.st_mode)) {
+        snprintf(why, why_len, "not a readable regular file");
+        return ZPS_EIO;
+    }
+    uint8_t header[CKPT_HEADER_MAX];
+    size_t header_len = 0;
+    zps_err err = s_read_header(fd, header, &header_len, meta, why, why_len);
+    return err != ZPS_OK ? err
+                         : s_check_size(meta, 1 + (uint64_t)zps_optim_state_floats(meta->optim),
+                                        header_len, (long long)st.st_size, why, why_len);
+}
+
 zps_err zps_ckpt_peek(const char *dir, uint32_t shard, uint64_t step, zps_ckpt_meta *meta,
                       char *why, size_t why_len)
 {
@@ -765,28 +781,16 @@ zps_err zps_ckpt_peek(const char *dir, uint32_t shard, uint64_t step, zps_ckpt_m
         snprintf(why, why_len, "path too long");
         return ZPS_EIO;
     }
+    char reason[CKPT_WHY_LEN] = "";
+    zps_err err = ZPS_EIO;
     int fd = open(path, O_RDONLY | O_CLOEXEC);
     if (fd < 0) {
-        int e = errno;
-        snprintf(why, why_len, "%s: %s", path, strerror(e));
-        return e == ENOENT ? ZPS_ENOENT : ZPS_EIO;
+        err = errno == ENOENT ? ZPS_ENOENT : ZPS_EIO;
+        snprintf(reason, sizeof reason, "%s", strerror(errno));
+    } else {
+        err = s_peek_fd(fd, meta, reason, sizeof reason);
+        close(fd);
     }
-    char reason[CKPT_WHY_LEN] = "";
-    uint8_t header[CKPT_HEADER_MAX];
-    size_t header_len = 0;
-    struct stat st;
-    zps_err err = fstat(fd, &st) != 0 || !S_ISREG(st.st_mode) ? ZPS_EIO : ZPS_OK;
-    if (err != ZPS_OK) {
-        snprintf(reason, sizeof reason, "not a readable regular file");
-    }
-    if (err == ZPS_OK) {
-        err = s_read_header(fd, header, &header_len, meta, reason, sizeof reason);
-    }
-    if (err == ZPS_OK) {
-        err = s_check_size(meta, 1 + (uint64_t)zps_optim_state_floats(meta->optim), header_len,
-                           (long long)st.st_size, reason, sizeof reason);
-    }
-    close(fd);
     snprintf(why, why_len, "%s: %s", path, reason);
     return err;
 }
