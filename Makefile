@@ -128,15 +128,15 @@ WORKER_OBJ := $(call obj,$(WORKER_SRC))
 # the public API alone (lib/libzps.map). zps-worker (worker/) links the
 # archive; its training loop and backends (the "user code") are not in the
 # library.
-LIBZPS_SRC := $(PROTO_C) $(addprefix common/,zps_curve.c zps_dtype.c zps_err.c zps_groups.c zps_layout.c \
+LIBZPS_SRC := $(PROTO_C) $(addprefix common/,zps_atomic.c zps_ckpt.c zps_curve.c zps_dtype.c zps_err.c zps_groups.c zps_layout.c \
 	zps_log.c zps_model.c zps_optim.c zps_outer.c zps_plan.c zps_plans.c zps_quant.c zps_shm.c \
 	zps_sndbuf.c zps_timers.c zps_wire.c) $(LIB_SRC)
 LIBZPS_OBJ := $(call obj,$(LIBZPS_SRC))
 LIBZPS_PIC := $(patsubst $(B)/obj/%,$(B)/pic/%,$(LIBZPS_OBJ))
 ZPS_SO_MAJOR := 1
-ZPS_SO_VERSION := 1.4.0
+ZPS_SO_VERSION := 1.5.0
 LIBZPS_SO := $(BIN)/libzps.so.$(ZPS_SO_VERSION)
-LIBZPS_LIBS := $(shell pkg-config --libs libzmq libprotobuf-c 2>/dev/null) -lm -pthread
+LIBZPS_LIBS := $(shell pkg-config --libs libzmq libprotobuf-c zlib 2>/dev/null) -lm -pthread
 ZPS_WORKER_OBJ := $(call obj,worker/main.c $(WORKER_SRC))
 
 BINS := $(BIN)/zps-server $(BIN)/zps-worker $(BIN)/zps-ctl
@@ -222,8 +222,9 @@ $(BIN)/zps-worker: $(ZPS_WORKER_OBJ) $(B)/libzps.a $(B)/libzps_common.a
 
 # libzps.so.$(ZPS_SO_VERSION) (1.1: ZPS_OPT_SHM; 1.2: diloco; 1.3: a diloco job's inner
 # optimizer, node ZPS_1.3 of the map; 1.4: declared parameter groups, buffers, a
-# learning-rate table and clipping, node ZPS_1.4), soname libzps.so.1, and the
-# links a build and a loader look for.
+# learning-rate table and clipping, node ZPS_1.4; 1.5: a job's checkpoints read
+# back, zps_checkpoint_*, node ZPS_1.5), soname libzps.so.1, and the links a
+# build and a loader look for.
 $(LIBZPS_SO): $(LIBZPS_PIC) lib/libzps.map
 	@mkdir -p $(BIN)
 	$(CC) $(ZPS_CFLAGS) -shared -Wl,-soname,libzps.so.$(ZPS_SO_MAJOR) \

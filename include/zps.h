@@ -41,7 +41,7 @@ extern "C" {
 #endif
 
 #define ZPS_VERSION_MAJOR 1
-#define ZPS_VERSION_MINOR 4
+#define ZPS_VERSION_MINOR 5
 #define ZPS_VERSION_PATCH 0
 #define ZPS_VERSION (ZPS_VERSION_MAJOR * 10000 + ZPS_VERSION_MINOR * 100 + ZPS_VERSION_PATCH)
 
@@ -376,6 +376,63 @@ zps_err zps_batch_indices(uint64_t seed, uint32_t n_train, uint32_t global_batch
 // Leaves the job: BYE at the step reached (after ZPS_NEXT_DONE: the end of
 // the job), so the coordinator hands this worker's share on at once.
 zps_err zps_leave(zps_client *c);
+
+// ---------------------------------------------------------------------------
+// A job's checkpoints (1.5): what zps-server --checkpoint-dir DIR leaves
+// (every shard's shard-<I>-step-<T>.ckpt: its range of the flat vector and
+// the optimizer's state there; with --model external the declared model
+// too), read back whole, with the checks a restarted shard makes (size,
+// format, CRC-32, every shard of the same job and step). No server is
+// needed. python3 -m zps.checkpoint and zps.torch.load_checkpoint use it.
+
+typedef struct zps_checkpoint zps_checkpoint;
+
+// Opens the checkpoint of `step` in dir, or with step < 0 the newest step
+// that every shard has a valid file of (a step missing from one shard, or
+// whose file there is damaged, is passed over for the one before), and
+// reads it whole into memory. Caller owns *out (zps_checkpoint_destroy).
+// ZPS_ENOENT: no such step, or none complete; ZPS_EPROTO: the files do not
+// make one job's vector; ZPS_EIO, ZPS_ENOMEM. The reason goes in why (len
+// bytes, NUL-ended) when why is not NULL.
+zps_err zps_checkpoint_open(const char *dir, int64_t step, zps_checkpoint **out, char *why,
+                            size_t len);
+// Frees; NULLs *k.
+void zps_checkpoint_destroy(zps_checkpoint **k);
+
+// Its numbers, for zps_checkpoint_info: the step (steps completed), the
+// shards, P (floats of the flat vector), the optimizer (ZPS_INNER_SGD,
+// _ADAM, _ADAMW) and its update count (Adam's t), the job's seed, the
+// declared model's tensors and parameter groups (0 when the directory has
+// no declared model: a job of a built-in model).
+enum {
+    ZPS_CHECKPOINT_STEP = 300,
+    ZPS_CHECKPOINT_SHARDS,
+    ZPS_CHECKPOINT_N_PARAMS,
+    ZPS_CHECKPOINT_OPTIM,
+    ZPS_CHECKPOINT_OPTIM_STEP,
+    ZPS_CHECKPOINT_SEED,
+    ZPS_CHECKPOINT_N_TENSORS,
+    ZPS_CHECKPOINT_N_GROUPS,
+};
+// A number above; 0 for an unknown key.
+uint64_t zps_checkpoint_info(const zps_checkpoint *k, int key);
+// Tensor i of the declared model, in flat-vector order: its name
+// (borrowed, until destroy), ndim and shape (at most 8 dimensions), its
+// parameter group, and role (0 a parameter; ZPS_BUFFER_AVERAGE or
+// _BROADCAST a buffer). ZPS_ERANGE.
+zps_err zps_checkpoint_tensor(const zps_checkpoint *k, int i, const char **name, int *ndim,
+                              int64_t *shape, int *group, int *role);
+// Parameter group g as it was declared (zps_declare_group's values).
+// ZPS_ERANGE.
+zps_err zps_checkpoint_group(const zps_checkpoint *k, int g, int *kind, double *lr,
+                             double *momentum, int *nesterov, double *weight_decay,
+                             double *beta1, double *beta2, double *eps);
+// Copies one array of P floats into out (n must be P): the parameters, or
+// a slot of the optimizer's state: SGD's momentum buffer (ZPS_CHECKPOINT_STATE_0);
+// Adam's exp_avg (_0) and exp_avg_sq (_1). ZPS_EINVAL for another n, ZPS_ERANGE
+// for a slot the optimizer has not.
+enum { ZPS_CHECKPOINT_PARAMS = 0, ZPS_CHECKPOINT_STATE_0, ZPS_CHECKPOINT_STATE_1 };
+zps_err zps_checkpoint_read(const zps_checkpoint *k, int what, float *out, size_t n);
 
 #ifdef __cplusplus
 }

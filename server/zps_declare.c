@@ -12,12 +12,13 @@
 
 #include "common/zps_groups.h"
 #include "common/zps_layout.h"
-#include "server/shard/zps_ckpt.h"
+#include "common/zps_ckpt.h"
 
-// Where the first declaration is kept, so that a coordinator restarted
-// with --resume knows the model before any worker is back.
-#define ZPS_SERVER_DECLARED "declared-model"
-#define ZPS_SERVER_DECLARED_MAX (1u << 20)
+// Where the first declaration is kept (ZPS_CKPT_DECLARED), so that a
+// coordinator restarted with --resume knows the model before any worker is
+// back, and a reader of the checkpoints (zps_checkpoint_open) names them.
+#define ZPS_SERVER_DECLARED ZPS_CKPT_DECLARED
+#define ZPS_SERVER_DECLARED_MAX ZPS_CKPT_DECLARED_MAX
 
 static const char *s_schedule_name(zps_lr_schedule s)
 {

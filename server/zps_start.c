@@ -7,7 +7,7 @@
 #include "server/zps_server_int.h"
 
 #include "common/zps_groups.h"
-#include "server/shard/zps_ckpt.h"
+#include "common/zps_ckpt.h"
 
 // The coordinator's question before it decides a rollback (zps_coord_cfg).
 static zps_err s_coord_restore(void *arg, uint64_t step)

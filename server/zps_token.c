@@ -8,7 +8,7 @@
 #include <sys/random.h>
 
 #include "common/zps_log.h"
-#include "server/shard/zps_ckpt.h"
+#include "common/zps_ckpt.h"
 
 #define S_TABLE_NAME "shard-tokens"
 #define S_MAX_TABLE 64 // ZPS_MAX_SHARDS; the record is read into a buffer of this many

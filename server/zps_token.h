@@ -12,7 +12,7 @@
  * (shard-I.token) so that a restart with --resume can present it; the
  * coordinator keeps every shard's (shard-tokens) beside its job state, so
  * that a restarted coordinator knows its shards again. Both are written
- * atomically, mode 0600, with a CRC (server/shard/zps_ckpt.h records). */
+ * atomically, mode 0600, with a CRC (common/zps_ckpt.h records). */
 #ifndef ZPS_TOKEN_H
 #define ZPS_TOKEN_H
 

@@ -65,6 +65,11 @@ INFO_INNER_LR, INFO_INNER_MOMENTUM, INFO_INNER_WEIGHT_DECAY, INFO_INNER_BETA1, I
     INFO_INNER_EPS = range(200, 206)
 # zps_declare_buffer (1.4)
 BUFFER_AVERAGE, BUFFER_BROADCAST = 1, 2
+# zps_checkpoint_info, zps_checkpoint_read (1.5)
+CHECKPOINT_STEP, CHECKPOINT_SHARDS, CHECKPOINT_N_PARAMS, CHECKPOINT_OPTIM, \
+    CHECKPOINT_OPTIM_STEP, CHECKPOINT_SEED, CHECKPOINT_N_TENSORS, CHECKPOINT_N_GROUPS = \
+    range(300, 308)
+CHECKPOINT_PARAMS, CHECKPOINT_STATE_0, CHECKPOINT_STATE_1 = 0, 1, 2
 LOG_LEVEL_DEBUG, LOG_LEVEL_INFO, LOG_LEVEL_WARN, LOG_LEVEL_ERROR = range(4)
 
 _P = ctypes.c_void_p
@@ -115,6 +120,17 @@ _SIGNATURES = {
     "zps_eval_done": (_INT, [_P, _WORK, _U32, ctypes.c_double]),
     "zps_batch_indices": (_INT, [_U64, _U32, _U32, _U64, _U32, _U32, ctypes.POINTER(_U32)]),
     "zps_leave": (_INT, [_P]),
+    "zps_checkpoint_open": (_INT, [_STR, _I64, ctypes.POINTER(_P), ctypes.c_char_p,
+                                   ctypes.c_size_t]),  # 1.5
+    "zps_checkpoint_destroy": (None, [ctypes.POINTER(_P)]),  # 1.5
+    "zps_checkpoint_info": (_U64, [_P, _INT]),  # 1.5
+    "zps_checkpoint_tensor": (_INT, [_P, _INT, ctypes.POINTER(_STR), ctypes.POINTER(_INT),
+                                     ctypes.POINTER(_I64), ctypes.POINTER(_INT),
+                                     ctypes.POINTER(_INT)]),  # 1.5
+    "zps_checkpoint_group": (_INT, [_P, _INT, ctypes.POINTER(_INT)]
+                             + [ctypes.POINTER(ctypes.c_double)] * 2 + [ctypes.POINTER(_INT)]
+                             + [ctypes.POINTER(ctypes.c_double)] * 4),  # 1.5
+    "zps_checkpoint_read": (_INT, [_P, _INT, _FLOATS, ctypes.c_size_t]),  # 1.5
 }
 
 # Calls added by a minor version, which an older libzps 1.x lacks: bound
@@ -122,7 +138,10 @@ _SIGNATURES = {
 _SINCE = {"zps_inner_done": (1, 2), "zps_info_f64": (1, 3), "zps_inner_lr": (1, 3),
           "zps_declare_group": (1, 4), "zps_declare_tensor_group": (1, 4),
           "zps_declare_buffer": (1, 4), "zps_declare_lr_table": (1, 4),
-          "zps_declare_clip_grad_norm": (1, 4)}
+          "zps_declare_clip_grad_norm": (1, 4), "zps_checkpoint_open": (1, 5),
+          "zps_checkpoint_destroy": (1, 5), "zps_checkpoint_info": (1, 5),
+          "zps_checkpoint_tensor": (1, 5), "zps_checkpoint_group": (1, 5),
+          "zps_checkpoint_read": (1, 5)}
 
 
 def has(name):

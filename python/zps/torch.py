@@ -68,7 +68,8 @@ import torch
 from . import BadArgument, Client, JobGone, TimedOut, ZpsError, _lib, _torch_optim, _torch_state
 from ._lib import lib
 
-__all__ = ["Run", "Work", "MicroBatch", "Dropout", "ZpsWarning", "global_batch_indices", "sample_context"]
+__all__ = ["Run", "Work", "MicroBatch", "Dropout", "ZpsWarning", "global_batch_indices",
+           "sample_context", "load_checkpoint"]
 
 
 class ZpsWarning(UserWarning):
@@ -386,6 +387,73 @@ def _from_environment(coordinator, share, curve):
     return coordinator, share, curve
 
 
+def _load_state(model, state, what):
+    """Copies state (name: tensor) into the model's tensors of those names,
+    every parameter of the model among them; one line otherwise."""
+    own = model.state_dict()
+    for name, t in state.items():
+        if name not in own:
+            raise BadArgument(_lib.EINVAL, f"{what}: tensor {name} is not in the model's "
+                                           f"state_dict")
+        if tuple(own[name].shape) != tuple(t.shape):
+            raise BadArgument(_lib.EINVAL, f"{what}: tensor {name} is {list(t.shape)}, the "
+                                           f"model's {list(own[name].shape)}")
+    missing = [n for n, _ in model.named_parameters() if n not in state]
+    if missing:
+        raise BadArgument(_lib.EINVAL, f"{what}: no tensor {missing[0]} (of the model's "
+                                       f"parameters; {len(missing)} missing)")
+    with torch.no_grad():
+        for name, t in state.items():
+            own[name].copy_(t)
+
+
+def _resume(model, path):
+    """Run(resume_from=path): the file's model tensors into the model."""
+    f = torch.load(path, map_location="cpu")
+    state = f["model"] if isinstance(f, dict) and isinstance(f.get("model"), dict) else f
+    if not isinstance(state, dict):
+        raise BadArgument(_lib.EINVAL, f"resume_from={path!r}: neither a state_dict nor "
+                                       f"{{'model': state_dict, ...}}")
+    _load_state(model, state, f"resume_from={path!r}")
+    opt = f.get("optimizer") if isinstance(f, dict) else None
+    if opt and opt.get("state"):
+        warnings.warn(f"zps: resume_from={path!r}: the parameters are the job's initial values; "
+                      f"its optimizer state is not: the shards start theirs afresh (zeros, step "
+                      f"0)", ZpsWarning, stacklevel=3)
+
+
+def load_checkpoint(model, directory, optimizer=None, step=None):
+    """Loads the checkpoint of a job (zps-server --checkpoint-dir directory)
+    into model: the newest step every shard has a valid file of, or step.
+    The tensors are named by the job's declared model and must be the
+    model's state_dict's (names and shapes; every parameter among them);
+    buffers too when the job declared them. With optimizer (a torch.optim
+    SGD, Adam or AdamW over the model's parameters, of the job's kind), the
+    shards' state goes into optimizer.state in torch.optim's format
+    (Adam, AdamW: step, exp_avg, exp_avg_sq; SGD: momentum_buffer), so
+    optimizer.step() in plain torch goes on from it; its param_groups stay
+    the caller's. Returns the step loaded. Reads through libzps 1.5
+    (zps.checkpoint.Checkpoint); raises ZpsError or BadArgument in one line."""
+    from .checkpoint import Checkpoint
+    ck = Checkpoint(directory, step)
+    what = f"{directory} (step {ck.step})"
+    _load_state(model, ck.model_state(), what)
+    if optimizer is None:
+        return ck.step
+    if type(optimizer).__name__ != ck.optimizer:
+        raise BadArgument(_lib.EINVAL, f"{what} holds the state of {ck.optimizer}, the "
+                                       f"optimizer is a {type(optimizer).__name__}")
+    params = dict(model.named_parameters())
+    mine = {id(p) for g in optimizer.param_groups for p in g["params"]}
+    for name, _, st in ck.param_state():
+        p = params.get(name)
+        if p is None or id(p) not in mine:
+            continue  # a tensor the optimizer does not step
+        optimizer.state[p] = {k: (v.to(p.device) if k != "step" and v is not None else v)
+                              for k, v in st.items()}
+    return ck.step
+
+
 class Run:
     """This process's part in the zps job whose coordinator is at
     `coordinator`, training `model`.
@@ -418,7 +486,12 @@ class Run:
     replica holds the same), "broadcast" (rank 0's, as DDP) or "local";
     staged: None (a bf16/fp16 model or one on a GPU trains staged: its own
     tensors, copied to and from fp32 host vectors per bucket), True (force
-    that path), False (refuse it).
+    that path), False (refuse it). resume_from: a torch file ({'model':
+    state_dict, ...} as python3 -m zps.checkpoint export writes, or a plain
+    state_dict) loaded into the model first, so that rank 0 of a fresh job
+    declares its tensors as the job's initial values; the parameters only:
+    the shards start the optimizer's state afresh (docs/pytorch.md,
+    Checkpoints).
 
     Joins on creation: raises Refused, TimedOut, JobGone, TransportError
     (all ZpsError) with the library's reason, BadArgument for an argument
@@ -427,8 +500,10 @@ class Run:
     def __init__(self, coordinator, model, dataset_size, share=None, test_size=0,
                  evaluate=None, timeout=60.0, join_timeout=600.0, heartbeat=None, curve=None,
                  sndbuf=None, device="torch-cpu", optimizer=None, scheduler=None,
-                 clip_grad_norm=None, buffers="average", staged=None):
+                 clip_grad_norm=None, buffers="average", staged=None, resume_from=None):
         named, self._staged = _check_model(model, staged)
+        if resume_from is not None:
+            _resume(model, resume_from)
         if buffers not in _BUFFER_MODES:
             raise BadArgument(_lib.EINVAL, f"buffers={buffers!r}: one of "
                                            f"{', '.join(_BUFFER_MODES)}")

@@ -5,7 +5,7 @@
 #include <string.h>
 #include <unistd.h>
 
-#include "server/shard/zps_ckpt.h"
+#include "common/zps_ckpt.h"
 #include "server/zps_token.h"
 
 // ---------------------------------------------------------------------------

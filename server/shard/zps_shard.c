@@ -11,7 +11,7 @@
 #include "common/zps_log.h"
 #include "common/zps_plans.h"
 #include "common/zps_quant.h"
-#include "server/shard/zps_ckpt.h"
+#include "common/zps_ckpt.h"
 #include "server/shard/zps_pool.h"
 
 #define ZPS_SHARD_BLOCK 2048 // elements per pass of the update: the arrays stay in L1/L2

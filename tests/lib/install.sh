@@ -19,14 +19,14 @@ make --no-print-directory "${make_flags[@]}" install PREFIX="$tmp/prefix" >"$tmp
 for f in include/zps.h lib/libzps.a lib/libzps.so lib/libzps.so.1 lib/pkgconfig/zps.pc; do
   [ -e "$tmp/prefix/$f" ] || fail "make install put no $f"
 done
-[ "$(readlink "$tmp/prefix/lib/libzps.so.1")" = libzps.so.1.4.0 ] || fail "libzps.so.1 is not a link to libzps.so.1.4.0"
+[ "$(readlink "$tmp/prefix/lib/libzps.so.1")" = libzps.so.1.5.0 ] || fail "libzps.so.1 is not a link to libzps.so.1.5.0"
 
 # Outside the source tree, with nothing but the prefix: no -I. here.
 cp tests/lib/zps_min.c "$tmp/"
 export PKG_CONFIG_PATH="$tmp/prefix/lib/pkgconfig"
 read -r -a zps_flags <<<"$(pkg-config --cflags --libs zps)"
 read -r -a zps_cflags <<<"$(pkg-config --cflags zps)"
-read -r -a dep_libs <<<"$(pkg-config --libs libzmq libprotobuf-c)"
+read -r -a dep_libs <<<"$(pkg-config --libs libzmq libprotobuf-c zlib)"
 (cd "$tmp" && cc -std=c11 -Wall -Wextra -Werror "${test_cflags[@]}" -o zps_min zps_min.c \
   "${zps_flags[@]}") \
   >"$tmp/cc.log" 2>&1 || fail "cc with pkg-config --cflags --libs zps"

@@ -105,7 +105,7 @@ def worker(args, model, x, y):
     run = zt.Run(args.coordinator, model, dataset_size=N, share=args.share, timeout=30,
                  join_timeout=60, optimizer=opt, scheduler=scheduler(args, opt),
                  clip_grad_norm=args.clip, buffers=args.buffers,
-                 staged=True if args.staged else None)
+                 staged=True if args.staged else None, resume_from=args.resume_from)
     losses = {}
     snap = None
     for work in run:
@@ -150,6 +150,7 @@ def main():
                     "many times cross-entropy")
     ap.add_argument("--snapshot-step", type=int, default=-1,
                     help="save the model's state as the piece of this step starts")
+    ap.add_argument("--resume-from", help="Run(resume_from=): a torch file's model tensors")
     ap.add_argument("--save", required=True)
     args = ap.parse_args()
     torch.set_num_threads(1)

@@ -7,7 +7,7 @@
 #include <string.h>
 #include <unistd.h>
 
-#include "server/shard/zps_ckpt.h"
+#include "common/zps_ckpt.h"
 #include "server/shard/zps_shard.h"
 #include "tests/server/shard/zps_shard_fx.h"
 #include "tests/zps_check.h"

@@ -14,7 +14,7 @@
 
 #include <zlib.h>
 
-#include "server/shard/zps_ckpt.h"
+#include "common/zps_ckpt.h"
 #include "tests/zps_check.h"
 #include "tests/zps_tmpdir.h"
 

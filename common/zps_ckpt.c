@@ -1,4 +1,6 @@
-/* zps_ckpt.c - shard checkpoint files (format in zps_ckpt.h).
+/* zps_ckpt.c - shard checkpoint files (format in zps_ckpt.h): the one
+ * writer and reader of the format, the server's and libzps's
+ * (zps_checkpoint_open, lib/zps_checkpoint.c).
  *
  * Writes go through zps_atomic (a temporary file in the target directory,
  * fsynced, renamed over the final name, the directory fsynced), so after a crash
@@ -751,6 +753,45 @@ zps_err zps_ckpt_load_newest(const char *dir, const zps_ckpt_meta *want, uint64_
                      want->shard, n);
     }
     free(steps);
+    return err;
+}
+
+// The header of the file open at fd, its size checked against it.
+static zps_err s_peek_fd(int fd, zps_ckpt_meta *meta, char *why, size_t why_len)
+{
+    struct stat st;
+    if (fstat(fd, &st) != 0 || !S_ISREG(st.st_mode)) {
+        snprintf(why, why_len, "not a readable regular file");
+        return ZPS_EIO;
+    }
+    uint8_t header[CKPT_HEADER_MAX];
+    size_t header_len = 0;
+    zps_err err = s_read_header(fd, header, &header_len, meta, why, why_len);
+    return err != ZPS_OK ? err
+                         : s_check_size(meta, 1 + (uint64_t)zps_optim_state_floats(meta->optim),
+                                        header_len, (long long)st.st_size, why, why_len);
+}
+
+zps_err zps_ckpt_peek(const char *dir, uint32_t shard, uint64_t step, zps_ckpt_meta *meta,
+                      char *why, size_t why_len)
+{
+    ZPS_ASSERT(dir != NULL && meta != NULL && why != NULL);
+    char path[PATH_MAX];
+    if (!s_path(path, sizeof path, dir, shard, step)) {
+        snprintf(why, why_len, "path too long");
+        return ZPS_EIO;
+    }
+    char reason[CKPT_WHY_LEN] = "";
+    zps_err err = ZPS_EIO;
+    int fd = open(path, O_RDONLY | O_CLOEXEC);
+    if (fd < 0) {
+        err = errno == ENOENT ? ZPS_ENOENT : ZPS_EIO;
+        snprintf(reason, sizeof reason, "%s", strerror(errno));
+    } else {
+        err = s_peek_fd(fd, meta, reason, sizeof reason);
+        close(fd);
+    }
+    snprintf(why, why_len, "%s: %s", path, reason);
     return err;
 }
 

@@ -69,11 +69,26 @@ zps_err zps_ckpt_load(const char *dir, const zps_ckpt_meta *want, uint64_t step,
 zps_err zps_ckpt_load_newest(const char *dir, const zps_ckpt_meta *want, uint64_t *step,
                              float *params, float *state, uint64_t *optim_step);
 
+// What shard's checkpoint of step in dir says it is, for a reader that
+// does not know the job (libzps's zps_checkpoint_open): its header's meta,
+// with the file's size checked against it, not its checksum; a load with
+// *meta as want then checks the rest. ZPS_ENOENT if there is no such file,
+// ZPS_EPROTO if its header or size is wrong, ZPS_EIO if it cannot be read;
+// why (logged by nobody) says which.
+zps_err zps_ckpt_peek(const char *dir, uint32_t shard, uint64_t step, zps_ckpt_meta *meta,
+                      char *why, size_t why_len);
+
 // Fills steps with the steps of shard's checkpoints in dir, ascending, going
 // by the file names only (valid or not). If there are more than max, the
 // newest max are given. Returns how many were stored: 0 if dir does not
 // exist, -1 if it cannot be read (logged).
 int zps_ckpt_steps(const char *dir, uint32_t shard, uint64_t *steps, int max);
+
+// The record an external job's shard 0 keeps beside its checkpoints: the
+// first worker's declaration, a packed Hello of its layout and dataset
+// sizes (server/zps_declare.c writes it, zps_checkpoint_open reads it).
+#define ZPS_CKPT_DECLARED "declared-model"
+#define ZPS_CKPT_DECLARED_MAX (1u << 20)
 
 // A small record beside the checkpoints (the coordinator's job state):
 // <dir>/<name> holds data and a CRC-32, written atomically as checkpoints
