@@ -254,13 +254,16 @@ demo: deps
 # The build of make test and make test-long uses every core (a newcomer
 # types plain make test). The unit suites and the deploy checks run side by
 # side (neither measures time, and together they leave a core of the two
-# mostly idle; -O prints each one's output whole); the integration and
-# Python tests, which start jobs of real processes, then run one at a time.
+# mostly idle; -O prints each one's output whole); then the integration
+# tests beside the Python tests (its two groups one after the other): both
+# start jobs of real processes that wait on each other far more than they
+# compute, no test bounds a time by the machine's speed, and each has its
+# own ports, processes and directory.
 NPROC := $(shell nproc 2>/dev/null || echo 1)
 test: test-deps
 	@$(MAKE) --no-print-directory -j$(NPROC) all $(TESTS) $(FUZZ_REPLAY)
 	@$(MAKE) --no-print-directory -j2 -O test-unit-etc test-deploy
-	@$(MAKE) --no-print-directory test-integration test-python
+	@$(MAKE) --no-print-directory -j2 -O test-integration test-python PY_JOBS=1
 
 # make test's first half beside test-deploy: nothing here starts a job.
 test-unit-etc:
@@ -304,14 +307,16 @@ PYTEST = ZPS_BIN_DIR=$(CURDIR)/$(BIN) ZPS_LIB=$(CURDIR)/$(BIN)/libzps.so.$(ZPS_S
 # zps.torch's own tests in one pytest and the others in another, side by side
 # (-O: each one's output whole): the jobs they start wait on each other
 # more than they compute, and each test has its own processes, ports and
-# directory.
+# directory. make test runs them one after the other (PY_JOBS=1), beside
+# the integration tests.
+PY_JOBS ?= 2
 PY_RECIPES := tests/python/test_torch_recipes.py tests/python/test_torch_optim.py \
 	tests/python/test_torch.py
 test-python: $(BINS) $(LIBZPS_SO)
 ifeq ($(SAN),1)
 	@echo "SKIPPED: test-python under SAN=1 (an ASan libzps does not load into python3); make test runs it"
 else
-	@$(MAKE) --no-print-directory -j2 -O test-python-recipes test-python-rest
+	@$(MAKE) --no-print-directory -j$(PY_JOBS) -O test-python-recipes test-python-rest
 endif
 test-python-recipes: $(BINS) $(LIBZPS_SO)
 	$(PYTEST) -m "not long" $(PY_RECIPES)
