@@ -386,8 +386,9 @@ bench-all: all $(BENCH_BINS)
 # with its soname links and zps.pc under it.
 PREFIX ?= /usr/local
 .PHONY: install test-install
-install: $(B)/libzps.a $(LIBZPS_SO)
-	install -d $(DESTDIR)$(PREFIX)/include $(DESTDIR)$(PREFIX)/lib/pkgconfig
+install: $(B)/libzps.a $(LIBZPS_SO) $(BINS)
+	install -d $(DESTDIR)$(PREFIX)/bin $(DESTDIR)$(PREFIX)/include $(DESTDIR)$(PREFIX)/lib/pkgconfig
+	install -m 755 $(BINS) $(DESTDIR)$(PREFIX)/bin/
 	install -m 644 include/zps.h $(DESTDIR)$(PREFIX)/include/zps.h
 	install -m 644 $(B)/libzps.a $(DESTDIR)$(PREFIX)/lib/libzps.a
 	install -m 755 $(LIBZPS_SO) $(DESTDIR)$(PREFIX)/lib/libzps.so.$(ZPS_SO_VERSION)
