@@ -52,6 +52,15 @@ static void s_status_members(const zps_coord *c, Zps__Member *members, Zps__Memb
     }
 }
 
+// --clip-grad-norm's figures: the newest step's norm (zps-ctl status).
+static void s_status_norm(const zps_coord *c, Zps__Status *st)
+{
+    st->clip_grad_norm = c->cfg.clip_grad_norm;
+    st->has_grad_norm = c->has_grad_norm;
+    st->grad_norm = c->grad_norm;
+    st->grad_norm_step = c->grad_norm_step;
+}
+
 void zps_coord_on_status(zps_coord *c, zps_outbox *out, zps_wire_msg *m, uint64_t step,
                          uint64_t bad_messages)
 {
@@ -91,10 +100,7 @@ void zps_coord_on_status(zps_coord *c, zps_outbox *out, zps_wire_msg *m, uint64_
     st.generation = c->gen;
     st.shards = shard_ptrs;
     st.replans = c->replans;
-    st.clip_grad_norm = c->cfg.clip_grad_norm;
-    st.has_grad_norm = c->has_grad_norm;
-    st.grad_norm = c->grad_norm;
-    st.grad_norm_step = c->grad_norm_step;
+    s_status_norm(c, &st);
     bool running = c->state == ZPS_COORD_TRAINING || c->state == ZPS_COORD_DONE;
     st.steps_done_all = running ? zps_coord_global_done(c) : step;
     const zps_coord_member *asker =
