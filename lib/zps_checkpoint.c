@@ -197,8 +197,10 @@ static zps_err s_open(const char *dir, int64_t step, zps_checkpoint **out, char 
     }
     free(steps);
     if (err != ZPS_OK && err != ZPS_ENOMEM && n > 0) {
-        char last[256];
-        snprintf(last, sizeof last, "%s", why);
+        char last[256]; // the last reason, cut to fit beside the rest
+        size_t k = strnlen(why, sizeof last - 1);
+        memcpy(last, why, k);
+        last[k] = '\0';
         snprintf(why, len, "%s: no step that every shard has a valid file of (%d tried; the "
                            "oldest: %s)", dir, n, last);
         err = ZPS_ENOENT;
