@@ -137,12 +137,18 @@ static zps_err s_take_assignment(zps_server *srv, const Zps__Header *h)
                  (unsigned long long)srv->job_id, (unsigned long long)cfg.lo,
                  (unsigned long long)cfg.hi, job->model, (unsigned long long)job->total_steps);
     Zps__Header ready;
-    zps_wire_header_init(&ready, ZPS__MSG_TYPE__READY);
-    ready.job_id = srv->job_id;
-    ready.shard = srv->o->shard;
-    ready.shard_token = srv->shard_token;
-    ready.step = resumed;
+    zps_register_up_header(srv, &ready, ZPS__MSG_TYPE__READY, resumed);
     return zps_wire_send(srv->up, NULL, &ready, NULL, 0, NULL);
+}
+
+void zps_register_up_header(const zps_server *srv, Zps__Header *h, Zps__MsgType type,
+                            uint64_t step)
+{
+    zps_wire_header_init(h, type);
+    h->job_id = srv->job_id;
+    h->shard = srv->o->shard;
+    h->shard_token = srv->shard_token;
+    h->step = step;
 }
 
 // Reads the coordinator's socket; a failure here ends the shard.

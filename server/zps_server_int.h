@@ -129,6 +129,11 @@ int zps_start_coordinator(zps_server *srv, uint32_t n_train, uint32_t n_test, ch
 
 // zps_register_send sends REGISTER to the coordinator and re-arms its timer.
 void zps_register_send(zps_server *srv);
+// A shard k > 0's message to its coordinator of `step` (READY, STEP_DONE,
+// NORM): the header with its job, shard index and token, the credential
+// the coordinator checks before it reads anything else.
+void zps_register_up_header(const zps_server *srv, Zps__Header *h, Zps__MsgType type,
+                            uint64_t step);
 // zps_register_read_up reads the coordinator's socket; a failure ends the shard.
 zps_err zps_register_read_up(zps_server *srv);
 

@@ -42,11 +42,7 @@ static void s_send_norm_part(zps_server *srv)
         return;
     }
     Zps__Header h;
-    zps_wire_header_init(&h, ZPS__MSG_TYPE__NORM);
-    h.job_id = srv->job_id;
-    h.shard = srv->o->shard;
-    h.shard_token = srv->shard_token;
-    h.step = step;
+    zps_register_up_header(srv, &h, ZPS__MSG_TYPE__NORM, step);
     h.n_norm_limbs = ZPS_SUMSQ_LIMBS;
     h.norm_limbs = part.limb;
     h.norm_flags = part.flags;
@@ -156,11 +152,7 @@ void zps_steps_end(zps_server *srv)
         (void)zps_outbox_flush(&srv->out, srv->sock);
     } else {
         Zps__Header h;
-        zps_wire_header_init(&h, ZPS__MSG_TYPE__STEP_DONE);
-        h.job_id = srv->job_id;
-        h.shard = srv->o->shard;
-        h.shard_token = srv->shard_token;
-        h.step = step + 1;
+        zps_register_up_header(srv, &h, ZPS__MSG_TYPE__STEP_DONE, step + 1);
         (void)zps_wire_send(srv->up, NULL, &h, NULL, 0, NULL);
     }
     zps_shard_io_end_step(&srv->io);
