@@ -48,36 +48,9 @@ cleanup() { for p in "${pids[@]}"; do kill "$p" 2>/dev/null || true; done; rm -r
 trap cleanup EXIT
 trap 'exit 130' INT TERM
 
-median() { sort -g | awk '{a[NR]=$1} END {print (NR%2) ? a[(NR+1)/2] : (a[NR/2]+a[NR/2+1])/2}'; }
-wait_file() { for _ in $(seq 100); do [ -s "$1" ] && return 0; sleep 0.1; done; return 1; }
-ratio() { awk -v a="$1" -v b="$2" 'BEGIN {printf "%.3f", a / b}'; }
+# shellcheck source=bench/runs.sh
+source bench/runs.sh # median, ratio, wait_file, fail, wait_all, parse
 has() { [[ " ${cases[*]} " == *" $1 "* ]]; }
-
-# A case failed, or printed nothing to parse: show its logs and stop.
-fail() {
-  echo "bench/gpt.sh: $1 failed; its logs:" >&2
-  for f in "$run/$1".*; do echo "== ${f##*/}" >&2; tail -n 20 "$f" >&2; done
-  exit 1
-}
-# Every process runs under timeout, so these waits are bounded; the first
-# to fail fails the case at once (the exit kills the others), rather than
-# leaving a server to wait out its timeout for workers that died.
-wait_all() {
-  local done_pid left=("${pids[@]}")
-  while [ "${#left[@]}" -gt 0 ]; do
-    wait -n -p done_pid "${left[@]}" || fail "$1"
-    mapfile -t left < <(printf '%s\n' "${left[@]}" | grep -vx "$done_pid")
-  done
-  pids=()
-}
-# The largest number the sed pattern $2 (one group) finds in the files $3...
-# of case $1, or fail it.
-parse() {
-  local tag=$1 pat=$2 v; shift 2
-  v=$(cat "$@" | sed -n "s/$pat/\\1/p" | sort -g | tail -n 1)
-  [ -n "$v" ] || fail "$tag"
-  echo "$v"
-}
 
 # Each case prints its per-run line and appends its figure to $run/<name>.
 case_single() {

@@ -27,31 +27,8 @@ cleanup() { for p in "${pids[@]}"; do kill "$p" 2>/dev/null || true; done; rm -r
 trap cleanup EXIT
 trap 'exit 130' INT TERM
 
-median() { sort -g | awk '{a[NR]=$1} END {print (NR%2) ? a[(NR+1)/2] : (a[NR/2]+a[NR/2+1])/2}'; }
-wait_file() { for _ in $(seq 100); do [ -s "$1" ] && return 0; sleep 0.1; done; return 1; }
-ratio() { awk -v a="$1" -v b="$2" 'BEGIN {printf "%.3f", a / b}'; }
-
-# A case failed, or printed nothing to parse: show its logs and stop.
-fail() {
-  echo "bench/torch.sh: $1 failed; its logs:" >&2
-  for f in "$run/$1".*; do echo "== ${f##*/}" >&2; tail -n 20 "$f" >&2; done
-  exit 1
-}
-# Every process runs under timeout, so these waits are bounded.
-wait_all() {
-  local p ok=1
-  for p in "${pids[@]}"; do wait "$p" || ok=0; done
-  pids=()
-  [ "$ok" = 1 ] || fail "$1"
-}
-# The largest number the sed pattern $2 (one group) finds in the files $3...
-# of case $1, or fail it.
-parse() {
-  local tag=$1 pat=$2 v; shift 2
-  v=$(cat "$@" | sed -n "s/$pat/\\1/p" | sort -g | tail -n 1)
-  [ -n "$v" ] || fail "$tag"
-  echo "$v"
-}
+# shellcheck source=bench/runs.sh
+source bench/runs.sh # median, ratio, wait_file, fail, wait_all, parse
 
 # Each case prints its per-run line and appends its figures to $run/<name>.
 case_single() {
