@@ -52,6 +52,22 @@ static void s_status_members(const zps_coord *c, Zps__Member *members, Zps__Memb
     }
 }
 
+// The gradient norm, the steps done on every shard, and this start's
+// figures (a resumed job's are its own, not the job's).
+static void s_status_progress(const zps_coord *c, uint64_t step, Zps__Status *st)
+{
+    st->clip_grad_norm = c->cfg.clip_grad_norm;
+    st->has_grad_norm = c->has_grad_norm;
+    st->grad_norm = c->grad_norm;
+    st->grad_norm_step = c->grad_norm_step;
+    zps_coord_run run;
+    zps_coord_run_figures(c, &run);
+    st->starts = run.starts;
+    st->start_step = run.from_step;
+    st->job_started_unix_ms = run.job_started_unix_ms;
+    st->steps_done_all = run.training ? zps_coord_global_done(c) : step;
+}
+
 void zps_coord_on_status(zps_coord *c, zps_outbox *out, zps_wire_msg *m, uint64_t step,
                          uint64_t bad_messages)
 {
@@ -91,17 +107,7 @@ void zps_coord_on_status(zps_coord *c, zps_outbox *out, zps_wire_msg *m, uint64_
     st.generation = c->gen;
     st.shards = shard_ptrs;
     st.replans = c->replans;
-    st.clip_grad_norm = c->cfg.clip_grad_norm;
-    st.has_grad_norm = c->has_grad_norm;
-    st.grad_norm = c->grad_norm;
-    st.grad_norm_step = c->grad_norm_step;
-    zps_coord_run run;
-    zps_coord_run_figures(c, &run);
-    st.starts = run.starts;
-    st.start_step = run.from_step;
-    st.job_started_unix_ms = run.job_started_unix_ms;
-    bool running = run.training;
-    st.steps_done_all = running ? zps_coord_global_done(c) : step;
+    s_status_progress(c, step, &st);
     const zps_coord_member *asker =
         m->hdr->member_id ? zps_coord_member_by_id(c, m->hdr->member_id) : NULL;
     if (asker) {

@@ -32,9 +32,9 @@ static void s_job_start(const zps_coord_run *r, char *buf, size_t len)
     }
     time_t t = (time_t)(r->job_started_unix_ms / 1000u);
     struct tm tm;
-    char when[32] = "?";
-    if (gmtime_r(&t, &tm)) {
-        strftime(when, sizeof when, "%Y-%m-%d %H:%M:%S UTC", &tm);
+    char when[32];
+    if (!gmtime_r(&t, &tm) || !strftime(when, sizeof when, "%Y-%m-%d %H:%M:%S UTC", &tm)) {
+        snprintf(when, sizeof when, "?");
     }
     double ago = ((double)zps_clock_wall_ms() - (double)r->job_started_unix_ms) / 1e3;
     snprintf(buf, len, "%s (%.1f s ago, wall clock)", when, ago);
