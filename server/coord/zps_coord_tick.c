@@ -22,12 +22,13 @@ void zps_coord_run_figures(const zps_coord *c, zps_coord_run *out)
                            .job_started_unix_ms = c->job_started_unix_ms};
 }
 
-// The job's first start as "2026-12-02 16:21:38 UTC (1234.5 s ago)", or
-// why it is unknown.
+// "the job first started 2026-12-02 16:21:38 UTC (1234.5 s ago, wall
+// clock)", or why that is unknown.
 static void s_job_start(const zps_coord_run *r, char *buf, size_t len)
 {
     if (!r->job_started_unix_ms) {
-        snprintf(buf, len, "unknown (resumed from the job state of an older zps)");
+        snprintf(buf, len, "when the job first started is unknown (the job state it resumed "
+                           "from was saved by an older zps)");
         return;
     }
     time_t t = (time_t)(r->job_started_unix_ms / 1000u);
@@ -37,7 +38,7 @@ static void s_job_start(const zps_coord_run *r, char *buf, size_t len)
         snprintf(when, sizeof when, "?");
     }
     double ago = ((double)zps_clock_wall_ms() - (double)r->job_started_unix_ms) / 1e3;
-    snprintf(buf, len, "%s (%.1f s ago, wall clock)", when, ago);
+    snprintf(buf, len, "the job first started %s (%.1f s ago, wall clock)", when, ago);
 }
 
 // The run's end: what this start trained, in its own time, and when the
@@ -46,15 +47,15 @@ static void s_log_summary(const zps_coord *c)
 {
     zps_coord_run r;
     zps_coord_run_figures(c, &r);
-    char start[96], job[128];
+    char start[96], job[160];
     if (r.starts) {
         snprintf(start, sizeof start, "start %u of the job", r.starts);
     } else {
-        snprintf(start, sizeof start, "a start of the job (which, unknown)");
+        snprintf(start, sizeof start, "a resumed start of the job (its number unknown)");
     }
     s_job_start(&r, job, sizeof job);
     zps_log_info("trained %llu steps (steps %llu..%llu%s) in %.1f s (%.2f ms/step) in this "
-                 "start, %s; the job first started %s",
+                 "start, %s; %s",
                  (unsigned long long)r.steps, (unsigned long long)r.from_step,
                  (unsigned long long)r.to_step,
                  r.steps != r.to_step - r.from_step ? ", replays included" : "", r.secs,
