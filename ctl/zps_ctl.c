@@ -69,6 +69,29 @@ static void s_print_rounds(const Zps__Status *st)
     }
 }
 
+// This start of the coordinator, and the job's first (wall clock).
+static void s_print_start(const Zps__Status *st)
+{
+    if (!st->starts && !st->start_step) {
+        return; // not started yet (or a server older than these figures)
+    }
+    if (st->starts) {
+        printf("start %u of the job, training from step %llu", st->starts,
+               (unsigned long long)st->start_step);
+    } else {
+        printf("a resumed start of the job, training from step %llu",
+               (unsigned long long)st->start_step);
+    }
+    time_t t = (time_t)(st->job_started_unix_ms / 1000u);
+    struct tm tm;
+    char when[32];
+    if (st->job_started_unix_ms && gmtime_r(&t, &tm) &&
+        strftime(when, sizeof when, "%Y-%m-%d %H:%M:%S UTC", &tm)) {
+        printf("; the job first started %s", when);
+    }
+    printf("\n");
+}
+
 static void s_print_status(const Zps__Header *h)
 {
     const Zps__Status *st = h->status;
@@ -90,6 +113,7 @@ static void s_print_status(const Zps__Header *h)
            st->n_members, st->workers_expected, (unsigned long long)st->bad_messages,
            (unsigned long long)st->evictions, st->generation, st->step_ms_median,
            st->step_ms_p95);
+    s_print_start(st);
     if (st->n_members > 0) {
         printf("%4s  %-20s %-8s %6s %8s %10s %8s %10s %8s  %s\n", "rank", "host", "device",
                "share", "pushes", "compute_ms", "lag_ms", "samples/s", "pid", "state");

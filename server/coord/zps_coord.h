@@ -136,6 +136,21 @@ void zps_coord_adapt(zps_coord *c);
 // first copy of a sample counts. False if there is no such member.
 bool zps_coord_speculate(zps_coord *c, zps_outbox *out, uint64_t step, uint32_t offset,
                          uint32_t count, uint32_t late_rank, const bool *helper);
+// What this start of the coordinator trained, and the job it belongs to:
+// its figures are this start's only, whatever the checkpoints it resumed
+// from, so that a resumed job's summary and status stay true.
+typedef struct zps_coord_run {
+    bool training;          // this start began training (false: waiting or recovering)
+    uint64_t from_step;     // it trained from this step
+    uint64_t to_step;       // to this one (steps completed on shard 0)
+    uint64_t steps;         // steps it completed, any replayed after a rollback included
+    double secs;            // since it began training, until the last step if done
+    uint32_t starts;        // its number among the job's starts (1: the first; 0: unknown,
+                            // resumed from the job state of an older zps)
+    uint64_t job_started_unix_ms; // wall clock the job first began training (0: unknown)
+} zps_coord_run;
+void zps_coord_run_figures(const zps_coord *c, zps_coord_run *out);
+
 // The median step time of the last steps (ms, 0 before any).
 double zps_coord_median_step_ms(const zps_coord *c);
 

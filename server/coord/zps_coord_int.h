@@ -122,7 +122,12 @@ struct zps_coord {
     zps_eval *eval;                     // owned: the epoch's evaluation being gathered
     double next_log_ms;                 // next progress or waiting line
     double done_ms;                     // when the last step completed
-    double started_ms;                  // when step 0 was planned
+    double started_ms;                  // when this start began training: step 0 planned,
+                                        // or the resumed job rolled back (monotonic)
+    uint64_t started_step;              // the step it began training from
+    uint64_t steps_run;                 // steps this start completed, replays included
+    uint64_t job_started_unix_ms;       // wall clock of the job's first start (0: unknown)
+    uint32_t starts;                    // this start's number (1: first; 0: unknown)
     double sum_step_ms;                 // for the mean in the progress line
     uint64_t n_step_ms;
     zps_log_limit refusals;             // bounds the lines refused messages cause

@@ -3,6 +3,7 @@
 
 #include <string.h>
 
+#include "common/zps_clock.h"
 #include "common/zps_quant.h"
 #include "server/zps_token.h"
 
@@ -181,6 +182,9 @@ void zps_coord_start_workers(zps_coord *c, zps_outbox *out)
 {
     c->state = ZPS_COORD_TRAINING;
     c->started_ms = zps_coord_now(c);
+    c->started_step = 0;
+    c->job_started_unix_ms = zps_clock_wall_ms();
+    c->starts = 1;
     c->next_log_ms = c->started_ms + ZPS_COORD_PROGRESS_MS;
     for (uint32_t i = 0; i < c->n_members; i++) {
         zps_coord_send_job(c, out, &c->members[i].route, ZPS__MSG_TYPE__JOB, &c->members[i], 0);

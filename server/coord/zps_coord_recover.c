@@ -73,7 +73,12 @@ void zps_coord_try_recover(zps_coord *c, zps_outbox *out, bool deadline_passed)
     if (s_rollback(c, out, c->steps_done, 0) != ZPS_OK) {
         zps_log_error("cannot roll back to the restored step %llu; still recovering",
                       (unsigned long long)c->steps_done);
+        return;
     }
+    // This start trains from here: its time and steps count from now.
+    c->started_ms = zps_coord_now(c);
+    c->started_step = c->steps_done;
+    c->next_log_ms = c->started_ms + ZPS_COORD_PROGRESS_MS;
 }
 
 // The key a shard listens with, if it says (40 characters of Z85): workers

@@ -52,13 +52,20 @@ static void s_status_members(const zps_coord *c, Zps__Member *members, Zps__Memb
     }
 }
 
-// --clip-grad-norm's figures: the newest step's norm (zps-ctl status).
-static void s_status_norm(const zps_coord *c, Zps__Status *st)
+// The gradient norm, the steps done on every shard, and this start's
+// figures (a resumed job's are its own, not the job's).
+static void s_status_progress(const zps_coord *c, uint64_t step, Zps__Status *st)
 {
     st->clip_grad_norm = c->cfg.clip_grad_norm;
     st->has_grad_norm = c->has_grad_norm;
     st->grad_norm = c->grad_norm;
     st->grad_norm_step = c->grad_norm_step;
+    zps_coord_run run;
+    zps_coord_run_figures(c, &run);
+    st->starts = run.starts;
+    st->start_step = run.from_step;
+    st->job_started_unix_ms = run.job_started_unix_ms;
+    st->steps_done_all = run.training ? zps_coord_global_done(c) : step;
 }
 
 void zps_coord_on_status(zps_coord *c, zps_outbox *out, zps_wire_msg *m, uint64_t step,
@@ -100,9 +107,7 @@ void zps_coord_on_status(zps_coord *c, zps_outbox *out, zps_wire_msg *m, uint64_
     st.generation = c->gen;
     st.shards = shard_ptrs;
     st.replans = c->replans;
-    s_status_norm(c, &st);
-    bool running = c->state == ZPS_COORD_TRAINING || c->state == ZPS_COORD_DONE;
-    st.steps_done_all = running ? zps_coord_global_done(c) : step;
+    s_status_progress(c, step, &st);
     const zps_coord_member *asker =
         m->hdr->member_id ? zps_coord_member_by_id(c, m->hdr->member_id) : NULL;
     if (asker) {
@@ -218,6 +223,18 @@ static void s_render_metrics(const zps_coord *c, uint64_t step, uint64_t bad, FI
     }
 }
 
+// This start's figures (a resumed job's are its own, not the job's).
+static json_t *s_render_start(const zps_coord *c)
+{
+    zps_coord_run r;
+    zps_coord_run_figures(c, &r);
+    return json_pack("{s:i, s:I, s:I, s:I, s:f, s:f, s:I}", "number", (int)r.starts,
+                     "from_step", (json_int_t)r.from_step, "to_step", (json_int_t)r.to_step,
+                     "steps", (json_int_t)r.steps, "seconds", r.secs, "ms_per_step",
+                     r.steps ? 1e3 * r.secs / (double)r.steps : 0.0, "job_started_unix_ms",
+                     (json_int_t)r.job_started_unix_ms);
+}
+
 static json_t *s_render_status(const zps_coord *c, uint64_t step, uint64_t bad)
 {
     json_t *members = json_array();
@@ -242,7 +259,7 @@ static json_t *s_render_status(const zps_coord *c, uint64_t step, uint64_t bad)
     char job[24];
     snprintf(job, sizeof job, "%016llx", (unsigned long long)c->job_id);
     return json_pack("{s:s, s:s, s:s, s:s, s:I, s:I, s:i, s:i, s:f, s:f, s:f, s:f, s:I, s:I, "
-                     "s:o}",
+                     "s:o, s:o}",
                      "state", s_state_name(c->state), "model", c->cfg.model, "dataset",
                      c->cfg.dataset, "job_id", job, "step",
                      (json_int_t)step, "total_steps", (json_int_t)c->cfg.total_steps,
@@ -251,7 +268,8 @@ static json_t *s_render_status(const zps_coord *c, uint64_t step, uint64_t bad)
                      zps_monitor_step_quantile(c->mon, 0.5), "step_ms_p95",
                      zps_monitor_step_quantile(c->mon, 0.95), "test_accuracy",
                      zps_eval_accuracy(c->eval), "refused_messages", (json_int_t)bad, "evictions",
-                     (json_int_t)c->evictions, "members", members);
+                     (json_int_t)c->evictions, "members", members, "start",
+                     s_render_start(c));
 }
 
 zps_err zps_coord_render(const zps_coord *c, uint64_t step, uint64_t bad_messages,

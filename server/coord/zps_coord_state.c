@@ -35,6 +35,8 @@ zps_err zps_coord_save(const zps_coord *c, const char *dir, uint64_t step)
     st.step = step;
     st.n_members = c->n_members;
     st.members = ptrs;
+    st.first_started_unix_ms = c->job_started_unix_ms;
+    st.starts = c->starts;
     size_t len = zps__job_state__get_packed_size(&st);
     uint8_t *buf = malloc(len ? len : 1);
     if (!buf) {
@@ -119,6 +121,11 @@ zps_err zps_coord_resume(zps_coord *c, const char *dir, uint64_t step)
         return err;
     }
     c->job_id = st->job_id;
+    // This start's figures are its own (zps_coord_try_recover starts its
+    // clock); what the job did before comes from the record: 0 in one
+    // saved by an older zps, and then unknown.
+    c->job_started_unix_ms = st->first_started_unix_ms;
+    c->starts = st->starts ? st->starts + 1 : 0;
     // Plans made after this checkpoint and before the crash may still be
     // known to shards and workers under the next numbers: the plans of the
     // resumed run start well above them, so they supersede, never collide.
@@ -148,6 +155,7 @@ zps_err zps_coord_resume(zps_coord *c, const char *dir, uint64_t step)
         c->shards[i].registered = c->shards[i].ready = i == 0;
     }
     c->steps_done = step;
+    c->started_step = step;
     c->released = step;
     c->state = ZPS_COORD_RECOVERING;
     c->recover_deadline_ms = zps_coord_now(c) + c->cfg.worker_timeout_ms;

@@ -5,11 +5,75 @@
  * of the coordinator's files: it calls the others, none calls it. */
 #include "zps_coord_int.h"
 
+#include <time.h>
+
+#include "common/zps_clock.h"
+
+void zps_coord_run_figures(const zps_coord *c, zps_coord_run *out)
+{
+    bool training = c->state == ZPS_COORD_TRAINING || c->state == ZPS_COORD_DONE;
+    double until = c->state == ZPS_COORD_DONE ? c->done_ms : zps_coord_now(c);
+    *out = (zps_coord_run){.training = training,
+                           .from_step = c->started_step,
+                           .to_step = training ? c->steps_done : c->started_step,
+                           .steps = c->steps_run,
+                           .secs = training ? (until - c->started_ms) / 1e3 : 0,
+                           .starts = c->starts,
+                           .job_started_unix_ms = c->job_started_unix_ms};
+}
+
+// "the job first started 2026-12-02 16:21:38 UTC (1234.5 s ago, wall
+// clock)", or why that is unknown.
+static void s_job_start(const zps_coord_run *r, char *buf, size_t len)
+{
+    if (!r->job_started_unix_ms) {
+        snprintf(buf, len, "when the job first started is unknown (the job state it resumed "
+                           "from was saved by an older zps)");
+        return;
+    }
+    time_t t = (time_t)(r->job_started_unix_ms / 1000u);
+    struct tm tm;
+    char when[32];
+    if (!gmtime_r(&t, &tm) || !strftime(when, sizeof when, "%Y-%m-%d %H:%M:%S UTC", &tm)) {
+        snprintf(when, sizeof when, "?");
+    }
+    double ago = ((double)zps_clock_wall_ms() - (double)r->job_started_unix_ms) / 1e3;
+    snprintf(buf, len, "the job first started %s (%.1f s ago, wall clock)", when, ago);
+}
+
+// The run's end: what this start trained, in its own time, and when the
+// job first started (wall clock: it spans restarts).
+static void s_log_summary(const zps_coord *c)
+{
+    zps_coord_run r;
+    zps_coord_run_figures(c, &r);
+    if (r.starts == 1 && r.from_step == 0 && r.steps == r.to_step) {
+        // A job's one and only start: its figures are the job's.
+        zps_log_info("trained %llu steps in %.1f s (%.2f ms/step)", (unsigned long long)r.steps,
+                     r.secs, r.steps ? 1e3 * r.secs / (double)r.steps : 0.0);
+        return;
+    }
+    char start[96], job[160];
+    if (r.starts) {
+        snprintf(start, sizeof start, "start %u of the job", r.starts);
+    } else {
+        snprintf(start, sizeof start, "a resumed start of the job (its number unknown)");
+    }
+    s_job_start(&r, job, sizeof job);
+    zps_log_info("trained %llu steps (steps %llu..%llu%s) in %.1f s (%.2f ms/step) in this "
+                 "start, %s; %s",
+                 (unsigned long long)r.steps, (unsigned long long)r.from_step,
+                 (unsigned long long)r.to_step,
+                 r.steps != r.to_step - r.from_step ? ", replays included" : "", r.secs,
+                 r.steps ? 1e3 * r.secs / (double)r.steps : 0.0, start, job);
+}
+
 // A step completed on shard 0: its record, and the run's end after the last.
 void zps_coord_step_done(zps_coord *c, uint64_t step, float loss, double step_ms,
                          const uint32_t *counted)
 {
     c->steps_done = step + 1;
+    c->steps_run++;
     zps_coord_shard_done(c, 0, step + 1);
     c->last_loss = loss;
     c->last_step_ms = step_ms;
@@ -19,9 +83,7 @@ void zps_coord_step_done(zps_coord *c, uint64_t step, float loss, double step_ms
     if (c->steps_done >= c->cfg.total_steps) {
         c->state = ZPS_COORD_DONE;
         c->done_ms = zps_coord_now(c);
-        double secs = (c->done_ms - c->started_ms) / 1e3;
-        zps_log_info("trained %llu steps in %.1f s (%.2f ms/step)",
-                     (unsigned long long)c->steps_done, secs, 1e3 * secs / c->steps_done);
+        s_log_summary(c);
         if (c->cfg.metrics) {
             fflush(c->cfg.metrics);
         }

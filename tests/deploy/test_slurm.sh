@@ -171,6 +171,25 @@ expect_eq "ZPS_SLURM_IFACE, ZPS_SLURM_PORT" \
   "srun --nodes=1 --ntasks=1 --nodelist=cpu1 --kill-on-bad-exit=1 $S --listen tcp://ib0:6000 --workers 1 --model external"
 expect_match "no command after --" "$(torch n1 -- --steps 9 2>&1 || echo "exit $?")" 'exit 1'
 
+echo "zps.sbatch: dry run"
+# sbatch_run [VAR=VALUE...] -- [ARGS...]: its start line and srun line, in a clean environment.
+sbatch_run() {
+  local vars=()
+  while [ $# -gt 0 ] && [ "$1" != -- ]; do vars+=("$1"); shift; done
+  env -i PATH=/usr/bin:/bin ZPS_ROOT="$root" ZPS_SLURM_DRY_RUN=1 SLURM_JOB_ID=42 \
+    SLURM_JOB_NODELIST='n[1-3]' ZPS_SLURM_CHECKPOINT_DIR="$tmp/sbatch-ckpt" "${vars[@]}" \
+    bash "$root/deploy/slurm/zps.sbatch" "$@" 2>&1
+}
+expect_match "a first start: said so, then the step" "$(sbatch_run -- --epochs 2)" \
+  "^zps.sbatch: job 42 on n\\[1-3\\], [0-9-]+ [0-9:]+ UTC: first start, no checkpoint in $tmp/sbatch-ckpt/shard-0: training from step 0 srun --kill-on-bad-exit=1 --label $root/deploy/slurm/zps-slurm.sh -- --epochs 2 \$"
+mkdir -p "$tmp/sbatch-ckpt/shard-0"
+: >"$tmp/sbatch-ckpt/shard-0/shard-0-step-20.ckpt"
+expect_match "a requeue (SLURM_RESTART_COUNT=1) with checkpoints: a resume" \
+  "$(sbatch_run SLURM_RESTART_COUNT=1 -- --epochs 2 | head -n 1)" \
+  ": start 2 \\(requeued 1 time\\(s\\)\\), a resume from the checkpoints in $tmp/sbatch-ckpt/shard-0\$"
+expect_match "the output file keeps every start" "$(grep '^#SBATCH' "$root/deploy/slurm/zps.sbatch")" \
+  "#SBATCH --requeue #SBATCH --open-mode=append"
+
 echo "real run: localhost, 4 tasks (2 shards, 2 CPU workers), 20 steps, CurveZMQ"
 need_bins
 # The keys as the script's comment lays them out.

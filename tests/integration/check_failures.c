@@ -385,6 +385,32 @@ START_TEST(test_failures_clipped_shard_killed_and_resumed_run_ends_equal)
 }
 END_TEST
 
+// The summary line of a server's log: steps trained in its start, from..to,
+// and its seconds. False if there is none.
+typedef struct run_summary {
+    unsigned long long steps, from, to;
+    double secs;
+} run_summary;
+
+static bool s_summary(const zps_procs *ps, const char *log, run_summary *out)
+{
+    FILE *f = fopen(zps_procs_path(ps, log), "r");
+    if (!f) {
+        return false;
+    }
+    char line[4096];
+    bool found = false;
+    while (!found && fgets(line, sizeof line, f)) {
+        const char *t = strstr(line, "trained ");
+        found = t && sscanf(t, "trained %llu steps (steps %llu..%llu", &out->steps, &out->from,
+                            &out->to) == 3;
+        const char *in = found ? strstr(t, ") in ") : NULL;
+        found = in && sscanf(in, ") in %lf s", &out->secs) == 1;
+    }
+    fclose(f);
+    return found;
+}
+
 // The coordinator (shard 0) is killed and restarted with --resume on the
 // same address: it reloads its checkpoint and job state, finds its shard
 // and workers again, and everyone rolls back to that step and replays.
@@ -415,6 +441,7 @@ START_TEST(test_failures_coordinator_killed_and_resumed_run_ends_equal)
     ck_assert_int_eq(kill(s0, SIGKILL), 0);
     zps_procs_wait(&ps, s0, 5000);
     args0[sizeof args0 / sizeof args0[0] - 2] = "--resume";
+    double restarted = zps_clock_ms();
     zps_procs_start_server(&ps, "server-again", &s0, args0, 10000);
     job_status st = s_wait_step(ep, 25);
     fprintf(stderr, "coordinator killed at step 25; back at step %llu %.0f ms later\n",
@@ -423,7 +450,18 @@ START_TEST(test_failures_coordinator_killed_and_resumed_run_ends_equal)
     ck_assert_int_eq(zps_procs_wait(&ps, w1, 120000), 0);
     ck_assert_int_eq(zps_procs_wait(&ps, s1, 30000), 0);
     ck_assert_int_eq(zps_procs_wait(&ps, s0, 30000), 0);
+    double lived_s = (zps_clock_ms() - restarted) / 1e3;
     ck_assert_msg(zps_procs_log_has(&ps, "server-again.log", "resumed at step 20"), "not resumed at 20");
+    // Its summary is this start's: the 60 steps from the checkpoint of step
+    // 20, in no more time than the restarted server lived (its monotonic
+    // clock, not the machine's uptime as when started_ms stayed 0).
+    run_summary sum;
+    ck_assert_msg(s_summary(&ps, "server-again.log", &sum), "no summary line");
+    ck_assert_uint_eq(sum.from, 20);
+    ck_assert_uint_eq(sum.to, strtoull(STEPS, NULL, 10));
+    ck_assert_uint_eq(sum.steps, sum.to - sum.from);
+    ck_assert_msg(sum.secs <= lived_s + 0.05, "trained in %.1f s, lived %.1f s", sum.secs, lived_s);
+    ck_assert(zps_procs_log_has(&ps, "server-again.log", "start 2 of the job"));
     ck_assert_msg(zps_procs_log_has(&ps, "server-again.log", "rolls back to it"), "no rollback logged");
     const char *workers[] = {"w0", "w1"};
     s_check_all_close(&ps, workers, 2, ref, n);

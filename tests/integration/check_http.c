@@ -71,6 +71,10 @@ START_TEST(test_http_metrics_pass_promtool_and_status_names_the_straggler)
         if (st) {
             parsed = true;
             ck_assert(json_is_string(json_object_get(st, "state")));
+            // This start's figures: a first start trains from step 0.
+            json_t *start = json_object_get(st, "start");
+            ck_assert(json_is_object(start));
+            ck_assert_int_eq(json_integer_value(json_object_get(start, "from_step")), 0);
             size_t i;
             json_t *m;
             json_array_foreach(json_object_get(st, "members"), i, m)

@@ -20,6 +20,7 @@
 #include <unistd.h>
 #include <zmq.h>
 
+#include "common/zps_ckpt.h"
 #include "server/coord/zps_coord.h"
 #include "server/zps_msgtab.h"
 #include "tests/zps_check.h"
@@ -979,6 +980,124 @@ START_TEST(test_coord_resumed_evicts_a_worker_that_does_not_call_back_in_time)
 }
 END_TEST
 
+// A resumed job's summary is this start's: the steps it trained and the
+// time since it rolled back, not the job's steps over the monotonic clock
+// (the machine's uptime) as when started_ms stayed 0; the job's first
+// start (wall clock) and the number of starts come from the saved state.
+START_TEST(test_coord_resumed_run_figures_are_this_starts_and_the_jobs_start_is_kept)
+{
+    char dir[64];
+    zps_tmpdir_make(dir, sizeof dir, "check-coord");
+    mjob j, r;
+    s_resumed_two(&j, &r, dir);
+    zps_coord_run first, run;
+    zps_coord_run_figures(j.c, &first);
+    ck_assert(first.training);
+    ck_assert_uint_eq(first.starts, 1);
+    ck_assert_uint_eq(first.from_step, 0);
+    ck_assert_uint_eq(first.to_step, 5);
+    ck_assert_uint_eq(first.steps, 5);
+    ck_assert_uint_gt(first.job_started_unix_ms, 0);
+    zps_coord_run_figures(r.c, &run);
+    ck_assert(!run.training); // recovering: nothing trained yet
+    ck_assert_uint_eq(run.from_step, 5);
+    ck_assert_uint_eq(run.steps, 0);
+    // The machine has been up long; the workers call back 30 ms apart.
+    s_clock_now = 5e6;
+    s_call_back(&r, 0);
+    s_clock_now += 30;
+    s_call_back(&r, 1);
+    uint64_t step;
+    ck_assert(zps_coord_take_rollback(r.c, &step));
+    double resumed_ms = s_clock_now;
+    for (uint64_t t = 5; t < 40; t++) { // total_steps: 40
+        s_release(&r, t + 1);
+        s_clock_now += 20;
+        s_step_done_on(&r, t);
+    }
+    ck_assert_uint_eq(zps_coord_at(r.c), ZPS_AT_DONE);
+    s_clock_now += 1000; // the summary's figures stop at the last step
+    zps_coord_run_figures(r.c, &run);
+    ck_assert(run.training);
+    ck_assert_uint_eq(run.from_step, 5);
+    ck_assert_uint_eq(run.to_step, 40);
+    ck_assert_uint_eq(run.steps, 35);
+    ck_assert_double_eq_tol(run.secs, 35 * 20 / 1e3, 1e-9);
+    ck_assert_double_eq_tol(1e3 * run.secs / (double)run.steps, 20.0, 1e-9);
+    ck_assert_double_eq_tol(run.secs, (s_clock_now - 1000 - resumed_ms) / 1e3, 1e-9);
+    ck_assert_uint_eq(run.starts, 2);
+    ck_assert_uint_eq(run.job_started_unix_ms, first.job_started_unix_ms);
+    // Saved again, the next start is the third, of the same job start.
+    ck_assert_int_eq(zps_coord_save(r.c, dir, 40), ZPS_OK);
+    mjob r2;
+    zps_coord_cfg cfg = s_members_cfg(2);
+    s_members_setup_cfg(&r2, &cfg);
+    ck_assert_int_eq(zps_coord_resume(r2.c, dir, 40), ZPS_OK);
+    zps_coord_run_figures(r2.c, &run);
+    ck_assert_uint_eq(run.starts, 3);
+    ck_assert_uint_eq(run.job_started_unix_ms, first.job_started_unix_ms);
+    s_members_teardown(&r2);
+    s_members_teardown(&r);
+    s_members_teardown(&j);
+    ck_assert_int_eq(zps_tmpdir_remove(dir), 0);
+}
+END_TEST
+
+// The job state of step 5 in dir as an older zps saved it: without the
+// job's first start and the number of starts.
+static void s_strip_to_old_record(const char *dir)
+{
+    static uint8_t buf[1u << 16];
+    size_t len = 0;
+    ck_assert_int_eq(zps_ckpt_read_record(dir, "coord-step-5.state", buf, sizeof buf, &len),
+                     ZPS_OK);
+    Zps__JobState *st = zps__job_state__unpack(NULL, len, buf);
+    ck_assert_ptr_nonnull(st);
+    ck_assert_uint_gt(st->first_started_unix_ms, 0);
+    st->first_started_unix_ms = 0;
+    st->starts = 0;
+    len = zps__job_state__pack(st, buf);
+    zps__job_state__free_unpacked(st, NULL);
+    ck_assert_int_eq(zps_ckpt_write_secret(dir, "coord-step-5.state", buf, len), ZPS_OK);
+}
+
+// A job state of an older zps is still read: the job resumes, and what it
+// did not save (its first start, its starts) is unknown, never made up.
+START_TEST(test_coord_resumed_from_an_older_job_state_says_what_it_does_not_know)
+{
+    char dir[64];
+    zps_tmpdir_make(dir, sizeof dir, "check-coord");
+    mjob j, r;
+    s_start_two(&j);
+    ck_assert_int_eq(zps_coord_save(j.c, dir, 5), ZPS_OK);
+    s_strip_to_old_record(dir);
+    zps_coord_cfg cfg = s_members_cfg(2);
+    s_members_setup_cfg(&r, &cfg);
+    ck_assert_int_eq(zps_coord_resume(r.c, dir, 5), ZPS_OK);
+    for (int i = 0; i < 2; i++) {
+        r.id[i] = j.id[i];
+        r.rank[i] = j.rank[i];
+        s_call_back(&r, i);
+    }
+    uint64_t step;
+    ck_assert(zps_coord_take_rollback(r.c, &step));
+    for (uint64_t t = 5; t < 40; t++) {
+        s_release(&r, t + 1);
+        s_clock_now += 10;
+        s_step_done_on(&r, t);
+    }
+    zps_coord_run run;
+    zps_coord_run_figures(r.c, &run);
+    ck_assert_uint_eq(run.steps, 35);
+    ck_assert_double_eq_tol(run.secs, 0.35, 1e-9);
+    ck_assert_uint_eq(run.starts, 0);
+    ck_assert_uint_eq(run.job_started_unix_ms, 0);
+    s_members_teardown(&r);
+    s_members_teardown(&j);
+    ck_assert_int_eq(zps_tmpdir_remove(dir), 0);
+}
+END_TEST
+
 Suite *zps_suite_coord(void)
 {
     Suite *s = suite_create("coord");
@@ -1008,6 +1127,8 @@ Suite *zps_suite_coord(void)
     TCase *rc = tcase_create("recovery");
     tcase_add_test(rc, test_coord_resumed_rolls_everyone_back_once_every_worker_called_back);
     tcase_add_test(rc, test_coord_resumed_evicts_a_worker_that_does_not_call_back_in_time);
+    tcase_add_test(rc, test_coord_resumed_run_figures_are_this_starts_and_the_jobs_start_is_kept);
+    tcase_add_test(rc, test_coord_resumed_from_an_older_job_state_says_what_it_does_not_know);
     suite_add_tcase(s, rc);
     return s;
 }
