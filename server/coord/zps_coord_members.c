@@ -154,7 +154,10 @@ static bool s_share_fits(const zps_coord *c, uint32_t share, bool joining, char 
     uint64_t fixed = share;
     uint32_t n_flex = share == 0;
     for (uint32_t i = 0; i < c->n_members; i++) {
-        bool planned = zps_member_planned(&c->members[i].life);
+        // Resumed: a member of before that has not called back is evicted
+        // once the ones here make --workers, so it holds no share.
+        bool planned = zps_member_planned(&c->members[i].life) &&
+                       (c->state != ZPS_COORD_RECOVERING || c->members[i].route_known);
         fixed += planned ? c->members[i].share : 0;
         n_flex += planned && c->members[i].share == 0;
     }
@@ -200,12 +203,6 @@ zps_err zps_coord_on_hello(zps_coord *c, zps_outbox *out, zps_wire_msg *m)
         zps_coord_refuse(c, out, m, ZPS_EINVAL, why);
         return ZPS_EINVAL;
     }
-    if (c->state == ZPS_COORD_RECOVERING) {
-        // Admitted once the members of before the restart are back or gone.
-        zps_coord_refuse(c, out, m, ZPS_EAGAIN,
-                         "recovering from a restart: say HELLO again shortly");
-        return ZPS_EAGAIN;
-    }
     for (uint32_t i = 0; i < c->n_members; i++) {
         zps_coord_member *mem = &c->members[i];
         if (zps_member_live(&mem->life) && s_same_route(&mem->route, &m->route)) {
@@ -219,7 +216,8 @@ zps_err zps_coord_on_hello(zps_coord *c, zps_outbox *out, zps_wire_msg *m)
             return ZPS_OK;
         }
     }
-    bool joining = c->state == ZPS_COORD_TRAINING;
+    bool recovering = c->state == ZPS_COORD_RECOVERING;
+    bool joining = c->state == ZPS_COORD_TRAINING || recovering;
     if ((c->state != ZPS_COORD_WAITING && !joining) || c->n_members == ZPS_MAX_MEMBERS ||
         (!joining && c->n_members == c->cfg.workers)) {
         zps_coord_refuse(c, out, m, ZPS_ESTATE, "the job admits no more workers now");
@@ -240,6 +238,15 @@ zps_err zps_coord_on_hello(zps_coord *c, zps_outbox *out, zps_wire_msg *m)
         zps_log_info("worker %s pid %u (%s) admitted as rank %u (%u of %u)", mem->host, mem->pid,
                      mem->device, mem->rank, c->n_members, c->cfg.workers);
         return zps_coord_start(c, out);
+    }
+    if (recovering) {
+        // Resumed: it is one of the job's --workers, as the members of
+        // before that call back are; once they make --workers, all start
+        // together at the restored step (zps_coord_try_recover).
+        zps_log_info("worker %s pid %u (%s) admitted to the resumed job as rank %u",
+                     mem->host, mem->pid, mem->device, mem->rank);
+        zps_coord_try_recover(c, out, false);
+        return ZPS_OK;
     }
     // A member joins at the next step boundary, in the plan made there;
     // it gets its JOB then. Only if nobody else can compute the step in

@@ -45,8 +45,27 @@ static zps_err s_rollback(zps_coord *c, zps_outbox *out, uint64_t step, uint32_t
     return ZPS_OK;
 }
 
-// RECOVERING: once every shard and live worker called back (or the wait
-// ran out for the workers), everyone rolls back to the restored step.
+// Live members here: those of before that called back, and workers
+// admitted since the restart; and whether one of before has not.
+static uint32_t s_present(const zps_coord *c, bool *missing)
+{
+    uint32_t n = 0;
+    *missing = false;
+    for (uint32_t i = 0; i < c->n_members; i++) {
+        const zps_coord_member *mem = &c->members[i];
+        if (zps_member_live(&mem->life)) {
+            n += mem->route_known;
+            *missing = *missing || !mem->route_known;
+        }
+    }
+    return n;
+}
+
+// RECOVERING: once every shard is back and every live worker called back,
+// or the ones here make --workers (workers of a requeued job are new
+// processes: the members of before will not call back), or the wait ran
+// out, the silent ones are evicted and everyone rolls back to the
+// restored step, starting there together.
 void zps_coord_try_recover(zps_coord *c, zps_outbox *out, bool deadline_passed)
 {
     if (c->state != ZPS_COORD_RECOVERING) {
@@ -57,17 +76,20 @@ void zps_coord_try_recover(zps_coord *c, zps_outbox *out, bool deadline_passed)
             return; // no step can complete without it
         }
     }
+    bool missing;
+    uint32_t present = s_present(c, &missing);
+    if (missing && !deadline_passed && present < c->cfg.workers) {
+        return;
+    }
     for (uint32_t i = 0; i < c->n_members; i++) {
         zps_coord_member *mem = &c->members[i];
         if (zps_member_live(&mem->life) && !mem->route_known) {
-            if (!deadline_passed) {
-                return;
-            }
             (void)zps_member_depart(&mem->life, ZPS_EXIT_EVICTED);
             zps_member_retire(&mem->life);
             c->evictions++;
-            zps_log_warn("rank %u (%s) did not come back after the restart: evicted", mem->rank,
-                         mem->host);
+            zps_log_warn("rank %u (%s) did not come back after the restart: evicted (%s)",
+                         mem->rank, mem->host,
+                         deadline_passed ? "the wait ran out" : "the workers here make --workers");
         }
     }
     if (s_rollback(c, out, c->steps_done, 0) != ZPS_OK) {

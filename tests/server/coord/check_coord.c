@@ -930,9 +930,6 @@ START_TEST(test_coord_resumed_rolls_everyone_back_once_every_worker_called_back)
     zps_tmpdir_make(dir, sizeof dir, "check-coord");
     mjob j, r;
     s_resumed_two(&j, &r, dir);
-    // A newcomer waits while the members of before come back.
-    ck_assert_int_eq(s_hello_share(&r, 2, 0), ZPS_EAGAIN);
-    ck_assert(s_got(&r.w[2], ZPS__MSG_TYPE__ERROR));
     s_call_back(&r, 0);
     uint64_t step;
     ck_assert(!zps_coord_take_rollback(r.c, &step)); // rank 1 not yet back
@@ -947,6 +944,40 @@ START_TEST(test_coord_resumed_rolls_everyone_back_once_every_worker_called_back)
         ck_assert_uint_eq(rb->step, 5);
         ck_assert_uint_gt(rb->plan->generation, 1000); // above any plan made before the crash
         zps__header__free_unpacked(rb, NULL);
+    }
+    s_members_teardown(&r);
+    s_members_teardown(&j);
+    ck_assert_int_eq(zps_tmpdir_remove(dir), 0);
+}
+END_TEST
+
+// A requeued job: its workers are new processes, and the members of
+// before will not call back. The new ones are admitted while it recovers,
+// and once they make --workers every one starts at the restored step
+// together, in one plan of the job's shares, without waiting out the
+// members of before (who are evicted, having no share).
+START_TEST(test_coord_resumed_starts_new_workers_together_once_they_make_the_jobs_workers)
+{
+    char dir[64];
+    zps_tmpdir_make(dir, sizeof dir, "check-coord");
+    mjob j, r;
+    s_resumed_two(&j, &r, dir);
+    ck_assert_int_eq(s_hello_share(&r, 2, 0), ZPS_OK);
+    ck_assert_uint_eq(zps_coord_at(r.c), ZPS_AT_RECOVERING); // one of two: it waits
+    ck_assert(!s_has_job_yet(&r, 2));
+    ck_assert_int_eq(s_hello_share(&r, 3, 0), ZPS_OK); // no clock moved: no timeout
+    ck_assert_uint_eq(zps_coord_at(r.c), ZPS_AT_TRAINING);
+    uint64_t step;
+    ck_assert(zps_coord_take_rollback(r.c, &step));
+    ck_assert_uint_eq(step, 5);
+    ck_assert_uint_eq(s_take_job_of(&r, 2), 5); // both from the restored step
+    ck_assert_uint_eq(s_take_job_of(&r, 3), 5);
+    const zps_plan *p = zps_coord_plan(r.c);
+    ck_assert_uint_eq(p->n, 2); // the two of them, the job's even split
+    ck_assert_uint_eq(p->slices[0].count, MB / 2);
+    ck_assert_uint_eq(p->slices[1].count, MB / 2);
+    for (uint32_t k = 0; k < p->n; k++) {
+        ck_assert(p->slices[k].rank == r.rank[2] || p->slices[k].rank == r.rank[3]);
     }
     s_members_teardown(&r);
     s_members_teardown(&j);
@@ -1127,6 +1158,7 @@ Suite *zps_suite_coord(void)
     TCase *rc = tcase_create("recovery");
     tcase_add_test(rc, test_coord_resumed_rolls_everyone_back_once_every_worker_called_back);
     tcase_add_test(rc, test_coord_resumed_evicts_a_worker_that_does_not_call_back_in_time);
+    tcase_add_test(rc, test_coord_resumed_starts_new_workers_together_once_they_make_the_jobs_workers);
     tcase_add_test(rc, test_coord_resumed_run_figures_are_this_starts_and_the_jobs_start_is_kept);
     tcase_add_test(rc, test_coord_resumed_from_an_older_job_state_says_what_it_does_not_know);
     suite_add_tcase(s, rc);
