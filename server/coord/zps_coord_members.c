@@ -191,6 +191,24 @@ static zps_coord_member *s_admit(zps_coord *c, const Zps__Hello *hello, uint64_t
     return mem;
 }
 
+// A worker admitted and waiting for its JOB says HELLO again now and then
+// (it cannot tell a slow start or step from a coordinator that restarted):
+// it is admitted once. Its JOB may be on the way already, crossing this
+// HELLO (the connection is the same, so the JOB reaches it): nothing more
+// to say. Whether m is such a HELLO, of a live member's connection.
+static bool s_said_again(zps_coord *c, zps_wire_msg *m)
+{
+    for (uint32_t i = 0; i < c->n_members; i++) {
+        zps_coord_member *mem = &c->members[i];
+        if (zps_member_live(&mem->life) && s_same_route(&mem->route, &m->route)) {
+            zps_log_debug("rank %u said HELLO again%s", mem->rank,
+                          mem->has_job ? ", its JOB on the way" : "");
+            return true;
+        }
+    }
+    return false;
+}
+
 zps_err zps_coord_on_hello(zps_coord *c, zps_outbox *out, zps_wire_msg *m)
 {
     const Zps__Hello *hello = m->hdr->hello;
@@ -203,18 +221,8 @@ zps_err zps_coord_on_hello(zps_coord *c, zps_outbox *out, zps_wire_msg *m)
         zps_coord_refuse(c, out, m, ZPS_EINVAL, why);
         return ZPS_EINVAL;
     }
-    for (uint32_t i = 0; i < c->n_members; i++) {
-        zps_coord_member *mem = &c->members[i];
-        if (zps_member_live(&mem->life) && s_same_route(&mem->route, &m->route)) {
-            // A worker admitted and waiting for its JOB says HELLO again now
-            // and then (it cannot tell a slow start or step from a
-            // coordinator that restarted): it is admitted once. Its JOB may
-            // be on the way already, crossing this HELLO (the connection
-            // is the same, so the JOB reaches it): nothing more to say.
-            zps_log_debug("rank %u said HELLO again%s", mem->rank,
-                          mem->has_job ? ", its JOB on the way" : "");
-            return ZPS_OK;
-        }
+    if (s_said_again(c, m)) {
+        return ZPS_OK;
     }
     bool recovering = c->state == ZPS_COORD_RECOVERING;
     bool joining = c->state == ZPS_COORD_TRAINING || recovering;
