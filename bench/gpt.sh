@@ -81,7 +81,7 @@ case_zps() {
   done
   wait_all "$tag"
   local ms
-  ms=$(parse "$tag" '.*trained [0-9]* steps (steps [^)]*) in .* (\([0-9.]*\) ms\/step).*' "$run/$tag.server.err")
+  ms=$(parse "$tag" '.*trained [0-9]* steps.* (\([0-9.]*\) ms\/step).*' "$run/$tag.server.err")
   echo "$ms" >>"$run/$name"
   printf 'run %d  %-26s %8.2f ms/step\n' "$r" "$label" "$ms"
 }

@@ -56,7 +56,7 @@ case_zps() {
   done
   wait_all "$tag"
   local ms layer share
-  ms=$(parse "$tag" '.*trained [0-9]* steps (steps [^)]*) in .* (\([0-9.]*\) ms\/step).*' "$run/$tag.server.err")
+  ms=$(parse "$tag" '.*trained [0-9]* steps.* (\([0-9.]*\) ms\/step).*' "$run/$tag.server.err")
   # The slower worker's: each is on every step's critical path.
   layer=$(parse "$tag" '^worker rank [0-9]*: .*python layer \([0-9.]*\) ms,.*' "$run/$tag".w*.out)
   share=$(awk -v l="$layer" -v m="$ms" 'BEGIN {printf "%.2f", 100 * l / m}')
