@@ -23,6 +23,7 @@
  *
  * Built with clang -fsanitize=fuzzer for make fuzz; zps_fuzz_replay.c runs
  * the same function over saved inputs in make test, with any compiler. */
+#include <jansson.h>
 #include <stdarg.h>
 #include <stdbool.h>
 #include <stdint.h>
@@ -176,13 +177,29 @@ static void s_turn(s_world *w)
 }
 
 // What the stranger must not change: the parameters as served, the step,
-// and the coordinator's status document without its refusal count.
+// and the coordinator's status document without its refusal count and
+// without this start's clock (its seconds and ms per step, which move
+// with time alone).
 typedef struct s_snapshot {
     uint8_t params[ZPS_MODEL_MAX_BUCKETS * 64];
     size_t n;
     uint64_t step;
     char status[8192];
 } s_snapshot;
+
+static void s_status_without_clock(const char *status, char *out, size_t len)
+{
+    json_t *doc = json_loads(status, 0, NULL);
+    json_t *start = doc ? json_object_get(doc, "start") : NULL;
+    if (json_is_object(start)) {
+        json_object_del(start, "seconds");
+        json_object_del(start, "ms_per_step");
+    }
+    char *text = doc ? json_dumps(doc, JSON_SORT_KEYS) : NULL;
+    snprintf(out, len, "%s", text ? text : status);
+    free(text);
+    json_decref(doc);
+}
 
 static void s_snap(s_world *w, s_snapshot *s)
 {
@@ -202,7 +219,7 @@ static void s_snap(s_world *w, s_snapshot *s)
     s->step = sh ? zps_shard_step(sh) : 0;
     char *metrics = NULL, *status = NULL;
     if (c && zps_coord_render(c, s->step, 0, &metrics, &status) == ZPS_OK) {
-        snprintf(s->status, sizeof s->status, "%s", status);
+        s_status_without_clock(status, s->status, sizeof s->status);
     }
     free(metrics);
     free(status);
