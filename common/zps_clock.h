@@ -22,4 +22,17 @@ static inline uint64_t zps_clock_wall_ms(void)
     return (uint64_t)ts.tv_sec * 1000u + (uint64_t)ts.tv_nsec / 1000000u;
 }
 
+// A zps_clock_wall_ms time as "2026-12-02 16:21:38 UTC" ("?" if it cannot
+// be told), for logs and zps-ctl.
+#define ZPS_CLOCK_UTC_LEN 32
+static inline void zps_clock_utc(uint64_t unix_ms, char out[ZPS_CLOCK_UTC_LEN])
+{
+    time_t t = (time_t)(unix_ms / 1000u);
+    struct tm tm;
+    if (!gmtime_r(&t, &tm) || !strftime(out, ZPS_CLOCK_UTC_LEN, "%Y-%m-%d %H:%M:%S UTC", &tm)) {
+        out[0] = '?';
+        out[1] = '\0';
+    }
+}
+
 #endif

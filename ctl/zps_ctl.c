@@ -20,6 +20,7 @@
 #include <time.h>
 #include <unistd.h>
 
+#include "common/zps_clock.h"
 #include "common/zps_curve.h"
 #include "common/zps_log.h"
 #include "common/zps_wire.h"
@@ -82,11 +83,9 @@ static void s_print_start(const Zps__Status *st)
         printf("a resumed start of the job, training from step %llu",
                (unsigned long long)st->start_step);
     }
-    time_t t = (time_t)(st->job_started_unix_ms / 1000u);
-    struct tm tm;
-    char when[32];
-    if (st->job_started_unix_ms && gmtime_r(&t, &tm) &&
-        strftime(when, sizeof when, "%Y-%m-%d %H:%M:%S UTC", &tm)) {
+    if (st->job_started_unix_ms) {
+        char when[ZPS_CLOCK_UTC_LEN];
+        zps_clock_utc(st->job_started_unix_ms, when);
         printf("; the job first started %s", when);
     }
     printf("\n");

@@ -145,6 +145,7 @@ typedef struct zps_coord_run {
     uint64_t to_step;       // to this one (steps completed on shard 0)
     uint64_t steps;         // steps it completed, any replayed after a rollback included
     double secs;            // since it began training, until the last step if done
+    double ms_per_step;     // secs over steps, in ms (0 before the first)
     uint32_t starts;        // its number among the job's starts (1: the first; 0: unknown,
                             // resumed from the job state of an older zps)
     uint64_t job_started_unix_ms; // wall clock the job first began training (0: unknown)

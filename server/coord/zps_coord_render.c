@@ -231,7 +231,7 @@ static json_t *s_render_start(const zps_coord *c)
     return json_pack("{s:i, s:I, s:I, s:I, s:f, s:f, s:I}", "number", (int)r.starts,
                      "from_step", (json_int_t)r.from_step, "to_step", (json_int_t)r.to_step,
                      "steps", (json_int_t)r.steps, "seconds", r.secs, "ms_per_step",
-                     r.steps ? 1e3 * r.secs / (double)r.steps : 0.0, "job_started_unix_ms",
+                     r.ms_per_step, "job_started_unix_ms",
                      (json_int_t)r.job_started_unix_ms);
 }
 

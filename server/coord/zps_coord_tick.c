@@ -5,8 +5,6 @@
  * of the coordinator's files: it calls the others, none calls it. */
 #include "zps_coord_int.h"
 
-#include <time.h>
-
 #include "common/zps_clock.h"
 
 void zps_coord_run_figures(const zps_coord *c, zps_coord_run *out)
@@ -20,6 +18,7 @@ void zps_coord_run_figures(const zps_coord *c, zps_coord_run *out)
                            .secs = training ? (until - c->started_ms) / 1e3 : 0,
                            .starts = c->starts,
                            .job_started_unix_ms = c->job_started_unix_ms};
+    out->ms_per_step = out->steps ? 1e3 * out->secs / (double)out->steps : 0.0;
 }
 
 // "the job first started 2026-12-02 16:21:38 UTC (1234.5 s ago, wall
@@ -31,12 +30,8 @@ static void s_job_start(const zps_coord_run *r, char *buf, size_t len)
                            "from was saved by an older zps)");
         return;
     }
-    time_t t = (time_t)(r->job_started_unix_ms / 1000u);
-    struct tm tm;
-    char when[32];
-    if (!gmtime_r(&t, &tm) || !strftime(when, sizeof when, "%Y-%m-%d %H:%M:%S UTC", &tm)) {
-        snprintf(when, sizeof when, "?");
-    }
+    char when[ZPS_CLOCK_UTC_LEN];
+    zps_clock_utc(r->job_started_unix_ms, when);
     double ago = ((double)zps_clock_wall_ms() - (double)r->job_started_unix_ms) / 1e3;
     snprintf(buf, len, "the job first started %s (%.1f s ago, wall clock)", when, ago);
 }
@@ -50,7 +45,7 @@ static void s_log_summary(const zps_coord *c)
     if (r.starts == 1 && r.from_step == 0 && r.steps == r.to_step) {
         // A job's one and only start: its figures are the job's.
         zps_log_info("trained %llu steps in %.1f s (%.2f ms/step)", (unsigned long long)r.steps,
-                     r.secs, r.steps ? 1e3 * r.secs / (double)r.steps : 0.0);
+                     r.secs, r.ms_per_step);
         return;
     }
     char start[96], job[160];
@@ -65,7 +60,7 @@ static void s_log_summary(const zps_coord *c)
                  (unsigned long long)r.steps, (unsigned long long)r.from_step,
                  (unsigned long long)r.to_step,
                  r.steps != r.to_step - r.from_step ? ", replays included" : "", r.secs,
-                 r.steps ? 1e3 * r.secs / (double)r.steps : 0.0, start, job);
+                 r.ms_per_step, start, job);
 }
 
 // A step completed on shard 0: its record, and the run's end after the last.
