@@ -130,11 +130,11 @@ WORKER_OBJ := $(call obj,$(WORKER_SRC))
 # library.
 LIBZPS_SRC := $(PROTO_C) $(addprefix common/,zps_atomic.c zps_ckpt.c zps_curve.c zps_dtype.c zps_err.c zps_groups.c zps_layout.c \
 	zps_log.c zps_model.c zps_optim.c zps_outer.c zps_plan.c zps_plans.c zps_quant.c zps_shm.c \
-	zps_sndbuf.c zps_timers.c zps_wire.c) $(LIB_SRC)
+	zps_sndbuf.c zps_timers.c zps_tree.c zps_wire.c) $(LIB_SRC)
 LIBZPS_OBJ := $(call obj,$(LIBZPS_SRC))
 LIBZPS_PIC := $(patsubst $(B)/obj/%,$(B)/pic/%,$(LIBZPS_OBJ))
 ZPS_SO_MAJOR := 1
-ZPS_SO_VERSION := 1.5.0
+ZPS_SO_VERSION := 1.6.0
 LIBZPS_SO := $(BIN)/libzps.so.$(ZPS_SO_VERSION)
 LIBZPS_LIBS := $(shell pkg-config --libs libzmq libprotobuf-c zlib 2>/dev/null) -lm -pthread
 ZPS_WORKER_OBJ := $(call obj,worker/main.c $(WORKER_SRC))

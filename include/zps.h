@@ -41,7 +41,7 @@ extern "C" {
 #endif
 
 #define ZPS_VERSION_MAJOR 1
-#define ZPS_VERSION_MINOR 5
+#define ZPS_VERSION_MINOR 6
 #define ZPS_VERSION_PATCH 0
 #define ZPS_VERSION (ZPS_VERSION_MAJOR * 10000 + ZPS_VERSION_MINOR * 100 + ZPS_VERSION_PATCH)
 
@@ -228,6 +228,7 @@ typedef enum zps_info {
     ZPS_INFO_INNER_STEPS,     // diloco: H, the job's inner steps per round (auto: the most)
     ZPS_INFO_INNER_OPTIM,     // diloco (1.3): the job's inner optimizer, ZPS_INNER_*
     ZPS_INFO_INNER_NESTEROV,  // diloco (1.3): 1 when its SGD momentum is Nesterov's
+    ZPS_INFO_MICRO_BATCH,     // (1.6) M of a deterministic job (zps_push_micro); 0: none
 } zps_info;
 
 // What a job computes. Synchronous: every step one global batch, and the
@@ -349,6 +350,23 @@ zps_err zps_work_start(zps_client *c, const zps_work *w);
 // Call it as soon as the bucket is final, in any order, once per bucket.
 zps_err zps_push_bucket(zps_client *c, const zps_work *w, int bucket, const float *grad,
                         float loss);
+// A deterministic job (1.6; zps-server --deterministic --micro-batch M;
+// docs/deterministic.md), whose bits do not depend on the split: with
+// ZPS_INFO_MICRO_BATCH M > 0, every TRAIN item's offset and count are
+// multiples of M, and zps_push_bucket is refused. Compute the item as
+// count / M micro-batches, micro-batch i being samples [i*M, (i+1)*M) of
+// the piece (indices[i*M ..]), each on its own with the same kernel on the
+// same shapes (a fixed thread count), and push each one's mean gradient
+// over its M samples, bucket by bucket as each is final, micro-batches in
+// order (0, 1, ... for every bucket); loss is the micro-batch's mean loss.
+// grad is read at once (the library keeps what it needs: the caller may
+// reuse it when the call returns). The library sums micro-batches in the
+// job's one order, a balanced tree over the global batch's B / M
+// micro-batches, and pushes the sums of the piece's canonical subtrees once
+// a bucket's last micro-batch is in; the shards finish the tree. So a
+// micro-batch's sum is the same bits whoever computes it.
+zps_err zps_push_micro(zps_client *c, const zps_work *w, uint32_t micro, int bucket,
+                       const float *grad, float loss);
 // w is computed and every bucket pushed; the first failed push's code.
 zps_err zps_work_done(zps_client *c, const zps_work *w);
 // Diloco, instead of zps_push_bucket and zps_work_done: inner step w is

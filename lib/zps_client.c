@@ -115,6 +115,7 @@ void zps_client_destroy(zps_client **cp)
     zps_conn_fini(&c->conn); // then ZeroMQ lets go of the caller's gradient
     free(c->wire);
     zps_round_fini(&c->round);
+    zps_micro_fini(&c->micro);
     zps_sampler_fini(&c->sampler);
     zps_decl_fini(&c->decl);
     free(c);
@@ -296,6 +297,7 @@ uint64_t zps_info_u64(const zps_client *c, int key)
                : c->inner.kind == ZPS_OPTIM_ADAMW ? ZPS_INNER_ADAMW
                                                   : ZPS_INNER_SGD;
     case ZPS_INFO_INNER_NESTEROV: return c->mode.diloco && c->inner.nesterov;
+    case ZPS_INFO_MICRO_BATCH: return c->micro.m;
     default: return 0;
     }
 }

@@ -21,6 +21,7 @@
 #include "lib/zps_conn.h"
 #include "lib/zps_decl.h"
 #include "lib/zps_heartbeat.h"
+#include "lib/zps_micro.h"
 #include "lib/zps_round.h"
 #include "lib/zps_sampler.h"
 #include "lib/zps_schedule.h"
@@ -147,6 +148,8 @@ struct zps_client {
     uint32_t inner_taken;                          // the work id zps_inner_done took last
     double inner_loss;                             // the round's inner losses, summed
     double round_ms;                               // the round's compute, summed
+    // --deterministic: the piece's micro-batches summed in the tree's order.
+    zps_micro micro;
 };
 
 // zps_client.c: errors, a code and the sentence that was logged for it.

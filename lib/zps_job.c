@@ -90,6 +90,7 @@ zps_err zps_job_take(zps_client *c, const Zps__Header *h)
     zps_log_info("job %016llx: rank %u from step %llu, global batch %u, model %s, dataset %s",
                  (unsigned long long)c->conn.job_id, c->conn.rank, (unsigned long long)c->start_step,
                  c->global_batch, job->model, job->dataset);
+    zps_micro_set_job(&c->micro, job->micro_batch, c->global_batch, c->model.n_params);
     err = zps_conn_take_shards(&c->conn, job, &c->model);
     if (err == ZPS_OK) {
         err = zps_diloco_take_mode(c, job);

@@ -322,6 +322,9 @@ zps_err zps_push_bucket(zps_client *c, const zps_work *w, int bucket, const floa
         return zps_client_einval(c, "a diloco job pushes no gradients: step your optimizer, then "
                                  "zps_inner_done");
     }
+    if (c->micro.m) {
+        return zps_client_einval(c, "a deterministic job pushes micro-batches: zps_push_micro");
+    }
     if (bucket < 0 || bucket >= zps_model_n_buckets(&c->model) || !grad) {
         return zps_client_einval(c, "bucket %d: the model has %d", bucket,
                                  zps_model_n_buckets(&c->model));

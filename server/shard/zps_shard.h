@@ -57,6 +57,13 @@ typedef struct zps_shard_cfg {
     // none): its parameter groups and buffers (common/zps_groups.h), each
     // tensor's elements updated by its own (synchronous mode only).
     const Zps__Layout *layout;
+    // --deterministic --micro-batch M (0: off; synchronous mode only, B a
+    // multiple of M, fp32 wire): a push is the sum of the mean gradients of
+    // the micro-batches of one canonical subtree (common/zps_tree.h), whose
+    // slice is its samples; the shard holds the subtrees of a bucket and
+    // adds siblings, in tree order, up to the root, whose mean over the
+    // B / M micro-batches is the gradient: the same bits for any split.
+    uint32_t micro_batch;
 } zps_shard_cfg;
 
 // Caller owns the result; NULL on failure, logged.
