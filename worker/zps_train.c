@@ -36,15 +36,30 @@ struct zps_train {
     zps_optim_cfg inner;      // the job's --optimizer, --momentum, ... (the rate: zps_inner_lr)
     float *inner_state;       // owned: its state, state floats per parameter
     uint64_t inner_t;         // Adam's t: inner updates taken here
+    // --deterministic: the job's micro-batch M (0: off), and the one being computed.
+    uint32_t micro_batch;
+    uint32_t micro;
 };
+
+// Bucket b of the gradient computed last, to the shards: the piece's
+// (zps_push_bucket), or one micro-batch's of a deterministic job.
+static void s_push(zps_train *t, const zps_work *w, int bucket)
+{
+    const float *grad = zps_backend_grads(t->be);
+    float loss = zps_backend_loss(t->be);
+    if (t->micro_batch) {
+        (void)zps_push_micro(t->c, w, t->micro, bucket, grad, loss);
+    } else {
+        (void)zps_push_bucket(t->c, w, bucket, grad, loss);
+    }
+}
 
 // The backend finished a bucket's gradient: push it while backward goes on.
 static void s_on_bucket(void *arg, int bucket)
 {
     zps_train *t = arg;
     if (!t->opts.no_overlap && !t->diloco) {
-        (void)zps_push_bucket(t->c, t->cur, bucket, zps_backend_grads(t->be),
-                              zps_backend_loss(t->be));
+        s_push(t, t->cur, bucket);
     }
 }
 
@@ -108,6 +123,7 @@ zps_train *zps_train_new(zps_client *c, const zps_train_opts *opts)
     t->opts = *opts;
     t->c = c;
     t->fault_step = UINT64_MAX;
+    t->micro_batch = (uint32_t)zps_info_u64(c, ZPS_INFO_MICRO_BATCH);
     if (zps_model_parse(zps_info_str(c, ZPS_INFO_MODEL), &t->model) != ZPS_OK) {
         goto fail;
     }
@@ -225,6 +241,41 @@ static void s_inner_step(zps_train *t, const zps_work *w)
     }
 }
 
+// Forward and backward of n samples from row `row` of the piece's data,
+// and, with --no-overlap, its buckets pushed after.
+static zps_err s_train_rows(zps_train *t, const zps_work *w, uint32_t row, uint32_t n,
+                            float *loss)
+{
+    size_t dim = zps_model_inputs(&t->model);
+    zps_err err = zps_backend_train_step(t->be, t->x ? t->x + (size_t)row * dim : NULL,
+                                         t->labels ? t->labels + row : NULL, n, loss);
+    int n_buckets = (int)zps_info_u64(t->c, ZPS_INFO_N_BUCKETS);
+    for (int b = 0; err == ZPS_OK && t->opts.no_overlap && !t->diloco && b < n_buckets; b++) {
+        s_push(t, w, b);
+    }
+    return err;
+}
+
+// The piece's gradient: at once, or, in a deterministic job, micro-batch
+// by micro-batch, each on its own (the same kernel on the same shapes
+// wherever it is computed); *loss their mean.
+static zps_err s_train(zps_train *t, const zps_work *w, float *loss)
+{
+    if (!t->micro_batch) {
+        return s_train_rows(t, w, 0, w->count, loss);
+    }
+    uint32_t n = w->count / t->micro_batch;
+    double sum = 0;
+    zps_err err = ZPS_OK;
+    for (t->micro = 0; err == ZPS_OK && t->micro < n; t->micro++) {
+        float one;
+        err = s_train_rows(t, w, t->micro * t->micro_batch, t->micro_batch, &one);
+        sum += one;
+    }
+    *loss = (float)(sum / n);
+    return err;
+}
+
 // Computes piece w on the current parameters and pushes its gradient bucket
 // by bucket (diloco: takes the inner step). ZPS_OK also when the client
 // said to skip it.
@@ -246,17 +297,13 @@ static zps_err s_compute(zps_train *t, zps_work *w)
     t->cur = w;
     float loss;
     double tc = zps_clock_ms();
-    zps_err err = zps_backend_train_step(t->be, t->x, t->labels, w->count, &loss);
+    zps_err err = s_train(t, w, &loss);
     s_calibrate(t, (zps_clock_ms() - tc) / (w->count ? w->count : 1));
     if (err == ZPS_OK && t->diloco) {
         s_inner_step(t, w);
         err = zps_inner_done(t->c, w, loss);
         t->cur = NULL;
         return err;
-    }
-    int n_buckets = (int)zps_info_u64(t->c, ZPS_INFO_N_BUCKETS);
-    for (int b = 0; err == ZPS_OK && t->opts.no_overlap && b < n_buckets; b++) {
-        (void)zps_push_bucket(t->c, w, b, zps_backend_grads(t->be), zps_backend_loss(t->be));
     }
     if (err == ZPS_OK) {
         err = zps_work_done(t->c, w);

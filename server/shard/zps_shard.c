@@ -12,6 +12,7 @@
 #include "common/zps_plans.h"
 #include "common/zps_quant.h"
 #include "common/zps_ckpt.h"
+#include "server/shard/zps_nodes.h"
 #include "server/shard/zps_pool.h"
 
 #define ZPS_SHARD_BLOCK 2048 // elements per pass of the update: the arrays stay in L1/L2
@@ -96,6 +97,10 @@ struct zps_shard {
     float *table;                                   // owned: declared rates, [step][group], or NULL
     uint32_t table_groups;                          // its columns
     uint64_t table_steps;                           // its rows
+    // --deterministic: pushes are tree nodes, summed in the tree's order.
+    uint32_t micro;                                 // M (0: off)
+    uint32_t leaves;                                // B / M
+    zps_nodes *nodes;                               // owned: the step's nodes per bucket
 };
 
 // FNV-1a: a checkpoint names the model it belongs to.
@@ -189,6 +194,32 @@ static zps_err s_groups_new(zps_shard *s, const zps_shard_cfg *cfg)
     return ZPS_OK;
 }
 
+// What clipping and a deterministic job add (s->buckets set): the kept
+// gradient, the micro-batch and the tree's nodes held per bucket. ZPS_EINVAL,
+// logged, for a deterministic job that is not one.
+static zps_err s_micro_new(zps_shard *s, const zps_shard_cfg *cfg)
+{
+    s->micro = cfg->mode.diloco || !cfg->global_batch ? 0 : cfg->micro_batch;
+    if ((s->clip > 0 || s->micro) && !(s->clipg = s_alloc(s->n * sizeof(float)))) {
+        return ZPS_ENOMEM;
+    }
+    if (!s->micro) {
+        return ZPS_OK;
+    }
+    if (cfg->global_batch % s->micro != 0 || s->dtype != ZPS_DTYPE_F32) {
+        zps_log_error("shard %u: a global batch of %u in whole fp32 micro-batches of %u: "
+                      "not this job", cfg->index, cfg->global_batch, s->micro);
+        return ZPS_EINVAL;
+    }
+    s->leaves = cfg->global_batch / s->micro;
+    size_t len[ZPS_MODEL_MAX_BUCKETS];
+    for (int b = 0; b < s->n_buckets; b++) {
+        len[b] = s->buckets[b].hi - s->buckets[b].lo;
+    }
+    s->nodes = zps_nodes_new(s->leaves, s->n_buckets, len);
+    return s->nodes ? ZPS_OK : ZPS_ENOMEM;
+}
+
 zps_shard *zps_shard_new(const zps_shard_cfg *cfg)
 {
     zps_shard *s = calloc(1, sizeof *s);
@@ -208,7 +239,11 @@ zps_shard *zps_shard_new(const zps_shard_cfg *cfg)
     s->awaiting_init = cfg->await_init;
     s->mode = cfg->mode;
     s->clip = cfg->mode.diloco ? 0.0f : cfg->clip_grad_norm;
+    s->clip_coef = 1.0f; // a deterministic update without clipping: g times 1, g's bits
     s->n_buckets = zps_model_range_buckets(cfg->model, s->lo, s->hi, s->buckets);
+    if (s_micro_new(s, cfg) != ZPS_OK) {
+        goto fail;
+    }
     s->arr[0] = s_snapshot_new(s->n * sizeof(float));
     s->arr[1] = s_snapshot_new(s->n * sizeof(float));
     // The second moment only for Adam and AdamW: SGD's shard stays as large as before.
@@ -216,9 +251,6 @@ zps_shard *zps_shard_new(const zps_shard_cfg *cfg)
     s->state = s_alloc((size_t)s->state_floats * s->n * sizeof(float));
     s->acc = s_alloc(s->n * sizeof(double));
     if (s->mode.diloco && !(s->decoded = s_alloc(s->n * sizeof(float)))) {
-        goto fail;
-    }
-    if (s->clip > 0 && !(s->clipg = s_alloc(s->n * sizeof(float)))) {
         goto fail;
     }
     int threads = cfg->threads > 1 ? cfg->threads : 1;
@@ -267,6 +299,7 @@ void zps_shard_destroy(zps_shard **sp)
     free(s->acc);
     free(s->decoded);
     free(s->clipg);
+    zps_nodes_destroy(&s->nodes);
     free(s->grad);
     zps_groups_fini(&s->groups);
     free(s->lrs);
@@ -414,6 +447,7 @@ static void s_accumulate(zps_shard *s, const zps_wire_msg *m, float samples, boo
 
 static void s_update(zps_shard *s, int bucket, const zps_wire_msg *m, float weight, bool alone);
 static void s_complete(zps_shard *s, int b);
+static void s_update_kept(zps_shard *s, int b);
 
 // A push of the slice holding sample 0 (batch offset 0): its values are
 // the broadcast buffers' new ones (DDP's rank 0), kept until the update.
@@ -426,6 +460,18 @@ static void s_keep_broadcast(zps_shard *s, const zps_wire_msg *m)
         size_t len = zmq_msg_size(frame) / esize;
         zps_dtype_to_f32(s->dtype, zmq_msg_data(frame), dst, len);
         dst += len;
+    }
+}
+
+// The loss and the samples of a counted push of bucket b, from its rank.
+static void s_count_loss(zps_shard *s, const Zps__Header *h, int b, uint32_t weight)
+{
+    if (b == 0) {
+        // The counted slices of one bucket tile the batch: each sample's
+        // loss once, whatever pieces the batch came in.
+        s->loss_sum += (double)weight * h->loss;
+        s->loss_weight += weight;
+        s->counted[h->rank] += h->samples; // the rank was checked against the plan
     }
 }
 
@@ -452,13 +498,51 @@ static void s_count(zps_shard *s, const zps_wire_msg *m, int b, uint32_t weight)
     if (s->covered[b] == s->global_batch && s->clip) {
         s_complete(s, b);
     }
-    if (b == 0) {
-        // The counted slices of one bucket tile the batch: each sample's
-        // loss once, whatever pieces the batch came in.
-        s->loss_sum += (double)weight * h->loss;
-        s->loss_weight += weight;
-        s->counted[h->rank] += h->samples; // the rank was checked against the plan
+    s_count_loss(s, h, b, weight);
+}
+
+// A push's frames (fp32) into dst, copied or added: a tree node's values.
+typedef struct s_fill_job {
+    const zps_wire_msg *m;
+} s_fill_job;
+
+static void s_fill(void *arg, float *dst, bool add)
+{
+    const s_fill_job *j = arg;
+    for (int f = 0; f < j->m->n_frames; f++) {
+        zmq_msg_t *frame = (zmq_msg_t *)&j->m->frames[f];
+        size_t len = zmq_msg_size(frame) / sizeof(float);
+        const uint8_t *src = zmq_msg_data(frame);
+        for (size_t i = 0; i < len; i++) {
+            float v;
+            memcpy(&v, src + i * sizeof v, sizeof v); // a frame need not be aligned
+            dst[i] = add ? dst[i] + v : v;
+        }
+        dst += len;
     }
+}
+
+// Counts a checked push of bucket b in a deterministic job: node x of the
+// tree, added up the tree; the push whose node completes the root makes
+// the bucket's mean and, without clipping, updates it.
+static zps_err s_count_node(zps_shard *s, const zps_wire_msg *m, int b, zps_tree_node x)
+{
+    s_fill_job j = {.m = m};
+    if (zps_nodes_add(s->nodes, b, x, s_fill, &j) != ZPS_OK) {
+        return ZPS_ENOMEM;
+    }
+    s->covered[b] += m->hdr->samples;
+    s->weight[b] += m->hdr->samples;
+    if (s->covered[b] == s->global_batch) {
+        // Disjoint nodes that tile the batch add up to the root.
+        ZPS_ASSERT(zps_nodes_root(s->nodes, b) != NULL);
+        s_complete(s, b);
+        if (!s->clip) {
+            s_update_kept(s, b);
+        }
+    }
+    s_count_loss(s, m->hdr, b, m->hdr->samples);
+    return ZPS_OK;
 }
 
 // --mode diloco: whether the push is a pseudo-gradient this job takes (its
@@ -587,6 +671,61 @@ static zps_err s_check_sender(const zps_shard *s, const Zps__Header *h, char *wh
     return ZPS_OK;
 }
 
+// A deterministic job's push: one node of the tree, its samples whole
+// micro-batches; *node is it.
+static zps_err s_check_node(const zps_shard *s, const Zps__Header *h, zps_tree_node *node,
+                            char *why, size_t len)
+{
+    uint32_t m = s->micro;
+    if (h->dtype != ZPS__DTYPE__F32 || h->batch_offset % m || h->samples % m ||
+        !zps_tree_node_of(s->leaves, h->batch_offset / m, (h->batch_offset + h->samples) / m,
+                          node)) {
+        snprintf(why, len, "slice [%u, +%u) is not a node of the tree of %u fp32 micro-batches "
+                 "of %u", h->batch_offset, h->samples, s->leaves, m);
+        return ZPS_EPROTO;
+    }
+    return ZPS_OK;
+}
+
+// What the push covers: samples inside the global batch (a node of the
+// tree in a deterministic job, *node) and one of the shard's buckets (*b).
+static zps_err s_check_where(const zps_shard *s, const Zps__Header *h, int *b,
+                             zps_tree_node *node, char *why, size_t len)
+{
+    if (h->samples == 0 || h->batch_offset >= s->global_batch ||
+        h->samples > s->global_batch - h->batch_offset) {
+        snprintf(why, len, "slice [%u, +%u) is not inside the global batch of %u",
+                 h->batch_offset, h->samples, s->global_batch);
+        return ZPS_EPROTO;
+    }
+    *b = s_bucket_at(s, h->offset, h->offset + h->count);
+    if (*b < 0) {
+        snprintf(why, len, "[%llu, +%llu) is not one of the shard's buckets",
+                 (unsigned long long)h->offset, (unsigned long long)h->count);
+        return ZPS_EPROTO;
+    }
+    return s->micro ? s_check_node(s, h, node, why, len) : ZPS_OK;
+}
+
+// Counts an accepted push into bucket b: a node of the tree, a decoded
+// pseudo-gradient or raw frames.
+static zps_err s_count_push(zps_shard *s, const zps_wire_msg *m, int b, zps_tree_node node)
+{
+    const Zps__Header *h = m->hdr;
+    // The weight of a member's pseudo-gradient is its samples of every
+    // inner step (B * H < 2^24, checked at setup: exact in a float).
+    uint32_t weight = s->mode.diloco ? h->samples * h->inner_steps : h->samples;
+    if (s->micro) {
+        return s_count_node(s, m, b, node);
+    }
+    if (s_decodes(s, h)) {
+        s_count_decoded(s, m, b, weight);
+    } else {
+        s_count(s, m, b, weight);
+    }
+    return ZPS_OK;
+}
+
 zps_err zps_shard_push(zps_shard *s, const zps_wire_msg *m, int *ready, char *why,
                        size_t why_len)
 {
@@ -603,17 +742,10 @@ zps_err zps_shard_push(zps_shard *s, const zps_wire_msg *m, int *ready, char *wh
     if (err != ZPS_OK || (err = s_check_sender(s, h, why, why_len)) != ZPS_OK) {
         return err;
     }
-    if (h->samples == 0 || h->batch_offset >= s->global_batch ||
-        h->samples > s->global_batch - h->batch_offset) {
-        snprintf(why, why_len, "slice [%u, +%u) is not inside the global batch of %u",
-                 h->batch_offset, h->samples, s->global_batch);
-        return ZPS_EPROTO;
-    }
-    int b = s_bucket_at(s, h->offset, h->offset + h->count);
-    if (b < 0) {
-        snprintf(why, why_len, "[%llu, +%llu) is not one of the shard's buckets",
-                 (unsigned long long)h->offset, (unsigned long long)h->count);
-        return ZPS_EPROTO;
+    int b;
+    zps_tree_node node = {0};
+    if ((err = s_check_where(s, h, &b, &node, why, why_len)) != ZPS_OK) {
+        return err;
     }
     if (s_decodes(s, h) && (err = s_outer_decode(s, m, why, why_len)) != ZPS_OK) {
         return err;
@@ -637,13 +769,9 @@ zps_err zps_shard_push(zps_shard *s, const zps_wire_msg *m, int *ready, char *wh
                  h->batch_offset, h->samples, (unsigned long long)s->step, b);
         return ZPS_EDUP;
     }
-    // The weight of a member's pseudo-gradient is its samples of every
-    // inner step (B * H < 2^24, checked at setup: exact in a float).
-    uint32_t weight = s->mode.diloco ? h->samples * h->inner_steps : h->samples;
-    if (s_decodes(s, h)) {
-        s_count_decoded(s, m, b, weight);
-    } else {
-        s_count(s, m, b, weight);
+    if ((err = s_count_push(s, m, b, node)) != ZPS_OK) {
+        snprintf(why, why_len, "no memory for a tree node of bucket %d", b);
+        return err;
     }
     zps_bucket_set_add(&sl->buckets, b);
     *ready = s->updated[b] ? b : -1;
@@ -864,6 +992,7 @@ typedef struct s_mean_job {
     zps_shard *s;
     size_t first;               // the bucket's first element in the range
     double total;               // its pushes' weights
+    const float *root;          // deterministic: the sum of the tree's leaves (else NULL)
     zps_sumsq part[ZPS_POOL_MAX]; // per thread
 } s_mean_job;
 
@@ -892,10 +1021,20 @@ static void s_mean_range(void *arg, size_t lo, size_t hi, int thread)
     s_mean_job *j = arg;
     float *g = j->s->clipg + j->first;
     const double *acc = j->s->acc + j->first;
-    for (size_t i = lo; i < hi; i++) {
-        g[i] = (float)(acc[i] / j->total);
+    if (j->root) {
+        // The mean of the leaves, each a micro-batch's mean over M samples.
+        float leaves = (float)j->s->leaves;
+        for (size_t i = lo; i < hi; i++) {
+            g[i] = j->root[i] / leaves;
+        }
+    } else {
+        for (size_t i = lo; i < hi; i++) {
+            g[i] = (float)(acc[i] / j->total);
+        }
     }
-    s_sumsq_params(j->s, &j->part[thread], j->first + lo, hi - lo);
+    if (j->s->clip > 0) {
+        s_sumsq_params(j->s, &j->part[thread], j->first + lo, hi - lo);
+    }
 }
 
 // Bucket b's slices tile the batch (clipping): its mean gradient, as the
@@ -906,13 +1045,13 @@ static void s_mean_range(void *arg, size_t lo, size_t hi, int thread)
 static void s_complete(zps_shard *s, int b)
 {
     s->complete[b] = true;
-    s_mean_job j = {.s = s, .first = s->buckets[b].lo - s->lo,
-                    .total = (double)s->weight[b]}; // zeroed accumulators, 5.6 KiB
+    s_mean_job j = {.s = s, .first = s->buckets[b].lo - s->lo, .total = (double)s->weight[b],
+                    .root = s->nodes ? zps_nodes_root(s->nodes, b) : NULL}; // zeroed, 5.6 KiB
     zps_pool_for(s->pool, s->buckets[b].hi - s->buckets[b].lo, 1, s_mean_range, &j);
     for (int t = 0; t < ZPS_POOL_MAX; t++) {
         zps_sumsq_merge(&s->partial, &j.part[t]);
     }
-    if (++s->n_complete == s->n_buckets) {
+    if (++s->n_complete == s->n_buckets && s->clip > 0) {
         s->norm_due = true;
     }
 }
@@ -995,17 +1134,32 @@ zps_err zps_shard_clip(zps_shard *s, uint64_t step, float norm)
     return ZPS_OK;
 }
 
+// Bucket b updated from its kept mean gradient (clipg) times clip_coef.
+static void s_update_kept(zps_shard *s, int b)
+{
+    if (s->n_updated == 0 && !s->clip_taken) {
+        s_prepare(s, &s->arr[(s->step + 1) & 1], s->n * sizeof(float));
+        if (s->snap) {
+            s_prepare(s, &s->snap, s->n * zps_dtype_size(s->dtype));
+        }
+        for (int g = 0; g < s->groups.n; g++) {
+            s->lrs[g] = s_lr(s, g, &s->groups.cfg[g]);
+        }
+    }
+    size_t first = s->buckets[b].lo - s->lo;
+    s_clip_job j = {.s = s, .first = first, .lr = s_lr(s, 0, &s->optim)};
+    zps_pool_for(s->pool, s->buckets[b].hi - s->buckets[b].lo, ZPS_SHARD_BLOCK, s_clip_range, &j);
+    s->updated[b] = true;
+    s->n_updated++;
+}
+
 int zps_shard_clip_next(zps_shard *s)
 {
     if (!s->clip_taken || s->next_clip >= s->n_buckets) {
         return -1;
     }
     int b = s->next_clip++;
-    size_t first = s->buckets[b].lo - s->lo;
-    s_clip_job j = {.s = s, .first = first, .lr = s_lr(s, 0, &s->optim)};
-    zps_pool_for(s->pool, s->buckets[b].hi - s->buckets[b].lo, ZPS_SHARD_BLOCK, s_clip_range, &j);
-    s->updated[b] = true;
-    s->n_updated++;
+    s_update_kept(s, b);
     return b;
 }
 
@@ -1016,6 +1170,26 @@ static void s_clip_forget(zps_shard *s)
     s->norm_due = false;
     s->clip_taken = false;
     zps_sumsq_init(&s->partial);
+}
+
+// What the step in progress counted, forgotten: it is over, or a
+// checkpoint replaces it.
+static void s_forget_step(zps_shard *s)
+{
+    memset(s->covered, 0, sizeof s->covered);
+    memset(s->weight, 0, sizeof s->weight);
+    s->loss_weight = 0;
+    s->loss_sum = 0;
+    memset(s->counted, 0, sizeof s->counted);
+    memset(s->applied, 0, sizeof s->applied);
+    memset(s->updated, 0, sizeof s->updated);
+    s->n_applied = 0;
+    s->n_updated = 0;
+    s->n_slices = 0;
+    s_clip_forget(s);
+    if (s->nodes) {
+        zps_nodes_clear(s->nodes);
+    }
 }
 
 void zps_shard_apply(zps_shard *s, int bucket)
@@ -1038,17 +1212,7 @@ bool zps_shard_applied(const zps_shard *s, int bucket)
 float zps_shard_end_step(zps_shard *s)
 {
     float loss = s->loss_weight ? (float)(s->loss_sum / s->loss_weight) : 0.0f;
-    memset(s->covered, 0, sizeof s->covered);
-    memset(s->weight, 0, sizeof s->weight);
-    s->loss_weight = 0;
-    memset(s->applied, 0, sizeof s->applied);
-    memset(s->updated, 0, sizeof s->updated);
-    s->n_applied = 0;
-    s->n_updated = 0;
-    s->n_slices = 0;
-    s->loss_sum = 0;
-    memset(s->counted, 0, sizeof s->counted);
-    s_clip_forget(s);
+    s_forget_step(s);
     s->step++;
     s->optim_steps++;
     zps_plans_forget_before(&s->plans, s->step);
@@ -1284,17 +1448,7 @@ zps_err zps_shard_restore(zps_shard *s, const char *dir, uint64_t step, uint64_t
     free(state);
     s->optim_steps = optim_steps;
     memset(s->acc, 0, s->n * sizeof(double));
-    memset(s->covered, 0, sizeof s->covered);
-    memset(s->weight, 0, sizeof s->weight);
-    s->loss_weight = 0;
-    memset(s->counted, 0, sizeof s->counted);
-    memset(s->applied, 0, sizeof s->applied);
-    memset(s->updated, 0, sizeof s->updated);
-    s->n_applied = 0;
-    s->n_updated = 0;
-    s->n_slices = 0;
-    s->loss_sum = 0;
-    s_clip_forget(s);
+    s_forget_step(s);
     s->step = *loaded;
     s->awaiting_init = false;
     zps_log_info("shard %u: restored step %llu from %s", s->index, (unsigned long long)s->step,
