@@ -241,7 +241,11 @@ zps_shard *zps_shard_new(const zps_shard_cfg *cfg)
     s->clip = cfg->mode.diloco ? 0.0f : cfg->clip_grad_norm;
     s->clip_coef = 1.0f; // a deterministic update without clipping: g times 1, g's bits
     s->n_buckets = zps_model_range_buckets(cfg->model, s->lo, s->hi, s->buckets);
-    if (s_micro_new(s, cfg) != ZPS_OK) {
+    zps_err err = s_micro_new(s, cfg);
+    if (err == ZPS_EINVAL) {
+        goto refused;
+    }
+    if (err != ZPS_OK) {
         goto fail;
     }
     s->arr[0] = s_snapshot_new(s->n * sizeof(float));
@@ -278,6 +282,7 @@ zps_shard *zps_shard_new(const zps_shard_cfg *cfg)
 fail:
     zps_log_error("shard %u: cannot allocate %llu parameters", cfg->index,
                   (unsigned long long)(cfg->hi - cfg->lo));
+refused:
     zps_shard_destroy(&s);
     return NULL;
 }
