@@ -368,6 +368,14 @@ int main(int argc, char **argv)
     if (err == ZPS_OK && !(tr = zps_train_new(c, &topts))) {
         err = ZPS_EINVAL;
     }
+    if (err == ZPS_OK && zps_info_u64(c, ZPS_INFO_MICRO_BATCH) > 0 &&
+        strncmp(o.device, "cuda", 4) != 0) {
+        // Bits equal across workers need equal kernels: name this one's.
+        zps_log_info("deterministic job, micro-batches of %llu: OpenBLAS %s kernels, %d "
+                     "thread(s); every CPU worker must have the same (docs/deterministic.md)",
+                     (unsigned long long)zps_info_u64(c, ZPS_INFO_MICRO_BATCH),
+                     openblas_get_corename(), o.threads);
+    }
     if (err == ZPS_OK) {
         int r = zps_train_run(tr);
         over = r == ZPS_NEXT_OVER;
