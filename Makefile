@@ -10,6 +10,8 @@
 #   make bench      ms/step of the default job with 1 and 2 workers (bench/train.sh)
 #   make bench-all  every case of the performance table beside its peers, with ratios and
 #                   targets (bench/all.sh; BENCH_ARGS="--quick --md FILE", --help)
+#   make bench-accum  a deterministic shard's canonical tree against exact accumulators
+#                   (bench/accum.c, docs/choices.md; ACCUM_ARGS="P REPS")
 #   make soak       the chaos test for 10 minutes (SOAK_SECONDS=, SEED=)
 #
 # Checks (CI runs them after make test; their extra packages come from
@@ -370,7 +372,7 @@ bench: all
 # The peers bench/ holds zps against: the raw ZeroMQ ceiling (bench/comm)
 # and the bare parameter server (bench/all.sh). Plain C over libzmq, no
 # zps code; never sanitized (they are measured, not tested).
-BENCH_BINS := build/bench/zmq_ceiling build/bench/bare_ps
+BENCH_BINS := build/bench/zmq_ceiling build/bench/bare_ps build/bench/accum
 build/bench/%: bench/%.c
 	@mkdir -p $(dir $@)
 	$(CC) -std=c11 -D_GNU_SOURCE -O3 -g -Wall -Wextra -Werror $(shell pkg-config --cflags libzmq) \
@@ -380,6 +382,12 @@ build/bench/%: bench/%.c
 BENCH_ARGS ?=
 bench-all: all $(BENCH_BINS)
 	@bash bench/all.sh $(BENCH_ARGS)
+
+# What a deterministic job's sum of micro-batches costs on a shard: the
+# canonical tree against exact accumulators (bench/accum.c, docs/choices.md).
+.PHONY: bench-accum
+bench-accum: build/bench/accum
+	build/bench/accum $(ACCUM_ARGS)
 
 # libzps for programs of others: make install PREFIX=DIR (default /usr/local;
 # DESTDIR= for packaging) puts the header, the archive, the shared library
@@ -457,9 +465,9 @@ endif
 # 11.5, and without the toolkit's headers the kernels' builtins are
 # undeclared; its functions are held under the same bound by hand.
 LINT_DIRS := common server lib worker ctl fuzz
-# Of bench/, the bare parameter server (bench/zmq_ceiling.c is older and not
-# yet clean under these checks).
-LINT_BENCH := bench/bare_ps.c
+# Of bench/, the bare parameter server and the accumulators' benchmark
+# (bench/zmq_ceiling.c is older and not yet clean under these checks).
+LINT_BENCH := bench/bare_ps.c bench/accum.c
 # server/ has a folder a concept (coord/, shard/): their files too.
 LINT_SRC := $(wildcard $(addsuffix /*.c,$(LINT_DIRS)) server/*/*.c) $(LINT_BENCH)
 LINT_PROTO := build/lint/proto/zps.pb-c.c
