@@ -158,6 +158,7 @@ void zps_coord_send_job(zps_coord *c, zps_outbox *out, zmq_msg_t *route, Zps__Ms
     job.inner = c->cfg.mode.diloco && mem ? &inner : NULL;
     job.checkpoint_every = c->cfg.checkpoint_every;
     job.clip_grad_norm = mem ? 0.0f : c->cfg.clip_grad_norm;
+    job.micro_batch = c->cfg.micro_batch;
     job.shard_token = shard_token;
     job.n_shard_keys = mem ? c->cfg.shards : 0;
     job.shard_keys = keys;
