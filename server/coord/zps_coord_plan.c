@@ -196,6 +196,11 @@ void zps_coord_start_workers(zps_coord *c, zps_outbox *out)
                  (unsigned long long)c->cfg.total_steps,
                  (unsigned long long)c->cfg.steps_per_epoch, c->cfg.model,
                  zps_dtype_name(c->cfg.wire_dtype));
+    if (c->cfg.micro_batch > 0) {
+        zps_log_info("deterministic: each step is %u micro-batches of %u, summed in one "
+                     "canonical order whoever computes them",
+                     c->cfg.global_batch / c->cfg.micro_batch, c->cfg.micro_batch);
+    }
     if (c->cfg.mode.diloco) {
         zps_log_info("mode diloco: each step is a round of %s%u inner steps of the workers' "
                      "own optimizer, pseudo-gradients %s, outer Nesterov lr %g momentum %g",
