@@ -275,6 +275,15 @@ static const zps_opts_row s_table[] = {
              "counts",
      .offset = offsetof(s_flags, srv.speculate_after), .ctype = ZPS_OPTS_C_DOUBLE,
      .real_lo = 0, .real_hi = FLT_MAX},
+    {.name = "deterministic", .kind = ZPS_OPTS_SWITCH,
+     .help = "the same bits for any number of workers and split: needs --micro-batch "
+             "(docs/deterministic.md)",
+     .offset = offsetof(s_flags, srv.deterministic), .ctype = ZPS_OPTS_C_BOOL},
+    {.name = "micro-batch", .kind = ZPS_OPTS_INT, .metavar = "M",
+     .help = "--deterministic: the global batch is B/M micro-batches of M samples, summed in "
+             "one canonical order; every share is whole micro-batches",
+     .offset = offsetof(s_flags, srv.micro_batch), .ctype = ZPS_OPTS_C_U32,
+     .lo = 1, .hi = 1 << 24},
     {.name = "http", .kind = ZPS_OPTS_STRING, .metavar = "HOST:PORT",
      .help = "/healthz and /readyz (any shard); shard 0 also /metrics (Prometheus) and /status "
              "(JSON)",
@@ -448,6 +457,44 @@ static bool s_check_mode(const zps_server_opts *o, const bool *given)
     return true;
 }
 
+// --deterministic and --micro-batch go together, and refuse what would
+// change a run's bits with its split: a share that is no whole number of
+// micro-batches, a worker without one, diloco's own steps, compression's
+// per-worker error feedback and a 16-bit wire's rounding of partial sums.
+static bool s_check_deterministic(const zps_server_opts *o)
+{
+    if (o->deterministic != (o->micro_batch > 0)) {
+        fprintf(stderr, "zps-server: --deterministic and --micro-batch go together\n");
+        return false;
+    }
+    if (!o->deterministic) {
+        return true;
+    }
+    const char *what = o->mode.diloco                  ? "--mode diloco"
+                       : o->mode.compress != 0         ? "--compress"
+                       : o->wire_dtype != ZPS_DTYPE_F32 ? "--wire-dtype other than fp32"
+                                                        : NULL;
+    if (what) {
+        fprintf(stderr, "zps-server: --deterministic takes no %s\n", what);
+        return false;
+    }
+    if (o->shard > 0) {
+        return true; // the job's sizes are shard 0's: it checks them, this one the ASSIGN
+    }
+    if (o->global_batch % o->micro_batch != 0) {
+        fprintf(stderr, "zps-server: --global-batch %u is not a whole number of "
+                        "--micro-batch %u\n", o->global_batch, o->micro_batch);
+        return false;
+    }
+    if (o->workers > o->global_batch / o->micro_batch) {
+        fprintf(stderr, "zps-server: --workers %u is more than the %u micro-batches of %u in "
+                        "--global-batch %u: every worker needs one\n",
+                o->workers, o->global_batch / o->micro_batch, o->micro_batch, o->global_batch);
+        return false;
+    }
+    return true;
+}
+
 // The flags into *f. Returns -1 to run, or the exit status of a process
 // that ends here: 0 after --help, 2 after a refusal (said in one line).
 static int s_parse_flags(int argc, char **argv, s_flags *f)
@@ -484,7 +531,7 @@ static int s_parse_flags(int argc, char **argv, s_flags *f)
         zps_log_set_json(true);
     }
     return s_check_optim_flags(&f->srv, given) && s_check_pairs(&f->srv) &&
-                   s_check_mode(&f->srv, given)
+                   s_check_deterministic(&f->srv) && s_check_mode(&f->srv, given)
                ? -1
                : 2;
 }

@@ -32,6 +32,25 @@ void zps_register_send(zps_server *srv)
     zps_timers_at(&srv->timers, srv->t_register, zps_clock_ms() + ZPS_SERVER_REGISTER_MS);
 }
 
+// The ASSIGN's deterministic mode: whole micro-batches of a synchronous
+// fp32 job, and the one this shard was started with, if it was given one
+// (a shard that would sum differently from the others breaks the promise).
+static zps_err s_check_micro_batch(const zps_server *srv, const Zps__Job *job)
+{
+    uint32_t m = job->micro_batch;
+    if (m > 0 && (job->global_batch % m != 0 || job->outer ||
+                  (zps_dtype)job->wire_dtype != ZPS_DTYPE_F32)) {
+        zps_log_error("the coordinator sent a --micro-batch %u this shard cannot use", m);
+        return ZPS_EPROTO;
+    }
+    if (srv->o->micro_batch > 0 && srv->o->micro_batch != m) {
+        zps_log_error("this shard was started with --deterministic --micro-batch %u; the job's "
+                      "is %u (0: not deterministic)", srv->o->micro_batch, m);
+        return ZPS_EPROTO;
+    }
+    return ZPS_OK;
+}
+
 // The ASSIGN's job, checked against this shard's flags, as the shard's
 // configuration and first plan; ZPS_EPROTO (logged) when it cannot be used.
 static zps_err s_assignment_cfg(zps_server *srv, const Zps__Job *job, zps_shard_cfg *cfg,
@@ -88,6 +107,10 @@ static zps_err s_assignment_cfg(zps_server *srv, const Zps__Job *job, zps_shard_
         return ZPS_EPROTO;
     }
     cfg->clip_grad_norm = job->clip_grad_norm;
+    if (s_check_micro_batch(srv, job) != ZPS_OK) {
+        return ZPS_EPROTO;
+    }
+    cfg->micro_batch = job->micro_batch;
     cfg->shards = srv->o->shards;
     cfg->threads = srv->o->threads;
     return ZPS_OK;

@@ -64,6 +64,9 @@ typedef struct zps_server_opts {
     int shm;                    // --shm: a zps_server_shm
     int threads;                // threads of the shard's accumulate and update (1: the loop's only)
     float clip_grad_norm;       // shard 0: clip by the global gradient norm to this (0: off)
+    bool deterministic;         // --deterministic: the same bits for any split (needs micro_batch)
+    uint32_t micro_batch;       // --micro-batch M: shard 0's M, sent to all (0: off); shards > 0
+                                // given it check the coordinator's against it
 } zps_server_opts;
 
 // Runs a shard until the job is over or SIGINT/SIGTERM; returns the exit

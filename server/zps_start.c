@@ -45,8 +45,6 @@ static zps_err s_resume_coordinator(zps_server *srv)
 
 // The run's length from the flags and the train set's size, checked:
 // 0, or 2 with *why saying what does not fit. *spe: steps per epoch.
-// The run's length from the flags and the train set's size, checked:
-// 0, or 2 with *why saying what does not fit. *spe: steps per epoch.
 static int s_job_steps(zps_server *srv, uint32_t n_train, uint64_t *spe, char *why, size_t len)
 {
     const zps_server_opts *o = srv->o;
@@ -132,7 +130,8 @@ int zps_start_coordinator(zps_server *srv, uint32_t n_train, uint32_t n_test, ch
     zps_shard_cfg cfg = {.index = 0, .model = &srv->model, .seed = o->seed,
                          .global_batch = o->global_batch, .dtype = o->wire_dtype,
                          .optim = o->optim, .await_init = srv->declared != NULL,
-                         .threads = o->threads, .mode = o->mode};
+                         .threads = o->threads, .mode = o->mode,
+                         .micro_batch = o->micro_batch};
     cfg.clip_grad_norm = s_clip_grad_norm(srv);
     cfg.optim.total_steps = srv->total_steps;
     s_declared_optim(srv, &cfg);
@@ -159,6 +158,7 @@ int zps_start_coordinator(zps_server *srv, uint32_t n_train, uint32_t n_test, ch
         .worker_timeout_ms = o->worker_timeout_ms, .checkpoint_every = o->checkpoint_every,
         .adaptive_split = o->adaptive_split, .restore = s_coord_restore, .restore_arg = srv,
         .mode = o->mode, .inner = inner, .clip_grad_norm = cfg.clip_grad_norm,
+        .micro_batch = o->micro_batch,
     };
     if (!(srv->coord = zps_coord_new(&cc))) {
         zps_shard_destroy(&srv->shard);

@@ -55,6 +55,9 @@ typedef struct zps_coord_cfg {
     void *restore_arg;            // borrowed: passed to restore
     double (*clock_ms)(void);     // NULL: zps_clock_ms (a test passes its own)
     float clip_grad_norm;         // --clip-grad-norm, sent with ASSIGN (0: off)
+    // --deterministic --micro-batch M, sent with JOB and ASSIGN (0: off):
+    // every share and piece is whole micro-batches of M.
+    uint32_t micro_batch;
 } zps_coord_cfg;
 
 typedef struct zps_coord zps_coord;
