@@ -23,6 +23,10 @@ ReLU of zps-worker's built-in MLP, whose flat layout is the same: a torch
 worker then joins a job of C workers. The data are Debian's
 dataset-fashion-mnist files, scaled to [0, 1] as zps-worker does.
 
+A zps-server --deterministic --micro-batch M job (run.micro_batch M)
+is computed micro-batch by micro-batch (work.micro_batches(M)), so its
+final parameters are the same bits for any number of workers and split.
+
 --diloco joins a zps-server --mode diloco job: the worker trains each
 round's inner steps with torch.optim's optimizer of --optimizer, --lr, ...
 (constant lr), which it gives zt.Run, and keeps its state across rounds.
@@ -162,8 +166,12 @@ def worker(a, model, x, y, xt, yt):
             if a.save_init and work.step == 0:  # the job's initial values (rank 0's or the server's)
                 save(model, a.save_init)
                 a.save_init = None
-            loss = loss_fn(model(x[work.indices]), y[work.indices])
-            work.backward(loss)                                # zps
+            if run.micro_batch:  # a deterministic job: its micro-batches of M, each alone
+                for mb in work.micro_batches(run.micro_batch):  # zps
+                    mb.backward(loss_fn(model(x[mb.indices]), y[mb.indices]))
+            else:
+                loss = loss_fn(model(x[work.indices]), y[work.indices])
+                work.backward(loss)                            # zps
             if a.sleep_ms:
                 time.sleep(a.sleep_ms / 1e3)
     t, n = run.timing, max(run.timing["pieces"], 1)
