@@ -83,7 +83,7 @@ def build(spec):
 
 
 def flat(model):
-    return torch.cat([p.detach().reshape(-1) for p in model.parameters()])
+    return torch.cat([p.detach().reshape(-1).cpu() for p in model.parameters()])
 
 
 def save(model, path):
@@ -94,7 +94,8 @@ def save(model, path):
 def accuracy(model, x, y):
     model.eval()
     with torch.no_grad():
-        correct = sum(int((model(x[i:i + 1000]).argmax(1) == y[i:i + 1000]).sum())
+        dev = next(model.parameters()).device
+        correct = sum(int((model(x[i:i + 1000].to(dev)).argmax(1).cpu() == y[i:i + 1000]).sum())
                       for i in range(0, len(y), 1000))
     model.train()
     return correct / len(y)
@@ -149,7 +150,7 @@ def worker(a, model, x, y, xt, yt):
     def evaluate(offset, count):  # the test records an epoch's end asks for
         model.eval()
         with torch.no_grad():
-            out = model(xt[offset:offset + count])
+            out = model(xt[offset:offset + count].to(a.device)).cpu()
             loss = float(torch.nn.functional.cross_entropy(out, yt[offset:offset + count],
                                                            reduction="sum"))
             correct = int((out.argmax(1) == yt[offset:offset + count]).sum())
@@ -168,10 +169,11 @@ def worker(a, model, x, y, xt, yt):
                 a.save_init = None
             if run.micro_batch:  # a deterministic job: its micro-batches of M, each alone
                 for mb in work.micro_batches(run.micro_batch):  # zps
-                    mb.backward(loss_fn(model(x[mb.indices]), y[mb.indices]))
+                    xb, yb = x[mb.indices].to(a.device), y[mb.indices].to(a.device)
+                    mb.backward(loss_fn(model(xb), yb))
             else:
-                loss = loss_fn(model(x[work.indices]), y[work.indices])
-                work.backward(loss)                            # zps
+                xb, yb = x[work.indices].to(a.device), y[work.indices].to(a.device)
+                work.backward(loss_fn(model(xb), yb))          # zps
             if a.sleep_ms:
                 time.sleep(a.sleep_ms / 1e3)
     t, n = run.timing, max(run.timing["pieces"], 1)
@@ -192,6 +194,8 @@ def main():
     p.add_argument("--data", default=DATA, help=f"the IDX files (default {DATA})")
     p.add_argument("--init-seed", type=int, default=1, help="torch.manual_seed of the initial "
                    "values (rank 0's are the job's)")
+    p.add_argument("--device", default="cpu", help="worker: where the model computes (cpu, "
+                   "cuda, cuda:1; a GPU trains through zps.torch's staged path)")
     p.add_argument("--threads", type=int, default=1, help="torch threads (default 1)")
     p.add_argument("--share", type=int, default=None, help="fixed samples of each step")
     p.add_argument("--save", help="the final parameters, raw float32 (under zps-run a "
@@ -236,6 +240,9 @@ def main():
         xt, yt = xt[:a.test_size], yt[:a.test_size]
     torch.manual_seed(a.init_seed)
     model = build(a.model)
+    if a.single and a.device != "cpu":
+        p.error("--single trains on the CPU: no --device")
+    model = model.to(a.device)
     try:
         if a.single:
             single(a, model, x, y)
