@@ -24,15 +24,15 @@ M = 8
 # the default mode's run stays near the deterministic one (a check that
 # the deterministic run trains the job, not only agrees with itself).
 JOB = ["--model", "external", "--lr-schedule", "constant", "--global-batch", "64",
-       "--optimizer", "sgd", "--lr", "0.01", "--momentum", "0.9"]
+       "--optimizer", "sgd", "--momentum", "0.9"]
 DET = ["--deterministic", "--micro-batch", str(M)]
 
 
-def job(procs, name, shares, steps, flags=DET, worker_args=(), timeout=120):
+def job(procs, name, shares, steps, flags=DET, worker_args=(), timeout=120, lr=0.01):
     """One job of len(shares) torch_fmnist.py workers of those shares: each
     worker's final parameters, and the job's initial ones."""
-    s = procs.server(*JOB, *flags, "--steps", str(steps), "--workers", str(len(shares)),
-                     name=f"{name}-server")
+    s = procs.server(*JOB, *flags, "--lr", str(lr), "--steps", str(steps), "--workers",
+                     str(len(shares)), name=f"{name}-server")
     init = os.path.join(procs.tmp, f"{name}.init")
     ws = [procs.torch_worker(f"{name}{i}", s.endpoint, "--share", str(k), "--test-size", "0",
                              *save_arg(procs, f"{name}{i}"), *worker_args,
@@ -44,10 +44,11 @@ def job(procs, name, shares, steps, flags=DET, worker_args=(), timeout=120):
     return [params(procs, f"{name}{i}") for i in range(len(shares))], np.fromfile(init, np.float32)
 
 
-def check_bitwise(procs, steps, worker_args=(), timeout=120):
-    (one,), init = job(procs, "one", [64], steps, worker_args=worker_args, timeout=timeout)
+def check_bitwise(procs, steps, worker_args=(), timeout=120, lr=0.01):
+    (one,), init = job(procs, "one", [64], steps, worker_args=worker_args, timeout=timeout,
+                       lr=lr)
     (a, b), init2 = job(procs, "two", [24, 40], steps, worker_args=worker_args,
-                        timeout=timeout)
+                        timeout=timeout, lr=lr)
     assert np.array_equal(init, init2)  # the same start (rank 0's torch.manual_seed(1))
     moved = float(np.abs(one - init).max())
     assert moved > 1e-3, f"the parameters barely moved in {steps} steps: {moved}"
@@ -55,7 +56,7 @@ def check_bitwise(procs, steps, worker_args=(), timeout=120):
     diff = np.flatnonzero(one != a)
     assert diff.size == 0, (f"{diff.size} of {one.size} parameters differ after {steps} steps, "
                             f"max {float(np.abs(one - a).max()):.3g}")
-    print(f"{steps} steps, M={M}: 1 worker and 2 of 24+40 bitwise equal "
+    print(f"{steps} steps at lr {lr}, M={M}: 1 worker and 2 of 24+40 bitwise equal "
           f"({one.size} parameters, max |final - init| {moved:.3g})")
     return one
 
@@ -65,8 +66,11 @@ def test_one_worker_and_two_of_24_and_40_end_bitwise_equal_after_60_steps(procs)
 
 
 @pytest.mark.long
-def test_one_worker_and_two_of_24_and_40_end_bitwise_equal_after_300_steps(procs):
-    check_bitwise(procs, 300, timeout=300)
+def test_one_worker_and_two_of_24_and_40_end_bitwise_equal_after_300_steps_at_lr_005(procs):
+    # lr 0.05, the example's default: where a last-bit difference of the
+    # default mode grows to 1e-5..1e-3 in 30 steps (test_torch_fmnist.py's
+    # note); here none appears in 300.
+    check_bitwise(procs, 300, timeout=300, lr=0.05)
 
 
 def test_the_default_mode_with_the_same_splits_differs(procs):
@@ -74,7 +78,7 @@ def test_the_default_mode_with_the_same_splits_differs(procs):
     # piece of 64 and of pieces of 24 and 40 round differently, so the
     # bitwise comparison is one that fails. Both modes train the same job:
     # the deterministic run stays within round-off growth of the default's.
-    steps = 30
+    steps = 60
     (one,), _ = job(procs, "one", [64], steps, flags=())
     (a, b), _ = job(procs, "two", [24, 40], steps, flags=())
     (det, _), _ = job(procs, "det", [24, 40], steps)
