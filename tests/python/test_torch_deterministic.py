@@ -17,7 +17,7 @@ import torch
 
 import zps
 import zps.torch as zt
-from conftest import BIN, params, save_arg
+from conftest import BIN, PYTHON, params, save_arg
 
 M = 8
 # lr 0.01: where this CNN is not chaotic over a few dozen steps, so that
@@ -89,6 +89,46 @@ def test_the_default_mode_with_the_same_splits_differs(procs):
     print(f"default mode, {steps} steps: max |1 worker - 24+40| = {split:.3g}; "
           f"deterministic 24+40 to the default's 1 worker: {near:.3g}")
     assert near < 1e-5
+
+
+# The staged path (a GPU's or a 16-bit model's: the model's own tensors,
+# each gradient copied into the flat one as it is final) through
+# recipe_worker.py, an MLP of B = 40 (5 micro-batches of 8).
+RECIPE = os.path.join(os.path.dirname(os.path.abspath(__file__)), "recipe_worker.py")
+
+
+def recipe_job(procs, name, shares, *args, steps=20):
+    s = procs.server("--model", "external", "--global-batch", "40", "--steps", str(steps),
+                     "--workers", str(len(shares)), "--seed", "1", "--optimizer", "sgd", "--lr",
+                     "0.05", "--momentum", "0.9", "--lr-schedule", "constant", *DET,
+                     name=f"{name}-server")
+    ws = [procs.start(f"{name}{i}", [PYTHON, RECIPE, "--coordinator", s.endpoint, "--share",
+                                     str(k), "--optimizer", "none", "--micro", str(M),
+                                     "--steps", str(steps), "--save",
+                                     os.path.join(procs.tmp, f"{name}{i}.pt"), *args])
+          for i, k in enumerate(shares)]
+    for w in ws:
+        procs.ok(w, 120)
+    procs.ok(s, 30)
+    return [torch.load(os.path.join(procs.tmp, f"{name}{i}.pt")) for i in range(len(shares))]
+
+
+def same_bits(a, b):
+    return all(torch.equal(x, b["state"][k]) for k, x in a["state"].items())
+
+
+@pytest.mark.parametrize("how", [("--staged",), ("--dtype", "bfloat16")],
+                         ids=["staged-fp32", "bf16"])
+def test_the_staged_path_gives_the_same_bits_for_one_worker_and_16_plus_24(procs, how):
+    (one,) = recipe_job(procs, "one", [40], *how)
+    a, b = recipe_job(procs, "two", [16, 24], *how)
+    assert one["losses"][-1] < one["losses"][0]  # it trained
+    assert same_bits(a, b)
+    assert same_bits(one, a)
+    assert torch.equal(one["flat"], a["flat"])  # the fp32 masters too
+    if how == ("--staged",):  # and the in-place path's bits: the same gradients pushed
+        (plain,) = recipe_job(procs, "plain", [40])
+        assert same_bits(plain, one)
 
 
 # ---------------------------------------------------------------- in this process
