@@ -229,6 +229,8 @@ typedef enum zps_info {
     ZPS_INFO_INNER_OPTIM,     // diloco (1.3): the job's inner optimizer, ZPS_INNER_*
     ZPS_INFO_INNER_NESTEROV,  // diloco (1.3): 1 when its SGD momentum is Nesterov's
     ZPS_INFO_MICRO_BATCH,     // (1.6) M of a deterministic job (zps_push_micro); 0: none
+    ZPS_INFO_PUSHED_BYTES,    // (1.6) gradient payload bytes this client sent on sockets (not
+                              // shared memory) since zps_client_new, all steps
 } zps_info;
 
 // What a job computes. Synchronous: every step one global batch, and the

@@ -298,6 +298,7 @@ uint64_t zps_info_u64(const zps_client *c, int key)
                                                   : ZPS_INNER_SGD;
     case ZPS_INFO_INNER_NESTEROV: return c->mode.diloco && c->inner.nesterov;
     case ZPS_INFO_MICRO_BATCH: return c->micro.m;
+    case ZPS_INFO_PUSHED_BYTES: return c->conn.pushed_bytes;
     default: return 0;
     }
 }

@@ -108,6 +108,9 @@ zps_err zps_conn_send(zps_conn *n, int shard, Zps__Header *h, const void *payloa
     h->rank = n->rank;
     h->member_id = n->member_id;
     zps_err err = zps_wire_send(n->shards[shard].sock, NULL, h, payload, bytes, ref);
+    if (err == ZPS_OK && h->type == ZPS__MSG_TYPE__PUSH) {
+        n->pushed_bytes += bytes;
+    }
     if (err != ZPS_OK) {
         zps_log_error("could not send %s to %s: %s", zps_wire_type_name(h->type),
                       n->shards[shard].endpoint, zps_strerror(err));

@@ -61,6 +61,7 @@ typedef struct zps_conn {
     uint64_t job_id;                            // identity on the wire, from JOB
     uint32_t rank;
     uint64_t member_id;
+    uint64_t pushed_bytes;                      // gradient payload sent on sockets, all steps
 } zps_conn;
 
 // How the worker takes a refusal.

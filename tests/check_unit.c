@@ -12,12 +12,12 @@ int main(void)
         zps_suite_model, zps_suite_optim, zps_suite_wire, zps_suite_idx, zps_suite_dataset,
         zps_suite_dtype, zps_suite_opts, zps_suite_plans, zps_suite_layout, zps_suite_mlog,
         zps_suite_outer, zps_suite_quant, zps_suite_dyl, zps_suite_shm, zps_suite_sndbuf,
-        zps_suite_err, zps_suite_atomic, zps_suite_timers, zps_suite_sumsq,
+        zps_suite_err, zps_suite_atomic, zps_suite_timers, zps_suite_sumsq, zps_suite_tree,
         // server/, server/coord/, server/shard/
         zps_suite_msgtab,
         zps_suite_coord, zps_suite_member, zps_suite_monitor, zps_suite_outbox,
         zps_suite_shard, zps_suite_ckpt, zps_suite_shard_shm, zps_suite_shard_outer,
-        zps_suite_shard_groups,
+        zps_suite_shard_groups, zps_suite_nodes, zps_suite_shard_deterministic,
         // lib/ (libzps)
         zps_suite_client, zps_suite_sampler, zps_suite_round,
         // worker/ (zps-worker)

@@ -23,6 +23,7 @@ Suite *zps_suite_sndbuf(void);
 Suite *zps_suite_err(void);
 Suite *zps_suite_atomic(void);
 Suite *zps_suite_sumsq(void);
+Suite *zps_suite_tree(void);
 
 // server/
 Suite *zps_suite_msgtab(void);
@@ -40,6 +41,8 @@ Suite *zps_suite_ckpt(void);
 Suite *zps_suite_shard_shm(void);
 Suite *zps_suite_shard_outer(void);
 Suite *zps_suite_shard_groups(void);
+Suite *zps_suite_nodes(void);
+Suite *zps_suite_shard_deterministic(void);
 
 // lib/ (libzps)
 Suite *zps_suite_client(void);

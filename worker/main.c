@@ -313,8 +313,9 @@ static zps_err s_leave(zps_client *c, zps_err err, bool over)
 {
     if (err == ZPS_OK) {
         (void)zps_leave(c);
-        zps_log_info("done: %llu steps",
-                     (unsigned long long)zps_info_u64(c, ZPS_INFO_TOTAL_STEPS));
+        zps_log_info("done: %llu steps; %.3f MiB of gradients pushed on sockets",
+                     (unsigned long long)zps_info_u64(c, ZPS_INFO_TOTAL_STEPS),
+                     (double)zps_info_u64(c, ZPS_INFO_PUSHED_BYTES) / (1024.0 * 1024.0));
     } else if (s_stop) {
         // Left on purpose: the coordinator hands this worker's share on at once.
         (void)zps_leave(c);

@@ -195,12 +195,14 @@ static zps_err s_groups_new(zps_shard *s, const zps_shard_cfg *cfg)
 }
 
 // What clipping and a deterministic job add (s->buckets set): the kept
-// gradient, the micro-batch and the tree's nodes held per bucket. ZPS_EINVAL,
-// logged, for a deterministic job that is not one.
+// gradient, the micro-batch and the tree's nodes held per bucket. ZPS_EINVAL
+// for a deterministic job that is not one; every failure logged.
 static zps_err s_micro_new(zps_shard *s, const zps_shard_cfg *cfg)
 {
     s->micro = cfg->mode.diloco || !cfg->global_batch ? 0 : cfg->micro_batch;
     if ((s->clip > 0 || s->micro) && !(s->clipg = s_alloc(s->n * sizeof(float)))) {
+        zps_log_error("shard %u: cannot allocate the kept gradient of %llu parameters",
+                      cfg->index, (unsigned long long)s->n);
         return ZPS_ENOMEM;
     }
     if (!s->micro) {
@@ -242,7 +244,7 @@ zps_shard *zps_shard_new(const zps_shard_cfg *cfg)
     s->clip_coef = 1.0f; // a deterministic update without clipping: g times 1, g's bits
     s->n_buckets = zps_model_range_buckets(cfg->model, s->lo, s->hi, s->buckets);
     if (s_micro_new(s, cfg) != ZPS_OK) {
-        goto fail;
+        goto refused; // said why
     }
     s->arr[0] = s_snapshot_new(s->n * sizeof(float));
     s->arr[1] = s_snapshot_new(s->n * sizeof(float));
@@ -278,6 +280,7 @@ zps_shard *zps_shard_new(const zps_shard_cfg *cfg)
 fail:
     zps_log_error("shard %u: cannot allocate %llu parameters", cfg->index,
                   (unsigned long long)(cfg->hi - cfg->lo));
+refused:
     zps_shard_destroy(&s);
     return NULL;
 }
