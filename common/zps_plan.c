@@ -49,6 +49,72 @@ zps_err zps_plan_split(uint32_t global_batch, const uint32_t *shares, uint32_t n
     return ZPS_OK;
 }
 
+uint32_t zps_plan_round_share(uint32_t share, uint32_t micro)
+{
+    if (micro == 0 || share == 0) {
+        return share;
+    }
+    // Twice the share over twice M: a half rounds up for an odd M too.
+    uint64_t units = ((uint64_t)share * 2 + micro) / ((uint64_t)micro * 2);
+    units = units ? units : 1;
+    return units * micro > UINT32_MAX ? UINT32_MAX / micro * micro : (uint32_t)(units * micro);
+}
+
+zps_err zps_plan_split_micro(uint32_t global_batch, uint32_t micro, const uint32_t *shares,
+                             uint32_t n, zps_plan *out, char *why, size_t why_len)
+{
+    if (micro == 0) {
+        return zps_plan_split(global_batch, shares, n, out, why, why_len);
+    }
+    memset(out, 0, sizeof *out);
+    if (global_batch % micro != 0) {
+        snprintf(why, why_len, "global batch %u is not whole micro-batches of %u", global_batch,
+                 micro);
+        return ZPS_EINVAL;
+    }
+    if (n > global_batch / micro) {
+        snprintf(why, why_len, "%u members for %u micro-batches of %u: each needs one", n,
+                 global_batch / micro, micro);
+        return ZPS_EINVAL;
+    }
+    uint32_t units[ZPS_MAX_MEMBERS] = {0};
+    for (uint32_t i = 0; i < n && i < ZPS_MAX_MEMBERS; i++) {
+        if (shares[i] % micro != 0) {
+            snprintf(why, why_len, "share %u is not whole micro-batches of %u", shares[i], micro);
+            return ZPS_EINVAL;
+        }
+        units[i] = shares[i] / micro;
+    }
+    // The split of the micro-batches, then scaled back to samples.
+    char inner[192];
+    if (zps_plan_split(global_batch / micro, units, n, out, inner, sizeof inner) != ZPS_OK) {
+        snprintf(why, why_len, "in micro-batches of %u: %s", micro, inner);
+        return ZPS_EINVAL;
+    }
+    for (uint32_t i = 0; i < n; i++) {
+        out->slices[i].offset *= micro;
+        out->slices[i].count *= micro;
+    }
+    out->global_batch = global_batch;
+    return ZPS_OK;
+}
+
+uint32_t zps_plan_max_pieces(uint32_t count, uint32_t micro)
+{
+    return micro ? count / micro : count;
+}
+
+void zps_plan_piece(uint32_t offset, uint32_t count, uint32_t micro, uint32_t i, uint32_t k,
+                    uint32_t *lo, uint32_t *hi)
+{
+    uint64_t unit = micro ? micro : 1;
+    uint64_t units = count / unit;
+    *lo = offset + (uint32_t)(units * i / k * unit);
+    // The last piece ends where the range does (a range of whole units
+    // always; a tail of fewer than M samples goes with it).
+    *hi = i + 1 == k ? offset + count : offset + (uint32_t)(units * (i + 1) / k * unit);
+}
+
 const zps_plan_slice *zps_plan_find(const zps_plan *p, uint32_t rank)
 {
     for (uint32_t i = 0; i < p->n; i++) {

@@ -34,6 +34,28 @@ typedef struct zps_plan {
 zps_err zps_plan_split(uint32_t global_batch, const uint32_t *shares, uint32_t n, zps_plan *out,
                        char *why, size_t why_len);
 
+// --deterministic --micro-batch m: a member's share in whole micro-batches,
+// rounded to the nearest (halves up), at least one. m = 0 or share = 0
+// (no fixed share): as it is.
+uint32_t zps_plan_round_share(uint32_t share, uint32_t micro);
+
+// zps_plan_split in whole micro-batches of `micro` (0: zps_plan_split
+// itself): B and every fixed share must be multiples of it (rounded with
+// zps_plan_round_share first), and the others split the micro-batches
+// left evenly, the lower ranks taking the remainder (B = 64, M = 8, three
+// members: 24, 24, 16). ZPS_EINVAL with the reason in why otherwise.
+zps_err zps_plan_split_micro(uint32_t global_batch, uint32_t micro, const uint32_t *shares,
+                             uint32_t n, zps_plan *out, char *why, size_t why_len);
+
+// Piece i of k of [offset, offset + count), cut at whole micro-batches of
+// `micro` from offset (0: at samples): [*lo, *hi). k must be at most
+// zps_plan_max_pieces; the pieces tile the range, none empty.
+void zps_plan_piece(uint32_t offset, uint32_t count, uint32_t micro, uint32_t i, uint32_t k,
+                    uint32_t *lo, uint32_t *hi);
+// How many pieces [offset, offset + count) can make: its micro-batches
+// (its samples with micro 0).
+uint32_t zps_plan_max_pieces(uint32_t count, uint32_t micro);
+
 // The plan's slice of a rank, or NULL.
 const zps_plan_slice *zps_plan_find(const zps_plan *p, uint32_t rank);
 

@@ -97,9 +97,12 @@ static void s_print_status(const Zps__Header *h)
     printf("job %016llx: %s, model %s (%llu parameters), dataset %s\n",
            (unsigned long long)h->job_id, st->state, st->model, (unsigned long long)st->n_params,
            st->dataset);
-    printf("step %llu/%llu (epoch %llu), global batch %u, loss %.4f, last step %.2f ms",
-           (unsigned long long)st->step, (unsigned long long)st->total_steps,
-           (unsigned long long)st->epoch, st->global_batch, st->last_loss, st->last_step_ms);
+    printf("step %llu/%llu (epoch %llu), global batch %u", (unsigned long long)st->step,
+           (unsigned long long)st->total_steps, (unsigned long long)st->epoch, st->global_batch);
+    if (st->micro_batch > 0) {
+        printf(" (deterministic, micro-batches of %u)", st->micro_batch);
+    }
+    printf(", loss %.4f, last step %.2f ms", st->last_loss, st->last_step_ms);
     if (st->test_accuracy >= 0) {
         printf(", test accuracy %.4f", st->test_accuracy);
     }

@@ -63,6 +63,22 @@ static bool s_optimizer_ok(const zps_server *srv, const Zps__Hello *hello, char 
     return true;
 }
 
+// --deterministic: buffers (BatchNorm's running statistics) are each
+// worker's own update over its samples in its order, so a run's bits would
+// follow the split; a layout with one is refused.
+static bool s_deterministic_ok(const zps_server *srv, const Zps__Hello *hello, char *why,
+                               size_t len)
+{
+    for (size_t i = 0; srv->o->micro_batch && i < hello->layout->n_tensors; i++) {
+        if (hello->layout->tensors[i]->role != ZPS_ROLE_PARAM) {
+            snprintf(why, len, "--deterministic takes no buffers (%s): their running "
+                               "statistics would follow the split", hello->layout->tensors[i]->name);
+            return false;
+        }
+    }
+    return true;
+}
+
 // A declaration (the HELLO part: layout, dataset sizes) the job can take;
 // why says what is wrong with it.
 static bool s_declaration_ok(const zps_server *srv, const Zps__Hello *hello, char *why,
@@ -83,7 +99,7 @@ static bool s_declaration_ok(const zps_server *srv, const Zps__Hello *hello, cha
                  (double)clip, (double)srv->o->clip_grad_norm);
         return false;
     }
-    if (!s_optimizer_ok(srv, hello, why, len)) {
+    if (!s_optimizer_ok(srv, hello, why, len) || !s_deterministic_ok(srv, hello, why, len)) {
         return false;
     }
     if (hello->n_train == 0 || (srv->size_train && hello->n_train != srv->size_train)) {

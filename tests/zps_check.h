@@ -13,6 +13,7 @@ Suite *zps_suite_dataset(void);
 Suite *zps_suite_dtype(void);
 Suite *zps_suite_opts(void);
 Suite *zps_suite_plans(void);
+Suite *zps_suite_plan(void);
 Suite *zps_suite_layout(void);
 Suite *zps_suite_mlog(void);
 Suite *zps_suite_outer(void);

@@ -175,6 +175,9 @@ void zps_coord_norm_forget_from(zps_coord *c, uint64_t step);
 void zps_coord_norm_tick(zps_coord *c, double now_ms);
 
 // zps_coord_members.c
+// Whether a HELLO's device names a GPU ("cuda", "cuda:1", "torch-cuda:0"),
+// for --deterministic's one device class; anything else counts as a CPU.
+bool zps_coord_device_gpu(const char *device);
 void zps_coord_evict(zps_coord *c, zps_outbox *out, zps_coord_member *mem, double now_ms);
 zps_coord_member *zps_coord_member_by_id(zps_coord *c, uint64_t member_id);
 

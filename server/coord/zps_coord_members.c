@@ -146,34 +146,67 @@ static bool s_declared_differs(const zps_coord *c, const Zps__Hello *hello, char
 }
 
 // Whether a new member's share fits beside the fixed shares of the
-// members planned: within the global batch, leaving a sample for each
-// member that splits the rest, and adding up to it once the last member
-// of the start is in. why says how it does not.
+// members planned: within the global batch, leaving a sample (with
+// --micro-batch a micro-batch) for each member that splits the rest, and
+// adding up to it once the last member of the start is in. why says how
+// it does not. A share here is already whole micro-batches.
 static bool s_share_fits(const zps_coord *c, uint32_t share, bool joining, char *why, size_t len)
 {
-    uint64_t fixed = share;
+    uint32_t unit = c->cfg.micro_batch ? c->cfg.micro_batch : 1;
+    uint64_t fixed = share / unit, total = c->cfg.global_batch / unit;
     uint32_t n_flex = share == 0;
     for (uint32_t i = 0; i < c->n_members; i++) {
         // Resumed: a member of before that has not called back is evicted
         // once the ones here make --workers, so it holds no share.
         bool planned = zps_member_planned(&c->members[i].life) &&
                        (c->state != ZPS_COORD_RECOVERING || c->members[i].route_known);
-        fixed += planned ? c->members[i].share : 0;
+        fixed += planned ? c->members[i].share / unit : 0;
         n_flex += planned && c->members[i].share == 0;
     }
     bool last = !joining && c->n_members + 1 == c->cfg.workers;
-    if (fixed > c->cfg.global_batch || (last && n_flex == 0 && fixed != c->cfg.global_batch) ||
-        (n_flex > 0 && c->cfg.global_batch - fixed < n_flex)) {
+    if (fixed > total || (last && n_flex == 0 && fixed != total) ||
+        (n_flex > 0 && total - fixed < n_flex)) {
         snprintf(why, len, "share %u does not fit: fixed shares would be %llu of global batch %u",
-                 share, (unsigned long long)fixed, c->cfg.global_batch);
+                 share, (unsigned long long)(fixed * unit), c->cfg.global_batch);
         return false;
     }
     return true;
 }
 
+// --deterministic: whether the job can take one more member: each needs a
+// micro-batch, and every one computes with the kernels of the job's first
+// member's device class (a CPU's and a GPU's sums differ in their bits).
+static bool s_deterministic_refuses(const zps_coord *c, const Zps__Hello *hello, char *why,
+                                    size_t len)
+{
+    uint32_t m = c->cfg.micro_batch;
+    if (m == 0) {
+        return false;
+    }
+    if (zps_coord_live_members(c) + 1 > c->cfg.global_batch / m) {
+        snprintf(why, len, "the job's %u micro-batches of %u have a member each: no room for "
+                           "another (--deterministic)", c->cfg.global_batch / m, m);
+        return true;
+    }
+    const char *first = c->n_members ? c->members[0].device : NULL;
+    const char *dev = hello->device ? hello->device : "";
+    if (first && zps_coord_device_gpu(first) != zps_coord_device_gpu(dev)) {
+        snprintf(why, len, "device %s is not of the job's class (%s, rank 0's): their kernels "
+                           "differ, and --deterministic promises the same bits", dev[0] ? dev : "?",
+                 zps_coord_device_gpu(first) ? "GPU" : "CPU");
+        return true;
+    }
+    return false;
+}
+
+bool zps_coord_device_gpu(const char *device)
+{
+    return strstr(device, "cuda") || strstr(device, "gpu") || strstr(device, "GPU");
+}
+
 // The next rank, for the worker of this HELLO.
-static zps_coord_member *s_admit(zps_coord *c, const Zps__Hello *hello, uint64_t member_id,
-                                 zmq_msg_t *route)
+static zps_coord_member *s_admit(zps_coord *c, const Zps__Hello *hello, uint32_t share,
+                                 uint64_t member_id, zmq_msg_t *route)
 {
     zps_coord_member *mem = &c->members[c->n_members];
     memset(mem, 0, sizeof *mem);
@@ -181,7 +214,7 @@ static zps_coord_member *s_admit(zps_coord *c, const Zps__Hello *hello, uint64_t
     mem->member_id = member_id; // a credential: from the kernel, not from a seeded stream
     snprintf(mem->host, sizeof mem->host, "%s", hello->host ? hello->host : "?");
     snprintf(mem->device, sizeof mem->device, "%s", hello->device ? hello->device : "?");
-    mem->share = hello->share;
+    mem->share = share;
     mem->pid = hello->pid;
     zps_member_admit(&mem->life);
     mem->route_known = true;
@@ -231,7 +264,9 @@ zps_err zps_coord_on_hello(zps_coord *c, zps_outbox *out, zps_wire_msg *m)
         zps_coord_refuse(c, out, m, ZPS_ESTATE, "the job admits no more workers now");
         return ZPS_ESTATE;
     }
-    if (!s_share_fits(c, hello->share, joining, why, sizeof why)) {
+    uint32_t share = zps_plan_round_share(hello->share, c->cfg.micro_batch);
+    if (s_deterministic_refuses(c, hello, why, sizeof why) ||
+        !s_share_fits(c, share, joining, why, sizeof why)) {
         zps_coord_refuse(c, out, m, ZPS_EINVAL, why);
         return ZPS_EINVAL;
     }
@@ -241,7 +276,11 @@ zps_err zps_coord_on_hello(zps_coord *c, zps_outbox *out, zps_wire_msg *m)
                          "no member id could be drawn now; say HELLO again");
         return ZPS_EAGAIN;
     }
-    zps_coord_member *mem = s_admit(c, hello, member_id, &m->route);
+    zps_coord_member *mem = s_admit(c, hello, share, member_id, &m->route);
+    if (share != hello->share) {
+        zps_log_info("rank %u: share %u rounded to %u: whole micro-batches of %u", mem->rank,
+                     hello->share, share, c->cfg.micro_batch);
+    }
     if (!joining) {
         zps_log_info("worker %s pid %u (%s) admitted as rank %u (%u of %u)", mem->host, mem->pid,
                      mem->device, mem->rank, c->n_members, c->cfg.workers);

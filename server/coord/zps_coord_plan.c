@@ -196,6 +196,11 @@ void zps_coord_start_workers(zps_coord *c, zps_outbox *out)
                  (unsigned long long)c->cfg.total_steps,
                  (unsigned long long)c->cfg.steps_per_epoch, c->cfg.model,
                  zps_dtype_name(c->cfg.wire_dtype));
+    if (c->cfg.micro_batch > 0) {
+        zps_log_info("deterministic: each step is %u micro-batches of %u, summed in one "
+                     "canonical order whoever computes them",
+                     c->cfg.global_batch / c->cfg.micro_batch, c->cfg.micro_batch);
+    }
     if (c->cfg.mode.diloco) {
         zps_log_info("mode diloco: each step is a round of %s%u inner steps of the workers' "
                      "own optimizer, pseudo-gradients %s, outer Nesterov lr %g momentum %g",
@@ -206,7 +211,8 @@ void zps_coord_start_workers(zps_coord *c, zps_outbox *out)
 }
 
 // A plan over the members of the next plan (joining and active) in rank
-// order: fixed shares where they still fit, the rest split evenly.
+// order: fixed shares where they still fit, the rest split evenly (in
+// whole micro-batches under --deterministic).
 zps_err zps_coord_make_plan(zps_coord *c, zps_plan *out)
 {
     uint32_t shares[ZPS_MAX_MEMBERS] = {0}, live[ZPS_MAX_MEMBERS] = {0}, n = 0;
@@ -227,11 +233,12 @@ zps_err zps_coord_make_plan(zps_coord *c, zps_plan *out)
         shares[i] = c->members[live[i]].adapted;
     }
     char why[256];
-    zps_err err = zps_plan_split(c->cfg.global_batch, shares, n, out, why, sizeof why);
+    uint32_t m = c->cfg.micro_batch; // --deterministic: every share whole micro-batches
+    zps_err err = zps_plan_split_micro(c->cfg.global_batch, m, shares, n, out, why, sizeof why);
     if (err != ZPS_OK && n > 0) {
         zps_log_warn("fixed shares no longer fit (%s); splitting the batch evenly", why);
         memset(shares, 0, sizeof shares);
-        err = zps_plan_split(c->cfg.global_batch, shares, n, out, why, sizeof why);
+        err = zps_plan_split_micro(c->cfg.global_batch, m, shares, n, out, why, sizeof why);
     }
     if (err != ZPS_OK) {
         if (n > 0) {

@@ -124,7 +124,12 @@ void zps_coord_adapt(zps_coord *c)
     for (uint32_t i = 0; i < n; i++) {
         B += now_share[i];
     }
-    s_proportional(B, thr, n, next);
+    // --deterministic: shares in whole micro-batches (B is), each at least one.
+    uint32_t unit = c->cfg.micro_batch ? c->cfg.micro_batch : 1;
+    s_proportional(B / unit, thr, n, next);
+    for (uint32_t i = 0; i < n; i++) {
+        next[i] *= unit;
+    }
     double t_now = 0, t_next = 0;
     for (uint32_t i = 0; i < n; i++) {
         t_now = fmax(t_now, now_share[i] / thr[i]);
@@ -133,8 +138,9 @@ void zps_coord_adapt(zps_coord *c)
     if (t_next > ZPS_COORD_ADAPT_GAIN * t_now) {
         return;
     }
-    zps_log_info("adaptive split: predicted step %.2f -> %.2f ms; new shares by throughput",
-                 t_now * 1e3, t_next * 1e3);
+    zps_log_info("adaptive split: predicted step %.2f -> %.2f ms; new shares by throughput%s",
+                 t_now * 1e3, t_next * 1e3,
+                 unit > 1 ? ", in whole micro-batches (--deterministic)" : "");
     for (uint32_t i = 0; i < n; i++) {
         c->members[idx[i]].adapted = next[i];
     }
@@ -189,10 +195,12 @@ bool zps_coord_speculate(zps_coord *c, zps_outbox *out, uint64_t step, uint32_t 
             helpers[k++] = mem;
         }
     }
-    k = k < count ? k : count;
+    // --deterministic: cut at whole micro-batches, as the slice is.
+    uint32_t most = zps_plan_max_pieces(count, c->cfg.micro_batch);
+    k = k < most ? k : most;
     for (uint32_t i = 0; i < k; i++) {
-        uint32_t lo = offset + (uint32_t)((uint64_t)count * i / k);
-        uint32_t hi = offset + (uint32_t)((uint64_t)count * (i + 1) / k);
+        uint32_t lo, hi;
+        zps_plan_piece(offset, count, c->cfg.micro_batch, i, k, &lo, &hi);
         s_send_speculation(c, out, g, helpers[i], step, lo, hi - lo);
     }
     if (k > 0) {

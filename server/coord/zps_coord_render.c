@@ -57,6 +57,7 @@ static void s_status_members(const zps_coord *c, Zps__Member *members, Zps__Memb
 static void s_status_progress(const zps_coord *c, uint64_t step, Zps__Status *st)
 {
     st->clip_grad_norm = c->cfg.clip_grad_norm;
+    st->micro_batch = c->cfg.micro_batch;
     st->has_grad_norm = c->has_grad_norm;
     st->grad_norm = c->grad_norm;
     st->grad_norm_step = c->grad_norm_step;
@@ -294,6 +295,11 @@ zps_err zps_coord_render(const zps_coord *c, uint64_t step, uint64_t bad_message
         json_object_set_new(st, "grad_norm",
                             c->has_grad_norm ? json_real(c->grad_norm) : json_null());
         json_object_set_new(st, "grad_norm_step", json_integer((json_int_t)c->grad_norm_step));
+    }
+    if (st && c->cfg.micro_batch > 0) {
+        // --deterministic only: the document of other jobs stays as it was.
+        json_object_set_new(st, "mode", json_string("deterministic"));
+        json_object_set_new(st, "micro_batch", json_integer(c->cfg.micro_batch));
     }
     *status_json = st ? json_dumps(st, JSON_COMPACT) : NULL;
     json_decref(st);

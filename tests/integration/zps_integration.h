@@ -22,6 +22,7 @@ Suite *zps_suite_shm_jobs(void);
 Suite *zps_suite_diloco(void);
 Suite *zps_suite_end(void);
 Suite *zps_suite_clip(void);
+Suite *zps_suite_deterministic(void);
 
 // Where tests keep decompressed datasets between runs.
 #define ZPS_TEST_CACHE "build/test-cache"

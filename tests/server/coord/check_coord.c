@@ -554,13 +554,13 @@ static void s_members_teardown(mjob *j)
     }
 }
 
-// Worker i says HELLO (asking for `share`, 0: split the rest); returns
-// the coordinator's verdict.
-static zps_err s_hello_share(mjob *j, int i, uint32_t share)
+// Worker i on `device` says HELLO (asking for `share`, 0: split the
+// rest); returns the coordinator's verdict.
+static zps_err s_hello_on(mjob *j, int i, uint32_t share, const char *device)
 {
     Zps__Hello hello = ZPS__HELLO__INIT;
     hello.host = "test";
-    hello.device = "cpu";
+    hello.device = (char *)device;
     hello.share = share;
     Zps__Header h;
     zps_wire_header_init(&h, ZPS__MSG_TYPE__HELLO);
@@ -570,6 +570,11 @@ static zps_err s_hello_share(mjob *j, int i, uint32_t share)
     s_msg_done(&m);
     s_members_post(j);
     return err;
+}
+
+static zps_err s_hello_share(mjob *j, int i, uint32_t share)
+{
+    return s_hello_on(j, i, share, "cpu");
 }
 
 static void s_say_hello(mjob *j, int i)
@@ -890,6 +895,116 @@ START_TEST(test_coord_adaptive_split_gives_shares_by_throughput_at_the_next_boun
 END_TEST
 
 // ---------------------------------------------------------------------------
+// --deterministic --micro-batch 8 of a global batch of 64: eight micro-batches.
+
+#define DET_B 64u
+#define DET_M 8u
+
+static void s_det_setup(mjob *j, uint32_t workers)
+{
+    zps_coord_cfg cfg = s_members_cfg(workers);
+    cfg.global_batch = DET_B;
+    cfg.micro_batch = DET_M;
+    s_members_setup_cfg(j, &cfg);
+}
+
+// The refusal worker i got: its code, and that its line says `what`.
+static void s_assert_refused(mjob *j, int i, const char *what)
+{
+    Zps__Header *e = s_take(&j->w[i], ZPS__MSG_TYPE__ERROR);
+    ck_assert_ptr_nonnull(e);
+    ck_assert_int_eq(e->error_code, ZPS_EINVAL);
+    ck_assert_msg(strstr(e->error, what) && !strchr(e->error, '\n'), "refusal: %s", e->error);
+    zps__header__free_unpacked(e, NULL);
+}
+
+// The even split, a fixed share rounded (27: 24), and a late slice handed
+// on in pieces: all whole micro-batches; every JOB says M.
+START_TEST(test_coord_deterministic_shares_and_pieces_are_whole_micro_batches)
+{
+    mjob j;
+    s_det_setup(&j, 3);
+    for (int i = 0; i < 3; i++) {
+        s_say_hello(&j, i);
+    }
+    for (int i = 0; i < 3; i++) {
+        Zps__Header *h = s_take(&j.w[i], ZPS__MSG_TYPE__JOB);
+        ck_assert_ptr_nonnull(h);
+        ck_assert_uint_eq(h->job->micro_batch, DET_M);
+        j.rank[i] = h->job->rank;
+        zps__header__free_unpacked(h, NULL);
+    }
+    const zps_plan *p = zps_coord_plan(j.c);
+    ck_assert_uint_eq(p->n, 3);
+    ck_assert_uint_eq(p->slices[0].count, 24);
+    ck_assert_uint_eq(p->slices[1].count, 24);
+    ck_assert_uint_eq(p->slices[2].count, 16);
+    // Rank 0's 24 late, handed to ranks 1 and 2: 8 and 16, not 12 and 12.
+    bool helper[ZPS_MAX_MEMBERS] = {false};
+    helper[j.rank[1]] = helper[j.rank[2]] = true;
+    ck_assert(zps_coord_speculate(j.c, &j.out, 0, 0, 24, j.rank[0], helper));
+    s_members_post(&j);
+    uint32_t gen = 0, got1 = s_extras_to(&j, 1, 0, &gen), got2 = s_extras_to(&j, 2, 0, &gen);
+    ck_assert_uint_eq(got1 % DET_M, 0);
+    ck_assert_uint_eq(got2 % DET_M, 0);
+    ck_assert_uint_eq(got1 + got2, 24);
+    ck_assert_uint_gt(got1 * got2, 0);
+    s_members_teardown(&j);
+
+    s_det_setup(&j, 2);
+    ck_assert_int_eq(s_hello_share(&j, 0, 27), ZPS_OK); // rounded to 24
+    ck_assert_int_eq(s_hello_share(&j, 1, 0), ZPS_OK);
+    p = zps_coord_plan(j.c);
+    ck_assert_ptr_nonnull(p);
+    ck_assert_uint_eq(p->slices[0].count, 24);
+    ck_assert_uint_eq(p->slices[1].count, 40);
+    s_members_teardown(&j);
+}
+END_TEST
+
+// Eight members have a micro-batch each: a ninth is refused in one line,
+// and the plan keeps eight.
+START_TEST(test_coord_deterministic_member_beyond_b_over_m_is_refused)
+{
+    mjob j;
+    zps_coord_cfg cfg = s_members_cfg(2);
+    cfg.global_batch = 2 * DET_M; // two micro-batches
+    cfg.micro_batch = DET_M;
+    s_members_setup_cfg(&j, &cfg);
+    s_say_hello(&j, 0);
+    s_say_hello(&j, 1);
+    (void)s_take_job_of(&j, 0);
+    (void)s_take_job_of(&j, 1);
+    ck_assert_int_eq(s_hello_share(&j, 2, 0), ZPS_EINVAL); // a joiner: no micro-batch left
+    s_assert_refused(&j, 2, "2 micro-batches of 8");
+    s_release(&j, 1);
+    ck_assert_uint_eq(zps_coord_plan(j.c)->n, 2);
+    s_members_teardown(&j);
+}
+END_TEST
+
+// The job's first member computes on a CPU: a GPU worker is refused (its
+// kernels differ), another CPU one admitted.
+START_TEST(test_coord_deterministic_device_class_mismatch_is_refused)
+{
+    mjob j;
+    s_det_setup(&j, 2);
+    ck_assert_int_eq(s_hello_on(&j, 0, 0, "cpu"), ZPS_OK);
+    ck_assert_int_eq(s_hello_on(&j, 1, 0, "cuda:0"), ZPS_EINVAL);
+    s_assert_refused(&j, 1, "their kernels differ");
+    ck_assert_ptr_null(zps_coord_plan(j.c));
+    ck_assert_int_eq(s_hello_on(&j, 1, 0, "cpu"), ZPS_OK);
+    ck_assert_ptr_nonnull(zps_coord_plan(j.c));
+    s_members_teardown(&j);
+    // Not deterministic: both classes are admitted.
+    s_members_setup(&j, 2);
+    ck_assert_int_eq(s_hello_on(&j, 0, 0, "cpu"), ZPS_OK);
+    ck_assert_int_eq(s_hello_on(&j, 1, 0, "cuda:0"), ZPS_OK);
+    s_members_teardown(&j);
+}
+END_TEST
+
+// ---------------------------------------------------------------------------
 // Recovery: a coordinator restarted from its saved job state.
 
 // The job of s_start_two saved at step 5, and a new coordinator resumed
@@ -1155,6 +1270,11 @@ Suite *zps_suite_coord(void)
     tcase_add_test(pc, test_coord_speculation_hands_a_late_slice_in_pieces_to_the_helpers_only);
     tcase_add_test(pc, test_coord_adaptive_split_gives_shares_by_throughput_at_the_next_boundary);
     suite_add_tcase(s, pc);
+    TCase *dc = tcase_create("deterministic");
+    tcase_add_test(dc, test_coord_deterministic_shares_and_pieces_are_whole_micro_batches);
+    tcase_add_test(dc, test_coord_deterministic_member_beyond_b_over_m_is_refused);
+    tcase_add_test(dc, test_coord_deterministic_device_class_mismatch_is_refused);
+    suite_add_tcase(s, dc);
     TCase *rc = tcase_create("recovery");
     tcase_add_test(rc, test_coord_resumed_rolls_everyone_back_once_every_worker_called_back);
     tcase_add_test(rc, test_coord_resumed_evicts_a_worker_that_does_not_call_back_in_time);
