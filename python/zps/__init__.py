@@ -117,7 +117,8 @@ _INFO = {"job_id": _lib.INFO_JOB_ID, "rank": _lib.INFO_RANK, "seed": _lib.INFO_S
          "steps_per_epoch": _lib.INFO_STEPS_PER_EPOCH, "start_step": _lib.INFO_START_STEP,
          "step": _lib.INFO_STEP, "n_params": _lib.INFO_N_PARAMS,
          "n_buckets": _lib.INFO_N_BUCKETS, "mode": _lib.INFO_MODE,
-         "inner_steps": _lib.INFO_INNER_STEPS, "micro_batch": _lib.INFO_MICRO_BATCH}
+         "inner_steps": _lib.INFO_INNER_STEPS, "micro_batch": _lib.INFO_MICRO_BATCH,
+         "pushed_bytes": _lib.INFO_PUSHED_BYTES}
 
 
 class Client:

@@ -676,6 +676,8 @@ class Run:
         if self._micro and self._bufs.entries:
             # A buffer's new value is a forward's over a whole piece, pushed
             # with its gradient: averaged by pieces, it depends on the split.
+            # The coordinator refuses such a layout at the join; this is for
+            # a server that would not.
             raise BadArgument(_lib.EINVAL, f"a deterministic job takes no buffers: the model's "
                                            f"{self._bufs.entries[0][0]} would be averaged over "
                                            f"pieces of any split; Run(buffers='local') keeps "

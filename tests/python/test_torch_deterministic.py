@@ -224,15 +224,21 @@ def test_a_thread_count_other_than_1_is_named_in_a_warning(procs):
 
 
 def test_buffers_are_refused_in_one_line_and_local_ones_are_not(procs, one_thread):
+    # The coordinator refuses a declared layout with buffers at the join
+    # (zps.Refused); Run's own check, after joining, is for a server that
+    # would not.
     s = tiny_server(procs, steps=1)
-    with pytest.raises(zps.BadArgument) as e:
+    with pytest.raises(zps.ZpsError) as e:
         zt.Run(s.endpoint, tiny(torch.nn.BatchNorm1d(5)), dataset_size=N, join_timeout=30)
     msg = str(e.value)
-    assert msg.startswith("a deterministic job takes no buffers: the model's 1.running_mean "
-                          "would be averaged"), msg
-    assert "\n" not in msg and "buffers='local'" in msg
+    assert "takes no buffers (1.running_mean)" in msg and "\n" not in msg, msg
     assert not torch.are_deterministic_algorithms_enabled()  # refused: nothing changed
-    procs.kill_all()
+    run = stub_run(diloco=False, bufs=[("1.running_mean", torch.zeros(5))])
+    with pytest.raises(zps.BadArgument) as e:
+        run._check_mode()
+    assert str(e.value).startswith("a deterministic job takes no buffers: the model's "
+                                   "1.running_mean would be averaged"), str(e.value)
+    assert "buffers='local'" in str(e.value)
     s = tiny_server(procs, steps=2, name="server2")
     model = tiny(torch.nn.BatchNorm1d(5))
     with pytest.warns(zt.ZpsWarning):  # local buffers and BatchNorm: named, as in any job
@@ -245,19 +251,25 @@ def test_buffers_are_refused_in_one_line_and_local_ones_are_not(procs, one_threa
     procs.ok(s, 30)
 
 
+def stub_run(diloco, bufs=()):
+    """A Run as _check_mode sees one of a deterministic job after joining
+    (no server offers these: the checks behind the server's own)."""
+    run = zt.Run.__new__(zt.Run)
+    model = tiny()
+    run.optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
+    run._diloco, run._micro, run._staged, run.scheduler = diloco, M, False, None
+    run._bufs = zt._torch_state.Buffers(list(bufs), 0)
+    return run
+
+
 def test_diloco_is_refused_by_the_server_and_by_run(procs):
     out = subprocess.run([os.path.join(BIN, "zps-server"), *DET, "--mode", "diloco",
                           "--inner-steps", "4", "--model", "external"],
                          capture_output=True, text=True, timeout=30)
     assert out.returncode == 2
     assert out.stderr == "zps-server: --deterministic takes no --mode diloco\n"
-    # A job that offered both (no server does) would still not train: Run's
-    # own check, as it runs after joining.
-    run = zt.Run.__new__(zt.Run)
-    model = tiny()
-    run.optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
-    run._diloco, run._micro, run._staged, run.scheduler = True, M, False, None
-    run._bufs = zt._torch_state.Buffers([], 0)
+    # A job that offered both (no server does) would still not train.
+    run = stub_run(diloco=True)
     with pytest.raises(zps.BadArgument, match="^a deterministic job .* has no diloco rounds"):
         run._check_mode()
 
