@@ -520,6 +520,8 @@ class Run:
     shards clip the averaged gradient to that global 2-norm; buffers,
     "average" (the shards average floating-point buffers by samples, every
     replica holds the same), "broadcast" (rank 0's, as DDP) or "local";
+    device: the name the job's status shows for this worker (None:
+    "torch-" and the model's device, "torch-cpu", "torch-cuda:0").
     staged: None (a bf16/fp16 model or one on a GPU trains staged: its own
     tensors, copied to and from fp32 host vectors per bucket), True (force
     that path), False (refuse it). resume_from: a torch file ({'model':
@@ -535,7 +537,7 @@ class Run:
 
     def __init__(self, coordinator, model, dataset_size, share=None, test_size=0,
                  evaluate=None, timeout=60.0, join_timeout=600.0, heartbeat=None, curve=None,
-                 sndbuf=None, device="torch-cpu", optimizer=None, scheduler=None,
+                 sndbuf=None, device=None, optimizer=None, scheduler=None,
                  clip_grad_norm=None, buffers="average", staged=None, resume_from=None):
         named, self._staged = _check_model(model, staged)
         if resume_from is not None:
@@ -627,6 +629,11 @@ class Run:
     def _setup(self, named, dataset_size, test_size, share, timeout, join_timeout, heartbeat,
                curve, sndbuf, device, clip_grad_norm):
         c = self._client
+        if device is None:
+            # What the job's status shows, and a deterministic job's device
+            # class: its coordinator refuses a GPU worker beside CPU ones.
+            on = next((p.device for _, p in named if p.device.type != "cpu"), "cpu")
+            device = f"torch-{on}"
         c.set("device", device)
         c.set("timeout_ms", int(timeout * 1000))
         c.set("join_timeout_ms", int(join_timeout * 1000))
