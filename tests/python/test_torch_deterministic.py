@@ -8,6 +8,7 @@ Each job's processes are real and killed by pid at the end (conftest.py);
 every wait is bounded.
 """
 import os
+import signal
 import subprocess
 import warnings
 
@@ -18,6 +19,7 @@ import torch
 import zps
 import zps.torch as zt
 from conftest import BIN, PYTHON, params, save_arg
+from test_torch_fmnist import wait_steps
 
 M = 8
 # lr 0.01: where this CNN is not chaotic over a few dozen steps, so that
@@ -71,6 +73,33 @@ def test_one_worker_and_two_of_24_and_40_end_bitwise_equal_after_300_steps_at_lr
     # default mode grows to 1e-5..1e-3 in 30 steps (test_torch_fmnist.py's
     # note); here none appears in 300.
     check_bitwise(procs, 300, timeout=300, lr=0.05)
+
+
+@pytest.mark.long  # make test-long: as test_torch_fmnist.py's kill, the C suite's in make test
+def test_a_worker_killed_mid_run_the_survivors_end_bitwise_equal_to_one_worker(procs):
+    # The dead worker's micro-batches are handed on and computed by the
+    # survivors, alone each, so they are the same bits: the whole run is.
+    steps = 60
+    s = procs.server(*JOB, *DET, "--lr", "0.05", "--steps", str(steps), "--workers", "3",
+                     "--worker-timeout-ms", "1500", "--metrics-log",
+                     os.path.join(procs.tmp, "metrics.jsonl"), name="three-server")
+    ws = [procs.torch_worker(f"three{i}", s.endpoint, "--test-size", "0",
+                             *save_arg(procs, f"three{i}")) for i in range(3)]
+    wait_steps(procs, 12, s)
+    os.kill(ws[2].pid, signal.SIGKILL)
+    procs.wait(ws[2], 10)
+    procs.ok(ws[0])
+    procs.ok(ws[1])
+    procs.ok(s, 30)
+    assert "evict" in procs.log(s)
+    (one,), _ = job(procs, "one", [64], steps, lr=0.05)
+    a, b = params(procs, "three0"), params(procs, "three1")
+    assert np.array_equal(a, b)
+    diff = np.flatnonzero(one != a)
+    assert diff.size == 0, (f"{diff.size} of {one.size} parameters differ from the undisturbed "
+                            f"run, max {float(np.abs(one - a).max()):.3g}")
+    print(f"a third worker killed after step 12 of {steps}: the survivors bitwise equal to "
+          f"one worker")
 
 
 def test_the_default_mode_with_the_same_splits_differs(procs):
