@@ -23,6 +23,10 @@ ReLU of zps-worker's built-in MLP, whose flat layout is the same: a torch
 worker then joins a job of C workers. The data are Debian's
 dataset-fashion-mnist files, scaled to [0, 1] as zps-worker does.
 
+A zps-server --deterministic --micro-batch M job (run.micro_batch M)
+is computed micro-batch by micro-batch (work.micro_batches(M)), so its
+final parameters are the same bits for any number of workers and split.
+
 --diloco joins a zps-server --mode diloco job: the worker trains each
 round's inner steps with torch.optim's optimizer of --optimizer, --lr, ...
 (constant lr), which it gives zt.Run, and keeps its state across rounds.
@@ -79,7 +83,7 @@ def build(spec):
 
 
 def flat(model):
-    return torch.cat([p.detach().reshape(-1) for p in model.parameters()])
+    return torch.cat([p.detach().reshape(-1).cpu() for p in model.parameters()])
 
 
 def save(model, path):
@@ -90,7 +94,8 @@ def save(model, path):
 def accuracy(model, x, y):
     model.eval()
     with torch.no_grad():
-        correct = sum(int((model(x[i:i + 1000]).argmax(1) == y[i:i + 1000]).sum())
+        dev = next(model.parameters()).device
+        correct = sum(int((model(x[i:i + 1000].to(dev)).argmax(1).cpu() == y[i:i + 1000]).sum())
                       for i in range(0, len(y), 1000))
     model.train()
     return correct / len(y)
@@ -145,7 +150,7 @@ def worker(a, model, x, y, xt, yt):
     def evaluate(offset, count):  # the test records an epoch's end asks for
         model.eval()
         with torch.no_grad():
-            out = model(xt[offset:offset + count])
+            out = model(xt[offset:offset + count].to(a.device)).cpu()
             loss = float(torch.nn.functional.cross_entropy(out, yt[offset:offset + count],
                                                            reduction="sum"))
             correct = int((out.argmax(1) == yt[offset:offset + count]).sum())
@@ -162,8 +167,13 @@ def worker(a, model, x, y, xt, yt):
             if a.save_init and work.step == 0:  # the job's initial values (rank 0's or the server's)
                 save(model, a.save_init)
                 a.save_init = None
-            loss = loss_fn(model(x[work.indices]), y[work.indices])
-            work.backward(loss)                                # zps
+            if run.micro_batch:  # a deterministic job: its micro-batches of M, each alone
+                for mb in work.micro_batches(run.micro_batch):  # zps
+                    xb, yb = x[mb.indices].to(a.device), y[mb.indices].to(a.device)
+                    mb.backward(loss_fn(model(xb), yb))
+            else:
+                xb, yb = x[work.indices].to(a.device), y[work.indices].to(a.device)
+                work.backward(loss_fn(model(xb), yb))          # zps
             if a.sleep_ms:
                 time.sleep(a.sleep_ms / 1e3)
     t, n = run.timing, max(run.timing["pieces"], 1)
@@ -184,6 +194,8 @@ def main():
     p.add_argument("--data", default=DATA, help=f"the IDX files (default {DATA})")
     p.add_argument("--init-seed", type=int, default=1, help="torch.manual_seed of the initial "
                    "values (rank 0's are the job's)")
+    p.add_argument("--device", default="cpu", help="worker: where the model computes (cpu, "
+                   "cuda, cuda:1; a GPU trains through zps.torch's staged path)")
     p.add_argument("--threads", type=int, default=1, help="torch threads (default 1)")
     p.add_argument("--share", type=int, default=None, help="fixed samples of each step")
     p.add_argument("--save", help="the final parameters, raw float32 (under zps-run a "
@@ -228,6 +240,9 @@ def main():
         xt, yt = xt[:a.test_size], yt[:a.test_size]
     torch.manual_seed(a.init_seed)
     model = build(a.model)
+    if a.single and a.device != "cpu":
+        p.error("--single trains on the CPU: no --device")
+    model = model.to(a.device)
     try:
         if a.single:
             single(a, model, x, y)

@@ -117,7 +117,8 @@ _INFO = {"job_id": _lib.INFO_JOB_ID, "rank": _lib.INFO_RANK, "seed": _lib.INFO_S
          "steps_per_epoch": _lib.INFO_STEPS_PER_EPOCH, "start_step": _lib.INFO_START_STEP,
          "step": _lib.INFO_STEP, "n_params": _lib.INFO_N_PARAMS,
          "n_buckets": _lib.INFO_N_BUCKETS, "mode": _lib.INFO_MODE,
-         "inner_steps": _lib.INFO_INNER_STEPS}
+         "inner_steps": _lib.INFO_INNER_STEPS, "micro_batch": _lib.INFO_MICRO_BATCH,
+         "pushed_bytes": _lib.INFO_PUSHED_BYTES}
 
 
 class Client:
@@ -232,8 +233,8 @@ class Client:
 
     def info(self, name):
         """A number of the job (job_id, rank, seed, global_batch, ..., mode:
-        _lib.MODE_SYNC or MODE_DILOCO, inner_steps: diloco's H) or model,
-        dataset (strings)."""
+        _lib.MODE_SYNC or MODE_DILOCO, inner_steps: diloco's H, micro_batch: a
+        deterministic job's M, 0 otherwise) or model, dataset (strings)."""
         if not self._c:
             raise BadArgument(_lib.EINVAL, f"{name}: the client is closed")
         if name in ("model", "dataset"):
@@ -274,6 +275,18 @@ class Client:
     def push_bucket(self, work, b, grad_address, loss):
         self._check(lib.zps_push_bucket(self._c, ctypes.byref(work), b, grad_address, loss),
                     f"pushing bucket {b} of step {work.step}")
+
+    def push_micro(self, work, micro, b, grad_address, loss):
+        """A deterministic job (libzps 1.6): bucket b of micro-batch `micro`
+        of work (its mean gradient over the job's M samples, read at once)
+        with the micro-batch's mean loss; micro-batches in order per bucket."""
+        if not _lib.has("zps_push_micro"):
+            major, minor, _ = version()
+            raise BadArgument(_lib.EINVAL, f"libzps {major}.{minor} has no zps_push_micro: a "
+                                           f"deterministic job needs libzps 1.6 or later")
+        self._check(lib.zps_push_micro(self._c, ctypes.byref(work), micro, b, grad_address,
+                                       loss),
+                    f"pushing bucket {b} of micro-batch {micro} of step {work.step}")
 
     def work_done(self, work):
         self._check(lib.zps_work_done(self._c, ctypes.byref(work)),

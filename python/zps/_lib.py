@@ -56,7 +56,7 @@ OPT_DEVICE, OPT_SHARE, OPT_TIMEOUT_MS, OPT_JOIN_TIMEOUT_MS, OPT_HEARTBEAT_MS, OP
 # enum zps_info
 INFO_JOB_ID, INFO_RANK, INFO_SEED, INFO_GLOBAL_BATCH, INFO_TOTAL_STEPS, INFO_STEPS_PER_EPOCH, \
     INFO_START_STEP, INFO_STEP, INFO_N_PARAMS, INFO_N_BUCKETS, INFO_MODE, INFO_INNER_STEPS, \
-    INFO_INNER_OPTIM, INFO_INNER_NESTEROV = range(1, 15)
+    INFO_INNER_OPTIM, INFO_INNER_NESTEROV, INFO_MICRO_BATCH, INFO_PUSHED_BYTES = range(1, 17)
 MODE_SYNC, MODE_DILOCO = 0, 1
 INNER_SGD, INNER_ADAM, INNER_ADAMW = 1, 2, 3
 INFO_MODEL, INFO_DATASET = 100, 101
@@ -115,6 +115,7 @@ _SIGNATURES = {
     "zps_next_work": (_INT, [_P, _WORK]),
     "zps_work_start": (_INT, [_P, _WORK]),
     "zps_push_bucket": (_INT, [_P, _WORK, _INT, _FLOATS, ctypes.c_float]),
+    "zps_push_micro": (_INT, [_P, _WORK, _U32, _INT, _FLOATS, ctypes.c_float]),  # 1.6
     "zps_work_done": (_INT, [_P, _WORK]),
     "zps_inner_done": (_INT, [_P, _WORK, ctypes.c_float]),  # 1.2
     "zps_eval_done": (_INT, [_P, _WORK, _U32, ctypes.c_double]),
@@ -141,7 +142,7 @@ _SINCE = {"zps_inner_done": (1, 2), "zps_info_f64": (1, 3), "zps_inner_lr": (1, 
           "zps_declare_clip_grad_norm": (1, 4), "zps_checkpoint_open": (1, 5),
           "zps_checkpoint_destroy": (1, 5), "zps_checkpoint_info": (1, 5),
           "zps_checkpoint_tensor": (1, 5), "zps_checkpoint_group": (1, 5),
-          "zps_checkpoint_read": (1, 5)}
+          "zps_checkpoint_read": (1, 5), "zps_push_micro": (1, 6)}
 
 
 def has(name):

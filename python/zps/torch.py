@@ -30,6 +30,12 @@ What Run does to the model, and why:
   warns; zps.torch.Dropout draws them from (seed, step, sample) instead,
   so a piece's masks do not depend on how the global batch is split.
 - work.micro_batches(n) cuts a piece into micro-batches pushed once.
+- A deterministic job (zps-server --deterministic --micro-batch M;
+  run.micro_batch is M) gives the same bits for any split of the global
+  batch: each micro-batch of M samples is computed alone (the flat
+  gradient zeroed before it) and its gradient pushed through
+  zps_push_micro, which sums micro-batches in the job's one tree order;
+  torch.use_deterministic_algorithms is on while the Run is open.
 - Ctrl-C leaves the job (BYE: the others take this worker's share), and
   every wait is bounded (timeout=, join_timeout=).
 
@@ -232,7 +238,17 @@ class Work:
     def backward(self, loss):
         """loss: the mean over this piece's samples, as one writes it for a
         batch. Runs loss.backward(), pushing each bucket once it is final;
-        diloco: loss.backward(), then the Run's optimizer.step()."""
+        diloco: loss.backward(), then the Run's optimizer.step(). A
+        deterministic job takes it only for a piece of one micro-batch."""
+        m = self._run._micro
+        if m:
+            if self.count != m:
+                raise BadArgument(_lib.EINVAL, f"work.backward on a piece of {self.count} "
+                                               f"samples: this deterministic job computes "
+                                               f"micro-batches of {m} alone: for mb in "
+                                               f"work.micro_batches({m}): mb.backward(loss)")
+            self._run._backward_micro(self, loss, 0, 1)
+            return
         self._run._backward(self, loss)
 
     def micro_batches(self, max_samples):
@@ -240,10 +256,26 @@ class Work:
         that does not fit in memory at once, DDP's no_sync): for each,
         mb.backward(loss of mb.indices). Their gradients add up weighted by
         samples, and the piece is pushed once, after the last: the same as
-        one backward over the piece, within round-off."""
+        one backward over the piece, within round-off.
+
+        A deterministic job (run.micro_batch M > 0) takes max_samples M
+        alone: each micro-batch of M samples is then computed and pushed on
+        its own, so its gradient is the same bits whichever worker computes
+        it::
+
+            for mb in work.micro_batches(run.micro_batch):
+                mb.backward(loss_fn(model(x[mb.indices]), y[mb.indices]))
+        """
+        m = self._run._micro
+        if m and max_samples != m:
+            raise BadArgument(_lib.EINVAL, f"micro_batches({max_samples}): this deterministic "
+                                           f"job's micro-batches are {m} samples "
+                                           f"(run.micro_batch): micro_batches({m})")
         if int(max_samples) < 1:
             raise BadArgument(_lib.EINVAL, f"micro_batches({max_samples}): at least 1 sample")
-        step = int(max_samples)
+        return self._micro_batches(int(max_samples))
+
+    def _micro_batches(self, step):
         for lo in range(0, self.count, step):
             hi = min(self.count, lo + step)
             mb = MicroBatch(self, lo, hi)
@@ -281,6 +313,10 @@ class MicroBatch:
             raise BadArgument(_lib.EINVAL, "mb.backward: once per micro-batch")
         w = self._work
         self._done = True
+        m = w._run._micro
+        if m:
+            w._run._backward_micro(w, loss, self.offset // m, w.count // m)
+            return
         w._run._backward(w, loss, self.count, first=self.offset == 0,
                          last=self.offset + self.count == w.count)
 
@@ -484,6 +520,8 @@ class Run:
     shards clip the averaged gradient to that global 2-norm; buffers,
     "average" (the shards average floating-point buffers by samples, every
     replica holds the same), "broadcast" (rank 0's, as DDP) or "local";
+    device: the name the job's status shows for this worker (None:
+    "torch-" and the model's device, "torch-cpu", "torch-cuda:0").
     staged: None (a bf16/fp16 model or one on a GPU trains staged: its own
     tensors, copied to and from fp32 host vectors per bucket), True (force
     that path), False (refuse it). resume_from: a torch file ({'model':
@@ -499,7 +537,7 @@ class Run:
 
     def __init__(self, coordinator, model, dataset_size, share=None, test_size=0,
                  evaluate=None, timeout=60.0, join_timeout=600.0, heartbeat=None, curve=None,
-                 sndbuf=None, device="torch-cpu", optimizer=None, scheduler=None,
+                 sndbuf=None, device=None, optimizer=None, scheduler=None,
                  clip_grad_norm=None, buffers="average", staged=None, resume_from=None):
         named, self._staged = _check_model(model, staged)
         if resume_from is not None:
@@ -528,6 +566,9 @@ class Run:
         self._work = None
         self._hook_error = None
         self._diloco = False
+        self._micro = 0  # a deterministic job's M (zps-server --micro-batch)
+        self._micro_i = None  # the micro-batch whose buckets the hooks push
+        self._det_prior = None  # torch's deterministic settings before the Run
         self._table = None
         self._patched = None
         self._last_step = None
@@ -548,6 +589,7 @@ class Run:
                     pass
             self._client.close()
             raise
+        self._deterministic_on()
         _warn_uncovered(model, buffers)
         atexit.register(self.close)
 
@@ -587,6 +629,11 @@ class Run:
     def _setup(self, named, dataset_size, test_size, share, timeout, join_timeout, heartbeat,
                curve, sndbuf, device, clip_grad_norm):
         c = self._client
+        if device is None:
+            # What the job's status shows, and a deterministic job's device
+            # class: its coordinator refuses a GPU worker beside CPU ones.
+            on = next((p.device for _, p in named if p.device.type != "cpu"), "cpu")
+            device = f"torch-{on}"
         c.set("device", device)
         c.set("timeout_ms", int(timeout * 1000))
         c.set("join_timeout_ms", int(join_timeout * 1000))
@@ -610,6 +657,7 @@ class Run:
             raise BadArgument(_lib.EINVAL, f"the job's model has {n} parameters and buffers, "
                                            f"this one {self._flat.numel()}")
         self._diloco = c.info("mode") == _lib.MODE_DILOCO
+        self._micro = c.info("micro_batch")  # 0 from a libzps before 1.6: no such job
         self._check_mode()
         if not self._diloco and self._groups_error:
             raise self._groups_error
@@ -628,6 +676,45 @@ class Run:
             raise BadArgument(_lib.EINVAL, "a diloco job trains float32 models on the CPU, "
                                            "without buffers=average/broadcast or scheduler= "
                                            "(step your scheduler yourself; buffers='local')")
+        if self._micro and self._diloco:
+            raise BadArgument(_lib.EINVAL, "a deterministic job (zps-server --deterministic) "
+                                           "has no diloco rounds: each worker's own steps "
+                                           "would depend on its share")
+        if self._micro and self._bufs.entries:
+            # A buffer's new value is a forward's over a whole piece, pushed
+            # with its gradient: averaged by pieces, it depends on the split.
+            # The coordinator refuses such a layout at the join; this is for
+            # a server that would not.
+            raise BadArgument(_lib.EINVAL, f"a deterministic job takes no buffers: the model's "
+                                           f"{self._bufs.entries[0][0]} would be averaged over "
+                                           f"pieces of any split; Run(buffers='local') keeps "
+                                           f"each worker's own, or use GroupNorm or LayerNorm")
+
+    def _deterministic_on(self):
+        """A deterministic job: torch's deterministic kernels while the Run
+        is open (close() restores the caller's setting), cuBLAS's fixed
+        workspace where CUDA computes, and a word when the thread count is
+        not 1, on which a CPU kernel's summation order may depend."""
+        if not self._micro:
+            return
+        if any(p.device.type == "cuda" for p in self._params):
+            # cuBLAS reads it when its handle is made: in time unless the
+            # model ran a matmul on the GPU before Run. A value of the
+            # caller's own (":16:8") is deterministic too, and stays.
+            os.environ.setdefault("CUBLAS_WORKSPACE_CONFIG", ":4096:8")
+        self._det_prior = (torch.are_deterministic_algorithms_enabled(),
+                           torch.is_deterministic_algorithms_warn_only_enabled())
+        torch.use_deterministic_algorithms(True)
+        n = torch.get_num_threads()
+        if n != 1:
+            warnings.warn(f"zps: torch uses {n} threads in a deterministic job: its bits then "
+                          f"depend on the thread count too (torch.set_num_threads(1) on every "
+                          f"worker, or the same count on each)", ZpsWarning, stacklevel=3)
+
+    def _deterministic_off(self):
+        if self._det_prior is not None:
+            torch.use_deterministic_algorithms(self._det_prior[0], warn_only=self._det_prior[1])
+            self._det_prior = None
 
     def _take_optimizer(self, total_steps):
         """Sync: the shards step the optimizer; its schedule is declared as
@@ -714,7 +801,11 @@ class Run:
         if self._stage:
             self._stage.bucket_ready()
         t = time.perf_counter()
-        self._client.push_bucket(self._work._w, b, self._gflat.data_ptr(), self._loss)
+        if self._micro_i is not None:
+            self._client.push_micro(self._work._w, self._micro_i, b, self._gflat.data_ptr(),
+                                    self._loss)
+        else:
+            self._client.push_bucket(self._work._w, b, self._gflat.data_ptr(), self._loss)
         self._lib_s += time.perf_counter() - t
 
     # Properties of the job, after joining.
@@ -739,6 +830,13 @@ class Run:
     def step(self):
         """The step being computed (diloco: the outer round)."""
         return self._client.info("step")
+
+    @property
+    def micro_batch(self):
+        """A deterministic job's M (zps-server --deterministic --micro-batch
+        M), the samples of each micro-batch of work.micro_batches; 0 when
+        the job is not deterministic."""
+        return self._micro
 
     @property
     def mode(self):
@@ -848,6 +946,24 @@ class Run:
             return
         self._backward_and_push(work, loss)
 
+    def _backward_micro(self, work, loss, micro, n):
+        """A deterministic job: micro-batch `micro` of the piece's n, alone
+        (the flat gradient zeroed first, so nothing of another micro-batch
+        is in its sum), each bucket pushed through zps_push_micro once
+        final; after the last one, the piece is done."""
+        if work._run is not self or work._done or self._work is not None:
+            raise BadArgument(_lib.EINVAL, "mb.backward: once per micro-batch, inside its "
+                                           "piece's iteration")
+        self._t0 = time.perf_counter()
+        self._gflat.zero_()
+        self._fresh_grads()
+        self._loss = float(loss.detach())
+        self._micro_i = micro
+        try:
+            self._backward_and_push(work, loss, last=micro == n - 1)
+        finally:
+            self._micro_i = None
+
     def _fresh_grads(self):
         if self._stage:
             self._stage.begin()
@@ -856,7 +972,10 @@ class Run:
             if p.grad is None or p.grad.data_ptr() != g.data_ptr():
                 p.grad = g  # the caller's zero_grad(set_to_none=True) undid it
 
-    def _backward_and_push(self, work, loss):
+    def _backward_and_push(self, work, loss, last=True):
+        """loss.backward(), the hooks pushing each bucket once final; last:
+        the piece is then done (a deterministic job's micro-batches before
+        the last push their buckets and no more)."""
         t0 = self._t0
         self._pending = list(self._need)
         self._pushed = [False] * len(self._need)
@@ -875,16 +994,17 @@ class Run:
                 if not pushed:
                     self._push(b)  # parameters the loss does not depend on: zeros
             t3 = time.perf_counter()
-            self._client.work_done(work._w)
+            if last:
+                self._client.work_done(work._w)
             self._lib_s += time.perf_counter() - t3
         finally:
             self._work = None
             self._hook_error = None
-        work._done = True
+        work._done = last
         # backward_s: torch's; lib_s: libzps's pushes (the wire's share of
         # the step); python_s: this module's own cost, hooks included.
         tm = self.timing
-        tm["pieces"] += 1
+        tm["pieces"] += last
         tm["backward_s"] += t2 - t1 - self._hook_s
         tm["lib_s"] += self._lib_s
         tm["python_s"] += time.perf_counter() - t0 - (t2 - t1) + self._hook_s - self._lib_s
@@ -945,6 +1065,7 @@ class Run:
         self._closed = True
         self._client.close()
         self._hooks = []  # the accumulators; their hooks do nothing once closed
+        self._deterministic_off()
         if self._joined:
             self._load(None)  # a staged model and the buffers: the last values
             self._give_optimizer_back()
