@@ -167,7 +167,7 @@ static bool s_share_fits(const zps_coord *c, uint32_t share, bool joining, char 
     if (fixed > total || (last && n_flex == 0 && fixed != total) ||
         (n_flex > 0 && total - fixed < n_flex)) {
         snprintf(why, len, "share %u does not fit: fixed shares would be %llu of global batch %u",
-                 share, (unsigned long long)(fixed * unit), c->cfg.global_batch);
+                 share, (unsigned long long)fixed * unit, c->cfg.global_batch);
         return false;
     }
     return true;

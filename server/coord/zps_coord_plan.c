@@ -111,6 +111,14 @@ static size_t s_extras_of(const zps_coord *c, const zps_coord_member *mem, Zps__
     return n;
 }
 
+// The shards' public keys, which a worker's JOB carries (all: a worker's).
+static void s_shard_keys(zps_coord *c, bool all, char **keys)
+{
+    for (uint32_t i = 0; all && i < c->cfg.shards; i++) {
+        keys[i] = c->shards[i].public_key;
+    }
+}
+
 // JOB to a worker (its rank and id, and the step it starts at) or ASSIGN
 // to a shard (every id, and the optimizer): the same Job message, told
 // apart by `to_shard`.
@@ -131,9 +139,7 @@ void zps_coord_send_job(zps_coord *c, zps_outbox *out, zmq_msg_t *route, Zps__Ms
     Zps__Extra extras[ZPS_PLANS_HANDED_MAX];
     Zps__Extra *extra_ptrs[ZPS_PLANS_HANDED_MAX];
     char *keys[ZPS_MAX_SHARDS];
-    for (uint32_t i = 0; mem && i < c->cfg.shards; i++) {
-        keys[i] = c->shards[i].public_key;
-    }
+    s_shard_keys(c, mem != NULL, keys);
     Zps__Job job = ZPS__JOB__INIT;
     job.model = (char *)c->cfg.model;
     job.dataset = (char *)c->cfg.dataset;

@@ -101,7 +101,13 @@ static void s_restore_member(zps_coord *c, uint32_t i, const Zps__Member *m, uin
     mem->member_id = m->member_id;
     snprintf(mem->host, sizeof mem->host, "%s", m->host);
     snprintf(mem->device, sizeof mem->device, "%s", m->device);
-    mem->share = m->share;
+    // --resume takes M from the command line: a share saved by a job of
+    // another M (or none) is rounded to this one's micro-batches.
+    mem->share = zps_plan_round_share(m->share, c->cfg.micro_batch);
+    if (mem->share != m->share) {
+        zps_log_info("rank %u: share %u rounded to %u: whole micro-batches of %u", i, m->share,
+                     mem->share, c->cfg.micro_batch);
+    }
     mem->pid = m->pid;
     if (m->live) {
         zps_member_admit_active(&mem->life, step);

@@ -962,6 +962,38 @@ START_TEST(test_coord_deterministic_shares_and_pieces_are_whole_micro_batches)
 }
 END_TEST
 
+// --adaptive-split: rank 0 computes 5 x as fast as rank 1; by samples the
+// shares would be 53 + 11, in micro-batches of 8 they are 48 + 16.
+START_TEST(test_coord_deterministic_adaptive_shares_are_whole_micro_batches)
+{
+    mjob j;
+    zps_coord_cfg cfg = s_members_cfg(2);
+    cfg.global_batch = DET_B;
+    cfg.micro_batch = DET_M;
+    cfg.adaptive_split = true;
+    s_members_setup_cfg(&j, &cfg);
+    s_say_hello(&j, 0);
+    s_say_hello(&j, 1);
+    (void)s_take_job_of(&j, 0);
+    (void)s_take_job_of(&j, 1);
+    for (uint64_t t = 0; t < 20; t++) {
+        s_release(&j, t);
+        zps_coord_note_push(j.c, t, 0, DET_B / 2, 4.0f, s_clock_now + 4);
+        zps_coord_note_push(j.c, t, 1, DET_B / 2, 20.0f, s_clock_now + 20);
+        s_clock_now += 21;
+        j.counted[0] = j.counted[1] = DET_B / 2;
+        s_step_done_on(&j, t);
+        zps_coord_adapt(j.c);
+    }
+    s_release(&j, 20);
+    const zps_plan *p = zps_coord_plan(j.c);
+    ck_assert_uint_eq(p->n, 2);
+    ck_assert_uint_eq(p->slices[0].count, 48);
+    ck_assert_uint_eq(p->slices[1].count, 16);
+    s_members_teardown(&j);
+}
+END_TEST
+
 // Eight members have a micro-batch each: a ninth is refused in one line,
 // and the plan keeps eight.
 START_TEST(test_coord_deterministic_member_beyond_b_over_m_is_refused)
@@ -1272,6 +1304,7 @@ Suite *zps_suite_coord(void)
     suite_add_tcase(s, pc);
     TCase *dc = tcase_create("deterministic");
     tcase_add_test(dc, test_coord_deterministic_shares_and_pieces_are_whole_micro_batches);
+    tcase_add_test(dc, test_coord_deterministic_adaptive_shares_are_whole_micro_batches);
     tcase_add_test(dc, test_coord_deterministic_member_beyond_b_over_m_is_refused);
     tcase_add_test(dc, test_coord_deterministic_device_class_mismatch_is_refused);
     suite_add_tcase(s, dc);
