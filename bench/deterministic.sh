@@ -7,8 +7,9 @@
 # pushed a step (the workers' "done" lines, --shm off so that every byte
 # goes on a socket). Splits: 1 worker, 2 even workers (one canonical node
 # each: the default mode's bytes), 3 workers (shares of 6, 5 and 5
-# micro-batches: 7 nodes), and the worst split of 16 micro-batches for 3
-# workers (1 / 14 / 1: the middle piece is 6 nodes, 8 in all).
+# micro-batches at M = 8: 7 nodes), and the worst split for 3 workers
+# (M / B - 2M / M: at M = 8 the middle piece of 14 micro-batches is 6
+# nodes, 8 in all).
 #
 #   bench/deterministic.sh [STEPS] [REPEATS] [M]   (default 600 steps, 3 repeats, M 8)
 set -euo pipefail
@@ -26,7 +27,7 @@ splits=(
   "1 worker|1|"
   "2 even workers|2|"
   "3 workers|3|"
-  "3 workers, 8/112/8|3|8 112 8"
+  "3 workers, M/B-2M/M|3|$m $((128 - 2 * m)) $m"
 )
 
 median() { sort -g | awk '{a[NR]=$1} END {print (NR%2) ? a[(NR+1)/2] : (a[NR/2]+a[NR/2+1])/2}'; }

@@ -58,23 +58,29 @@ static zps_err s_slot(zps_client *c, zps_micro *mb, int i)
     return ZPS_OK;
 }
 
-// Micro-batch `micro`'s bucket [lo, hi) into bucket b's stack: a slot of
-// its own, then added into its left neighbours for as long as they are
-// its siblings (left + right, the tree's one rounding per node).
+// Micro-batch `micro`'s bucket [lo, hi) into bucket b's stack: added into
+// its left neighbours for as long as they are its siblings (left + right,
+// the tree's one rounding per node), or kept in a slot of its own. A leaf
+// added at once is read from grad, not copied first: the same sums, one
+// pass over the bucket fewer (the mode is memory-bound, bench/deterministic.sh).
 static zps_err s_add_leaf(zps_client *c, zps_micro *mb, int b, uint32_t leaf, uint64_t lo,
                           uint64_t hi, const float *grad)
 {
     int at = zps_tree_stack_push(&mb->stack[b], leaf), into, from;
-    if (s_slot(c, mb, at) != ZPS_OK) {
-        return ZPS_ENOMEM;
-    }
-    memcpy(mb->slot[at] + lo, grad + lo, (hi - lo) * sizeof(float));
+    bool kept = false;
     while (zps_tree_stack_merge(&mb->stack[b], &into, &from)) {
         float *dst = mb->slot[into];
-        const float *src = mb->slot[from];
+        const float *src = from == at && !kept ? grad : mb->slot[from];
         for (uint64_t i = lo; i < hi; i++) {
             dst[i] = dst[i] + src[i];
         }
+        kept = true; // the leaf is in slot `into` now
+    }
+    if (!kept) {
+        if (s_slot(c, mb, at) != ZPS_OK) {
+            return ZPS_ENOMEM;
+        }
+        memcpy(mb->slot[at] + lo, grad + lo, (hi - lo) * sizeof(float));
     }
     return ZPS_OK;
 }

@@ -103,15 +103,18 @@ START_TEST(test_gpu_worker_refuses_a_device_it_cannot_have)
 END_TEST
 
 // Trains STEPS steps of batch 64 with one worker per entry of devices
-// (shares split evenly), saving <tag>-w<i>.bin; all must succeed.
-static void s_train(zps_procs *ps, const char *tag, const char *const *devices, int n)
+// (shares: each one's, or NULL to split evenly), --deterministic
+// --micro-batch 8 with det, saving <tag>-w<i>.bin; all must succeed.
+static void s_train_job(zps_procs *ps, const char *tag, const char *const *devices, int n,
+                        const char *const *shares, bool det)
 {
     char workers[8], share[8], stag[64];
     snprintf(workers, sizeof workers, "%d", n);
     snprintf(share, sizeof share, "%d", 64 / n);
     snprintf(stag, sizeof stag, "%s-s0", tag);
     const char *sargs[] = {"--workers", workers, "--global-batch", "64", "--steps", STEPS,
-                           "--model", MODEL, "--seed", "3", NULL};
+                           "--model", MODEL, "--seed", "3", det ? "--deterministic" : NULL,
+                           "--micro-batch", "8", NULL};
     pid_t server;
     char endpoint[256];
     snprintf(endpoint, sizeof endpoint, "%s", zps_procs_start_server(ps, stag, &server, sargs,
@@ -123,7 +126,8 @@ static void s_train(zps_procs *ps, const char *tag, const char *const *devices, 
         snprintf(log, sizeof log, "%s-w%d.log", tag, i);
         const char *wargs[] = {"--coordinator", endpoint, "--save-params", zps_procs_path(ps, out),
                                "--cache-dir", ZPS_TEST_CACHE, "--timeout-ms", "60000",
-                               "--device", devices[i], "--share", share, NULL};
+                               "--device", devices[i], "--share", shares ? shares[i] : share,
+                               NULL};
         pids[i] = zps_procs_start(ps, "zps-worker", log, wargs);
     }
     for (int i = 0; i < n; i++) {
@@ -131,6 +135,11 @@ static void s_train(zps_procs *ps, const char *tag, const char *const *devices, 
                       tag, i, devices[i]);
     }
     ck_assert_msg(zps_procs_wait(ps, server, 30000) == 0, "%s server failed", tag);
+}
+
+static void s_train(zps_procs *ps, const char *tag, const char *const *devices, int n)
+{
+    s_train_job(ps, tag, devices, n, NULL, false);
 }
 
 START_TEST(test_gpu_mixed_cpu_gpu_job_equals_single_process)
@@ -176,6 +185,42 @@ START_TEST(test_gpu_mixed_cpu_gpu_job_equals_single_process)
 }
 END_TEST
 
+// Deterministic mode on GPUs (issue 29): one GPU worker and two of 24 + 40
+// end with the same bits (the same kernels on the same shapes, summed in
+// the tree's order). ZPS_TEST_GPU_DEVICE=cpu checks the test on a CPU.
+START_TEST(test_gpu_deterministic_two_gpu_workers_equal_one_bitwise)
+{
+    zps_procs ps;
+    zps_procs_init(&ps, "gpu-det");
+    const char *gpu = getenv("ZPS_TEST_GPU_DEVICE");
+    gpu = gpu && *gpu ? gpu : "cuda";
+    if (!s_have_gpu(&ps, "test_gpu_deterministic_two_gpu_workers_equal_one_bitwise", gpu)) {
+        zps_procs_fini(&ps, false);
+        return;
+    }
+    zps_model_spec spec;
+    ck_assert_int_eq(zps_model_parse(MODEL, &spec), ZPS_OK);
+    const char *one[] = {gpu}, *two[] = {gpu, gpu};
+    const char *all[] = {"64"}, *uneven[] = {"24", "40"};
+    s_train_job(&ps, "det-one", one, 1, all, true);
+    s_train_job(&ps, "det-two", two, 2, uneven, true);
+    float *ref = zps_procs_load_params(&ps, "det-one-w0.bin", spec.n_params);
+    for (int i = 0; i < 2; i++) {
+        char name[32];
+        snprintf(name, sizeof name, "det-two-w%d.bin", i);
+        float *p = zps_procs_load_params(&ps, name, spec.n_params);
+        double d = zps_max_abs_diff(ref, p, spec.n_params);
+        fprintf(stderr, "gpu deterministic: %s after %s steps: max |one - two| = %.3g\n", name,
+                STEPS, d);
+        ck_assert_msg(memcmp(ref, p, spec.n_params * sizeof(float)) == 0,
+                      "%s differs from one %s worker's by up to %.3g", name, gpu, d);
+        free(p);
+    }
+    free(ref);
+    zps_procs_fini(&ps, false);
+}
+END_TEST
+
 Suite *zps_suite_gpu(void)
 {
     Suite *s = suite_create("gpu");
@@ -183,6 +228,7 @@ Suite *zps_suite_gpu(void)
     tcase_set_timeout(tc, 600);
     tcase_add_test(tc, test_gpu_worker_refuses_a_device_it_cannot_have);
     tcase_add_test(tc, test_gpu_mixed_cpu_gpu_job_equals_single_process);
+    tcase_add_test(tc, test_gpu_deterministic_two_gpu_workers_equal_one_bitwise);
     suite_add_tcase(s, tc);
     return s;
 }
