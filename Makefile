@@ -225,7 +225,8 @@ $(BIN)/zps-worker: $(ZPS_WORKER_OBJ) $(B)/libzps.a $(B)/libzps_common.a
 # libzps.so.$(ZPS_SO_VERSION) (1.1: ZPS_OPT_SHM; 1.2: diloco; 1.3: a diloco job's inner
 # optimizer, node ZPS_1.3 of the map; 1.4: declared parameter groups, buffers, a
 # learning-rate table and clipping, node ZPS_1.4; 1.5: a job's checkpoints read
-# back, zps_checkpoint_*, node ZPS_1.5), soname libzps.so.1, and the links a
+# back, zps_checkpoint_*, node ZPS_1.5; 1.6: a deterministic job, zps_push_micro,
+# node ZPS_1.6), soname libzps.so.1, and the links a
 # build and a loader look for.
 $(LIBZPS_SO): $(LIBZPS_PIC) lib/libzps.map
 	@mkdir -p $(BIN)
