@@ -96,10 +96,13 @@ expand_item() {
 }
 
 # One host name a line. scontrol knows every syntax Slurm has; the small
-# parser above covers lists like node[01-03,07],gpu5 where it is missing.
+# parser above covers lists like node[01-03,07],gpu5 where it is missing,
+# or where it cannot run (Slurm's packages on a machine with no cluster to
+# ask for its configuration).
 hostnames() {
-  if command -v scontrol >/dev/null 2>&1; then
-    scontrol show hostnames "$1"
+  local out
+  if command -v scontrol >/dev/null 2>&1 && out=$(scontrol show hostnames "$1" 2>/dev/null); then
+    printf '%s\n' "$out"
     return
   fi
   local item
