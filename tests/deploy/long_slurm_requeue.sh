@@ -32,8 +32,16 @@ chmod 755 "$tmp"
 daemons=() # "name pid", stopped last first
 jobs_=()   # Slurm job ids, cancelled at the end
 cleanup() {
-  local j i name pid
-  for j in "${jobs_[@]}"; do scancel "$j" 2>/dev/null || true; done
+  local j i name pid left
+  # The jobs first (their tasks are slurmstepd's, not ours), while the
+  # daemons run: cancelled, then gone from the queue within 15 s.
+  if [ ${#jobs_[@]} -gt 0 ]; then
+    for j in "${jobs_[@]}"; do timeout 10 scancel "$j" 2>/dev/null || true; done
+    for _ in $(seq 75); do
+      [ -n "$(timeout 5 squeue -h -j "$(IFS=,; echo "${jobs_[*]}")" 2>/dev/null)" ] || break
+      sleep 0.2
+    done
+  fi
   for ((i = ${#daemons[@]} - 1; i >= 0; i--)); do
     read -r name pid <<<"${daemons[i]}"
     kill -TERM "$pid" 2>/dev/null || continue
@@ -44,9 +52,21 @@ cleanup() {
     fi
     wait "$pid" 2>/dev/null || true
   done
+  # What outlived its daemon: a job's process (its command line names
+  # $tmp) or a slurmstepd of this cluster (its environment does).
+  left=$(pgrep -f -- "$tmp/" || true)
+  for pid in $(pgrep -x slurmstepd || true); do
+    if grep -qF -- "$tmp/" "/proc/$pid/environ" 2>/dev/null; then left+=" $pid"; fi
+  done
+  if [ -n "$left" ]; then
+    echo "  processes left: $(tr '\n' ' ' <<<"$left") (SIGKILL)"
+    # shellcheck disable=SC2086 # one pid a word
+    kill -KILL $left 2>/dev/null || true
+  fi
   if [ "${KEEP:-0}" = 1 ]; then echo "  kept $tmp"; else rm -rf "$tmp"; fi
 }
 trap cleanup EXIT
+trap 'exit 143' TERM INT # (run.sh's timeout): the cleanup still runs
 
 # wait_for SECONDS WHAT CMD...: polls CMD every 0.1 s; fails the test (and
 # ends it) when it is still false after SECONDS.
@@ -71,14 +91,17 @@ dump_logs() {
     tail -n 15 "$f" | sed 's/^/    /'
   done
 }
-# A TCP port nothing listens on (connecting to a closed port fails).
-free_port() {
-  local p
-  for _ in $(seq 50); do
+# free_ports N: N different TCP ports nothing listens on (connecting to a
+# closed port fails), on one line.
+free_ports() {
+  local p got=()
+  for _ in $(seq 100); do
+    [ ${#got[@]} -lt "$1" ] || break
     p=$((20000 + RANDOM % 30000))
-    if ! (exec 3<>"/dev/tcp/127.0.0.1/$p") 2>/dev/null; then echo "$p"; return; fi
+    [[ " ${got[*]} " != *" $p "* ]] || continue
+    if ! (exec 3<>"/dev/tcp/127.0.0.1/$p") 2>/dev/null; then got+=("$p"); fi
   done
-  return 1
+  echo "${got[*]}"
 }
 now() { date +%s.%N; }
 secs() { awk -v a="$1" -v b="$2" 'BEGIN { printf "%.1f", b - a }'; }
@@ -87,17 +110,18 @@ echo "a one-node Slurm in $tmp"
 # munge: a key of our own, its socket, pid, log and seed in $tmp.
 dd if=/dev/urandom of="$tmp/munge.key" bs=1024 count=1 status=none
 chmod 600 "$tmp/munge.key"
-munged -F --key-file="$tmp/munge.key" --socket="$tmp/munge.sock" --pid-file="$tmp/munged.pid" \
+# Each daemon in a session of its own: a signal to this test's process
+# group (run.sh's timeout) leaves them to the cleanup, which stops the
+# jobs first. (setsid execs: $! is the daemon.)
+setsid munged -F --key-file="$tmp/munge.key" --socket="$tmp/munge.sock" --pid-file="$tmp/munged.pid" \
   --log-file="$tmp/munged.log" --seed-file="$tmp/munged.seed" >"$tmp/munged.out" 2>&1 &
 daemons+=("munged $!")
 wait_for 10 "munged listens on $tmp/munge.sock" test -S "$tmp/munge.sock"
 
 node=$(hostname -s)
 getent ahostsv4 "$node" >/dev/null || skip "this host's name $node does not resolve"
-if ! { ctld_port=$(free_port) && slurmd_port=$(free_port) && zps_port=$(free_port); }; then
-  fail "no free ports"
-  finish
-fi
+read -r ctld_port slurmd_port zps_port <<<"$(free_ports 3)"
+[ -n "$zps_port" ] || { fail "no three free ports"; finish; }
 mkdir -p "$tmp/ctld" "$tmp/spool"
 : >"$tmp/plugstack.conf"
 cat >"$tmp/slurm.conf" <<EOF
@@ -135,10 +159,10 @@ NodeName=$node NodeAddr=127.0.0.1 CPUs=4 State=UNKNOWN
 PartitionName=zps Nodes=$node Default=YES MaxTime=10 State=UP
 EOF
 export SLURM_CONF=$tmp/slurm.conf
-slurmctld -D -c -f "$SLURM_CONF" >"$tmp/slurmctld.out" 2>&1 &
+setsid slurmctld -D -c -f "$SLURM_CONF" >"$tmp/slurmctld.out" 2>&1 &
 daemons+=("slurmctld $!")
 wait_for 20 "slurmctld answers scontrol ping" bash -c 'scontrol ping 2>/dev/null | grep -q UP'
-slurmd -D -f "$SLURM_CONF" >"$tmp/slurmd.out" 2>&1 &
+setsid slurmd -D -f "$SLURM_CONF" >"$tmp/slurmd.out" 2>&1 &
 daemons+=("slurmd $!")
 node_idle() { [[ $(sinfo -h -n "$node" -o %T 2>/dev/null) == idle* ]]; }
 wait_for 20 "node $node idle" node_idle
