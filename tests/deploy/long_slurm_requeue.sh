@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # shellcheck disable=SC2317 # the functions the trap and wait_for call
-# deploy/slurm/zps.sbatch under a real Slurm (make test-long; about 1-2 min):
+# deploy/slurm/zps.sbatch under a real Slurm (make test-long; about 1 minute):
 #   1. starts a one-node cluster from Debian's packages, everything in a
 #      temporary directory: munged with its own key and socket, slurmctld
 #      and slurmd as root with -f on a slurm.conf of their own (the node
@@ -9,11 +9,13 @@
 #      --deterministic --micro-batch 8, a checkpoint every 50 steps) and
 #      lets it run to the end: the reference;
 #   3. submits the same job again, requeues it (scontrol requeue) once its
-#      checkpoint of step 150 exists (after its first evaluation), starts it again at once (Slurm would
-#      wait ~2 min: StartTime=now), and waits for it to finish;
+#      checkpoint of step 150 exists (after its first evaluation), starts
+#      it again at once (Slurm would wait ~2 min: StartTime=now), and waits
+#      for it to finish; shard 0 must have resumed at step 150 or later;
 #   4. the workers' final parameters (ZPS_SLURM_PARAMS_DIR) must be bitwise
 #      equal to the reference's, and every test accuracy the requeued job
-#      printed the reference's for that epoch.
+#      printed (log and metrics log, from either start) the reference's for
+#      that epoch.
 # Every wait is bounded; each daemon is stopped by its pid at the end. It
 # skips (exit 77, "SKIPPED: why") when not root or without the packages.
 set -euo pipefail
@@ -249,5 +251,9 @@ paste -d'|' <(acc "$tmp/ref.out") <(acc "$tmp/rq.out") | sed 's/^/    /'
 expect_eq "every evaluation of the requeued job is the reference's" \
   "$(acc "$tmp/rq.out")" "$(acc "$tmp/ref.out")"
 expect_eq "the reference evaluated each of its 4 epochs" "$(acc "$tmp/ref.out" | wc -l)" 4
+# The same in the metrics logs, to 6 digits: {"epoch":E,"test_accuracy":A,"test_loss":L}.
+evals() { grep '^{"epoch"' "$1" | sort -u; }
+expect_eq "every evaluation in the requeued job's metrics log is the reference's" \
+  "$(evals "$tmp/rq-metrics.jsonl")" "$(evals "$tmp/ref-metrics.jsonl")"
 [ "$failures" -eq 0 ] || dump_logs
 finish
