@@ -5,7 +5,8 @@
 #   make test       install missing Debian packages, build, run unit, integration and deploy tests
 #                   (the short tier, minutes; docs/tests.md)
 #   make test-long  the long cases: ten churn runs, the chaos schedule, straggler timing,
-#                   the adaptive split, the long Python tests (CI runs both tiers)
+#                   the adaptive split, the long Python tests, zps.sbatch requeued under a
+#                   real one-node Slurm (CI runs both tiers)
 #   make install    libzps (header, .a, .so.1, zps.pc) under PREFIX (default /usr/local)
 #   make bench      ms/step of the default job with 1 and 2 workers (bench/train.sh)
 #   make bench-all  every case of the performance table beside its peers, with ratios and
@@ -288,10 +289,15 @@ test-integration: $(B)/tests/check_integration $(BINS) $(CUDA_TARGETS)
 	@echo "SKIPPED here: the integration cases tagged long (make test-long runs them)"
 	CK_EXCLUDE_TAGS="long soak" ZPS_BIN_DIR=$(CURDIR)/$(BIN) $(B)/tests/check_integration
 
-.PHONY: test-long test-integration-long test-python-long
-test-long: test-deps
+.PHONY: test-long test-long-deps test-integration-long test-python-long test-deploy-long
+test-long: test-long-deps
 	@$(MAKE) --no-print-directory -j$(NPROC) all $(B)/tests/check_integration
-	@$(MAKE) --no-print-directory test-integration-long test-python-long
+	@$(MAKE) --no-print-directory test-integration-long test-python-long test-deploy-long
+
+# make test's packages and Slurm's (slurm-wlm, munge), which only
+# test-deploy-long uses.
+test-long-deps:
+	@bash deploy/install-deps.sh --long
 
 test-integration-long: $(B)/tests/check_integration $(BINS) $(CUDA_TARGETS)
 ifeq ($(SAN),1)
@@ -360,6 +366,16 @@ ifeq ($(SAN),1)
 else
 	ZPS_BIN_DIR=$(CURDIR)/$(BIN) bash tests/deploy/run.sh
 endif
+
+# The long deploy tests (tests/deploy/long_*.sh): zps.sbatch under a real
+# one-node Slurm (munged, slurmctld, slurmd started as root in a temporary
+# directory), requeued past a checkpoint; skipped, and said so, when not
+# root or without the packages.
+test-deploy-long: $(BINS)
+ifeq ($(SAN),1)
+	$(error make test-long runs the normal build; drop SAN=1)
+endif
+	ZPS_BIN_DIR=$(CURDIR)/$(BIN) bash tests/deploy/run.sh --long
 
 # The flag tables of docs/running.md, rewritten from the daemons' own (--flags-markdown);
 # test-deploy's readme_flags fails while they differ.

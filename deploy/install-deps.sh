@@ -5,7 +5,8 @@
 # only the tests use (make test, the Python package's tests included), --ci
 # also what the checks of .ci/run need beyond make test, --bench what the
 # benchmarks of bench/ use beyond the build (their PyTorch baselines, the
-# emulated cluster, the plots), so that make demo stays lean. torch is made to run on OpenBLAS, not the reference BLAS.
+# emulated cluster, the plots), --long what make test-long needs: --test's
+# and a Slurm to run the requeue test under, so that make demo stays lean. torch is made to run on OpenBLAS, not the reference BLAS.
 set -euo pipefail
 
 pkgs=(
@@ -20,14 +21,15 @@ pkgs=(
   dataset-fashion-mnist                # the demo's and tests' data
   libmicrohttpd-dev                    # zps-server --http: /metrics and /status
 )
-if [ "${1:-}" = --python ] || [ "${1:-}" = --test ] || [ "${1:-}" = --ci ] || [ "${1:-}" = --bench ]; then
+if [ "${1:-}" = --python ] || [ "${1:-}" = --test ] || [ "${1:-}" = --long ] || [ "${1:-}" = --ci ] ||
+   [ "${1:-}" = --bench ]; then
   pkgs+=(
     python3-torch python3-numpy        # zps.torch: PyTorch models as zps workers
     python3-venv python3-pip           # pip install ./python, into a venv (tests/python/test_install.py)
     python3-setuptools python3-wheel   # its build backend, offline (--no-build-isolation)
   )
 fi
-if [ "${1:-}" = --test ] || [ "${1:-}" = --ci ]; then
+if [ "${1:-}" = --test ] || [ "${1:-}" = --long ] || [ "${1:-}" = --ci ]; then
   pkgs+=(
     python3-pytest                     # tests/python: the Python package's tests
     python3-torchvision                # tests/python: ResNet-18 with BatchNorm, a model no one here wrote
@@ -42,6 +44,11 @@ if [ "${1:-}" = --test ] || [ "${1:-}" = --ci ]; then
   # npm) is kept: Debian's npm would conflict with it.
   command -v node >/dev/null || pkgs+=(nodejs)
   command -v npm >/dev/null || pkgs+=(npm)
+fi
+if [ "${1:-}" = --long ]; then
+  pkgs+=(
+    slurm-wlm munge                    # tests/deploy/long_slurm_requeue.sh: zps.sbatch under a real
+  )                                    # one-node Slurm, requeued (make test-long; the test only)
 fi
 if [ "${1:-}" = --bench ]; then
   pkgs+=(
@@ -91,4 +98,4 @@ if [ ${#missing[@]} -ne 0 ]; then
   as_root apt-get update -qq
   as_root apt-get install -y -qq --no-install-recommends "${missing[@]}"
 fi
-case "${1:-}" in --python | --test | --ci | --bench) openblas_for_torch ;; esac
+case "${1:-}" in --python | --test | --long | --ci | --bench) openblas_for_torch ;; esac

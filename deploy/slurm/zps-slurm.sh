@@ -30,8 +30,10 @@
 # worker count shard 0 waits for; default: the layout's),
 # ZPS_SLURM_CHECKPOINT_DIR (shard s keeps checkpoints in DIR/shard-s and
 # resumes from them when there are any), ZPS_SLURM_HTTP_PORT (shard s
-# serves HTTP on that port + s), ZPS_SLURM_DRY_RUN=1 (same as --dry-run:
-# print what this task would run, run nothing).
+# serves HTTP on that port + s), ZPS_SLURM_PARAMS_DIR (each worker writes
+# the final parameters to DIR/worker-TASK.bin, TASK its SLURM_PROCID:
+# --save-params), ZPS_SLURM_DRY_RUN=1 (same as --dry-run: print what this
+# task would run, run nothing).
 #
 # CurveZMQ: ZPS_SLURM_KEYS=DIR, a directory every node sees (as the
 # checkout), readable by the job's user only:
@@ -96,9 +98,8 @@ expand_item() {
 }
 
 # One host name a line. scontrol knows every syntax Slurm has; the small
-# parser above covers lists like node[01-03,07],gpu5 where it is missing,
-# or where it cannot run (Slurm's packages on a machine with no cluster to
-# ask for its configuration).
+# parser above covers lists like node[01-03,07],gpu5 where it is missing or
+# fails (Debian's slurm-client on a machine with no slurm.conf).
 hostnames() {
   local out
   if command -v scontrol >/dev/null 2>&1 && out=$(scontrol show hostnames "$1" 2>/dev/null); then
@@ -279,6 +280,10 @@ extra=()
 read -r -a extra <<<"${ZPS_SLURM_WORKER_FLAGS:-}"
 if [ -n "${ZPS_SLURM_KEYS:-}" ]; then
   extra+=(--curve-secret "$ZPS_SLURM_KEYS/worker.key" --server-key "$ZPS_SLURM_KEYS/server.pub")
+fi
+if [ -n "${ZPS_SLURM_PARAMS_DIR:-}" ]; then
+  [ "$dry_run" = 1 ] || mkdir -p "$ZPS_SLURM_PARAMS_DIR"
+  extra+=(--save-params "$ZPS_SLURM_PARAMS_DIR/worker-$proc_id.bin")
 fi
 launch "worker $j of node ${nodes[node_id]} on $device, coordinator $coordinator" \
   "$bin/zps-worker" --coordinator "$coordinator" --device "$device" "${extra[@]}"

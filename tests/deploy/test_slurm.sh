@@ -84,6 +84,9 @@ expect_eq "GPUs known only from SLURM_GPUS_ON_NODE" \
 expect_eq "worker flags and port from the environment" \
   "$(task 'gpu[01-03]' '4(x3)' 1 0 ZPS_SLURM_PORT=6000 ZPS_SLURM_WORKER_FLAGS='--threads 4')" \
   "exec $W --coordinator tcp://gpu01:6000 --device cpu --threads 4"
+expect_eq "ZPS_SLURM_PARAMS_DIR: each worker saves its final parameters, named by its task" \
+  "$(task 'gpu[01-03]' '4(x3)' 1 0 SLURM_PROCID=5 ZPS_SLURM_PARAMS_DIR=/p)" \
+  "exec $W --coordinator tcp://gpu01:5555 --device cpu --save-params /p/worker-5.bin"
 
 echo "dry run: CPU nodes cpu[1-2],n1, 2 tasks each, 3 shards over 2 server nodes, HTTP"
 cpu=(ZPS_SLURM_SHARDS=3 ZPS_SLURM_SERVER_NODES=2 ZPS_SLURM_HTTP_PORT=8080)
