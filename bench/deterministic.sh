@@ -30,8 +30,8 @@ splits=(
   "3 workers, M/B-2M/M|3|$m $((128 - 2 * m)) $m"
 )
 
-median() { sort -g | awk '{a[NR]=$1} END {print (NR%2) ? a[(NR+1)/2] : (a[NR/2]+a[NR/2+1])/2}'; }
-wait_file() { for _ in $(seq 100); do [ -s "$1" ] && return 0; sleep 0.1; done; return 1; }
+# shellcheck source=bench/runs.sh
+source bench/runs.sh # median, wait_file, ratio
 
 # One run: prints "ms_per_step bytes_per_step". $2: server flags of the
 # mode; $3: the workers' shares, in rank order (started one after the other).
@@ -90,6 +90,5 @@ for c in "${!splits[@]}"; do
   db=$(cut -d' ' -f2 "$run/default-$c" | median)
   xb=$(cut -d' ' -f2 "$run/det-$c" | median)
   printf '%-22s %14.3f %14.3f %7.3f %16.0f %16.0f %7.3f\n' "${f[0]}" "$dm" "$xm" \
-    "$(awk -v a="$dm" -v b="$xm" 'BEGIN {print b / a}')" "$db" "$xb" \
-    "$(awk -v a="$db" -v b="$xb" 'BEGIN {print b / a}')"
+    "$(ratio "$xm" "$dm")" "$db" "$xb" "$(ratio "$xb" "$db")"
 done
