@@ -2,12 +2,43 @@
 #include "zps_plan.h"
 
 #include <stdio.h>
+#include <stdlib.h>
 #include <string.h>
+
+void zps_plan_fini(zps_plan *p)
+{
+    free(p->slices);
+    memset(p, 0, sizeof *p);
+}
+
+// Empties out and gives it room for n slices (zeroed).
+static zps_err s_alloc(zps_plan *out, uint32_t n)
+{
+    zps_plan_fini(out);
+    out->slices = n ? calloc(n, sizeof *out->slices) : NULL;
+    return n && !out->slices ? ZPS_ENOMEM : ZPS_OK;
+}
+
+zps_err zps_plan_copy(zps_plan *dst, const zps_plan *src)
+{
+    if (dst == src) {
+        return ZPS_OK;
+    }
+    if (s_alloc(dst, src->n) != ZPS_OK) {
+        return ZPS_ENOMEM;
+    }
+    if (src->n) {
+        memcpy(dst->slices, src->slices, src->n * sizeof *src->slices);
+    }
+    dst->n = src->n;
+    dst->global_batch = src->global_batch;
+    return ZPS_OK;
+}
 
 zps_err zps_plan_split(uint32_t global_batch, const uint32_t *shares, uint32_t n, zps_plan *out,
                        char *why, size_t why_len)
 {
-    memset(out, 0, sizeof *out);
+    zps_plan_fini(out);
     if (n == 0 || n > ZPS_MAX_MEMBERS) {
         snprintf(why, why_len, "%u members (1..%d)", n, ZPS_MAX_MEMBERS);
         return ZPS_EINVAL;
@@ -33,6 +64,10 @@ zps_err zps_plan_split(uint32_t global_batch, const uint32_t *shares, uint32_t n
         snprintf(why, why_len, "%u samples left for %u members without a fixed share", rest,
                  n_flex);
         return ZPS_EINVAL;
+    }
+    if (s_alloc(out, n) != ZPS_OK) {
+        snprintf(why, why_len, "no memory for a plan of %u members", n);
+        return ZPS_ENOMEM;
     }
     uint32_t offset = 0, flex_seen = 0;
     for (uint32_t i = 0; i < n; i++) {
@@ -66,7 +101,7 @@ zps_err zps_plan_split_micro(uint32_t global_batch, uint32_t micro, const uint32
     if (micro == 0) {
         return zps_plan_split(global_batch, shares, n, out, why, why_len);
     }
-    memset(out, 0, sizeof *out);
+    zps_plan_fini(out);
     if (global_batch % micro != 0) {
         snprintf(why, why_len, "global batch %u is not whole micro-batches of %u", global_batch,
                  micro);
@@ -77,19 +112,27 @@ zps_err zps_plan_split_micro(uint32_t global_batch, uint32_t micro, const uint32
                  global_batch / micro, micro);
         return ZPS_EINVAL;
     }
-    uint32_t units[ZPS_MAX_MEMBERS] = {0};
-    for (uint32_t i = 0; i < n && i < ZPS_MAX_MEMBERS; i++) {
+    for (uint32_t i = 0; i < n; i++) {
         if (shares[i] % micro != 0) {
             snprintf(why, why_len, "share %u is not whole micro-batches of %u", shares[i], micro);
             return ZPS_EINVAL;
         }
+    }
+    uint32_t *units = calloc(n ? n : 1, sizeof *units);
+    if (!units) {
+        snprintf(why, why_len, "no memory for a plan of %u members", n);
+        return ZPS_ENOMEM;
+    }
+    for (uint32_t i = 0; i < n; i++) {
         units[i] = shares[i] / micro;
     }
     // The split of the micro-batches, then scaled back to samples.
     char inner[192];
-    if (zps_plan_split(global_batch / micro, units, n, out, inner, sizeof inner) != ZPS_OK) {
+    zps_err err = zps_plan_split(global_batch / micro, units, n, out, inner, sizeof inner);
+    free(units);
+    if (err != ZPS_OK) {
         snprintf(why, why_len, "in micro-batches of %u: %s", micro, inner);
-        return ZPS_EINVAL;
+        return err;
     }
     for (uint32_t i = 0; i < n; i++) {
         out->slices[i].offset *= micro;
@@ -117,25 +160,57 @@ void zps_plan_piece(uint32_t offset, uint32_t count, uint32_t micro, uint32_t i,
 
 const zps_plan_slice *zps_plan_find(const zps_plan *p, uint32_t rank)
 {
-    for (uint32_t i = 0; i < p->n; i++) {
-        if (p->slices[i].rank == rank) {
-            return &p->slices[i];
+    uint32_t lo = 0, hi = p->n;
+    while (lo < hi) {
+        uint32_t mid = lo + (hi - lo) / 2;
+        if (p->slices[mid].rank < rank) {
+            lo = mid + 1;
+        } else {
+            hi = mid;
         }
     }
-    return NULL;
+    return lo < p->n && p->slices[lo].rank == rank ? &p->slices[lo] : NULL;
+}
+
+zps_err zps_plan_part_from_wire(Zps__Slice *const *slices, size_t n, uint32_t global_batch,
+                                zps_plan *out)
+{
+    zps_plan_fini(out);
+    if (n > ZPS_MAX_MEMBERS || s_alloc(out, (uint32_t)n) != ZPS_OK) {
+        return n > ZPS_MAX_MEMBERS ? ZPS_EPROTO : ZPS_ENOMEM;
+    }
+    for (size_t i = 0; i < n; i++) {
+        const Zps__Slice *s = slices[i];
+        if (s->count == 0 || s->offset >= global_batch || s->count > global_batch - s->offset ||
+            s->rank >= ZPS_MAX_MEMBERS || (i > 0 && s->rank <= slices[i - 1]->rank)) {
+            zps_plan_fini(out);
+            return ZPS_EPROTO;
+        }
+        out->slices[i] = (zps_plan_slice){
+            .rank = s->rank, .member_id = s->member_id, .offset = s->offset, .count = s->count,
+            .inner_steps = s->inner_steps};
+    }
+    out->n = (uint32_t)n;
+    out->global_batch = global_batch;
+    return ZPS_OK;
 }
 
 zps_err zps_plan_from_wire(Zps__Slice *const *slices, size_t n, uint32_t global_batch,
                            zps_plan *out)
 {
-    memset(out, 0, sizeof *out);
+    zps_plan_fini(out);
     if (n == 0 || n > ZPS_MAX_MEMBERS) {
         return ZPS_EPROTO;
+    }
+    if (s_alloc(out, (uint32_t)n) != ZPS_OK) {
+        return ZPS_ENOMEM;
     }
     uint64_t offset = 0;
     for (size_t i = 0; i < n; i++) {
         const Zps__Slice *s = slices[i];
-        if (s->offset != offset || s->count == 0 || (i > 0 && s->rank <= slices[i - 1]->rank)) {
+        if (s->offset != offset || s->count == 0 || s->rank >= ZPS_MAX_MEMBERS ||
+            (i > 0 && s->rank <= slices[i - 1]->rank)) {
+            zps_plan_fini(out);
             return ZPS_EPROTO;
         }
         out->slices[i] = (zps_plan_slice){
@@ -144,6 +219,7 @@ zps_err zps_plan_from_wire(Zps__Slice *const *slices, size_t n, uint32_t global_
         offset += s->count;
     }
     if (offset != global_batch) {
+        zps_plan_fini(out);
         return ZPS_EPROTO;
     }
     out->n = (uint32_t)n;

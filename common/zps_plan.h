@@ -11,7 +11,11 @@
 #include "proto/zps.pb-c.h"
 #include "zps_err.h"
 
-#define ZPS_MAX_MEMBERS 256
+// Members of a job at most: ranks index fixed tables in the coordinator and
+// in each shard (about 0.7 MiB a shard at this size, touched only as far as
+// the highest rank in use); bench/swarm measures the control plane to here.
+// Plans are sized by their members, not by this.
+#define ZPS_MAX_MEMBERS 4096
 #define ZPS_MAX_SHARDS 64
 
 typedef struct zps_plan_slice {
@@ -22,11 +26,21 @@ typedef struct zps_plan_slice {
     uint32_t inner_steps; // --mode diloco: the member's inner steps per round (0: the job's H)
 } zps_plan_slice;
 
+// A plan owns its slices: zero it (or zps_plan_fini it) before the first
+// call that fills it, and zps_plan_fini it when done. A plan is copied with
+// zps_plan_copy, never by assignment.
 typedef struct zps_plan {
-    uint32_t global_batch;                    // B, the sum of the counts
-    uint32_t n;                               // members
-    zps_plan_slice slices[ZPS_MAX_MEMBERS];   // in rank order
+    uint32_t global_batch;   // B, the sum of the counts
+    uint32_t n;              // members
+    zps_plan_slice *slices;  // owned: n of them, in rank order (ranks strictly increasing)
 } zps_plan;
+
+// Frees the slices; the plan is empty (and zeroed) after. Safe on zeroed
+// memory and twice.
+void zps_plan_fini(zps_plan *p);
+// dst becomes a copy of src (dst's old slices are freed); ZPS_ENOMEM and
+// dst empty if it cannot.
+zps_err zps_plan_copy(zps_plan *dst, const zps_plan *src);
 
 // Splits B among n members: member i with shares[i] > 0 gets exactly that
 // many samples, the others split the rest evenly (the lower ranks take the
@@ -56,12 +70,20 @@ void zps_plan_piece(uint32_t offset, uint32_t count, uint32_t micro, uint32_t i,
 // (its samples with micro 0).
 uint32_t zps_plan_max_pieces(uint32_t count, uint32_t micro);
 
-// The plan's slice of a rank, or NULL.
+// The plan's slice of a rank, or NULL (a binary search: slices are in rank
+// order).
 const zps_plan_slice *zps_plan_find(const zps_plan *p, uint32_t rank);
 
 // Converts to and from the wire's Slice list. from_wire checks that the
-// slices tile [0, global_batch) in rank order.
+// slices tile [0, global_batch) in strictly increasing rank order, each
+// rank below ZPS_MAX_MEMBERS.
 zps_err zps_plan_from_wire(Zps__Slice *const *slices, size_t n, uint32_t global_batch,
                            zps_plan *out);
+// A worker's part of a plan: the coordinator sends a worker its own slice
+// (none if the generation leaves it out), not every member's. Each slice
+// must lie in [0, global_batch), ranks strictly increasing and below
+// ZPS_MAX_MEMBERS; they need not tile the batch. ZPS_EPROTO otherwise.
+zps_err zps_plan_part_from_wire(Zps__Slice *const *slices, size_t n, uint32_t global_batch,
+                                zps_plan *out);
 
 #endif

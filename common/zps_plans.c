@@ -5,8 +5,28 @@
 
 void zps_plans_init(zps_plans *p)
 {
+    memset(p, 0, sizeof *p);
+}
+
+void zps_plans_fini(zps_plans *p)
+{
+    for (int i = 0; i < ZPS_PLANS_MAX; i++) {
+        zps_plan_fini(&p->gens[i].plan);
+    }
     p->n = 0;
     p->n_handed = 0;
+}
+
+// Drops generations [from, from + k): their plans freed, the later ones
+// moved down (a moved generation's slices move with it).
+static void s_drop(zps_plans *p, int from, int k)
+{
+    for (int i = from; i < from + k; i++) {
+        zps_plan_fini(&p->gens[i].plan);
+    }
+    memmove(&p->gens[from], &p->gens[from + k], (size_t)(p->n - from - k) * sizeof p->gens[0]);
+    p->n -= k;
+    memset(&p->gens[p->n], 0, (size_t)k * sizeof p->gens[0]); // no slices owned twice
 }
 
 zps_err zps_plans_add(zps_plans *p, uint32_t gen, uint64_t effective, const zps_plan *plan)
@@ -14,18 +34,21 @@ zps_err zps_plans_add(zps_plans *p, uint32_t gen, uint64_t effective, const zps_
     if (gen == 0 || gen <= zps_plans_newest_gen(p)) {
         return ZPS_EDUP;
     }
+    zps_plan copy = {0};
+    if (zps_plan_copy(&copy, plan) != ZPS_OK) {
+        return ZPS_ENOMEM;
+    }
     // Superseded at every step they were to hold for: never in force now.
     while (p->n > 0 && p->gens[p->n - 1].effective >= effective) {
-        p->n--;
+        s_drop(p, p->n - 1, 1);
     }
     if (p->n == ZPS_PLANS_MAX) {
-        memmove(&p->gens[0], &p->gens[1], (ZPS_PLANS_MAX - 1) * sizeof p->gens[0]);
-        p->n--;
+        s_drop(p, 0, 1);
     }
     zps_plan_gen *g = &p->gens[p->n++];
     g->gen = gen;
     g->effective = effective;
-    g->plan = *plan;
+    g->plan = copy; // the copy's slices move here
     return ZPS_OK;
 }
 
@@ -60,8 +83,7 @@ void zps_plans_forget_before(zps_plans *p, uint64_t step)
         }
     }
     if (keep_from > 0) {
-        memmove(&p->gens[0], &p->gens[keep_from], (size_t)(p->n - keep_from) * sizeof p->gens[0]);
-        p->n -= keep_from;
+        s_drop(p, 0, keep_from);
     }
     zps_plans_forget_handed_before(p, step);
 }
@@ -125,18 +147,15 @@ void zps_plans_clear_handed(zps_plans *p)
     p->n_handed = 0;
 }
 
-bool zps_plans_find_member(const zps_plans *p, uint64_t member_id, uint32_t *rank)
+bool zps_plans_names(const zps_plans *p, uint64_t member_id, uint32_t rank)
 {
     if (member_id == 0) {
         return false; // a worker's copy of a plan names only its own id
     }
     for (int i = p->n - 1; i >= 0; i--) {
-        const zps_plan *plan = &p->gens[i].plan;
-        for (uint32_t k = 0; k < plan->n; k++) {
-            if (plan->slices[k].member_id == member_id) {
-                *rank = plan->slices[k].rank;
-                return true;
-            }
+        const zps_plan_slice *sl = zps_plan_find(&p->gens[i].plan, rank);
+        if (sl && sl->member_id == member_id) {
+            return true;
         }
     }
     return false;

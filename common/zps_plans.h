@@ -56,12 +56,15 @@ typedef struct zps_plans {
 } zps_plans;
 
 void zps_plans_init(zps_plans *p);
+// Frees every generation's plan; the history is empty after.
+void zps_plans_fini(zps_plans *p);
 
-// Records generation gen, in force from `effective` on. Generations are
+// Records a copy of generation gen, in force from `effective` on. Generations are
 // numbered in the order the coordinator makes them: one not newer than the
 // newest known is ignored (ZPS_EDUP). The new one supersedes every kept
 // generation that takes effect at or after `effective` (a rollback to an
 // earlier step, or a re-plan of the same step): those are dropped.
+// ZPS_ENOMEM (nothing changed) if the copy cannot be made.
 zps_err zps_plans_add(zps_plans *p, uint32_t gen, uint64_t effective, const zps_plan *plan);
 
 // The generation in force at `step` (the newest one in effect by then), or
@@ -91,7 +94,8 @@ void zps_plans_forget_handed_before(zps_plans *p, uint64_t step);
 // Forgets every slice handed (a rollback replays from a new plan).
 void zps_plans_clear_handed(zps_plans *p);
 
-// Whether a kept generation names member_id; if so *rank is its rank there.
-bool zps_plans_find_member(const zps_plans *p, uint64_t member_id, uint32_t *rank);
+// Whether a kept generation names member_id at rank (a member keeps its
+// rank for as long as it is one): a search by rank, not a scan of members.
+bool zps_plans_names(const zps_plans *p, uint64_t member_id, uint32_t rank);
 
 #endif

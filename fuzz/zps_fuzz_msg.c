@@ -377,7 +377,7 @@ static void s_ready(s_world *w)
 // zps_fuzz.h.
 static void s_assign(s_world *w, const zps_model_spec *model)
 {
-    zps_plan plan;
+    zps_plan plan = {0};
     static const uint32_t shares[2] = {0, 0};
     char why[128];
     FUZZ_CHECK(zps_plan_split(w->opts.global_batch, shares, 2, &plan, why, sizeof why) == ZPS_OK,
@@ -391,6 +391,7 @@ static void s_assign(s_world *w, const zps_model_spec *model)
         slices[i].member_id = S_REAL(i ? ZPS_FUZZ_MEMBER1 : ZPS_FUZZ_MEMBER0);
         sp[i] = &slices[i];
     }
+    zps_plan_fini(&plan);
     Zps__ShardInfo shards[2], *shp[2];
     for (uint32_t i = 0; i < 2; i++) {
         zps__shard_info__init(&shards[i]);

@@ -58,8 +58,10 @@ static uint8_t s_config(uint32_t dtype, zps_fuzz_stage stage, uint32_t global_ba
     return (uint8_t)(dtype | (uint32_t)stage << 2 | (global_batch - 2) << 4);
 }
 
+// s is static (zeroed) or was begun before: its last plan is freed.
 static void s_begin(seed *s, uint8_t config)
 {
+    zps_plan_fini(&s->plan);
     memset(s, 0, sizeof *s);
     s->config = config;
     if (zps_model_parse(ZPS_FUZZ_MODEL, &s->model) != ZPS_OK) {

@@ -118,6 +118,7 @@ void zps_client_destroy(zps_client **cp)
     zps_micro_fini(&c->micro);
     zps_sampler_fini(&c->sampler);
     zps_decl_fini(&c->decl);
+    zps_schedule_fini(&c->schedule);
     free(c);
     *cp = NULL;
 }

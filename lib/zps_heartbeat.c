@@ -3,7 +3,7 @@
 
 #include <errno.h>
 #include <pthread.h>
-#include <stdatomic.h>
+#include <stdbool.h>
 #include <stdlib.h>
 #include <time.h>
 
@@ -13,12 +13,36 @@
 struct zps_heartbeat {
     pthread_t thread;       // the beating thread
     void *sock;             // owned by the thread: DEALER to the coordinator
-    atomic_bool stop;       // set by zps_heartbeat_stop
+    pthread_mutex_t mu;     // guards stop
+    pthread_cond_t wake;    // signalled by zps_heartbeat_stop (on the monotonic clock)
+    bool stop;              // set by zps_heartbeat_stop
     uint64_t job_id;        // carried by every beat
     uint32_t rank;
     uint64_t member_id;
     int interval_ms;
 };
+
+// Sleeps one interval, or less when stopped; whether to stop. The thread
+// sleeps on a condition, not in short naps: a process holding thousands
+// of clients (bench/swarm) would otherwise wake thousands of times each
+// nap for nothing.
+static bool s_wait(zps_heartbeat *hb)
+{
+    struct timespec until;
+    clock_gettime(CLOCK_MONOTONIC, &until);
+    until.tv_sec += hb->interval_ms / 1000;
+    until.tv_nsec += (long)(hb->interval_ms % 1000) * 1000000L;
+    if (until.tv_nsec >= 1000000000L) {
+        until.tv_sec++;
+        until.tv_nsec -= 1000000000L;
+    }
+    pthread_mutex_lock(&hb->mu);
+    while (!hb->stop && pthread_cond_timedwait(&hb->wake, &hb->mu, &until) != ETIMEDOUT) {
+    }
+    bool stop = hb->stop;
+    pthread_mutex_unlock(&hb->mu);
+    return stop;
+}
 
 static void *s_run(void *arg)
 {
@@ -28,14 +52,10 @@ static void *s_run(void *arg)
     h.job_id = hb->job_id;
     h.rank = hb->rank;
     h.member_id = hb->member_id;
-    while (!atomic_load(&hb->stop)) {
+    do {
         // A beat that cannot go out now is not worth queueing: the next one follows.
         (void)zps_wire_send(hb->sock, NULL, &h, NULL, 0, NULL);
-        for (int waited = 0; waited < hb->interval_ms && !atomic_load(&hb->stop); waited += 10) {
-            struct timespec ts = {0, 10L * 1000 * 1000};
-            nanosleep(&ts, NULL);
-        }
-    }
+    } while (!s_wait(hb));
     int zero = 0;
     if (zmq_setsockopt(hb->sock, ZMQ_LINGER, &zero, sizeof zero) != 0) {
         zps_log_warn("heartbeat: ZMQ_LINGER: %s", zmq_strerror(errno)); // a BYE may linger
@@ -54,13 +74,27 @@ zps_heartbeat *zps_heartbeat_start(void *ctx, const char *endpoint, const zps_cu
     }
     *hb = (zps_heartbeat){.job_id = job_id, .rank = rank, .member_id = member_id,
                           .interval_ms = interval_ms};
-    hb->sock = zps_wire_socket(ctx, ZMQ_DEALER, interval_ms);
+    pthread_condattr_t attr;
+    bool synced = pthread_condattr_init(&attr) == 0;
+    if (synced) {
+        synced = pthread_condattr_setclock(&attr, CLOCK_MONOTONIC) == 0 &&
+                 pthread_cond_init(&hb->wake, &attr) == 0;
+        (void)pthread_condattr_destroy(&attr);
+    }
+    if (synced) {
+        (void)pthread_mutex_init(&hb->mu, NULL); // cannot fail with default attributes
+    }
+    hb->sock = synced ? zps_wire_socket(ctx, ZMQ_DEALER, interval_ms) : NULL;
     if (!hb->sock || zps_curve_client(curve, hb->sock) != ZPS_OK ||
         zmq_connect(hb->sock, endpoint) != 0 ||
         pthread_create(&hb->thread, NULL, s_run, hb) != 0) {
         zps_log_error("cannot start the heartbeat to %s", endpoint);
         if (hb->sock) {
             (void)zmq_close(hb->sock);
+        }
+        if (synced) {
+            pthread_cond_destroy(&hb->wake);
+            pthread_mutex_destroy(&hb->mu);
         }
         free(hb);
         return NULL;
@@ -74,8 +108,13 @@ void zps_heartbeat_stop(zps_heartbeat **hbp)
     if (!hb) {
         return;
     }
-    atomic_store(&hb->stop, true);
+    pthread_mutex_lock(&hb->mu);
+    hb->stop = true;
+    pthread_cond_signal(&hb->wake);
+    pthread_mutex_unlock(&hb->mu);
     pthread_join(hb->thread, NULL);
+    pthread_cond_destroy(&hb->wake);
+    pthread_mutex_destroy(&hb->mu);
     free(hb);
     *hbp = NULL;
 }

@@ -16,12 +16,13 @@ zps_err zps_job_take_plan(zps_client *c, Zps__Slice *const *slices, size_t n_sli
                           uint32_t gen, uint64_t effective, Zps__Extra *const *extras,
                           size_t n_extras)
 {
-    zps_plan plan;
-    if (zps_plan_from_wire(slices, n_slices, c->global_batch, &plan) != ZPS_OK) {
+    zps_plan plan = {0};
+    if (zps_plan_part_from_wire(slices, n_slices, c->global_batch, &plan) != ZPS_OK) {
         zps_log_error("the coordinator sent an inconsistent plan (generation %u)", gen);
         return ZPS_EPROTO;
     }
     zps_schedule_add_plan(&c->schedule, gen, effective, &plan);
+    zps_plan_fini(&plan);
     for (size_t i = 0; i < n_extras; i++) {
         const Zps__Extra *e = extras[i];
         if (e->rank == c->conn.rank && e->count > 0 && e->count <= c->global_batch &&
@@ -78,7 +79,7 @@ zps_err zps_job_take(zps_client *c, const Zps__Header *h)
     c->send_init = job->send_init && job->layout;
     snprintf(c->model_name, sizeof c->model_name, "%s", job->model ? job->model : "");
     snprintf(c->dataset_name, sizeof c->dataset_name, "%s", job->dataset ? job->dataset : "");
-    zps_schedule_init(&c->schedule, c->conn.rank);
+    zps_schedule_init(&c->schedule, c->conn.rank); // joined again: a new schedule
     zps_err err = zps_job_take_plan(c, job->plan, job->n_plan, job->generation, job->plan_effective,
                                     job->extras, job->n_extras);
     if (err != ZPS_OK) {

@@ -5,8 +5,14 @@
 
 void zps_schedule_init(zps_schedule *s, uint32_t rank)
 {
+    zps_plans_fini(&s->plans);
     memset(s, 0, sizeof *s);
     s->rank = rank;
+}
+
+void zps_schedule_fini(zps_schedule *s)
+{
+    zps_plans_fini(&s->plans);
 }
 
 void zps_schedule_add_plan(zps_schedule *s, uint32_t gen, uint64_t effective_step,

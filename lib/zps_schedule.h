@@ -24,7 +24,10 @@ typedef struct zps_schedule {
     zps_plans plans; // generations still in use, and the slices handed to it not yet computed
 } zps_schedule;
 
+// On zeroed memory, or a schedule in use: its plans are freed first.
 void zps_schedule_init(zps_schedule *s, uint32_t rank);
+// Frees the plans; safe on zeroed memory and twice.
+void zps_schedule_fini(zps_schedule *s);
 // Records plan generation `gen`, in force from effective_step on; older
 // generations than the newest known are ignored.
 void zps_schedule_add_plan(zps_schedule *s, uint32_t gen, uint64_t effective_step,

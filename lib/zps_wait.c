@@ -161,8 +161,8 @@ static zps_err s_take_message(zps_client *c, int i, uint64_t step, zps_wire_msg 
         return s_take_bucket(c, i, step, m);
     }
     const Zps__Plan *p = h->plan;
-    zps_log_info("plan %u from step %llu: %zu members", p->generation,
-                 (unsigned long long)p->effective_step, p->n_slices);
+    zps_log_info("plan %u from step %llu: %u members", p->generation,
+                 (unsigned long long)p->effective_step, p->members);
     zps_err err = zps_job_take_plan(c, p->slices, p->n_slices, p->generation, p->effective_step,
                                     p->extras, p->n_extras);
     if (err == ZPS_OK) {

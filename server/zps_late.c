@@ -40,7 +40,7 @@ void zps_late_speculate(zps_shard_io *io, zps_coord *coord, zps_outbox *out, dou
     uint64_t step = zps_shard_step(io->shard);
     for (uint32_t i = 0; i < plan->n; i++) {
         const zps_plan_slice *sl = &plan->slices[i];
-        zps_shard_io_rank *r = &io->ranks[sl->rank];
+        zps_shard_io_rank *r = zps_shard_io_rank_of(io, sl->rank);
         if (!finished[sl->rank] && !r->late_now && (waited || !r->pushed) &&
             zps_coord_speculate(coord, out, step, sl->offset, sl->count, sl->rank, finished)) {
             r->late_now = true;
@@ -59,7 +59,7 @@ void zps_late_speculate_ahead(zps_shard_io *io, zps_coord *coord, zps_outbox *ou
                               uint64_t step, uint64_t total_steps)
 {
     bool late[ZPS_MAX_MEMBERS] = {false}, any = false;
-    for (int r = 0; r < ZPS_MAX_MEMBERS; r++) {
+    for (uint32_t r = 0; r < io->n_ranks; r++) {
         late[r] = io->ranks[r].late_now && !io->ranks[r].heard;
         any = any || late[r];
         io->ranks[r].late_now = false;
@@ -81,7 +81,7 @@ void zps_late_speculate_ahead(zps_shard_io *io, zps_coord *coord, zps_outbox *ou
         const zps_plan_slice *sl = &plan->slices[i];
         if (late[sl->rank] &&
             zps_coord_speculate(coord, out, step, sl->offset, sl->count, sl->rank, helper)) {
-            io->ranks[sl->rank].late_now = true; // zps_late_speculate need not hand it again
+            zps_shard_io_rank_of(io, sl->rank)->late_now = true; // not handed again
         }
     }
 }

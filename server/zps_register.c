@@ -149,13 +149,15 @@ static zps_err s_take_assignment(zps_server *srv, const Zps__Header *h)
 {
     const Zps__Job *job = h->job;
     zps_shard_cfg cfg;
-    zps_plan plan;
+    zps_plan plan = {0};
     uint64_t resumed;
     zps_err err = s_assignment_cfg(srv, job, &cfg, &plan);
     if (err != ZPS_OK || (err = s_assigned_shard(srv, h, &cfg, &resumed)) != ZPS_OK) {
+        zps_plan_fini(&plan);
         return err;
     }
     zps_steps_take_plan(srv, job->generation, job->plan_effective, &plan);
+    zps_plan_fini(&plan);
     zps_log_info("job %016llx: serving [%llu, %llu) of model %s, %llu steps",
                  (unsigned long long)srv->job_id, (unsigned long long)cfg.lo,
                  (unsigned long long)cfg.hi, job->model, (unsigned long long)job->total_steps);

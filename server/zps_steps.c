@@ -242,12 +242,13 @@ zps_err zps_steps_rollback(zps_server *srv, uint64_t step)
 // A plan from the coordinator (PLAN or ROLLBACK) for this shard.
 void zps_steps_take_wire_plan(zps_server *srv, const Zps__Plan *p)
 {
-    zps_plan plan;
+    zps_plan plan = {0};
     if (zps_plan_from_wire(p->slices, p->n_slices, srv->global_batch, &plan) == ZPS_OK) {
         zps_steps_add_plan(srv, p->generation, p->effective_step, &plan);
     } else {
         zps_log_warn("ignored an inconsistent plan from the coordinator");
     }
+    zps_plan_fini(&plan);
 }
 
 // The checkpoint written when stopped by a signal, if --checkpoint-dir is set.

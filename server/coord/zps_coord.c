@@ -65,6 +65,7 @@ void zps_coord_destroy(zps_coord **cp)
     }
     zps_monitor_destroy(&c->mon);
     zps_eval_destroy(&c->eval);
+    zps_plans_fini(&c->plans);
     free(c);
     *cp = NULL;
 }

@@ -158,8 +158,10 @@ uint32_t zps_coord_live_members(const zps_coord *c);
 zps_err zps_coord_make_plan(zps_coord *c, zps_plan *out);
 const zps_plan_gen *zps_coord_newest(const zps_coord *c);
 void zps_coord_note_change(zps_coord *c);
-void zps_coord_plan_to_wire(const zps_plan *plan, const zps_coord_member *only,
-                            Zps__Slice *slices, Zps__Slice **ptrs);
+// The plan as wire slices into slices/ptrs, and how many: every slice (for
+// a shard, only NULL; room for plan->n), or only's own (0 or 1).
+size_t zps_coord_plan_to_wire(const zps_plan *plan, const zps_coord_member *only,
+                              Zps__Slice *slices, Zps__Slice **ptrs);
 void zps_coord_reassign(zps_coord *c, zps_outbox *out);
 void zps_coord_send_job(zps_coord *c, zps_outbox *out, zmq_msg_t *route, Zps__MsgType type,
                         zps_coord_member *mem, uint64_t shard_token);
@@ -180,6 +182,8 @@ void zps_coord_norm_tick(zps_coord *c, double now_ms);
 bool zps_coord_device_gpu(const char *device);
 void zps_coord_evict(zps_coord *c, zps_outbox *out, zps_coord_member *mem, double now_ms);
 zps_coord_member *zps_coord_member_by_id(zps_coord *c, uint64_t member_id);
+// The member of rank `rank` if its id is member_id (an index, no scan), or NULL.
+zps_coord_member *zps_coord_member_at(zps_coord *c, uint32_t rank, uint64_t member_id);
 
 // zps_coord_render.c
 void zps_coord_member_to_wire(const zps_coord_member *s, Zps__Member *out);

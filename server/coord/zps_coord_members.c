@@ -52,11 +52,17 @@ zps_coord_member *zps_coord_member_by_id(zps_coord *c, uint64_t member_id)
     return NULL;
 }
 
+zps_coord_member *zps_coord_member_at(zps_coord *c, uint32_t rank, uint64_t member_id)
+{
+    return zps_coord_member_ok(c, rank, member_id) ? &c->members[rank] : NULL;
+}
+
 // Heartbeats from a worker's main socket (flag 1) also say where its
 // replies go: after a coordinator restart that is how routes come back.
+// Every member beats every interval: found by its rank, not by a scan.
 zps_err zps_coord_on_heartbeat(zps_coord *c, zps_outbox *out, zps_wire_msg *m)
 {
-    zps_coord_member *mem = zps_coord_member_by_id(c, m->hdr->member_id);
+    zps_coord_member *mem = zps_coord_member_at(c, m->hdr->rank, m->hdr->member_id);
     if (!mem || !zps_member_live(&mem->life)) {
         return ZPS_ENOENT;
     }

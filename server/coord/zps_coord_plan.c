@@ -41,20 +41,35 @@ void zps_coord_extra_to_wire(const zps_plans_handed *e, Zps__Extra *w)
     w->generation = e->gen;
 }
 
-void zps_coord_plan_to_wire(const zps_plan *plan, const zps_coord_member *only,
-                            Zps__Slice *slices, Zps__Slice **ptrs)
+static void s_slice_to_wire(const zps_plan_slice *sl, Zps__Slice *w)
 {
+    zps__slice__init(w);
+    w->rank = sl->rank;
+    w->offset = sl->offset;
+    w->count = sl->count;
+    w->inner_steps = sl->inner_steps;
+    w->member_id = sl->member_id;
+}
+
+size_t zps_coord_plan_to_wire(const zps_plan *plan, const zps_coord_member *only,
+                              Zps__Slice *slices, Zps__Slice **ptrs)
+{
+    if (only) {
+        // A worker computes its own slice only, and its id authenticates
+        // its pushes: it learns no other. One slice, not the plan: a plan
+        // to each of N members would make a re-plan cost N squared.
+        const zps_plan_slice *sl = zps_plan_find(plan, only->rank);
+        if (sl) {
+            s_slice_to_wire(sl, &slices[0]);
+            ptrs[0] = &slices[0];
+        }
+        return sl ? 1 : 0;
+    }
     for (uint32_t i = 0; i < plan->n; i++) {
-        zps__slice__init(&slices[i]);
-        slices[i].rank = plan->slices[i].rank;
-        slices[i].offset = plan->slices[i].offset;
-        slices[i].count = plan->slices[i].count;
-        slices[i].inner_steps = plan->slices[i].inner_steps;
-        // Ids authenticate pushes: a worker learns only its own.
-        slices[i].member_id = !only || plan->slices[i].rank == only->rank
-                                  ? plan->slices[i].member_id : 0;
+        s_slice_to_wire(&plan->slices[i], &slices[i]);
         ptrs[i] = &slices[i];
     }
+    return plan->n;
 }
 
 // The shards' ranges and endpoints, as JOB and ASSIGN carry them.
@@ -128,7 +143,7 @@ void zps_coord_send_job(zps_coord *c, zps_outbox *out, zmq_msg_t *route, Zps__Ms
     const zps_plan_gen *g = zps_coord_newest(c);
     Zps__Slice slices[ZPS_MAX_MEMBERS];
     Zps__Slice *slice_ptrs[ZPS_MAX_MEMBERS];
-    zps_coord_plan_to_wire(&g->plan, mem, slices, slice_ptrs);
+    size_t n_slices = zps_coord_plan_to_wire(&g->plan, mem, slices, slice_ptrs);
     Zps__ShardInfo shards[ZPS_MAX_SHARDS];
     Zps__ShardInfo *shard_ptrs[ZPS_MAX_SHARDS];
     s_shards_to_wire(c, shards, shard_ptrs);
@@ -149,7 +164,7 @@ void zps_coord_send_job(zps_coord *c, zps_outbox *out, zmq_msg_t *route, Zps__Ms
     job.steps_per_epoch = c->cfg.steps_per_epoch;
     job.rank = mem ? mem->rank : 0;
     job.member_id = mem ? mem->member_id : 0;
-    job.n_plan = g->plan.n;
+    job.n_plan = n_slices;
     job.plan = slice_ptrs;
     job.n_shards = c->cfg.shards;
     job.shards = shard_ptrs;
@@ -391,8 +406,8 @@ void zps_coord_broadcast(zps_coord *c, zps_outbox *out, Zps__MsgType type, uint6
     Zps__Plan plan = ZPS__PLAN__INIT;
     plan.generation = g->gen;
     plan.effective_step = g->effective;
-    plan.n_slices = g->plan.n;
     plan.slices = slice_ptrs;
+    plan.members = g->plan.n;
     plan.n_extras = (size_t)c->plans.n_handed;
     plan.extras = extra_ptrs;
     Zps__Header h;
@@ -401,14 +416,14 @@ void zps_coord_broadcast(zps_coord *c, zps_outbox *out, Zps__MsgType type, uint6
     h.step = step;
     h.generation = g->gen;
     h.plan = &plan;
-    zps_coord_plan_to_wire(&g->plan, NULL, slices, slice_ptrs);
+    plan.n_slices = zps_coord_plan_to_wire(&g->plan, NULL, slices, slice_ptrs);
     for (uint32_t i = 1; i < c->cfg.shards; i++) {
         (void)zps_outbox_add(out, &c->shards[i].route, &h);
     }
     for (uint32_t i = 0; i < c->n_members; i++) {
         zps_coord_member *mem = &c->members[i];
         if (zps_member_live(&mem->life) && mem->has_job && mem->route_known) {
-            zps_coord_plan_to_wire(&g->plan, mem, slices, slice_ptrs);
+            plan.n_slices = zps_coord_plan_to_wire(&g->plan, mem, slices, slice_ptrs);
             (void)zps_outbox_add(out, &mem->route, &h);
         }
     }
@@ -478,14 +493,19 @@ void zps_coord_note_change(zps_coord *c)
 // the PLAN. False (nothing changed) if no member is left to plan for.
 bool zps_coord_commit(zps_coord *c, uint64_t effective)
 {
-    zps_plan plan;
+    zps_plan plan = {0};
     if (zps_coord_make_plan(c, &plan) != ZPS_OK) {
         return false;
     }
+    uint32_t n = plan.n;
     zps_plans_forget_before(&c->plans, zps_coord_global_done(c));
-    if (zps_plans_add(&c->plans, ++c->gen, effective, &plan) != ZPS_OK) {
-        return false; // cannot happen: generations only grow
+    zps_err err = zps_plans_add(&c->plans, c->gen + 1, effective, &plan);
+    zps_plan_fini(&plan);
+    if (err != ZPS_OK) {
+        zps_log_error("plan %u: %s; the plan in force stays", c->gen + 1, zps_strerror(err));
+        return false; // out of memory: generations only grow
     }
+    c->gen++;
     c->pending = false;
     c->replans++;
     c->replans_step = effective;
@@ -495,8 +515,7 @@ bool zps_coord_commit(zps_coord *c, uint64_t effective)
         }
     }
     s_retire_leavers(c);
-    zps_log_info("plan %u from step %llu: %u workers", c->gen, (unsigned long long)effective,
-                 plan.n);
+    zps_log_info("plan %u from step %llu: %u workers", c->gen, (unsigned long long)effective, n);
     return true;
 }
 
@@ -512,6 +531,23 @@ void zps_coord_release(zps_coord *c, zps_outbox *out, uint64_t step)
     }
 }
 
+// The first plan's members active from step 0, and a log line a member (the
+// first 64 and the last: a job of thousands says the rest in one line).
+static void s_activate_first(zps_coord *c, const zps_plan *plan)
+{
+    for (uint32_t i = 0; i < plan->n; i++) {
+        const zps_plan_slice *sl = &plan->slices[i];
+        (void)zps_member_activate(&c->members[i].life, 0);
+        if (i < 64 || i + 1 == plan->n) {
+            zps_log_info("rank %u: %s %s, samples [%u, %u) of %u", sl->rank, c->members[i].host,
+                         c->members[i].device, sl->offset, sl->offset + sl->count,
+                         c->cfg.global_batch);
+        } else if (i == 64) {
+            zps_log_info("ranks 64..%u: as the plan says (%u members)", plan->n - 2, plan->n);
+        }
+    }
+}
+
 // Every member and shard is here: fix the plan, give the other shards
 // their ranges, and start the workers once every shard serves.
 zps_err zps_coord_start(zps_coord *c, zps_outbox *out)
@@ -519,21 +555,19 @@ zps_err zps_coord_start(zps_coord *c, zps_outbox *out)
     if (c->n_members < c->cfg.workers || c->n_registered < c->cfg.shards) {
         return ZPS_OK;
     }
-    zps_plan plan;
+    zps_plan plan = {0};
     zps_err err = zps_coord_make_plan(c, &plan);
+    if (err == ZPS_OK) {
+        zps_plans_fini(&c->plans);
+        err = zps_plans_add(&c->plans, 1, 0, &plan);
+    }
     if (err != ZPS_OK) {
+        zps_plan_fini(&plan);
         return err;
     }
     c->gen = 1;
-    zps_plans_init(&c->plans);
-    (void)zps_plans_add(&c->plans, 1, 0, &plan);
-    for (uint32_t i = 0; i < plan.n; i++) {
-        const zps_plan_slice *sl = &plan.slices[i];
-        (void)zps_member_activate(&c->members[i].life, 0);
-        zps_log_info("rank %u: %s %s, samples [%u, %u) of %u", sl->rank, c->members[i].host,
-                     c->members[i].device, sl->offset, sl->offset + sl->count,
-                     c->cfg.global_batch);
-    }
+    s_activate_first(c, &plan);
+    zps_plan_fini(&plan);
     // Each shard's token goes with its range: from now on only its holder
     // speaks for that shard (server/zps_msgtab.h).
     for (uint32_t i = 1; i < c->cfg.shards; i++) {

@@ -158,13 +158,13 @@ static void s_send_speculation(zps_coord *c, zps_outbox *out, const zps_plan_gen
     Zps__Extra wire;
     Zps__Extra *wp = &wire;
     zps_coord_extra_to_wire(&e, &wire);
-    Zps__Slice slices[ZPS_MAX_MEMBERS];
-    Zps__Slice *ptrs[ZPS_MAX_MEMBERS];
-    zps_coord_plan_to_wire(&g->plan, mem, slices, ptrs);
+    Zps__Slice own; // a member learns its own slice only
+    Zps__Slice *ptrs[1];
     Zps__Plan p = ZPS__PLAN__INIT;
     p.generation = g->gen; // the same plan: only the extra is new
     p.effective_step = g->effective;
-    p.n_slices = g->plan.n;
+    p.members = g->plan.n;
+    p.n_slices = zps_coord_plan_to_wire(&g->plan, mem, &own, ptrs);
     p.slices = ptrs;
     p.n_extras = 1;
     p.extras = &wp;

@@ -11,7 +11,9 @@
 // ---------------------------------------------------------------------------
 // Job state beside the checkpoints.
 
-#define ZPS_COORD_STATE_MAX (1u << 20)
+// A member's record is at most about 200 bytes (its host and device names
+// bounded): room for ZPS_MAX_MEMBERS of them and then some.
+#define ZPS_COORD_STATE_MAX (4u << 20)
 #define ZPS_COORD_RESUME_GEN_GAP 1000u
 
 static void s_state_name_for(char *buf, size_t len, uint64_t step)
@@ -19,11 +21,14 @@ static void s_state_name_for(char *buf, size_t len, uint64_t step)
     snprintf(buf, len, "coord-step-%llu.state", (unsigned long long)step);
 }
 
-zps_err zps_coord_save(const zps_coord *c, const char *dir, uint64_t step)
+// The job state at `step`, packed into *buf (the caller frees it).
+static zps_err s_pack(const zps_coord *c, uint64_t step, uint8_t **buf, size_t *len)
 {
-    Zps__Member members[ZPS_MAX_MEMBERS];
-    Zps__Member *ptrs[ZPS_MAX_MEMBERS];
-    for (uint32_t i = 0; i < c->n_members; i++) {
+    // On the heap: thousands of members would make a large stack frame.
+    size_t n = c->n_members ? c->n_members : 1;
+    Zps__Member *members = calloc(n, sizeof *members);
+    Zps__Member **ptrs = calloc(n, sizeof(Zps__Member *));
+    for (uint32_t i = 0; members && ptrs && i < c->n_members; i++) {
         const zps_coord_member *s = &c->members[i];
         zps_coord_member_to_wire(s, &members[i]);
         members[i].member_id = s->member_id;
@@ -37,12 +42,23 @@ zps_err zps_coord_save(const zps_coord *c, const char *dir, uint64_t step)
     st.members = ptrs;
     st.first_started_unix_ms = c->job_started_unix_ms;
     st.starts = c->starts;
-    size_t len = zps__job_state__get_packed_size(&st);
-    uint8_t *buf = malloc(len ? len : 1);
-    if (!buf) {
+    *len = members && ptrs ? zps__job_state__get_packed_size(&st) : 0;
+    *buf = members && ptrs ? malloc(*len ? *len : 1) : NULL;
+    if (*buf) {
+        zps__job_state__pack(&st, *buf);
+    }
+    free(members);
+    free(ptrs);
+    return *buf ? ZPS_OK : ZPS_ENOMEM;
+}
+
+zps_err zps_coord_save(const zps_coord *c, const char *dir, uint64_t step)
+{
+    uint8_t *buf;
+    size_t len;
+    if (s_pack(c, step, &buf, &len) != ZPS_OK) {
         return ZPS_ENOMEM;
     }
-    zps__job_state__pack(&st, buf);
     char name[64];
     s_state_name_for(name, sizeof name, step);
     // The members' ids are credentials: the job state is the owner's only,
@@ -150,12 +166,13 @@ zps_err zps_coord_resume(zps_coord *c, const char *dir, uint64_t step)
     for (uint32_t i = 1; i < c->cfg.shards; i++) {
         c->shards[i].token = tokens[i];
     }
-    zps_plan plan;
+    zps_plan plan = {0};
     zps_err perr = zps_coord_make_plan(c, &plan);
-    zps_plans_init(&c->plans);
+    zps_plans_fini(&c->plans);
     if (perr == ZPS_OK) {
-        (void)zps_plans_add(&c->plans, c->gen, step, &plan);
+        perr = zps_plans_add(&c->plans, c->gen, step, &plan);
     }
+    zps_plan_fini(&plan);
     for (uint32_t i = 0; i < c->cfg.shards; i++) {
         c->shard_done[i] = step;
         c->shards[i].registered = c->shards[i].ready = i == 0;

@@ -57,6 +57,8 @@ typedef struct s_rank {
 
 struct zps_monitor {
     s_rank ranks[ZPS_MAX_MEMBERS];
+    uint32_t n_ranks;                    // 1 + the highest rank seen: the per-step walks stop
+                                         // there, and the ranks past it were never touched
     uint64_t step;                       // step whose first push is first_ms
     double first_ms;
     double step_ms[ZPS_MONITOR_WINDOW];  // ring of step times
@@ -68,9 +70,6 @@ zps_monitor *zps_monitor_new(void)
     zps_monitor *m = calloc(1, sizeof *m);
     if (m) {
         m->step = UINT64_MAX;
-        for (int i = 0; i < ZPS_MAX_MEMBERS; i++) {
-            m->ranks[i].step = UINT64_MAX;
-        }
     }
     return m;
 }
@@ -86,6 +85,9 @@ void zps_monitor_push(zps_monitor *m, uint64_t step, uint32_t rank, uint32_t sam
 {
     if (rank >= ZPS_MAX_MEMBERS) {
         return;
+    }
+    for (; m->n_ranks <= rank; m->n_ranks++) {
+        m->ranks[m->n_ranks].step = UINT64_MAX;
     }
     if (m->step != step) {
         m->step = step;
@@ -112,7 +114,7 @@ void zps_monitor_push(zps_monitor *m, uint64_t step, uint32_t rank, uint32_t sam
 void zps_monitor_round(zps_monitor *m, uint64_t step, uint32_t rank, uint32_t inner_steps,
                        float delta_norm, uint64_t bytes)
 {
-    if (rank < ZPS_MAX_MEMBERS && m->ranks[rank].step == step) {
+    if (rank < m->n_ranks && m->ranks[rank].step == step) {
         s_rank *r = &m->ranks[rank];
         r->inner_steps = inner_steps;
         r->delta_norm = delta_norm;
@@ -183,12 +185,12 @@ static bool s_pace(const s_rank *r, double *median, double *noise)
 // small; what they cannot tell apart is said at the equal-workers test.
 static bool s_slow(const zps_monitor *m, uint32_t rank, uint64_t step)
 {
-    double own, own_noise, paces[ZPS_MAX_MEMBERS] = {0}, noise = 0;
+    double own, own_noise, paces[ZPS_MAX_MEMBERS], noise = 0; // paces[0, n) are set
     if (!s_pace(&m->ranks[rank], &own, &own_noise)) {
         return false;
     }
     size_t n = 0;
-    for (uint32_t i = 0; i < ZPS_MAX_MEMBERS; i++) {
+    for (uint32_t i = 0; i < m->n_ranks; i++) {
         const s_rank *r = &m->ranks[i];
         double pace, scatter;
         if (i != rank && r->n > 0 && r->seen + ZPS_MONITOR_PACE_STEPS > step &&
@@ -231,7 +233,7 @@ static uint32_t s_waited_for(const zps_monitor *m, uint64_t step)
 {
     uint32_t last = ZPS_MAX_MEMBERS;
     double last_ms = -INFINITY, next_ms = -INFINITY;
-    for (uint32_t i = 0; i < ZPS_MAX_MEMBERS; i++) {
+    for (uint32_t i = 0; i < m->n_ranks; i++) {
         const s_rank *r = &m->ranks[i];
         if (r->step != step) {
             continue;
@@ -251,7 +253,7 @@ void zps_monitor_step_done(zps_monitor *m, uint64_t step, double step_ms, FILE *
 {
     m->step_ms[m->n_steps++ % ZPS_MONITOR_WINDOW] = step_ms;
     uint32_t waited = s_waited_for(m, step);
-    for (uint32_t i = 0; i < ZPS_MAX_MEMBERS; i++) {
+    for (uint32_t i = 0; i < m->n_ranks; i++) {
         s_rank *r = &m->ranks[i];
         if (r->step == step) {
             r->ring[r->n++ % ZPS_MONITOR_WINDOW] = (s_sample){
@@ -262,7 +264,7 @@ void zps_monitor_step_done(zps_monitor *m, uint64_t step, double step_ms, FILE *
         }
     }
     bool first = true;
-    for (uint32_t i = 0; i < ZPS_MAX_MEMBERS; i++) {
+    for (uint32_t i = 0; i < m->n_ranks; i++) {
         s_rank *r = &m->ranks[i];
         if (r->step != step) {
             continue;
@@ -291,7 +293,7 @@ void zps_monitor_step_done(zps_monitor *m, uint64_t step, double step_ms, FILE *
 
 bool zps_monitor_view_of(const zps_monitor *m, uint32_t rank, zps_monitor_view *out)
 {
-    if (rank >= ZPS_MAX_MEMBERS || m->ranks[rank].n == 0) {
+    if (rank >= m->n_ranks || m->ranks[rank].n == 0) {
         return false;
     }
     const s_rank *r = &m->ranks[rank];

@@ -12,6 +12,7 @@
 #include "common/zps_plans.h"
 #include "common/zps_quant.h"
 #include "common/zps_ckpt.h"
+#include "server/shard/zps_cover.h"
 #include "server/shard/zps_nodes.h"
 #include "server/shard/zps_pool.h"
 
@@ -69,6 +70,8 @@ struct zps_shard {
     int n_applied;                                  // buckets applied this step
     s_slice slices[ZPS_MAX_MEMBERS];                // slices seen this step
     int n_slices;
+    int32_t *slice_at;                              // owned, B: 1 + the slice at an offset, 0: none
+    zps_cover cover;                                // samples counted per bucket this step
     double loss_sum;                                // sum of weight * loss over slices this step
     uint32_t loss_weight;                           // sum of those weights
     zps_outer_mode mode;                            // diloco: pushes are pseudo-gradients
@@ -222,6 +225,16 @@ static zps_err s_micro_new(zps_shard *s, const zps_shard_cfg *cfg)
     return s->nodes ? ZPS_OK : ZPS_ENOMEM;
 }
 
+// The step's slices: indexed by offset, their samples by bucket.
+static zps_err s_slices_new(zps_shard *s)
+{
+    s->slice_at = calloc(s->global_batch ? s->global_batch : 1, sizeof *s->slice_at);
+    if (!s->slice_at || zps_cover_init(&s->cover, s->global_batch, s->n_buckets) != ZPS_OK) {
+        return ZPS_ENOMEM;
+    }
+    return ZPS_OK;
+}
+
 zps_shard *zps_shard_new(const zps_shard_cfg *cfg)
 {
     zps_shard *s = calloc(1, sizeof *s);
@@ -267,7 +280,7 @@ zps_shard *zps_shard_new(const zps_shard_cfg *cfg)
         goto fail;
     }
     if (!s->arr[0] || !s->arr[1] || !s->state || !s->acc || !s->grad ||
-        (s->dtype != ZPS_DTYPE_F32 && !s->snap)) {
+        (s->dtype != ZPS_DTYPE_F32 && !s->snap) || s_slices_new(s) != ZPS_OK) {
         goto fail;
     }
     // Both arrays alike at first, as after a restore: the step before the
@@ -293,6 +306,9 @@ void zps_shard_destroy(zps_shard **sp)
     }
     // The owner closes its sockets first, so ZeroMQ has released every frame.
     s_snapshot_free(&s->snap);
+    zps_plans_fini(&s->plans);
+    free(s->slice_at);
+    zps_cover_fini(&s->cover);
     for (int i = 0; i < ZPS_SHARD_MAX_RETIRED; i++) {
         s_snapshot_free(&s->retired[i]);
     }
@@ -354,8 +370,7 @@ const zps_plan *zps_shard_plan(const zps_shard *s)
 // rank, and a member must not take another's.
 static bool s_member_has_rank(const zps_shard *s, uint64_t member_id, uint32_t rank)
 {
-    uint32_t r;
-    return zps_plans_find_member(&s->plans, member_id, &r) && r == rank;
+    return zps_plans_names(&s->plans, member_id, rank);
 }
 
 bool zps_shard_member_has_rank(const zps_shard *s, uint32_t rank, uint64_t member_id)
@@ -365,10 +380,9 @@ bool zps_shard_member_has_rank(const zps_shard *s, uint32_t rank, uint64_t membe
 
 // A member of any generation the shard knows may push: a slice of a step
 // in progress can be handed to a member that joined after it began.
-bool zps_shard_is_member(const zps_shard *s, uint64_t member_id)
+bool zps_shard_is_member(const zps_shard *s, uint64_t member_id, uint32_t rank)
 {
-    uint32_t r;
-    return zps_plans_find_member(&s->plans, member_id, &r);
+    return zps_plans_names(&s->plans, member_id, rank);
 }
 
 static int s_bucket_at(const zps_shard *s, uint64_t lo, uint64_t hi)
@@ -386,27 +400,32 @@ static int s_bucket_at(const zps_shard *s, uint64_t lo, uint64_t hi)
 // handed to others), but for bucket b only disjoint ones count. NULL with
 // *partly set if [offset, +count) overlaps, without equalling, a slice
 // already counted for b; NULL alone if the table is full.
+// (The push was checked to lie in the batch.) The slice counted for b
+// are disjoint, so one that has b is the only one of [offset, +count)
+// that does: the cover's bits answer for the others without a scan.
 static s_slice *s_slice_for(zps_shard *s, uint32_t offset, uint32_t count, int b, bool *partly)
 {
-    s_slice *same = NULL;
+    int32_t at = s->slice_at[offset];
+    s_slice *same = at > 0 && s->slices[at - 1].count == count ? &s->slices[at - 1] : NULL;
     *partly = false;
-    for (int i = 0; i < s->n_slices; i++) {
-        s_slice *sl = &s->slices[i];
-        if (sl->offset == offset && sl->count == count) {
-            same = sl;
-        } else if (offset < sl->offset + sl->count && sl->offset < offset + count &&
-                   zps_bucket_set_has(&sl->buckets, b)) {
-            *partly = true;
-            return NULL;
-        }
+    if (same && zps_bucket_set_has(&same->buckets, b)) {
+        return same;
+    }
+    if (zps_cover_any(&s->cover, b, offset, offset + count)) {
+        *partly = true;
+        return NULL;
     }
     // Slices of [0, B) cannot outnumber the slots unless B is huge; a full
-    // table means a peer is splitting the batch absurdly finely.
+    // table means a peer is splitting the batch absurdly finely. A second
+    // slice at one offset (another length) is kept, not indexed.
     if (same || s->n_slices == ZPS_MAX_MEMBERS) {
         return same;
     }
     s_slice *sl = &s->slices[s->n_slices++];
     *sl = (s_slice){.offset = offset, .count = count};
+    if (at == 0) {
+        s->slice_at[offset] = s->n_slices;
+    }
     return sl;
 }
 
@@ -635,21 +654,21 @@ static zps_err s_check_sender(const zps_shard *s, const Zps__Header *h, char *wh
                  zps_shard_generation(s));
         return ZPS_EAGAIN;
     }
-    if (h->step < s->step && zps_shard_is_member(s, h->member_id)) {
+    if (h->step < s->step && zps_shard_is_member(s, h->member_id, h->rank)) {
         // A member's late copy of a slice handed over: the step is complete,
         // so every sample of it was counted already.
         snprintf(why, len, "push for step %llu, which is complete", (unsigned long long)h->step);
         return ZPS_EDUP;
     }
     const zps_plan_gen *g = zps_plans_at(&s->plans, h->step);
-    if (g && h->generation < g->gen && zps_shard_is_member(s, h->member_id)) {
+    if (g && h->generation < g->gen && zps_shard_is_member(s, h->member_id, h->rank)) {
         // Computed under a plan that a newer one replaced (after a rollback):
         // its step will be computed again under the new plan.
         snprintf(why, len, "push of plan %u, superseded by plan %u at step %llu",
                  h->generation, g->gen, (unsigned long long)h->step);
         return ZPS_EDUP;
     }
-    if (h->step > s->step && zps_shard_is_member(s, h->member_id)) {
+    if (h->step > s->step && zps_shard_is_member(s, h->member_id, h->rank)) {
         // A member ahead of this shard: the shard restarted from a
         // checkpoint, and the rollback on its way replays that step.
         snprintf(why, len, "push for step %llu, ahead of this shard (step %llu): a rollback "
@@ -777,6 +796,7 @@ zps_err zps_shard_push(zps_shard *s, const zps_wire_msg *m, int *ready, char *wh
         return err;
     }
     zps_bucket_set_add(&sl->buckets, b);
+    zps_cover_add(&s->cover, b, sl->offset, sl->offset + sl->count);
     *ready = s->updated[b] ? b : -1;
     return ZPS_OK;
 }
@@ -784,19 +804,7 @@ zps_err zps_shard_push(zps_shard *s, const zps_wire_msg *m, int *ready, char *wh
 bool zps_shard_slice_done(const zps_shard *s, uint32_t offset, uint32_t count)
 {
     for (int b = 0; b < s->n_buckets; b++) {
-        // Counted slices of a bucket are disjoint: their overlaps with
-        // [offset, +count) add up to it when it is covered.
-        uint64_t covered = 0;
-        for (int i = 0; i < s->n_slices; i++) {
-            const s_slice *sl = &s->slices[i];
-            uint32_t lo = sl->offset > offset ? sl->offset : offset;
-            uint32_t hi = sl->offset + sl->count < offset + count ? sl->offset + sl->count
-                                                                  : offset + count;
-            if (zps_bucket_set_has(&sl->buckets, b) && lo < hi) {
-                covered += hi - lo;
-            }
-        }
-        if (covered < count) {
+        if (zps_cover_count(&s->cover, b, offset, offset + count) < count) {
             return false;
         }
     }
@@ -1188,7 +1196,11 @@ static void s_forget_step(zps_shard *s)
     memset(s->updated, 0, sizeof s->updated);
     s->n_applied = 0;
     s->n_updated = 0;
+    for (int i = 0; i < s->n_slices; i++) {
+        s->slice_at[s->slices[i].offset] = 0;
+    }
     s->n_slices = 0;
+    zps_cover_clear(&s->cover);
     s_clip_forget(s);
     if (s->nodes) {
         zps_nodes_clear(s->nodes);

@@ -84,8 +84,8 @@ void zps_shard_add_plan(zps_shard *s, uint32_t gen, uint64_t effective_step,
 // The plan in force at the step in progress (not the newest, which may
 // only hold from the next step), or NULL before the first.
 const zps_plan *zps_shard_plan(const zps_shard *s);
-// True if member_id is a member of a plan the shard knows.
-bool zps_shard_is_member(const zps_shard *s, uint64_t member_id);
+// True if a plan the shard knows names member_id at rank.
+bool zps_shard_is_member(const zps_shard *s, uint64_t member_id, uint32_t rank);
 // True if a plan the shard knows has member_id, with this rank: the
 // credential of a PUSH or PULL (server/zps_msgtab.h).
 bool zps_shard_member_has_rank(const zps_shard *s, uint32_t rank, uint64_t member_id);

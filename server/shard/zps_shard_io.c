@@ -25,9 +25,15 @@ zps_err zps_shard_io_init(zps_shard_io *io, void *sock, uint32_t index,
     return io->held ? ZPS_OK : ZPS_ENOMEM;
 }
 
+zps_shard_io_rank *zps_shard_io_rank_of(zps_shard_io *io, uint32_t r)
+{
+    io->n_ranks = r >= io->n_ranks ? r + 1 : io->n_ranks;
+    return &io->ranks[r];
+}
+
 void zps_shard_io_fini(zps_shard_io *io)
 {
-    for (int i = 0; i < ZPS_MAX_MEMBERS; i++) {
+    for (uint32_t i = 0; i < io->n_ranks; i++) {
         if (io->ranks[i].has_route) {
             zps_wire_route_close(&io->ranks[i].route);
             io->ranks[i].has_route = false;
@@ -125,6 +131,7 @@ static bool s_check_member_msg(zps_shard_io *io, zps_wire_msg *m)
         s_refuse(io, m, ZPS_ERANGE, "rank out of range");
         return false;
     }
+    (void)zps_shard_io_rank_of(io, m->hdr->rank);
     return true;
 }
 
@@ -328,7 +335,7 @@ void zps_shard_io_apply(zps_shard_io *io, int b)
 {
     zps_shard_apply(io->shard, b);
     uint64_t next = zps_shard_step(io->shard) + 1;
-    for (uint32_t i = 0; i < ZPS_MAX_MEMBERS; i++) {
+    for (uint32_t i = 0; i < io->n_ranks; i++) {
         if (io->ranks[i].pushed) {
             s_send_bucket(io, &io->ranks[i].route, b, next, true);
         }
@@ -379,7 +386,7 @@ bool zps_shard_io_between_steps(const zps_shard_io *io)
 
 void zps_shard_io_end_step(zps_shard_io *io)
 {
-    for (int i = 0; i < ZPS_MAX_MEMBERS; i++) {
+    for (uint32_t i = 0; i < io->n_ranks; i++) {
         io->ranks[i].pushed = false;
         io->ranks[i].heard = false;
         io->ranks[i].own_in = 0;
@@ -392,7 +399,7 @@ void zps_shard_io_end_step(zps_shard_io *io)
 void zps_shard_io_forget_step(zps_shard_io *io)
 {
     zps_shard_io_end_step(io);
-    for (int i = 0; i < ZPS_MAX_MEMBERS; i++) {
+    for (uint32_t i = 0; i < io->n_ranks; i++) {
         io->ranks[i].served = 0;
     }
     // PULLs that arrived before the rollback (for its step) can be served now.

@@ -61,6 +61,7 @@ typedef struct zps_shard_io {
     zps_dtype dtype;                      // tensors on the wire
     zps_shard_io_hooks hooks;             // the server's side
     zps_shard_io_rank ranks[ZPS_MAX_MEMBERS]; // indexed by rank
+    uint32_t n_ranks;                     // 1 + the highest rank with state: walks stop there
     uint32_t n_in;                        // ranks with all of their own slice counted
     double quorum_ms;                     // when as many slices were in as not, or 0
     zps_wire_msg *held;                   // owned: ZPS_SHARD_IO_HELD pushes on hold
@@ -70,6 +71,10 @@ typedef struct zps_shard_io {
     uint64_t duplicates;                  // second copies of slices, dropped
     zps_shard_shm shm;                    // pushes through shared memory (same host)
 } zps_shard_io;
+
+// Rank r's state (r < ZPS_MAX_MEMBERS, checked by the caller), counted in
+// the per-step walks from now on.
+zps_shard_io_rank *zps_shard_io_rank_of(zps_shard_io *io, uint32_t r);
 
 // zps_shard_io_init readies an embedded io for `sock`; ZPS_ENOMEM if the
 // room for held pushes cannot be had. zps_shard_io_fini is safe on zeroed

@@ -2,6 +2,7 @@
  * split, and deterministic mode's split in whole micro-batches: the even
  * split, fixed shares rounded (halves up, at least one micro-batch), what
  * cannot be split refused with a reason, and pieces cut at micro-batches. */
+#include <stdlib.h>
 #include <string.h>
 
 #include "common/zps_plan.h"
@@ -27,20 +28,21 @@ static void s_assert_tiles(const zps_plan *p, uint32_t global_batch, uint32_t mi
 START_TEST(test_plan_split_evenly_lower_ranks_take_the_remainder)
 {
     uint32_t shares[3] = {0};
-    zps_plan p;
+    zps_plan p = {0};
     char why[128];
     ck_assert_int_eq(zps_plan_split(64, shares, 3, &p, why, sizeof why), ZPS_OK);
     s_assert_tiles(&p, 64, 0);
     ck_assert_uint_eq(p.slices[0].count, 22);
     ck_assert_uint_eq(p.slices[1].count, 21);
     ck_assert_uint_eq(p.slices[2].count, 21);
+    zps_plan_fini(&p);
 }
 END_TEST
 
 START_TEST(test_plan_micro_even_split_is_whole_micro_batches)
 {
     uint32_t shares[3] = {0};
-    zps_plan p;
+    zps_plan p = {0};
     char why[128];
     ck_assert_int_eq(zps_plan_split_micro(64, 8, shares, 3, &p, why, sizeof why), ZPS_OK);
     s_assert_tiles(&p, 64, 8);
@@ -52,12 +54,13 @@ START_TEST(test_plan_micro_even_split_is_whole_micro_batches)
     ck_assert_int_eq(zps_plan_split_micro(64, 8, eight, 8, &p, why, sizeof why), ZPS_OK);
     s_assert_tiles(&p, 64, 8);
     ck_assert_uint_eq(p.slices[7].count, 8);
+    zps_plan_fini(&p);
 }
 END_TEST
 
 START_TEST(test_plan_micro_fixed_shares_and_the_rest)
 {
-    zps_plan p;
+    zps_plan p = {0};
     char why[128];
     uint32_t uneven[2] = {24, 40};
     ck_assert_int_eq(zps_plan_split_micro(64, 8, uneven, 2, &p, why, sizeof why), ZPS_OK);
@@ -74,12 +77,13 @@ START_TEST(test_plan_micro_fixed_shares_and_the_rest)
     uint32_t none[3] = {0};
     ck_assert_int_eq(zps_plan_split_micro(64, 0, none, 3, &p, why, sizeof why), ZPS_OK);
     ck_assert_uint_eq(p.slices[0].count, 22);
+    zps_plan_fini(&p);
 }
 END_TEST
 
 START_TEST(test_plan_micro_refuses_what_is_not_whole_micro_batches)
 {
-    zps_plan p;
+    zps_plan p = {0};
     char why[128] = "";
     uint32_t zero[9] = {0};
     ck_assert_int_eq(zps_plan_split_micro(60, 8, zero, 2, &p, why, sizeof why), ZPS_EINVAL);
@@ -92,6 +96,7 @@ START_TEST(test_plan_micro_refuses_what_is_not_whole_micro_batches)
     ck_assert_ptr_nonnull(strstr(why, "micro-batches of 8"));
     uint32_t over[2] = {64, 8};
     ck_assert_int_eq(zps_plan_split_micro(64, 8, over, 2, &p, why, sizeof why), ZPS_EINVAL);
+    zps_plan_fini(&p);
 }
 END_TEST
 
@@ -131,6 +136,39 @@ START_TEST(test_plan_pieces_cut_at_micro_batches)
 }
 END_TEST
 
+START_TEST(test_plan_of_the_most_members_is_found_by_rank_and_copied_whole)
+{
+    uint32_t *shares = calloc(ZPS_MAX_MEMBERS, sizeof *shares);
+    ck_assert_ptr_nonnull(shares);
+    zps_plan p = {0}, q = {0};
+    char why[128];
+    ck_assert_int_eq(zps_plan_split(2 * ZPS_MAX_MEMBERS, shares, ZPS_MAX_MEMBERS, &p, why,
+                                    sizeof why), ZPS_OK);
+    s_assert_tiles(&p, 2 * ZPS_MAX_MEMBERS, 0);
+    for (uint32_t i = 0; i < p.n; i++) {
+        p.slices[i].rank = 3 * i; // ranks with gaps, as members leave
+    }
+    ck_assert_ptr_eq(zps_plan_find(&p, 3 * 1000), &p.slices[1000]);
+    ck_assert_ptr_eq(zps_plan_find(&p, 0), &p.slices[0]);
+    ck_assert_ptr_eq(zps_plan_find(&p, 3 * (ZPS_MAX_MEMBERS - 1)), &p.slices[ZPS_MAX_MEMBERS - 1]);
+    ck_assert_ptr_null(zps_plan_find(&p, 3 * 1000 + 1));
+    ck_assert_ptr_null(zps_plan_find(&p, 3 * ZPS_MAX_MEMBERS));
+    ck_assert_int_eq(zps_plan_copy(&q, &p), ZPS_OK);
+    p.slices[7].count = 0; // the copy owns its slices
+    ck_assert_uint_eq(q.n, ZPS_MAX_MEMBERS);
+    ck_assert_uint_eq(q.slices[7].count, 2);
+    ck_assert_ptr_eq(zps_plan_find(&q, 3 * 7), &q.slices[7]);
+    // One member more than the most: refused, and the plan left empty.
+    ck_assert_int_eq(zps_plan_split(8 * ZPS_MAX_MEMBERS, shares, ZPS_MAX_MEMBERS + 1, &p, why,
+                                    sizeof why), ZPS_EINVAL);
+    ck_assert_uint_eq(p.n, 0);
+    ck_assert_ptr_null(p.slices);
+    zps_plan_fini(&q);
+    zps_plan_fini(&p);
+    free(shares);
+}
+END_TEST
+
 Suite *zps_suite_plan(void)
 {
     Suite *s = suite_create("plan");
@@ -141,6 +179,7 @@ Suite *zps_suite_plan(void)
     tcase_add_test(tc, test_plan_micro_refuses_what_is_not_whole_micro_batches);
     tcase_add_test(tc, test_plan_round_share_halves_up_at_least_one);
     tcase_add_test(tc, test_plan_pieces_cut_at_micro_batches);
+    tcase_add_test(tc, test_plan_of_the_most_members_is_found_by_rank_and_copied_whole);
     suite_add_tcase(s, tc);
     return s;
 }

@@ -9,9 +9,10 @@
 // A plan of n members (ranks first..first+n-1, ids 100 + rank) over B = 8.
 static zps_plan s_plan(uint32_t first, uint32_t n)
 {
-    uint32_t shares[ZPS_MAX_MEMBERS] = {0};
-    zps_plan p;
+    uint32_t shares[16] = {0};
+    zps_plan p = {0};
     char why[64];
+    ck_assert_uint_le(n, 16);
     ck_assert_int_eq(zps_plan_split(8, shares, n, &p, why, sizeof why), ZPS_OK);
     for (uint32_t i = 0; i < n; i++) {
         p.slices[i].rank = first + i;
@@ -31,6 +32,7 @@ START_TEST(test_plans_keep_the_plan_in_force_while_later_ones_pile_up)
     for (uint32_t g = 2; g <= 12; g++) {
         zps_plan p = s_plan(0, 1 + g % 4);
         ck_assert_int_eq(zps_plans_add(&ps, g, 403, &p), ZPS_OK);
+        zps_plan_fini(&p); // the history keeps a copy
     }
     const zps_plan_gen *at = zps_plans_at(&ps, 402);
     ck_assert_ptr_nonnull(at);
@@ -38,6 +40,8 @@ START_TEST(test_plans_keep_the_plan_in_force_while_later_ones_pile_up)
     ck_assert_uint_eq(at->plan.n, 4);
     ck_assert_uint_eq(zps_plans_at(&ps, 403)->gen, 12);
     ck_assert_int_eq(ps.n, 2); // the superseded plans of 403 are gone
+    zps_plan_fini(&p1);
+    zps_plans_fini(&ps);
 }
 END_TEST
 
@@ -57,6 +61,9 @@ START_TEST(test_plans_refuse_an_older_generation_and_follow_a_rollback)
     ck_assert_uint_eq(zps_plans_at(&ps, 12)->gen, 5);
     ck_assert_uint_eq(zps_plans_at(&ps, 25)->gen, 7);
     ck_assert_uint_eq(zps_plans_newest_gen(&ps), 7);
+    zps_plan_fini(&p);
+    zps_plan_fini(&q);
+    zps_plans_fini(&ps);
 }
 END_TEST
 
@@ -72,13 +79,15 @@ START_TEST(test_plans_forget_only_what_no_later_step_uses)
     ck_assert_ptr_null(zps_plans_at(&ps, 4));
     ck_assert_uint_eq(zps_plans_at(&ps, 7)->gen, 2);
     ck_assert_uint_eq(zps_plans_at(&ps, 9)->gen, 3);
-    uint32_t rank = 99;
-    ck_assert(!zps_plans_find_member(&ps, 100, &rank)); // only in generation 1
-    ck_assert(zps_plans_find_member(&ps, 102, &rank));
-    ck_assert_uint_eq(rank, 2);
-    ck_assert(zps_plans_find_member(&ps, 105, &rank));
-    ck_assert_uint_eq(rank, 5);
-    ck_assert(!zps_plans_find_member(&ps, 0, &rank)); // a worker's copy names others as 0
+    ck_assert(!zps_plans_names(&ps, 100, 0)); // only in generation 1
+    ck_assert(zps_plans_names(&ps, 102, 2));
+    ck_assert(!zps_plans_names(&ps, 102, 3)); // a member at another's rank
+    ck_assert(zps_plans_names(&ps, 105, 5));
+    ck_assert(!zps_plans_names(&ps, 0, 2)); // a worker's copy names others as 0
+    zps_plan_fini(&a);
+    zps_plan_fini(&b);
+    zps_plan_fini(&c);
+    zps_plans_fini(&ps);
 }
 END_TEST
 
@@ -93,6 +102,8 @@ START_TEST(test_plans_full_history_drops_the_oldest)
     ck_assert_int_eq(ps.n, ZPS_PLANS_MAX);
     ck_assert_ptr_null(zps_plans_at(&ps, 10));
     ck_assert_uint_eq(zps_plans_at(&ps, 1000)->gen, ZPS_PLANS_MAX + 3);
+    zps_plan_fini(&p);
+    zps_plans_fini(&ps);
 }
 END_TEST
 

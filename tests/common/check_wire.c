@@ -419,7 +419,7 @@ END_TEST
 
 START_TEST(test_plan_split_fixed_and_even_shares)
 {
-    zps_plan p;
+    zps_plan p = {0};
     char why[128];
     uint32_t even[2] = {0, 0};
     ck_assert_int_eq(zps_plan_split(64, even, 2, &p, why, sizeof why), ZPS_OK);
@@ -435,12 +435,13 @@ START_TEST(test_plan_split_fixed_and_even_shares)
     uint32_t fixed[2] = {16, 48};
     ck_assert_int_eq(zps_plan_split(64, fixed, 2, &p, why, sizeof why), ZPS_OK);
     ck_assert_uint_eq(p.slices[1].offset, 16);
+    zps_plan_fini(&p);
 }
 END_TEST
 
 START_TEST(test_plan_split_refuses_impossible_shares)
 {
-    zps_plan p;
+    zps_plan p = {0};
     char why[128];
     uint32_t too_big[2] = {60, 10};
     uint32_t short_fixed[2] = {10, 10};
@@ -449,6 +450,7 @@ START_TEST(test_plan_split_refuses_impossible_shares)
     ck_assert_int_eq(zps_plan_split(64, short_fixed, 2, &p, why, sizeof why), ZPS_EINVAL);
     ck_assert_int_eq(zps_plan_split(64, no_room, 3, &p, why, sizeof why), ZPS_EINVAL);
     ck_assert_int_eq(zps_plan_split(64, too_big, 0, &p, why, sizeof why), ZPS_EINVAL);
+    zps_plan_fini(&p);
 }
 END_TEST
 
@@ -458,7 +460,7 @@ START_TEST(test_plan_from_wire_checks_tiling)
     a.rank = 0, a.offset = 0, a.count = 20;
     b.rank = 1, b.offset = 20, b.count = 44;
     Zps__Slice *s[2] = {&a, &b};
-    zps_plan p;
+    zps_plan p = {0};
     ck_assert_int_eq(zps_plan_from_wire(s, 2, 64, &p), ZPS_OK);
     ck_assert_uint_eq(p.n, 2);
     ck_assert_int_eq(zps_plan_from_wire(s, 2, 65, &p), ZPS_EPROTO);
@@ -467,6 +469,10 @@ START_TEST(test_plan_from_wire_checks_tiling)
     b.offset = 20;
     b.rank = 0;
     ck_assert_int_eq(zps_plan_from_wire(s, 2, 64, &p), ZPS_EPROTO);
+    b.rank = ZPS_MAX_MEMBERS; // past every per-rank table
+    ck_assert_int_eq(zps_plan_from_wire(s, 2, 64, &p), ZPS_EPROTO);
+    ck_assert_ptr_null(p.slices); // refused: nothing kept
+    zps_plan_fini(&p);
 }
 END_TEST
 

@@ -10,6 +10,7 @@
 
 #include "common/zps_clock.h"
 #include "common/zps_model.h"
+#include "common/zps_plan.h"
 #include "common/zps_rng.h"
 #include "common/zps_wire.h"
 #include "zps_integration.h"
@@ -171,7 +172,7 @@ static int s_send_bad_pushes(peer *p, uint64_t job, uint64_t step, size_t n_para
     s_expect_error(p, ZPS_ENOENT, "an unknown worker");
     s_push(p, job, step, 0, 0, n_params, n_params * 4);
     s_expect_error(p, ZPS_ENOENT, "a worker's rank with a wrong member id");
-    s_push(p, job, step, 256, 0, n_params, n_params * 4);
+    s_push(p, job, step, ZPS_MAX_MEMBERS, 0, n_params, n_params * 4);
     s_expect_error(p, ZPS_ERANGE, "a rank past the last possible (once folded onto rank 0)");
     s_push(p, job ^ 1, step, 0, 0, n_params, n_params * 4);
     s_expect_error(p, ZPS_EJOB, "another job's id");

@@ -707,6 +707,33 @@ START_TEST(test_coord_two_joins_within_a_step_make_one_plan_at_the_boundary)
 }
 END_TEST
 
+// A worker learns its own slice of a plan, not the others': a plan to
+// each of N members would cost N squared at every re-plan.
+START_TEST(test_coord_a_worker_is_sent_its_own_slice_only)
+{
+    mjob j;
+    s_start_two(&j);
+    s_say_hello(&j, 2);
+    s_say_hello(&j, 3);
+    s_release(&j, 6);
+    Zps__Header *jb = s_take(&j.w[3], ZPS__MSG_TYPE__JOB);
+    ck_assert_ptr_nonnull(jb);
+    ck_assert_uint_eq(jb->job->n_plan, 1);
+    ck_assert_uint_eq(jb->job->plan[0]->rank, jb->job->rank);
+    ck_assert_uint_eq(jb->job->plan[0]->member_id, jb->job->member_id);
+    ck_assert_uint_eq(jb->job->plan[0]->count, MB / 4);
+    zps__header__free_unpacked(jb, NULL);
+    Zps__Header *h = s_take(&j.w[0], ZPS__MSG_TYPE__PLAN);
+    ck_assert_ptr_nonnull(h);
+    ck_assert_uint_eq(h->plan->n_slices, 1);
+    ck_assert_uint_eq(h->plan->members, 4);
+    ck_assert_uint_eq(h->plan->slices[0]->rank, j.rank[0]);
+    ck_assert_uint_eq(h->plan->slices[0]->member_id, j.id[0]);
+    zps__header__free_unpacked(h, NULL);
+    s_members_teardown(&j);
+}
+END_TEST
+
 START_TEST(test_coord_eviction_during_a_join_hands_the_piece_to_an_active_member)
 {
     mjob j;
@@ -1292,6 +1319,7 @@ Suite *zps_suite_coord(void)
     suite_add_tcase(s, tk);
     TCase *mc = tcase_create("members");
     tcase_add_test(mc, test_coord_two_joins_within_a_step_make_one_plan_at_the_boundary);
+    tcase_add_test(mc, test_coord_a_worker_is_sent_its_own_slice_only);
     tcase_add_test(mc, test_coord_eviction_during_a_join_hands_the_piece_to_an_active_member);
     tcase_add_test(mc, test_coord_join_during_eviction_wakes_the_joiner_only_when_nobody_else_can);
     tcase_add_test(mc, test_coord_hello_whose_share_does_not_fit_is_refused_in_one_line_and_changes_nothing);

@@ -346,8 +346,8 @@ START_TEST(test_shard_counts_handed_slices_once_and_follows_generations)
     m.hdr->generation = 2;
     ck_assert_int_eq(zps_shard_push(s, &m, &ready, why, sizeof why), ZPS_EAGAIN);
     zps_wire_msg_fini(&m);
-    zps_plan solo = {.global_batch = 40, .n = 1};
-    solo.slices[0] = (zps_plan_slice){.rank = 1, .member_id = 22, .offset = 0, .count = 40};
+    zps_plan_slice only = {.rank = 1, .member_id = 22, .offset = 0, .count = 40};
+    zps_plan solo = {.global_batch = 40, .n = 1, .slices = &only}; // borrowed: the shard copies
     zps_shard_add_plan(s, 2, 1, &solo);
     ck_assert_uint_eq(zps_shard_generation(s), 2);
     zps_shard_apply(s, 0);

@@ -18,7 +18,9 @@ zps_model_spec zps_shard_fx_model(void)
 
 void zps_shard_fx_add_plan(zps_shard *s)
 {
-    zps_plan plan = {.global_batch = ZPS_SHARD_FX_BATCH, .n = 2};
+    zps_plan_slice slices[2];
+    // Slices borrowed, never freed: the shard keeps a copy of the plan.
+    zps_plan plan = {.global_batch = ZPS_SHARD_FX_BATCH, .n = 2, .slices = slices};
     for (uint32_t r = 0; r < 2; r++) {
         plan.slices[r] = (zps_plan_slice){.rank = r, .member_id = zps_shard_fx_id[r],
                                           .offset = zps_shard_fx_offset[r],
