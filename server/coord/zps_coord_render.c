@@ -263,8 +263,9 @@ static void s_render_census_metrics(const zps_census *cs, FILE *f)
 }
 
 // The per-worker series: one line a live member and a series, from the
-// census (no lookup per line). At 4096 members a scrape is about 0.45 MB
-// (5 series; 0.73 MB with diloco's 3 more): docs/running.md.
+// census (no lookup per line). A line is about 86 bytes with a host of 17
+// characters: at 4096 members a scrape is about 1.8 MB (5 series), 2.8 MB
+// with diloco's 3 more (docs/running.md; check_status.c measures it).
 static void s_render_worker_metrics(const zps_coord *c, const zps_census *cs, FILE *f)
 {
     static const char *names[8] = {"zps_worker_lag_seconds", "zps_worker_compute_seconds",
