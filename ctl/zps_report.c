@@ -53,8 +53,11 @@ typedef struct s_log {
     s_worker *workers;                     // all records' workers, in log order
     size_t n_workers;                      // used
     size_t cap_workers;                    // allocated
-    int row_of[ZPS_MAX_MEMBERS];           // rank -> row of the pictures, -1: absent
-    uint32_t rank_of_row[ZPS_MAX_MEMBERS]; // row -> rank, rows in rank order
+    size_t *mark;                          // rank -> 1 + seq of the last record naming it
+    size_t n_ranks;                        // 1 + the highest rank in the log (mark's length)
+    size_t cap_ranks;                      // mark's allocation
+    int *row_of;                           // rank -> row of the pictures, -1: absent (n_ranks)
+    uint32_t *rank_of_row;                 // row -> rank, rows in rank order (n_rows)
     uint32_t n_rows;                       // distinct ranks in the kept steps
     double test_accuracy;                  // the last evaluation's, -1 before any
     uint64_t test_epoch;                   // its epoch
@@ -115,6 +118,30 @@ static bool s_reserve(void **p, size_t *cap, size_t n, size_t elem)
     return true;
 }
 
+// Makes mark long enough for rank (new entries 0): the per-rank tables are
+// sized by the ranks the log holds, not by ZPS_MAX_MEMBERS.
+static bool s_reserve_ranks(s_log *lg, uint32_t rank)
+{
+    if (rank < lg->n_ranks) {
+        return true;
+    }
+    if (rank >= lg->cap_ranks) {
+        size_t ncap = lg->cap_ranks ? lg->cap_ranks : 64;
+        while (ncap <= rank) {
+            ncap *= 2;
+        }
+        size_t *np = realloc(lg->mark, ncap * sizeof *np);
+        if (!np) {
+            return false;
+        }
+        lg->mark = np;
+        lg->cap_ranks = ncap;
+    }
+    memset(lg->mark + lg->n_ranks, 0, (rank + 1 - lg->n_ranks) * sizeof *lg->mark);
+    lg->n_ranks = (size_t)rank + 1;
+    return true;
+}
+
 // Adds one record to the log. Returns NULL, or why the record is refused
 // (static text).
 static const char *s_add_record(s_log *lg, json_t *root)
@@ -157,7 +184,7 @@ static const char *s_add_record(s_log *lg, json_t *root)
             return "a worker is not an object";
         }
         if (s_get_uint(w, zps_mlog_name(ZPS_MLOG_RANK), ZPS_MAX_MEMBERS - 1, &u) != 0) {
-            return "a worker's \"rank\" is not an integer below 256";
+            return "a worker's \"rank\" is not an integer below ZPS_MAX_MEMBERS";
         }
         sw.rank = (uint32_t)u;
         if (s_get_number(w, zps_mlog_name(ZPS_MLOG_LAG_MS), &sw.lag_ms) != 0) {
@@ -167,11 +194,13 @@ static const char *s_add_record(s_log *lg, json_t *root)
             return "a worker's \"samples\" is not a non-negative integer";
         }
         sw.samples = (uint32_t)u;
-        for (size_t k = st.w0; k < lg->n_workers; k++) {
-            if (lg->workers[k].rank == sw.rank) {
-                return "a rank appears twice in one step";
-            }
+        if (!s_reserve_ranks(lg, sw.rank)) {
+            return "out of memory";
         }
+        if (lg->mark[sw.rank] == st.seq + 1) { // a mark a record: linear in its workers
+            return "a rank appears twice in one step";
+        }
+        lg->mark[sw.rank] = st.seq + 1;
         if (!s_reserve((void **)&lg->workers, &lg->cap_workers, lg->n_workers, sizeof sw)) {
             return "out of memory";
         }
@@ -197,7 +226,7 @@ static int s_cmp_step(const void *a, const void *b)
 // Sorts the steps and keeps the last record of each (a rollback repeats
 // steps, and the repeat is what the parameters went on with), then numbers
 // the ranks that remain as rows.
-static void s_log_finish(s_log *lg)
+static int s_log_finish(s_log *lg)
 {
     if (lg->n_steps > 1) { // qsort's base must not be NULL, even for 0 elements
         qsort(lg->steps, lg->n_steps, sizeof *lg->steps, s_cmp_step);
@@ -210,25 +239,36 @@ static void s_log_finish(s_log *lg)
         lg->steps[kept++] = lg->steps[i];
     }
     lg->n_steps = kept;
-    bool seen[ZPS_MAX_MEMBERS] = {false};
+    lg->n_rows = 0;
+    lg->row_of = malloc((lg->n_ranks ? lg->n_ranks : 1) * sizeof *lg->row_of);
+    lg->rank_of_row = malloc((lg->n_ranks ? lg->n_ranks : 1) * sizeof *lg->rank_of_row);
+    if (!lg->row_of || !lg->rank_of_row) {
+        return -1;
+    }
+    for (size_t r = 0; r < lg->n_ranks; r++) {
+        lg->row_of[r] = -1;
+    }
     for (size_t i = 0; i < lg->n_steps; i++) {
         for (size_t k = 0; k < lg->steps[i].nw; k++) {
-            seen[lg->workers[lg->steps[i].w0 + k].rank] = true;
+            lg->row_of[lg->workers[lg->steps[i].w0 + k].rank] = 0; // seen
         }
     }
-    lg->n_rows = 0;
-    for (uint32_t r = 0; r < ZPS_MAX_MEMBERS; r++) {
-        lg->row_of[r] = seen[r] ? (int)lg->n_rows : -1;
-        if (seen[r]) {
+    for (uint32_t r = 0; r < lg->n_ranks; r++) {
+        if (lg->row_of[r] == 0) {
+            lg->row_of[r] = (int)lg->n_rows;
             lg->rank_of_row[lg->n_rows++] = r;
         }
     }
+    return 0;
 }
 
 static void s_log_fini(s_log *lg)
 {
     free(lg->steps);
     free(lg->workers);
+    free(lg->mark);
+    free(lg->row_of);
+    free(lg->rank_of_row);
 }
 
 // Reads the whole log; -1 with the file, line and reason in err.
@@ -266,8 +306,9 @@ static int s_log_read(s_log *lg, const char *path, char *err, size_t errlen)
     }
     free(line);
     (void)fclose(f); // read only: a failed close loses nothing
-    if (ret == 0) {
-        s_log_finish(lg);
+    if (ret == 0 && s_log_finish(lg) != 0) {
+        ret = s_fail(err, errlen, "%s: out of memory", path);
+    } else if (ret == 0) {
         if (lg->n_steps == 0) {
             ret = s_fail(err, errlen, "%s: no step records", path);
         }
