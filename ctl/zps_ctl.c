@@ -4,7 +4,7 @@
  *                               the coordinator's job, step and members (a job
  *                               of more than 32: the slowest and the flagged;
  *                               --all pages through every member)
- *   zps-ctl top [ENDPOINT] [--interval-ms N] [--iterations K] [curve options]
+ *   zps-ctl top [ENDPOINT] [--interval-ms N] [--iterations K] [status options]
  *                               the status table, refreshed live until Ctrl-C
  *   zps-ctl report --metrics FILE --out DIR
  *                               SVG pictures of a run from its metrics log
@@ -47,7 +47,8 @@ static void s_usage(FILE *f)
             "                                   --limit N: ranks R.. (N up to 256)\n"
             "       zps-ctl top [ENDPOINT] [--interval-ms N] [--iterations K] [curve options]\n"
             "                                   the status refreshed every N ms (default %d)\n"
-            "                                   until Ctrl-C, or K times\n"
+            "                                   until Ctrl-C, or K times (--all, --offset,\n"
+            "                                   --limit as for status)\n"
             "       zps-ctl report --metrics FILE --out DIR\n"
             "                                   lag_heatmap.svg, step_time.svg, shares.svg\n"
             "                                   from zps-server --metrics-log FILE\n"
