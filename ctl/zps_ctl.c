@@ -234,7 +234,7 @@ static size_t s_gather(void *sock, const char *endpoint, const s_ask *ask, Zps__
     Zps__Header **got = NULL;
     for (;;) {
         Zps__Header *r = s_request(sock, endpoint, ask, ask->all ? (uint32_t)rows : ask->offset);
-        Zps__Header **more = r && n == cap ? realloc(got, (cap = cap * 2 + 1) * sizeof *got)
+        Zps__Header **more = r && n == cap ? realloc(got, (cap = cap * 2 + 1) * sizeof(Zps__Header *))
                                            : got;
         if (!r || !more) {
             if (r) {
@@ -266,7 +266,7 @@ static int s_print_replies(Zps__Header *const *replies, size_t n)
     for (size_t i = 0; i < n; i++) {
         rows += replies[i]->status->n_members;
     }
-    const Zps__Member **all = malloc((rows ? rows : 1) * sizeof *all);
+    const Zps__Member **all = malloc((rows ? rows : 1) * sizeof(Zps__Member *));
     if (!all) {
         fprintf(stderr, "zps-ctl: out of memory\n");
         return 1;
