@@ -24,6 +24,7 @@
 
 #define S_WIDTH 960        // px: readable at 800-1000 px without scaling
 #define S_MAX_COLS 400     // more steps than this are binned (one column ~2 px)
+#define S_HEAT_ROWS 256    // more workers than this share heatmap rows (the slowest shown)
 #define S_LEFT 84          // px left of the plot: y tick labels and axis title
 #define S_TOP 64           // px above the plot: title and subtitle
 #define S_PLOT_H 300       // px: height of the line and area charts
@@ -504,6 +505,65 @@ static void s_heat_color(double t, char out[8])
     snprintf(out, 8, "#%02x%02x%02x", c[0], c[1], c[2]);
 }
 
+// Many workers: each drawn row of the heatmap is a run of `group`
+// neighbouring ranks, and a cell holds the slowest of their means (a
+// straggler stays visible), so the picture has at most S_HEAT_ROWS rows at
+// any size. In place: group g's cells go to row g, read no more after.
+// Returns the rows drawn.
+static size_t s_heat_group(double *sum, size_t *cnt, double *row_sum, size_t *row_cnt,
+                           size_t rows, size_t cols, size_t group)
+{
+    if (group <= 1) {
+        return rows;
+    }
+    size_t groups = (rows + group - 1) / group;
+    for (size_t g = 0; g < groups; g++) {
+        size_t r0 = g * group, r1 = r0 + group < rows ? r0 + group : rows;
+        for (size_t c = 0; c < cols; c++) {
+            double best = -1;
+            for (size_t r = r0; r < r1; r++) {
+                best = cnt[r * cols + c] ? fmax(best, sum[r * cols + c] / (double)cnt[r * cols + c])
+                                         : best;
+            }
+            sum[g * cols + c] = best > 0 ? best : 0;
+            cnt[g * cols + c] = best >= 0;
+        }
+        double row_best = -1;
+        for (size_t r = r0; r < r1; r++) {
+            row_best = row_cnt[r] ? fmax(row_best, row_sum[r] / (double)row_cnt[r]) : row_best;
+        }
+        row_sum[g] = row_best > 0 ? row_best : 0;
+        row_cnt[g] = row_best >= 0;
+    }
+    return groups;
+}
+
+// The heatmap's row labels: rank on the left, the row's mean lag on the
+// right, so the slow worker is named in numbers as well as in colour.
+// Thin rows (many workers) get a label on every k-th row only.
+static void s_heat_labels(FILE *f, const s_log *lg, const s_plot *p, double rh, size_t rows,
+                          size_t group, const double *row_sum, const size_t *row_cnt)
+{
+    double fs = rh >= 14 ? 12 : 10;
+    size_t every = rh >= 14 ? 1 : (size_t)ceil(14 / rh);
+    fprintf(f, "<g fill=\"#333333\" font-size=\"%.0f\">\n", fs);
+    for (size_t row = 0; row < rows; row += every) {
+        double y = p->y0 + rh * ((double)row + 0.5) + fs * 0.35;
+        size_t last = (row + 1) * group < lg->n_rows ? (row + 1) * group - 1 : lg->n_rows - 1;
+        if (group > 1) {
+            fprintf(f, "<text x=\"%.1f\" y=\"%.1f\" text-anchor=\"end\">ranks %u-%u</text>\n",
+                    p->x0 - 8, y, lg->rank_of_row[row * group], lg->rank_of_row[last]);
+        } else {
+            fprintf(f, "<text x=\"%.1f\" y=\"%.1f\" text-anchor=\"end\">rank %u</text>\n",
+                    p->x0 - 8, y, lg->rank_of_row[row]);
+        }
+        fprintf(f, "<text x=\"%.1f\" y=\"%.1f\">%s %.1f ms</text>\n", p->x1 + 8, y,
+                group > 1 ? "slowest mean" : "mean",
+                row_cnt[row] ? row_sum[row] / (double)row_cnt[row] : 0.0);
+    }
+    fprintf(f, "</g>\n");
+}
+
 static int s_draw_heatmap(FILE *f, const s_log *lg)
 {
     s_bins b = s_bins_of(lg);
@@ -530,6 +590,9 @@ static int s_draw_heatmap(FILE *f, const s_log *lg)
             row_cnt[row]++;
         }
     }
+    size_t group = rows > S_HEAT_ROWS ? (rows + S_HEAT_ROWS - 1) / S_HEAT_ROWS : 1;
+    rows = s_heat_group(sum, cnt, row_sum, row_cnt, rows, b.n, group);
+    cells = rows * b.n;
     // The colour scale ends at the largest cell, unless a few outliers would
     // wash out the rest: then at the 99th percentile, the rest clamped.
     size_t n_full = 0;
@@ -558,8 +621,8 @@ static int s_draw_heatmap(FILE *f, const s_log *lg)
     int height = (int)ceil(p.y1) + 112;
     char sub[160], per[64];
     s_per_column(per, sizeof per, &b, "mean");
-    snprintf(sub, sizeof sub, "%zu workers, %zu steps; %s. Darker: later to arrive.", rows,
-             lg->n_steps, per);
+    snprintf(sub, sizeof sub, "%u workers%s, %zu steps; %s. Darker: later to arrive.",
+             lg->n_rows, group > 1 ? " (a row: the slowest of its ranks)" : "", lg->n_steps, per);
     s_svg_begin(f, S_WIDTH, height, "Lag behind each step's first arrival", sub);
 
     fprintf(f, "<rect x=\"%.1f\" y=\"%.1f\" width=\"%.1f\" height=\"%.1f\" fill=\"#eeeeee\"/>\n",
@@ -567,7 +630,8 @@ static int s_draw_heatmap(FILE *f, const s_log *lg)
     double cw = (p.x1 - p.x0) / (double)b.n;
     for (size_t row = 0; row < rows; row++) {
         double y = p.y0 + rh * (double)row;
-        fprintf(f, "<g data-rank=\"%u\" shape-rendering=\"crispEdges\">\n", lg->rank_of_row[row]);
+        fprintf(f, "<g data-rank=\"%u\" shape-rendering=\"crispEdges\">\n",
+                lg->rank_of_row[row * group]);
         // Neighbouring columns of one colour class become one rectangle:
         // the file stays small and the picture is the same.
         size_t c = 0;
@@ -597,20 +661,7 @@ static int s_draw_heatmap(FILE *f, const s_log *lg)
         }
         fprintf(f, "</g>\n");
     }
-    // Row labels: rank on the left, the row's mean lag on the right, so the
-    // slow worker is named in numbers as well as in colour.
-    // Thin rows (many workers) get a label on every k-th row only.
-    double fs = rh >= 14 ? 12 : 10;
-    size_t every = rh >= 14 ? 1 : (size_t)ceil(14 / rh);
-    fprintf(f, "<g fill=\"#333333\" font-size=\"%.0f\">\n", fs);
-    for (size_t row = 0; row < rows; row += every) {
-        double y = p.y0 + rh * ((double)row + 0.5) + fs * 0.35;
-        fprintf(f, "<text x=\"%.1f\" y=\"%.1f\" text-anchor=\"end\">rank %u</text>\n",
-                p.x0 - 8, y, lg->rank_of_row[row]);
-        fprintf(f, "<text x=\"%.1f\" y=\"%.1f\">mean %.1f ms</text>\n", p.x1 + 8, y,
-                row_cnt[row] ? row_sum[row] / (double)row_cnt[row] : 0.0);
-    }
-    fprintf(f, "</g>\n");
+    s_heat_labels(f, lg, &p, rh, rows, group, row_sum, row_cnt);
     fprintf(f,
             "<text transform=\"translate(%d,%.1f) rotate(-90)\" text-anchor=\"middle\" "
             "font-size=\"13\" fill=\"#333333\">worker</text>\n",
