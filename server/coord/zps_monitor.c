@@ -57,6 +57,7 @@ typedef struct s_rank {
 
 struct zps_monitor {
     s_rank ranks[ZPS_MAX_MEMBERS];
+    uint32_t n_ranks;                    // 1 + the highest rank pushed: what a step scans
     uint64_t step;                       // step whose first push is first_ms
     double first_ms;
     double step_ms[ZPS_MONITOR_WINDOW];  // ring of step times
@@ -87,6 +88,7 @@ void zps_monitor_push(zps_monitor *m, uint64_t step, uint32_t rank, uint32_t sam
     if (rank >= ZPS_MAX_MEMBERS) {
         return;
     }
+    m->n_ranks = rank < m->n_ranks ? m->n_ranks : rank + 1;
     if (m->step != step) {
         m->step = step;
         m->first_ms = now_ms;
@@ -188,7 +190,7 @@ static bool s_slow(const zps_monitor *m, uint32_t rank, uint64_t step)
         return false;
     }
     size_t n = 0;
-    for (uint32_t i = 0; i < ZPS_MAX_MEMBERS; i++) {
+    for (uint32_t i = 0; i < m->n_ranks; i++) {
         const s_rank *r = &m->ranks[i];
         double pace, scatter;
         if (i != rank && r->n > 0 && r->seen + ZPS_MONITOR_PACE_STEPS > step &&
@@ -231,7 +233,7 @@ static uint32_t s_waited_for(const zps_monitor *m, uint64_t step)
 {
     uint32_t last = ZPS_MAX_MEMBERS;
     double last_ms = -INFINITY, next_ms = -INFINITY;
-    for (uint32_t i = 0; i < ZPS_MAX_MEMBERS; i++) {
+    for (uint32_t i = 0; i < m->n_ranks; i++) {
         const s_rank *r = &m->ranks[i];
         if (r->step != step) {
             continue;
@@ -251,7 +253,7 @@ void zps_monitor_step_done(zps_monitor *m, uint64_t step, double step_ms, FILE *
 {
     m->step_ms[m->n_steps++ % ZPS_MONITOR_WINDOW] = step_ms;
     uint32_t waited = s_waited_for(m, step);
-    for (uint32_t i = 0; i < ZPS_MAX_MEMBERS; i++) {
+    for (uint32_t i = 0; i < m->n_ranks; i++) {
         s_rank *r = &m->ranks[i];
         if (r->step == step) {
             r->ring[r->n++ % ZPS_MONITOR_WINDOW] = (s_sample){
@@ -262,7 +264,7 @@ void zps_monitor_step_done(zps_monitor *m, uint64_t step, double step_ms, FILE *
         }
     }
     bool first = true;
-    for (uint32_t i = 0; i < ZPS_MAX_MEMBERS; i++) {
+    for (uint32_t i = 0; i < m->n_ranks; i++) {
         s_rank *r = &m->ranks[i];
         if (r->step != step) {
             continue;
