@@ -150,7 +150,10 @@ static void s_status_asker(zps_coord *c, uint64_t member_id, Zps__Status *st)
 }
 
 // The reply is bounded at any number of members (zps_census.h): the
-// summary, and the picked rows or the page asked for.
+// summary, and the picked rows or the page asked for. A worker's STATUS
+// (its member id, no page: where it stands, libzps's zps_ask.c) gets the
+// job's fields and its own and no census: a stalled job's every worker
+// asks once a second, and N censuses a second would be O(N^2).
 void zps_coord_on_status(zps_coord *c, zps_outbox *out, zps_wire_msg *m, uint64_t step,
                          uint64_t bad_messages)
 {
@@ -169,9 +172,11 @@ void zps_coord_on_status(zps_coord *c, zps_outbox *out, zps_wire_msg *m, uint64_
     st.n_shards = c->cfg.shards;
     st.shards = shard_ptrs;
     s_status_asker(c, m->hdr->member_id, &st);
-    zps_census cs;
+    st.members_total = c->n_members;
+    zps_census cs = {0};
     Zps__Member *rows = NULL;
-    if (zps_census_take(c, &cs) == ZPS_OK) {
+    bool worker = m->hdr->member_id != 0 && !m->hdr->page;
+    if (!worker && zps_census_take(c, &cs) == ZPS_OK) {
         s_status_census(&cs, &st);
         rows = s_status_members(c, &cs, m->hdr->page, &st);
     }

@@ -20,6 +20,7 @@
 #include <jansson.h>
 #include <zmq.h>
 
+#include "common/zps_clock.h"
 #include "common/zps_log.h"
 #include "server/coord/zps_census.h"
 #include "server/coord/zps_coord.h"
@@ -291,6 +292,10 @@ START_TEST(test_status_of_a_small_job_lists_every_member_and_answers_the_asker)
     r = s_status(&j, NULL, j.ids[5], NULL);
     ck_assert_int_eq(r->status->asker, ZPS__MEMBER_STATE__MEMBER_ACTIVE);
     ck_assert_uint_eq(r->status->asker_from, 0);
+    ck_assert_uint_eq(r->status->steps_done_all, 1);
+    ck_assert_str_eq(r->status->state, "training");
+    ck_assert_uint_eq(r->status->members_total, ZPS_STATUS_ALL);
+    ck_assert_uint_eq(r->status->n_members, 0); // a worker's STATUS: no census, no rows
     zps__header__free_unpacked(r, NULL);
     s_many_teardown(&j);
 }
@@ -314,8 +319,17 @@ START_TEST(test_status_metrics_grow_linearly_with_the_members)
     many j;
     s_many_setup(&j, MANY);
     zps_coord_docs d;
+    double t0 = zps_clock_ms();
+    for (int k = 0; k < 4; k++) {
+        ck_assert_int_eq(zps_coord_render_docs(j.c, 1, 0, &d), ZPS_OK);
+        zps_coord_docs_fini(&d);
+    }
+    double render_ms = (zps_clock_ms() - t0) / 4;
     ck_assert_int_eq(zps_coord_render_docs(j.c, 1, 0, &d), ZPS_OK);
     size_t total = strlen(d.metrics), per_worker = s_lines_bytes(d.metrics, "zps_worker_");
+    printf("check_status: both documents of %u members rendered in %.2f ms (%.2f us a member, "
+           "twice a second)\n",
+           j.n, render_ms, render_ms * 1e3 / j.n);
     // Five series a live member, about a hundred bytes a line.
     double per_member = (double)per_worker / j.n;
     printf("check_status: /metrics of %u members: %zu bytes, %.1f a member (5 series); "
