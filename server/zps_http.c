@@ -19,6 +19,12 @@
 
 // The loop publishes twice a second; this long without it, it is stuck.
 #define ZPS_HTTP_STALE_MS 10000.0
+// Nobody asked for /metrics or /status this long: the documents are
+// rendered every ZPS_HTTP_IDLE_RENDER_MS only (a job of thousands of
+// members renders them in tens of ms), so the first answer after a quiet
+// spell is at most that old.
+#define ZPS_HTTP_IDLE_MS 60000.0
+#define ZPS_HTTP_IDLE_RENDER_MS 5000.0
 
 struct zps_http {
     struct MHD_Daemon *daemon;  // owned
@@ -29,6 +35,9 @@ struct zps_http {
     json_t *rows;               // owned: every member's row, rank order, for pages
     bool ready;                 // what /readyz says
     double published_ms;        // the loop's last publish, for /healthz
+    double rendered_ms;         // the last documents' publish
+    double asked_ms;            // the last request for /metrics or /status
+    bool asked;                 // there was one
 };
 
 // /healthz and /readyz: a code and a one-line body.
@@ -98,6 +107,10 @@ static unsigned s_body(zps_http *h, struct MHD_Connection *conn, const char *url
 {
     uint32_t offset = 0, limit = 0;
     bool paged = false;
+    if (strcmp(url, "/metrics") == 0 || strcmp(url, "/status") == 0) {
+        h->asked_ms = zps_clock_ms();
+        h->asked = true;
+    }
     if (strcmp(url, "/metrics") == 0 && h->metrics) {
         *type = "text/plain; version=0.0.4";
         *text = h->metrics;
@@ -210,6 +223,24 @@ void zps_http_publish(zps_http *h, char *metrics, json_t *status, json_t *rows, 
     h->status = text;
     h->status_doc = status;
     h->rows = rows;
+    h->ready = ready;
+    h->published_ms = h->rendered_ms = zps_clock_ms();
+    pthread_mutex_unlock(&h->lock);
+}
+
+bool zps_http_wants_documents(zps_http *h)
+{
+    pthread_mutex_lock(&h->lock);
+    double now = zps_clock_ms();
+    bool wants = (h->asked && now - h->asked_ms < ZPS_HTTP_IDLE_MS) || h->rendered_ms == 0 ||
+                 now - h->rendered_ms >= ZPS_HTTP_IDLE_RENDER_MS;
+    pthread_mutex_unlock(&h->lock);
+    return wants;
+}
+
+void zps_http_alive(zps_http *h, bool ready)
+{
+    pthread_mutex_lock(&h->lock);
     h->ready = ready;
     h->published_ms = zps_clock_ms();
     pthread_mutex_unlock(&h->lock);

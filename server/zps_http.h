@@ -24,6 +24,11 @@ zps_http *zps_http_start(const char *hostport);
 // (server/coord/zps_census.h bounds them).
 void zps_http_publish(zps_http *h, char *metrics, struct json_t *status, struct json_t *rows,
                       bool ready);
+// Whether the documents are worth rendering now: asked for in the last
+// minute, or 5 s old (else zps_http_alive keeps the old ones).
+bool zps_http_wants_documents(zps_http *h);
+// Tells /healthz the loop is alive and sets the readiness, documents kept.
+void zps_http_alive(zps_http *h, bool ready);
 void zps_http_stop(zps_http **h);
 
 #endif

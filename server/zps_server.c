@@ -309,6 +309,10 @@ static void s_on_publish(void *arg, double now)
     zps_server *srv = arg;
     zps_coord_docs d = {0};
     (void)now;
+    if (srv->coord && !zps_http_wants_documents(srv->http)) {
+        zps_http_alive(srv->http, srv->shard != NULL); // nobody reads them: kept a while
+        return;
+    }
     if (srv->coord &&
         zps_coord_render_docs(srv->coord, zps_shard_step(srv->shard), srv->refused.count,
                               &d) != ZPS_OK) {

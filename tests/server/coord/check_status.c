@@ -400,7 +400,9 @@ START_TEST(test_status_http_pages_walk_every_member_once)
     zps_coord_docs d;
     ck_assert_int_eq(zps_coord_render_docs(j.c, 1, 0, &d), ZPS_OK);
     zps_http_publish(h, d.metrics, d.status, d.rows, true);
+    ck_assert(!zps_http_wants_documents(h)); // just rendered, nobody asked yet
     json_t *doc = s_get_json(port, "/status");
+    ck_assert(zps_http_wants_documents(h)); // read: rendered every publish from now on
     ck_assert_ptr_nonnull(doc);
     ck_assert_uint_le(json_array_size(json_object_get(doc, "members")), ZPS_STATUS_PICKED_MAX);
     ck_assert_ptr_null(json_object_get(doc, "page"));
