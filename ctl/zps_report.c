@@ -24,6 +24,7 @@
 
 #define S_WIDTH 960        // px: readable at 800-1000 px without scaling
 #define S_MAX_COLS 400     // more steps than this are binned (one column ~2 px)
+#define S_HEAT_ROWS 256    // more workers than this share heatmap rows (the slowest shown)
 #define S_LEFT 84          // px left of the plot: y tick labels and axis title
 #define S_TOP 64           // px above the plot: title and subtitle
 #define S_PLOT_H 300       // px: height of the line and area charts
@@ -53,8 +54,11 @@ typedef struct s_log {
     s_worker *workers;                     // all records' workers, in log order
     size_t n_workers;                      // used
     size_t cap_workers;                    // allocated
-    int row_of[ZPS_MAX_MEMBERS];           // rank -> row of the pictures, -1: absent
-    uint32_t rank_of_row[ZPS_MAX_MEMBERS]; // row -> rank, rows in rank order
+    size_t *mark;                          // rank -> 1 + seq of the last record naming it
+    size_t n_ranks;                        // 1 + the highest rank in the log (mark's length)
+    size_t cap_ranks;                      // mark's allocation
+    int *row_of;                           // rank -> row of the pictures, -1: absent (n_ranks)
+    uint32_t *rank_of_row;                 // row -> rank, rows in rank order (n_rows)
     uint32_t n_rows;                       // distinct ranks in the kept steps
     double test_accuracy;                  // the last evaluation's, -1 before any
     uint64_t test_epoch;                   // its epoch
@@ -115,6 +119,30 @@ static bool s_reserve(void **p, size_t *cap, size_t n, size_t elem)
     return true;
 }
 
+// Makes mark long enough for rank (new entries 0): the per-rank tables are
+// sized by the ranks the log holds, not by ZPS_MAX_MEMBERS.
+static bool s_reserve_ranks(s_log *lg, uint32_t rank)
+{
+    if (rank < lg->n_ranks) {
+        return true;
+    }
+    if (rank >= lg->cap_ranks) {
+        size_t ncap = lg->cap_ranks ? lg->cap_ranks : 64;
+        while (ncap <= rank) {
+            ncap *= 2;
+        }
+        size_t *np = realloc(lg->mark, ncap * sizeof *np);
+        if (!np) {
+            return false;
+        }
+        lg->mark = np;
+        lg->cap_ranks = ncap;
+    }
+    memset(lg->mark + lg->n_ranks, 0, (rank + 1 - lg->n_ranks) * sizeof *lg->mark);
+    lg->n_ranks = (size_t)rank + 1;
+    return true;
+}
+
 // Adds one record to the log. Returns NULL, or why the record is refused
 // (static text).
 static const char *s_add_record(s_log *lg, json_t *root)
@@ -157,7 +185,7 @@ static const char *s_add_record(s_log *lg, json_t *root)
             return "a worker is not an object";
         }
         if (s_get_uint(w, zps_mlog_name(ZPS_MLOG_RANK), ZPS_MAX_MEMBERS - 1, &u) != 0) {
-            return "a worker's \"rank\" is not an integer below 256";
+            return "a worker's \"rank\" is not an integer below ZPS_MAX_MEMBERS";
         }
         sw.rank = (uint32_t)u;
         if (s_get_number(w, zps_mlog_name(ZPS_MLOG_LAG_MS), &sw.lag_ms) != 0) {
@@ -167,11 +195,13 @@ static const char *s_add_record(s_log *lg, json_t *root)
             return "a worker's \"samples\" is not a non-negative integer";
         }
         sw.samples = (uint32_t)u;
-        for (size_t k = st.w0; k < lg->n_workers; k++) {
-            if (lg->workers[k].rank == sw.rank) {
-                return "a rank appears twice in one step";
-            }
+        if (!s_reserve_ranks(lg, sw.rank)) {
+            return "out of memory";
         }
+        if (lg->mark[sw.rank] == st.seq + 1) { // a mark a record: linear in its workers
+            return "a rank appears twice in one step";
+        }
+        lg->mark[sw.rank] = st.seq + 1;
         if (!s_reserve((void **)&lg->workers, &lg->cap_workers, lg->n_workers, sizeof sw)) {
             return "out of memory";
         }
@@ -197,7 +227,7 @@ static int s_cmp_step(const void *a, const void *b)
 // Sorts the steps and keeps the last record of each (a rollback repeats
 // steps, and the repeat is what the parameters went on with), then numbers
 // the ranks that remain as rows.
-static void s_log_finish(s_log *lg)
+static int s_log_finish(s_log *lg)
 {
     if (lg->n_steps > 1) { // qsort's base must not be NULL, even for 0 elements
         qsort(lg->steps, lg->n_steps, sizeof *lg->steps, s_cmp_step);
@@ -210,25 +240,36 @@ static void s_log_finish(s_log *lg)
         lg->steps[kept++] = lg->steps[i];
     }
     lg->n_steps = kept;
-    bool seen[ZPS_MAX_MEMBERS] = {false};
+    lg->n_rows = 0;
+    lg->row_of = malloc((lg->n_ranks ? lg->n_ranks : 1) * sizeof *lg->row_of);
+    lg->rank_of_row = malloc((lg->n_ranks ? lg->n_ranks : 1) * sizeof *lg->rank_of_row);
+    if (!lg->row_of || !lg->rank_of_row) {
+        return -1;
+    }
+    for (size_t r = 0; r < lg->n_ranks; r++) {
+        lg->row_of[r] = -1;
+    }
     for (size_t i = 0; i < lg->n_steps; i++) {
         for (size_t k = 0; k < lg->steps[i].nw; k++) {
-            seen[lg->workers[lg->steps[i].w0 + k].rank] = true;
+            lg->row_of[lg->workers[lg->steps[i].w0 + k].rank] = 0; // seen
         }
     }
-    lg->n_rows = 0;
-    for (uint32_t r = 0; r < ZPS_MAX_MEMBERS; r++) {
-        lg->row_of[r] = seen[r] ? (int)lg->n_rows : -1;
-        if (seen[r]) {
+    for (uint32_t r = 0; r < lg->n_ranks; r++) {
+        if (lg->row_of[r] == 0) {
+            lg->row_of[r] = (int)lg->n_rows;
             lg->rank_of_row[lg->n_rows++] = r;
         }
     }
+    return 0;
 }
 
 static void s_log_fini(s_log *lg)
 {
     free(lg->steps);
     free(lg->workers);
+    free(lg->mark);
+    free(lg->row_of);
+    free(lg->rank_of_row);
 }
 
 // Reads the whole log; -1 with the file, line and reason in err.
@@ -266,8 +307,9 @@ static int s_log_read(s_log *lg, const char *path, char *err, size_t errlen)
     }
     free(line);
     (void)fclose(f); // read only: a failed close loses nothing
-    if (ret == 0) {
-        s_log_finish(lg);
+    if (ret == 0 && s_log_finish(lg) != 0) {
+        ret = s_fail(err, errlen, "%s: out of memory", path);
+    } else if (ret == 0) {
         if (lg->n_steps == 0) {
             ret = s_fail(err, errlen, "%s: no step records", path);
         }
@@ -463,6 +505,65 @@ static void s_heat_color(double t, char out[8])
     snprintf(out, 8, "#%02x%02x%02x", c[0], c[1], c[2]);
 }
 
+// Many workers: each drawn row of the heatmap is a run of `group`
+// neighbouring ranks, and a cell holds the slowest of their means (a
+// straggler stays visible), so the picture has at most S_HEAT_ROWS rows at
+// any size. In place: group g's cells go to row g, read no more after.
+// Returns the rows drawn.
+static size_t s_heat_group(double *sum, size_t *cnt, double *row_sum, size_t *row_cnt,
+                           size_t rows, size_t cols, size_t group)
+{
+    if (group <= 1) {
+        return rows;
+    }
+    size_t groups = (rows + group - 1) / group;
+    for (size_t g = 0; g < groups; g++) {
+        size_t r0 = g * group, r1 = r0 + group < rows ? r0 + group : rows;
+        for (size_t c = 0; c < cols; c++) {
+            double best = -1;
+            for (size_t r = r0; r < r1; r++) {
+                best = cnt[r * cols + c] ? fmax(best, sum[r * cols + c] / (double)cnt[r * cols + c])
+                                         : best;
+            }
+            sum[g * cols + c] = best > 0 ? best : 0;
+            cnt[g * cols + c] = best >= 0;
+        }
+        double row_best = -1;
+        for (size_t r = r0; r < r1; r++) {
+            row_best = row_cnt[r] ? fmax(row_best, row_sum[r] / (double)row_cnt[r]) : row_best;
+        }
+        row_sum[g] = row_best > 0 ? row_best : 0;
+        row_cnt[g] = row_best >= 0;
+    }
+    return groups;
+}
+
+// The heatmap's row labels: rank on the left, the row's mean lag on the
+// right, so the slow worker is named in numbers as well as in colour.
+// Thin rows (many workers) get a label on every k-th row only.
+static void s_heat_labels(FILE *f, const s_log *lg, const s_plot *p, double rh, size_t rows,
+                          size_t group, const double *row_sum, const size_t *row_cnt)
+{
+    double fs = rh >= 14 ? 12 : 10;
+    size_t every = rh >= 14 ? 1 : (size_t)ceil(14 / rh);
+    fprintf(f, "<g fill=\"#333333\" font-size=\"%.0f\">\n", fs);
+    for (size_t row = 0; row < rows; row += every) {
+        double y = p->y0 + rh * ((double)row + 0.5) + fs * 0.35;
+        size_t last = (row + 1) * group < lg->n_rows ? (row + 1) * group - 1 : lg->n_rows - 1;
+        if (group > 1) {
+            fprintf(f, "<text x=\"%.1f\" y=\"%.1f\" text-anchor=\"end\">ranks %u-%u</text>\n",
+                    p->x0 - 8, y, lg->rank_of_row[row * group], lg->rank_of_row[last]);
+        } else {
+            fprintf(f, "<text x=\"%.1f\" y=\"%.1f\" text-anchor=\"end\">rank %u</text>\n",
+                    p->x0 - 8, y, lg->rank_of_row[row]);
+        }
+        fprintf(f, "<text x=\"%.1f\" y=\"%.1f\">%s %.1f ms</text>\n", p->x1 + 8, y,
+                group > 1 ? "slowest mean" : "mean",
+                row_cnt[row] ? row_sum[row] / (double)row_cnt[row] : 0.0);
+    }
+    fprintf(f, "</g>\n");
+}
+
 static int s_draw_heatmap(FILE *f, const s_log *lg)
 {
     s_bins b = s_bins_of(lg);
@@ -489,6 +590,9 @@ static int s_draw_heatmap(FILE *f, const s_log *lg)
             row_cnt[row]++;
         }
     }
+    size_t group = rows > S_HEAT_ROWS ? (rows + S_HEAT_ROWS - 1) / S_HEAT_ROWS : 1;
+    rows = s_heat_group(sum, cnt, row_sum, row_cnt, rows, b.n, group);
+    cells = rows * b.n;
     // The colour scale ends at the largest cell, unless a few outliers would
     // wash out the rest: then at the 99th percentile, the rest clamped.
     size_t n_full = 0;
@@ -517,8 +621,8 @@ static int s_draw_heatmap(FILE *f, const s_log *lg)
     int height = (int)ceil(p.y1) + 112;
     char sub[160], per[64];
     s_per_column(per, sizeof per, &b, "mean");
-    snprintf(sub, sizeof sub, "%zu workers, %zu steps; %s. Darker: later to arrive.", rows,
-             lg->n_steps, per);
+    snprintf(sub, sizeof sub, "%u workers%s, %zu steps; %s. Darker: later to arrive.",
+             lg->n_rows, group > 1 ? " (a row: the slowest of its ranks)" : "", lg->n_steps, per);
     s_svg_begin(f, S_WIDTH, height, "Lag behind each step's first arrival", sub);
 
     fprintf(f, "<rect x=\"%.1f\" y=\"%.1f\" width=\"%.1f\" height=\"%.1f\" fill=\"#eeeeee\"/>\n",
@@ -526,7 +630,8 @@ static int s_draw_heatmap(FILE *f, const s_log *lg)
     double cw = (p.x1 - p.x0) / (double)b.n;
     for (size_t row = 0; row < rows; row++) {
         double y = p.y0 + rh * (double)row;
-        fprintf(f, "<g data-rank=\"%u\" shape-rendering=\"crispEdges\">\n", lg->rank_of_row[row]);
+        fprintf(f, "<g data-rank=\"%u\" shape-rendering=\"crispEdges\">\n",
+                lg->rank_of_row[row * group]);
         // Neighbouring columns of one colour class become one rectangle:
         // the file stays small and the picture is the same.
         size_t c = 0;
@@ -556,20 +661,7 @@ static int s_draw_heatmap(FILE *f, const s_log *lg)
         }
         fprintf(f, "</g>\n");
     }
-    // Row labels: rank on the left, the row's mean lag on the right, so the
-    // slow worker is named in numbers as well as in colour.
-    // Thin rows (many workers) get a label on every k-th row only.
-    double fs = rh >= 14 ? 12 : 10;
-    size_t every = rh >= 14 ? 1 : (size_t)ceil(14 / rh);
-    fprintf(f, "<g fill=\"#333333\" font-size=\"%.0f\">\n", fs);
-    for (size_t row = 0; row < rows; row += every) {
-        double y = p.y0 + rh * ((double)row + 0.5) + fs * 0.35;
-        fprintf(f, "<text x=\"%.1f\" y=\"%.1f\" text-anchor=\"end\">rank %u</text>\n",
-                p.x0 - 8, y, lg->rank_of_row[row]);
-        fprintf(f, "<text x=\"%.1f\" y=\"%.1f\">mean %.1f ms</text>\n", p.x1 + 8, y,
-                row_cnt[row] ? row_sum[row] / (double)row_cnt[row] : 0.0);
-    }
-    fprintf(f, "</g>\n");
+    s_heat_labels(f, lg, &p, rh, rows, group, row_sum, row_cnt);
     fprintf(f,
             "<text transform=\"translate(%d,%.1f) rotate(-90)\" text-anchor=\"middle\" "
             "font-size=\"13\" fill=\"#333333\">worker</text>\n",

@@ -12,13 +12,23 @@
 #include <stdbool.h>
 
 typedef struct zps_http zps_http;
+struct json_t;
 
 // Listens on "HOST:PORT" (IPv4). Caller owns the result; NULL on failure,
 // logged.
 zps_http *zps_http_start(const char *hostport);
-// Replaces the documents served (copied; NULL: not served, 404) and the
-// readiness; also tells /healthz the loop is alive.
-void zps_http_publish(zps_http *h, const char *metrics, const char *status_json, bool ready);
+// Replaces the documents served and the readiness (takes metrics,
+// status and rows; NULL: not served, 404); also tells /healthz the loop is
+// alive. status is /status as it is served without a query; rows, every
+// member's row in rank order, make the pages of /status?offset=R&limit=N
+// (server/coord/zps_census.h bounds them).
+void zps_http_publish(zps_http *h, char *metrics, struct json_t *status, struct json_t *rows,
+                      bool ready);
+// Whether the documents are worth rendering now: asked for in the last
+// minute, or 5 s old (else zps_http_alive keeps the old ones).
+bool zps_http_wants_documents(zps_http *h);
+// Tells /healthz the loop is alive and sets the readiness, documents kept.
+void zps_http_alive(zps_http *h, bool ready);
 void zps_http_stop(zps_http **h);
 
 #endif

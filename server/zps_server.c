@@ -307,15 +307,18 @@ static void s_on_speculate(void *arg, double now)
 static void s_on_publish(void *arg, double now)
 {
     zps_server *srv = arg;
-    char *metrics = NULL, *status = NULL;
+    zps_coord_docs d = {0};
     (void)now;
-    if (srv->coord && zps_coord_render(srv->coord, zps_shard_step(srv->shard),
-                                       srv->refused.count, &metrics, &status) != ZPS_OK) {
+    if (srv->coord && !zps_http_wants_documents(srv->http)) {
+        zps_http_alive(srv->http, srv->shard != NULL); // nobody reads them: kept a while
         return;
     }
-    zps_http_publish(srv->http, metrics, status, srv->shard != NULL);
-    free(metrics);
-    free(status);
+    if (srv->coord &&
+        zps_coord_render_docs(srv->coord, zps_shard_step(srv->shard), srv->refused.count,
+                              &d) != ZPS_OK) {
+        return;
+    }
+    zps_http_publish(srv->http, d.metrics, d.status, d.rows, srv->shard != NULL);
 }
 
 // --clip-grad-norm, shards > 0: a norm awaited for long is said and asked again.

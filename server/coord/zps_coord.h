@@ -158,8 +158,20 @@ void zps_coord_run_figures(const zps_coord *c, zps_coord_run *out);
 // The median step time of the last steps (ms, 0 before any).
 double zps_coord_median_step_ms(const zps_coord *c);
 
-// The two documents of --http: Prometheus text and the status as JSON
-// (caller frees both). step and bad_messages come from shard 0.
+// The documents of --http, rendered from one census of the members
+// (server/coord/zps_census.h): linear in members, a few hundred ms apart.
+struct json_t;
+typedef struct zps_coord_docs {
+    char *metrics;         // owned: Prometheus text
+    struct json_t *status; // owned: /status; its "members" are STATUS's rows without a page
+    struct json_t *rows;   // owned: every member's /status row, in rank order (for pages)
+} zps_coord_docs;
+
+// step and bad_messages come from shard 0. zps_coord_docs_fini frees out.
+zps_err zps_coord_render_docs(const zps_coord *c, uint64_t step, uint64_t bad_messages,
+                              zps_coord_docs *out);
+void zps_coord_docs_fini(zps_coord_docs *d);
+// The two documents as text: Prometheus and /status's JSON (caller frees both).
 zps_err zps_coord_render(const zps_coord *c, uint64_t step, uint64_t bad_messages,
                          char **metrics, char **status_json);
 

@@ -94,6 +94,19 @@ START_TEST(test_http_metrics_pass_promtool_and_status_names_the_straggler)
     ck_assert_msg(parsed, "/status never answered with JSON");
     ck_assert_msg(flagged, "/status did not flag the slowed worker");
 
+    // /status?offset=&limit=: a page of the members, in rank order.
+    char *page = zps_http_get(port, "/status?offset=1&limit=1");
+    json_t *pst = page ? json_loads(page, 0, NULL) : NULL;
+    ck_assert_msg(pst, "/status?offset=1&limit=1 is not JSON");
+    ck_assert_int_eq(json_array_size(json_object_get(pst, "members")), 1);
+    ck_assert_int_eq(
+        json_integer_value(json_object_get(json_array_get(json_object_get(pst, "members"), 0),
+                                           "rank")),
+        1);
+    ck_assert_int_eq(json_integer_value(json_object_get(pst, "members_total")), 2);
+    json_decref(pst);
+    free(page);
+
     // /metrics: Prometheus text that promtool accepts, a series per worker.
     char *metrics = zps_http_get(port, "/metrics");
     ck_assert_ptr_nonnull(metrics);
