@@ -82,7 +82,9 @@
 typedef struct sw_cfg {
     int members[SW_MAX_N], n_members;
     int shards, warmup, steps, params, samples, per_proc, timeout_s, worker_timeout_ms;
+    int global_batch;           // 0: N * samples
     bool keep, shm;
+    bool sndbuf_auto;           // --sndbuf auto: a watcher thread a socket (default 0)
     char bin[512];
 } sw_cfg;
 
@@ -262,7 +264,7 @@ static void s_on_work(sw_member *m, zps_client *c, const zps_work *w)
 static bool s_member_run(sw_member *m, zps_client *c)
 {
     sw_shared *sh = m->p->sh;
-    if (zps_client_set_int(c, ZPS_OPT_SNDBUF, 0) != ZPS_OK ||
+    if (zps_client_set_int(c, ZPS_OPT_SNDBUF, m->p->cfg->sndbuf_auto ? -1 : 0) != ZPS_OK ||
         zps_client_set_int(c, ZPS_OPT_SHM, m->p->cfg->shm ? 1 : 0) != ZPS_OK ||
         zps_client_set_str(c, ZPS_OPT_DEVICE, "cpu (bench/swarm)") != ZPS_OK ||
         zps_connect(c) != ZPS_OK || zps_join(c) != ZPS_OK ||
@@ -432,8 +434,9 @@ static bool s_start_servers(const sw_cfg *cfg, int n, const char *dir, sw_shared
 {
     char workers[16], batch[16], data[32], steps[16], model[32], shards[16], wt[16], file[600];
     snprintf(workers, sizeof workers, "%d", n);
-    snprintf(batch, sizeof batch, "%d", n * cfg->samples);
-    snprintf(data, sizeof data, "synthetic:%d", n * cfg->samples * 16);
+    int b = cfg->global_batch ? cfg->global_batch : n * cfg->samples;
+    snprintf(batch, sizeof batch, "%d", b);
+    snprintf(data, sizeof data, "synthetic:%d", b * 16);
     snprintf(steps, sizeof steps, "%d", cfg->warmup + cfg->steps + 3); // 3: the bytes' margin
     snprintf(model, sizeof model, "flat:%d", cfg->params);
     snprintf(shards, sizeof shards, "%d", cfg->shards);
@@ -442,7 +445,7 @@ static bool s_start_servers(const sw_cfg *cfg, int n, const char *dir, sw_shared
     char *a0[] = {NULL, "--listen", "tcp://127.0.0.1:*", "--endpoint-file", file,
                   "--workers", workers, "--shards", shards, "--model", model, "--dataset", data,
                   "--global-batch", batch, "--steps", steps, "--lr-schedule", "constant",
-                  "--worker-timeout-ms", wt, "--sndbuf", "0", NULL};
+                  "--worker-timeout-ms", wt, "--sndbuf", cfg->sndbuf_auto ? "auto" : "0", NULL};
     sh->servers[0] = s_spawn(cfg, dir, "s0.log", a0);
     sh->n_servers = 1;
     if (sh->servers[0] < 0 || !s_wait_endpoint(sh->servers[0], file, ep, len)) {
@@ -455,7 +458,7 @@ static bool s_start_servers(const sw_cfg *cfg, int n, const char *dir, sw_shared
         snprintf(file, sizeof file, "%s/s%d.endpoint", dir, k);
         char *ak[] = {NULL, "--shard", index, "--shards", shards, "--coordinator", ep,
                       "--listen", "tcp://127.0.0.1:*", "--endpoint-file", file,
-                      "--sndbuf", "0", NULL};
+                      "--sndbuf", cfg->sndbuf_auto ? "auto" : "0", NULL};
         sh->servers[k] = s_spawn(cfg, dir, log, ak);
         sh->n_servers = k + 1;
         if (sh->servers[k] < 0 || !s_wait_endpoint(sh->servers[k], file, kep, sizeof kep)) {
@@ -511,12 +514,30 @@ static int s_fork_members(const sw_cfg *cfg, int n, sw_shared *sh, const char *e
     return procs;
 }
 
+// True when a server exited while members still work (left alone for the
+// reaping): a server ends with the job, so only after every member's DONE.
+static bool s_server_gone(sw_shared *sh, int n, int left)
+{
+    if (atomic_load(&sh->done) + atomic_load(&sh->failed) == n) {
+        return false;
+    }
+    for (int k = 0; k < sh->n_servers; k++) {
+        siginfo_t si = {0};
+        if (waitid(P_PID, (id_t)sh->servers[k], &si, WEXITED | WNOHANG | WNOWAIT) == 0 &&
+            si.si_pid == sh->servers[k]) {
+            fprintf(stderr, "swarm: server %d exited with %d members' processes left\n", k, left);
+            return true;
+        }
+    }
+    return false;
+}
+
 // Waits for every member process, bounded by the deadline; then asks the
 // members to leave. True when all exited 0.
-static bool s_wait_members(sw_shared *sh, pid_t *pids, int procs, uint64_t deadline_ns)
+static bool s_wait_members(sw_shared *sh, int n, pid_t *pids, int procs, uint64_t deadline_ns)
 {
     int left = procs, bad = 0;
-    while (left > 0 && s_now_ns() < deadline_ns) {
+    while (left > 0 && s_now_ns() < deadline_ns && !s_server_gone(sh, n, left)) {
         for (int i = 0; i < procs; i++) {
             int status;
             if (pids[i] > 0 && waitpid(pids[i], &status, WNOHANG) == pids[i]) {
@@ -528,7 +549,7 @@ static bool s_wait_members(sw_shared *sh, pid_t *pids, int procs, uint64_t deadl
         s_sleep_ms(20);
     }
     if (left > 0) {
-        fprintf(stderr, "swarm: timed out: %d members joined, %d done, %d failed; rank 0 at step "
+        fprintf(stderr, "swarm: stopped: %d members joined, %d done, %d failed; rank 0 at step "
                         "%" PRIu64 "\n",
                 atomic_load(&sh->joined), atomic_load(&sh->done), atomic_load(&sh->failed),
                 (uint64_t)atomic_load(&sh->rank0_step));
@@ -592,7 +613,7 @@ static bool s_run_n(const sw_cfg *cfg, int n, sw_row *row)
     uint64_t deadline = s_now_ns() + (uint64_t)cfg->timeout_s * 1000000000ull;
     if (ok) {
         procs = s_fork_members(cfg, n, sh, ep, pids);
-        ok = s_wait_members(sh, pids, procs, deadline) && procs > 0;
+        ok = s_wait_members(sh, n, pids, procs, deadline) && procs > 0;
     }
     for (int k = 0; k < sh->n_servers; k++) { // they end with the job
         ok = s_reap(sh->servers[k], ok ? 10000 : 0) == 0 && ok;
@@ -674,8 +695,9 @@ static void s_raise_nofile(long need)
 static int s_usage(void)
 {
     fprintf(stderr, "usage: swarm [--members N,N,...] [--shards K] [--warmup W] [--steps S]\n"
-                    "             [--params P] [--samples B] [--per-proc M] [--timeout-s T]\n"
-                    "             [--worker-timeout-ms MS] [--shm auto|off] [--keep]\n");
+                    "             [--params P] [--samples B | --global-batch B] [--per-proc M]\n"
+                    "             [--timeout-s T] [--worker-timeout-ms MS] [--shm auto|off]\n"
+                    "             [--sndbuf 0|auto] [--keep]\n");
     return 2;
 }
 
@@ -715,7 +737,8 @@ static bool s_parse(int argc, char **argv, sw_cfg *cfg)
         {"members", 1, NULL, 'm'}, {"shards", 1, NULL, 'k'}, {"warmup", 1, NULL, 'w'},
         {"steps", 1, NULL, 's'}, {"params", 1, NULL, 'P'}, {"samples", 1, NULL, 'b'},
         {"per-proc", 1, NULL, 'p'}, {"timeout-s", 1, NULL, 't'},
-        {"worker-timeout-ms", 1, NULL, 'e'}, {"shm", 1, NULL, 'h'}, {"keep", 0, NULL, 'K'},
+        {"worker-timeout-ms", 1, NULL, 'e'}, {"global-batch", 1, NULL, 'B'}, {"shm", 1, NULL, 'h'}, {"keep", 0, NULL, 'K'},
+        {"sndbuf", 1, NULL, 'S'},
         {NULL, 0, NULL, 0}};
     int opt;
     bool ok = true;
@@ -727,12 +750,15 @@ static bool s_parse(int argc, char **argv, sw_cfg *cfg)
         case 's': ok = s_int(optarg, 2, SW_MAX_STEPS / 8, &cfg->steps); break;
         case 'P': ok = s_int(optarg, 1, 1 << 28, &cfg->params); break;
         case 'b': ok = s_int(optarg, 1, 1024, &cfg->samples); break;
+        case 'B': ok = s_int(optarg, 1, 1 << 24, &cfg->global_batch); break;
         case 'p': ok = s_int(optarg, 1, 4096, &cfg->per_proc); break;
         case 't': ok = s_int(optarg, 1, 86400, &cfg->timeout_s); break;
         case 'e': ok = s_int(optarg, 100, 3600000, &cfg->worker_timeout_ms); break;
         case 'h': ok = !strcmp(optarg, "auto") || !strcmp(optarg, "off");
                   cfg->shm = !strcmp(optarg, "auto"); break;
         case 'K': cfg->keep = true; break;
+        case 'S': ok = !strcmp(optarg, "auto") || !strcmp(optarg, "0");
+                  cfg->sndbuf_auto = !strcmp(optarg, "auto"); break;
         default: ok = false;
         }
     }
