@@ -301,11 +301,13 @@ test-long: test-long-deps
 test-long-deps:
 	@bash deploy/install-deps.sh --long
 
-test-integration-long: $(B)/tests/check_integration $(BINS) $(CUDA_TARGETS)
+# The swarm suite's 4096 members are bench/swarm's (ZPS_SWARM).
+test-integration-long: $(B)/tests/check_integration $(BINS) $(CUDA_TARGETS) build/bench/swarm
 ifeq ($(SAN),1)
 	$(error make test-long runs the normal build; drop SAN=1)
 endif
-	CK_INCLUDE_TAGS=long ZPS_BIN_DIR=$(CURDIR)/$(BIN) $(B)/tests/check_integration
+	CK_INCLUDE_TAGS=long ZPS_BIN_DIR=$(CURDIR)/$(BIN) ZPS_SWARM=$(CURDIR)/build/bench/swarm \
+		$(B)/tests/check_integration
 
 # The Python package (python/zps) with Debian's python3-torch, which only
 # Debian's own interpreter sees (not a python3 of pyenv or a venv earlier on
