@@ -48,6 +48,7 @@
 #include <dirent.h>
 #include <errno.h>
 #include <fcntl.h>
+#include <ftw.h>
 #include <getopt.h>
 #include <inttypes.h>
 #include <linux/tcp.h>
@@ -165,11 +166,10 @@ static void s_cpu(pid_t pid, uint64_t *ns, uint64_t *ticks)
     DIR *d = opendir(path);
     for (struct dirent *e = d ? readdir(d) : NULL; e; e = readdir(d)) {
         char p[320];
-        unsigned long long run = 0;
         snprintf(p, sizeof p, "/proc/%d/task/%s/schedstat", (int)pid, e->d_name);
         FILE *f = e->d_name[0] != '.' ? fopen(p, "r") : NULL;
-        if (f && fscanf(f, "%llu", &run) == 1) {
-            *ns += run;
+        if (f && fgets(buf, sizeof buf, f)) {
+            *ns += strtoull(buf, NULL, 10);
         }
         if (f) {
             (void)fclose(f);
@@ -186,10 +186,15 @@ static void s_cpu(pid_t pid, uint64_t *ns, uint64_t *ticks)
     }
     buf[len] = '\0';
     const char *s = strrchr(buf, ')'); // the name may hold spaces
-    unsigned long long ut = 0, st = 0;
-    if (s && sscanf(s + 2, "%*c %*d %*d %*d %*d %*d %*u %*u %*u %*u %*u %llu %llu", &ut, &st) == 2) {
-        *ticks = ut + st;
+    if (!s || !s[1] || !s[2]) {
+        return;
     }
+    char *at = (char *)s + 3; // past ") " and the state: field 4 on
+    unsigned long long v[12] = {0}; // fields 4..15; utime and stime are 14 and 15
+    for (int i = 0; i < 12; i++) {
+        v[i] = strtoull(at, &at, 10); // tpgid may be -1: skipped all the same
+    }
+    *ticks = v[10] + v[11];
 }
 
 // TCP bytes both ways over this process's sockets, and how many fds it holds.
@@ -241,7 +246,7 @@ static void s_on_work(sw_member *m, zps_client *c, const zps_work *w)
         atomic_store(&sh->rank0_step, w->step);
         if (w->step == (uint64_t)cfg->warmup && atomic_load(&sh->sampled) == 0) {
             s_sample(sh, 0);
-        } else if (w->step == (uint64_t)(cfg->warmup + cfg->steps) &&
+        } else if (w->step == (uint64_t)cfg->warmup + (uint64_t)cfg->steps &&
                    atomic_load(&sh->sampled) == 1) {
             s_sample(sh, 1);
         }
@@ -345,7 +350,7 @@ static int s_proc_main(sw_proc *p, int first)
     if (pthread_attr_init(&attr) != 0 || pthread_attr_setstacksize(&attr, SW_MEMBER_STACK) != 0) {
         return 1;
     }
-    p->clients = calloc((size_t)p->n, sizeof *p->clients);
+    p->clients = calloc((size_t)p->n, sizeof(zps_client *));
     sw_member *ms = calloc((size_t)p->n, sizeof *ms);
     pthread_t *ts = calloc((size_t)p->n, sizeof *ts);
     if (!p->clients || !ms || !ts) {
@@ -573,7 +578,7 @@ static int s_cmp_double(const void *a, const void *b)
 static void s_row(const sw_cfg *cfg, const sw_shared *sh, int n, sw_row *row)
 {
     int s = cfg->steps;
-    double gaps[SW_MAX_STEPS / 8];
+    double gaps[SW_MAX_STEPS / 8] = {0};
     int g = 0;
     for (int t = cfg->warmup; t < cfg->warmup + s && g < (int)(sizeof gaps / sizeof gaps[0]); t++) {
         gaps[g++] = (double)(sh->step_ns[t + 1] - sh->step_ns[t]) / 1e6;
@@ -593,6 +598,15 @@ static void s_row(const sw_cfg *cfg, const sw_shared *sh, int n, sw_row *row)
                         per;
 }
 
+// nftw's callback: removes one entry of a scratch directory, depth first.
+static int s_remove(const char *path, const struct stat *st, int flag, struct FTW *ftw)
+{
+    (void)st;
+    (void)flag;
+    (void)ftw;
+    return remove(path);
+}
+
 // One N: servers, members, the row; false (and why on stderr) on failure.
 static bool s_run_n(const sw_cfg *cfg, int n, sw_row *row)
 {
@@ -600,6 +614,7 @@ static bool s_run_n(const sw_cfg *cfg, int n, sw_row *row)
     const char *tmp = getenv("TMPDIR");
     snprintf(dir, sizeof dir, "%s/zps-swarm-%d-XXXXXX", tmp && *tmp ? tmp : "/tmp", n);
     sw_shared *sh = mmap(NULL, sizeof *sh, PROT_READ | PROT_WRITE, MAP_SHARED | MAP_ANONYMOUS,
+                         // cppcheck-suppress invalidFunctionArg ; fd -1 is MAP_ANONYMOUS's
                          -1, 0);
     if (sh == MAP_FAILED || !mkdtemp(dir)) {
         fprintf(stderr, "swarm: no shared memory or scratch directory: %s\n", strerror(errno));
@@ -607,11 +622,11 @@ static bool s_run_n(const sw_cfg *cfg, int n, sw_row *row)
     }
     memset(sh, 0, sizeof *sh);
     atomic_flag_clear(&sh->why_set);
-    pid_t pids[SW_MAX_PROCS] = {0};
     int procs = 0;
     bool ok = s_start_servers(cfg, n, dir, sh, ep, sizeof ep);
     uint64_t deadline = s_now_ns() + (uint64_t)cfg->timeout_s * 1000000000ull;
     if (ok) {
+        pid_t pids[SW_MAX_PROCS] = {0};
         procs = s_fork_members(cfg, n, sh, ep, pids);
         ok = s_wait_members(sh, n, pids, procs, deadline) && procs > 0;
     }
@@ -630,9 +645,7 @@ static bool s_run_n(const sw_cfg *cfg, int n, sw_row *row)
                 sh->why[0] ? "; first: " : "", sh->why, dir);
     }
     if (ok && !cfg->keep) {
-        char cmd[600];
-        snprintf(cmd, sizeof cmd, "rm -rf '%s'", dir);
-        ok = system(cmd) == 0;
+        ok = nftw(dir, s_remove, 8, FTW_DEPTH | FTW_PHYS) == 0;
     } else if (ok) {
         fprintf(stderr, "swarm: N=%d: logs kept in %s\n", n, dir);
     }
@@ -707,7 +720,7 @@ static bool s_parse_members(sw_cfg *cfg, const char *list)
     for (const char *s = list; *s;) {
         char *end;
         long v = strtol(s, &end, 10);
-        if (end == s || v < 1 || v > SW_MAX_PROCS * 64 || cfg->n_members == SW_MAX_N) {
+        if (end == s || v < 1 || v > (long)SW_MAX_PROCS * 64 || cfg->n_members == SW_MAX_N) {
             return false;
         }
         cfg->members[cfg->n_members++] = (int)v;
