@@ -5,8 +5,9 @@
 #   make test       install missing Debian packages, build, run unit, integration and deploy tests
 #                   (the short tier, minutes; docs/tests.md)
 #   make test-long  the long cases: ten churn runs, the chaos schedule, straggler timing,
-#                   the adaptive split, the long Python tests, zps.sbatch requeued under a
-#                   real one-node Slurm (CI runs both tiers)
+#                   the adaptive split, 600 workers and the 4096-member swarm, the long
+#                   Python tests, zps.sbatch requeued under a real one-node Slurm (CI runs
+#                   both tiers)
 #   make install    libzps (header, .a, .so.1, zps.pc) under PREFIX (default /usr/local)
 #   make bench      ms/step of the default job with 1 and 2 workers (bench/train.sh)
 #   make bench-all  every case of the performance table beside its peers, with ratios and
