@@ -5,14 +5,17 @@
 #   make test       install missing Debian packages, build, run unit, integration and deploy tests
 #                   (the short tier, minutes; docs/tests.md)
 #   make test-long  the long cases: ten churn runs, the chaos schedule, straggler timing,
-#                   the adaptive split, the long Python tests, zps.sbatch requeued under a
-#                   real one-node Slurm (CI runs both tiers)
+#                   the adaptive split, 600 workers and the 4096-member swarm, the long
+#                   Python tests, zps.sbatch requeued under a real one-node Slurm (CI runs
+#                   both tiers)
 #   make install    libzps (header, .a, .so.1, zps.pc) under PREFIX (default /usr/local)
 #   make bench      ms/step of the default job with 1 and 2 workers (bench/train.sh)
 #   make bench-all  every case of the performance table beside its peers, with ratios and
 #                   targets (bench/all.sh; BENCH_ARGS="--quick --md FILE", --help)
 #   make bench-accum  a deterministic shard's canonical tree against exact accumulators
 #                   (bench/accum.c, docs/choices.md; ACCUM_ARGS="P REPS")
+#   make bench-swarm  the control plane's CPU per member and step, N libzps clients against
+#                   real servers (bench/swarm.c; SWARM_ARGS="--members 64,256,1024,4096")
 #   make soak       the chaos test for 10 minutes (SOAK_SECONDS=, SEED=)
 #
 # Checks (CI runs them after make test; their extra packages come from
@@ -299,11 +302,13 @@ test-long: test-long-deps
 test-long-deps:
 	@bash deploy/install-deps.sh --long
 
-test-integration-long: $(B)/tests/check_integration $(BINS) $(CUDA_TARGETS)
+# The swarm suite's 4096 members are bench/swarm's (ZPS_SWARM).
+test-integration-long: $(B)/tests/check_integration $(BINS) $(CUDA_TARGETS) build/bench/swarm
 ifeq ($(SAN),1)
 	$(error make test-long runs the normal build; drop SAN=1)
 endif
-	CK_INCLUDE_TAGS=long ZPS_BIN_DIR=$(CURDIR)/$(BIN) $(B)/tests/check_integration
+	CK_INCLUDE_TAGS=long ZPS_BIN_DIR=$(CURDIR)/$(BIN) ZPS_SWARM=$(CURDIR)/build/bench/swarm \
+		$(B)/tests/check_integration
 
 # The Python package (python/zps) with Debian's python3-torch, which only
 # Debian's own interpreter sees (not a python3 of pyenv or a venv earlier on
@@ -389,7 +394,7 @@ bench: all
 # The peers bench/ holds zps against: the raw ZeroMQ ceiling (bench/comm)
 # and the bare parameter server (bench/all.sh). Plain C over libzmq, no
 # zps code; never sanitized (they are measured, not tested).
-BENCH_BINS := build/bench/zmq_ceiling build/bench/bare_ps build/bench/accum
+BENCH_BINS := build/bench/zmq_ceiling build/bench/bare_ps build/bench/accum build/bench/swarm
 build/bench/%: bench/%.c
 	@mkdir -p $(dir $@)
 	$(CC) -std=c11 -D_GNU_SOURCE -O3 -g -Wall -Wextra -Werror $(shell pkg-config --cflags libzmq) \
@@ -399,6 +404,20 @@ build/bench/%: bench/%.c
 BENCH_ARGS ?=
 bench-all: all $(BENCH_BINS)
 	@bash bench/all.sh $(BENCH_ARGS)
+
+# The swarm (bench/swarm.c) is a client of libzps, the public header alone,
+# as the examples are.
+build/bench/swarm: bench/swarm.c include/zps.h $(B)/libzps.a
+	@mkdir -p $(dir $@)
+	$(CC) -std=c11 -D_GNU_SOURCE -O2 -g -Wall -Wextra -Werror -Iinclude $(CFLAGS) -o $@ $< \
+		$(B)/libzps.a $(LIBZPS_LIBS) $(LDLIBS)
+
+# The control plane's cost per member: N libzps clients, many to a process,
+# against real servers (bench/swarm.c; SWARM_ARGS="--members 64,256 --shards 2").
+.PHONY: bench-swarm
+SWARM_ARGS ?=
+bench-swarm: all build/bench/swarm
+	ZPS_BIN_DIR=$(CURDIR)/$(BIN) build/bench/swarm $(SWARM_ARGS)
 
 # What a deterministic job's sum of micro-batches costs on a shard: the
 # canonical tree against exact accumulators (bench/accum.c, docs/choices.md).
@@ -482,9 +501,9 @@ endif
 # 11.5, and without the toolkit's headers the kernels' builtins are
 # undeclared; its functions are held under the same bound by hand.
 LINT_DIRS := common server lib worker ctl fuzz
-# Of bench/, the bare parameter server and the accumulators' benchmark
-# (bench/zmq_ceiling.c is older and not yet clean under these checks).
-LINT_BENCH := bench/bare_ps.c bench/accum.c
+# Of bench/, the bare parameter server, the accumulators' benchmark and the
+# swarm (bench/zmq_ceiling.c is older and not yet clean under these checks).
+LINT_BENCH := bench/bare_ps.c bench/accum.c bench/swarm.c
 # server/ has a folder a concept (coord/, shard/): their files too.
 LINT_SRC := $(wildcard $(addsuffix /*.c,$(LINT_DIRS)) server/*/*.c) $(LINT_BENCH)
 LINT_PROTO := build/lint/proto/zps.pb-c.c
@@ -497,6 +516,8 @@ TIDY_TARGETS := $(addprefix lint-tidy/,$(LINT_SRC))
 # The dispatcher is linted with its plugin loader in, built or not: the
 # loader is the larger branch, and zps_cuda.h needs no CUDA header.
 lint-tidy/worker/zps_backend.c: TIDY_FLAGS += -DZPS_HAVE_CUDA -DZPS_CUDA_PLUGIN_PATH='"/lint"'
+# The swarm knows the public header alone, as it is built.
+lint-tidy/bench/swarm.c: TIDY_FLAGS += -Iinclude
 
 .PHONY: lint lint-cppcheck lint-tidy $(TIDY_TARGETS)
 

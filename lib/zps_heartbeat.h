@@ -17,7 +17,7 @@ typedef struct zps_heartbeat zps_heartbeat;
 zps_heartbeat *zps_heartbeat_start(void *ctx, const char *endpoint, const zps_curve *curve,
                                    uint64_t job_id, uint32_t rank, uint64_t member_id,
                                    int interval_ms);
-// Stops the thread, waits for it (at most one interval) and frees.
+// Stops the thread (it wakes at once), waits for it and frees.
 void zps_heartbeat_stop(zps_heartbeat **hb);
 
 #endif

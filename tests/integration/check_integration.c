@@ -25,6 +25,7 @@ int main(void)
     srunner_add_suite(sr, zps_suite_clip());
     srunner_add_suite(sr, zps_suite_deterministic());
     srunner_add_suite(sr, zps_suite_deterministic_runs());
+    srunner_add_suite(sr, zps_suite_swarm());
     srunner_run_all(sr, CK_NORMAL);
     int failed = srunner_ntests_failed(sr);
     srunner_free(sr);

@@ -24,6 +24,7 @@ Suite *zps_suite_end(void);
 Suite *zps_suite_clip(void);
 Suite *zps_suite_deterministic(void);
 Suite *zps_suite_deterministic_runs(void);
+Suite *zps_suite_swarm(void);
 
 // Where tests keep decompressed datasets between runs.
 #define ZPS_TEST_CACHE "build/test-cache"
