@@ -340,6 +340,12 @@ static void s_watch(sw_proc *p)
     }
 }
 
+static void *s_destroy_main(void *arg)
+{
+    zps_client_destroy((zps_client **)arg);
+    return NULL;
+}
+
 static int s_proc_main(sw_proc *p, int first)
 {
     pthread_attr_t lib;
@@ -373,8 +379,21 @@ static int s_proc_main(sw_proc *p, int first)
     for (int i = 0; i < started; i++) {
         pthread_join(ts[i], NULL);
     }
+    // Destroyed side by side: each may wait out its linger (2 s) on a BYE
+    // to a server already gone, and one after the other that is 2 s times
+    // the members of the process.
+    int destroying = 0;
     for (int i = 0; i < p->n; i++) {
-        zps_client_destroy(&p->clients[i]);
+        if (pthread_create(&ts[destroying], &lib, s_destroy_main, &p->clients[i]) == 0) {
+            destroying++;
+        } else {
+            zps_client_destroy(&p->clients[i]);
+        }
+    }
+    for (int i = 0; i < destroying; i++) {
+        pthread_join(ts[i], NULL);
+    }
+    for (int i = 0; i < p->n; i++) {
         free(ms[i].params);
     }
     bool ok = started == p->n && atomic_load(&p->sh->failed) == 0;

@@ -77,7 +77,16 @@ zps_err zps_ask_take_late_job(zps_client *c, const Zps__Header *h)
 zps_err zps_ask_where_is_job(zps_client *c, uint64_t step)
 {
     double now = zps_clock_ms();
-    zps_due_ask_at(c, now + ZPS_CLIENT_ASK_EVERY_MS);
+    // Asks back off while the wait goes on: thousands of members waiting
+    // for one step (the first of a large job) would otherwise ask the
+    // coordinator thousands of times a second. Never past a quarter of the
+    // timeout, so a silent coordinator is still found in time.
+    double cap = c->timeout_ms / 4.0 < ZPS_CLIENT_ASK_MAX_MS ? c->timeout_ms / 4.0
+                                                             : ZPS_CLIENT_ASK_MAX_MS;
+    double every = c->ask_every_ms > ZPS_CLIENT_ASK_EVERY_MS ? c->ask_every_ms
+                                                             : ZPS_CLIENT_ASK_EVERY_MS;
+    zps_due_ask_at(c, now + every);
+    c->ask_every_ms = 2 * every < cap ? 2 * every : (cap > every ? cap : every);
     zps_wire_msg m;
     if (zps_conn_ask(&c->conn, ZPS_CLIENT_ASK_MS, &m) != ZPS_OK) {
         if (now - c->answered_ms > c->timeout_ms) {

@@ -29,7 +29,8 @@
 #define ZPS_CLIENT_WAIT_LOG_MS 5000.0  // a wait says what it waits for this often
 #define ZPS_CLIENT_LATE_STEPS 2.0      // a slice not begun this many usual steps in: ask first
 #define ZPS_CLIENT_ASK_MS 500          // bound on the coordinator's answer to that
-#define ZPS_CLIENT_ASK_EVERY_MS 1000.0 // waiting for parameters: ask where the job is this often
+#define ZPS_CLIENT_ASK_EVERY_MS 1000.0 // waiting for parameters: ask where the job is this often,
+#define ZPS_CLIENT_ASK_MAX_MS 8000.0   // then twice as long each time, up to this
 #define ZPS_CLIENT_RETRY_MS 20         // first wait before sending a "not yet" message again
 #define ZPS_CLIENT_RETRY_MAX_MS 1000   // longest such wait (doubling)
 #define ZPS_CLIENT_QUEUE (1 + ZPS_PLANS_HANDED_MAX)
@@ -131,6 +132,8 @@ struct zps_client {
     double pull_again_ms[ZPS_CONN_MAX_SHARDS];     // when to send a refused PULL again (0: no)
     int retry_ms;                                  // the next "not yet" backoff
     double answered_ms;                            // the coordinator's last answer to that
+    double ask_every_ms;                           // the wait between asks, doubling (reset by
+                                                   // each wait for parameters)
     bool rejoin;                                   // handed on by the coordinator: HELLO again
     uint64_t ahead_of;                             // the job's step at the last ask, if behind us
     bool job_over;                                 // the coordinator said the job is over

@@ -119,6 +119,7 @@ void zps_due_begin(zps_client *c, double start)
     double ask_after = 4 * c->usual_step_ms > ZPS_CLIENT_ASK_EVERY_MS ? 4 * c->usual_step_ms
                                                                         : ZPS_CLIENT_ASK_EVERY_MS;
     zps_timers_at(&c->timers, c->t_ask, start + ask_after);
+    c->ask_every_ms = ZPS_CLIENT_ASK_EVERY_MS; // asks back off within one wait only
 }
 
 // A refused INIT's time to be sent again outlives the wait: it goes on in
