@@ -302,9 +302,16 @@ zps_err zps_shard_io_on_push(zps_shard_io *io, zps_wire_msg *m, int *ready)
         s_refuse(io, m, err, why); // nothing counted, nothing mapped anew
         return err;
     }
+    // A push through shared memory: its pages are dropped once it is
+    // counted, copied to be held, or refused (docs/choices.md).
+    uint64_t shm_offset = m->hdr->shm_size ? m->hdr->shm_offset : 0;
+    uint64_t shm_bytes = m->hdr->shm_size ? m->payload_bytes : 0;
     err = zps_shard_push(io->shard, m, ready, why, sizeof why);
     if (err == ZPS_EAGAIN) {
         s_hold(io, m, why);
+    }
+    zps_shard_shm_release(&io->shm, m->hdr->rank, shm_offset, shm_bytes);
+    if (err == ZPS_EAGAIN) {
         return err;
     }
     if (err != ZPS_OK && err != ZPS_EDUP) {

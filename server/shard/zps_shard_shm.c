@@ -5,6 +5,8 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/mman.h>
+#include <unistd.h>
 
 #include "common/zps_log.h"
 
@@ -133,6 +135,22 @@ zps_err zps_shard_shm_own(zps_wire_msg *m)
     (void)zmq_msg_close(&copy);
     m->hdr->shm_size = 0; // frames now: counted again as any push is
     return ZPS_OK;
+}
+
+void zps_shard_shm_release(zps_shard_shm *t, uint32_t rank, uint64_t offset, uint64_t bytes)
+{
+    const zps_shm_map *map = rank < ZPS_MAX_MEMBERS ? &t->maps[rank] : NULL;
+    if (!map || !map->base || bytes == 0 || !zps_shm_span_ok(map->size, offset, bytes)) {
+        return;
+    }
+    // Whole pages around the span: a page it shares with a neighbour not
+    // read yet is only unmapped here, its bytes stay in the segment, and
+    // the next read faults it in again.
+    uint64_t page = (uint64_t)sysconf(_SC_PAGESIZE);
+    uint64_t lo = offset / page * page;
+    uint64_t hi = (offset + bytes + page - 1) / page * page;
+    hi = hi < map->size ? hi : map->size;
+    (void)madvise((char *)map->base + lo, (size_t)(hi - lo), MADV_DONTNEED); // advice only
 }
 
 void zps_shard_shm_sweep(zps_shard_shm *t)

@@ -47,6 +47,12 @@ zps_err zps_shard_shm_view(zps_shard_shm *t, uint32_t rank, uint64_t range_bytes
 // Turns a view into a copy of its own (the mapping may move on while a
 // message is held): ZPS_ENOMEM if it cannot. Nothing for frames.
 zps_err zps_shard_shm_own(zps_wire_msg *m);
+// Drops the pages of [offset, offset + bytes) of rank's mapping from this
+// process (madvise MADV_DONTNEED: the segment keeps its bytes, the worker
+// its copy): once a push is read or copied, its pages leave the shard's
+// RSS, so a shard holds a bounded number of pushes' pages, not every
+// worker's whole segment. Nothing for a span outside the mapping.
+void zps_shard_shm_release(zps_shard_shm *t, uint32_t rank, uint64_t offset, uint64_t bytes);
 // Unmaps the segments of processes that are gone.
 void zps_shard_shm_sweep(zps_shard_shm *t);
 // Segments mapped now.
