@@ -143,7 +143,8 @@ zps_err zps_shard_shm_own(zps_wire_msg *m)
 
 void zps_shard_shm_release(zps_shard_shm *t, uint32_t rank, uint64_t offset, uint64_t bytes)
 {
-    const zps_shm_map *map = rank < ZPS_MAX_MEMBERS ? &t->maps[rank] : NULL;
+    const zps_shm_map *map = rank < ZPS_MAX_MEMBERS && rank >= ZPS_SHARD_SHM_KEEP
+                                 ? &t->maps[rank] : NULL;
     if (!map || !map->base || bytes == 0 || !zps_shm_span_ok(map->size, offset, bytes)) {
         return;
     }

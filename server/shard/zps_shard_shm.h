@@ -55,11 +55,17 @@ zps_err zps_shard_shm_view(zps_shard_shm *t, uint32_t rank, uint64_t range_bytes
 // Turns a view into a copy of its own (the mapping may move on while a
 // message is held): ZPS_ENOMEM if it cannot. Nothing for frames.
 zps_err zps_shard_shm_own(zps_wire_msg *m);
+// Ranks whose pushes' pages stay mapped here once read: faulting a page in
+// again costs about half as much as reading it (4 ms for 32 MiB on the
+// reference machine), paid only where more workers share the host.
+#define ZPS_SHARD_SHM_KEEP 2
+
 // Drops the pages of [offset, offset + bytes) of rank's mapping from this
 // process (madvise MADV_DONTNEED: the segment keeps its bytes, the worker
-// its copy): once a push is read or copied, its pages leave the shard's
-// RSS, so a shard holds a bounded number of pushes' pages, not every
-// worker's whole segment. Nothing for a span outside the mapping.
+// its copy), for ranks from ZPS_SHARD_SHM_KEEP on: once a push is read or
+// copied, its pages leave the shard's RSS, so a shard holds a bounded
+// number of pushes' pages, not every worker's whole segment. Nothing for
+// a span outside the mapping.
 void zps_shard_shm_release(zps_shard_shm *t, uint32_t rank, uint64_t offset, uint64_t bytes);
 // Whether the parameters for the sender of a push may go through the
 // segment of parameters: the push came through shared memory (so the
