@@ -526,8 +526,10 @@ zps_err zps_conn_init(zps_conn *n, const char *coordinator)
     n->shm = ZPS_CONN_SHM_AUTO;
     n->sndbuf = ZPS_SNDBUF_AUTO;
     (void)zps_shm_boot_id(n->boot); // "" if unreadable: no shared memory
-    const char *params = getenv("ZPS_SHM_PARAMS"); // for benchmarks: gradients only
-    n->params_frames = params && strcmp(params, "off") == 0;
+    // Parameters through the shard's segment only when asked: measured
+    // slower than frames on the reference machine (docs/choices.md).
+    const char *params = getenv("ZPS_SHM_PARAMS");
+    n->params_frames = !params || strcmp(params, "on") != 0;
     snprintf(n->shards[0].endpoint, sizeof n->shards[0].endpoint, "%s", coordinator);
     n->ctx = zmq_ctx_new();
     return n->ctx ? ZPS_OK : ZPS_ENOMEM;

@@ -53,7 +53,7 @@ typedef struct zps_conn {
     int sndbuf;                                 // TCP send buffer, 0: the OS's, -1: auto
     int shm;                                    // ZPS_CONN_SHM_*
     char boot[ZPS_SHM_BOOT_ID_LEN];             // this host's boot id, for the shards to compare
-    bool params_frames;                         // ZPS_SHM_PARAMS=off: parameters as frames
+    bool params_frames;                         // unless ZPS_SHM_PARAMS=on: parameters as frames
     int heartbeat_ms;                           // heartbeat interval
     zps_curve curve;                            // CURVE keys, if on
     volatile sig_atomic_t stop;                 // set: every wait returns ZPS_ECLOSED

@@ -9,6 +9,7 @@
 #include <string.h>
 #include <sys/mman.h>
 #include <sys/wait.h>
+#include <time.h>
 #include <unistd.h>
 
 #include "common/zps_clock.h"
@@ -192,6 +193,10 @@ static void *s_writer(void *arg)
         zps_shm_params_write(&r->seg, 3, step, 1000, RACE_FLOATS, ZPS_SHM_PARAMS_DATA, buf,
                              RACE_FLOATS * sizeof(float));
         r->writes = step;
+        // A pause about as long as a copy of the bucket: reads land both
+        // inside a write and between two, so some must come back whole.
+        struct timespec pause = {0, 30000};
+        nanosleep(&pause, NULL);
     }
     free(buf);
     __atomic_store_n(&r->done, 1, __ATOMIC_RELEASE);
