@@ -417,7 +417,7 @@ zps_err zps_conn_push(zps_conn *n, int i, uint64_t step, const zps_piece *p, uin
         h.shm_pid = (uint32_t)getpid();
         h.shm_fd = (uint32_t)sc->seg.fd;
         h.shm_boot = n->boot;
-        h.params_frames = n->params_frames || sc->params_frames;
+        h.params_shm = !n->params_frames && !sc->params_frames;
         return zps_conn_send(n, i, &h, NULL, 0, NULL);
     }
     if (dtype != ZPS_DTYPE_F32) {

@@ -334,7 +334,7 @@ zps_err zps_shard_io_on_push(zps_shard_io *io, zps_wire_msg *m, int *ready)
     // Its parameters through the segment of parameters if it pushed
     // through shared memory (docs/choices.md, "One pull per host").
     io->ranks[m->hdr->rank].shm_params = zps_shard_shm_params_offer(
-        &io->shm, via_shm, m->hdr->params_frames, zps_shard_lo(io->shard),
+        &io->shm, via_shm, !m->hdr->params_shm, zps_shard_lo(io->shard),
         zps_shard_hi(io->shard), zps_dtype_size(io->dtype));
     s_add_recipient(io, m);
     if (err == ZPS_OK) {
