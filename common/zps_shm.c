@@ -30,18 +30,24 @@ zps_err zps_shm_boot_id(char out[ZPS_SHM_BOOT_ID_LEN])
 
 zps_err zps_shm_seg_create(zps_shm_seg *seg, size_t size, char *why, size_t why_len)
 {
+    return zps_shm_seg_create_as(seg, ZPS_SHM_NAME, size, false, why, why_len);
+}
+
+zps_err zps_shm_seg_create_as(zps_shm_seg *seg, const char *name, size_t size,
+                              bool read_only_to_peers, char *why, size_t why_len)
+{
     *seg = (zps_shm_seg){.fd = -1};
     if (size == 0) {
         snprintf(why, why_len, "an empty segment");
         return ZPS_EINVAL;
     }
-    int fd = memfd_create(ZPS_SHM_NAME, MFD_CLOEXEC | MFD_ALLOW_SEALING);
+    int fd = memfd_create(name, MFD_CLOEXEC | MFD_ALLOW_SEALING);
     if (fd < 0) {
         snprintf(why, why_len, "memfd_create: %s", strerror(errno));
         return ZPS_EIO;
     }
     if (ftruncate(fd, (off_t)size) != 0 ||
-        fcntl(fd, F_ADD_SEALS, F_SEAL_SHRINK | F_SEAL_GROW | F_SEAL_SEAL) != 0) {
+        fcntl(fd, F_ADD_SEALS, F_SEAL_SHRINK | F_SEAL_GROW) != 0) {
         snprintf(why, why_len, "sizing the segment to %zu bytes: %s", size, strerror(errno));
         close(fd);
         return ZPS_EIO;
@@ -51,6 +57,15 @@ zps_err zps_shm_seg_create(zps_shm_seg *seg, size_t size, char *why, size_t why_
         snprintf(why, why_len, "mapping %zu bytes: %s", size, strerror(errno));
         close(fd);
         return ZPS_ENOMEM;
+    }
+    // After the mapping: F_SEAL_FUTURE_WRITE leaves this writable mapping
+    // be and refuses every later one, and every write(2).
+    int last = (read_only_to_peers ? F_SEAL_FUTURE_WRITE : 0) | F_SEAL_SEAL;
+    if (fcntl(fd, F_ADD_SEALS, last) != 0) {
+        snprintf(why, why_len, "sealing the segment: %s", strerror(errno));
+        (void)munmap(base, size);
+        close(fd);
+        return ZPS_EIO;
     }
     *seg = (zps_shm_seg){.base = base, .size = size, .fd = fd};
     return ZPS_OK;
@@ -68,11 +83,13 @@ void zps_shm_seg_fini(zps_shm_seg *seg)
 // ---------------------------------------------------------------------------
 // The peer's side.
 
-// Opens pid's fd read-only once /proc says it is a zps segment.
-static zps_err s_open_peer_fd(int64_t pid, int64_t fd, int *out, char *why, size_t why_len)
+// Opens pid's fd read-only once /proc says it is a zps segment of that name.
+static zps_err s_open_peer_fd(const char *name, int64_t pid, int64_t fd, int *out, char *why,
+                              size_t why_len)
 {
     char path[64];
     char target[128];
+    char want[64];
     snprintf(path, sizeof path, "/proc/%lld/fd/%lld", (long long)pid, (long long)fd);
     ssize_t n = readlink(path, target, sizeof target - 1);
     if (n < 0) {
@@ -80,7 +97,8 @@ static zps_err s_open_peer_fd(int64_t pid, int64_t fd, int *out, char *why, size
         return errno == ENOENT ? ZPS_ENOENT : ZPS_EPERM;
     }
     target[n] = '\0';
-    if (strncmp(target, "/memfd:" ZPS_SHM_NAME " ", strlen("/memfd:" ZPS_SHM_NAME " ")) != 0) {
+    snprintf(want, sizeof want, "/memfd:%s ", name);
+    if (strncmp(target, want, strlen(want)) != 0) {
         snprintf(why, why_len, "%s is not a zps segment", path);
         return ZPS_EPROTO;
     }
@@ -121,6 +139,12 @@ static zps_err s_check_peer_fd(int fd, uint64_t size, char *why, size_t why_len)
 zps_err zps_shm_map_open(zps_shm_map *map, int64_t pid, int64_t fd, uint64_t size, char *why,
                          size_t why_len)
 {
+    return zps_shm_map_open_as(map, ZPS_SHM_NAME, pid, fd, size, why, why_len);
+}
+
+zps_err zps_shm_map_open_as(zps_shm_map *map, const char *name, int64_t pid, int64_t fd,
+                            uint64_t size, char *why, size_t why_len)
+{
     *map = (zps_shm_map){.pidfd = -1};
     if (pid <= 0 || pid > INT32_MAX || fd < 0 || fd > INT32_MAX || size == 0 ||
         size > (uint64_t)SIZE_MAX / 2) {
@@ -136,7 +160,7 @@ zps_err zps_shm_map_open(zps_shm_map *map, int64_t pid, int64_t fd, uint64_t siz
         return ZPS_ENOENT;
     }
     int sfd = -1;
-    zps_err err = s_open_peer_fd(pid, fd, &sfd, why, why_len);
+    zps_err err = s_open_peer_fd(name, pid, fd, &sfd, why, why_len);
     if (err == ZPS_OK) {
         err = s_check_peer_fd(sfd, size, why, why_len);
     }
@@ -193,4 +217,58 @@ bool zps_shm_map_is(const zps_shm_map *map, int64_t pid, int64_t fd, uint64_t si
 bool zps_shm_span_ok(uint64_t size, uint64_t offset, uint64_t bytes)
 {
     return offset <= size && bytes <= size - offset;
+}
+
+// ---------------------------------------------------------------------------
+// Parameters under a seqlock per slot.
+
+void zps_shm_params_write(zps_shm_seg *seg, uint32_t slot, uint64_t step, uint64_t offset,
+                          uint64_t count, uint64_t data_at, const void *src, size_t bytes)
+{
+    zps_shm_slot *sl = (zps_shm_slot *)((char *)seg->base + (size_t)slot * ZPS_SHM_SLOT_BYTES);
+    uint64_t seq = __atomic_load_n(&sl->seq, __ATOMIC_RELAXED);
+    __atomic_store_n(&sl->seq, seq + 1 + (seq & 1), __ATOMIC_RELAXED); // odd
+    // The odd seq is visible before any byte below changes.
+    __atomic_thread_fence(__ATOMIC_RELEASE);
+    __atomic_store_n(&sl->step, step, __ATOMIC_RELAXED);
+    __atomic_store_n(&sl->offset, offset, __ATOMIC_RELAXED);
+    __atomic_store_n(&sl->count, count, __ATOMIC_RELAXED);
+    memcpy((char *)seg->base + data_at, src, bytes);
+    seq = __atomic_load_n(&sl->seq, __ATOMIC_RELAXED);
+    __atomic_store_n(&sl->seq, seq + 1, __ATOMIC_RELEASE); // even: after every byte
+}
+
+zps_err zps_shm_params_read(const zps_shm_map *map, uint32_t slot, uint64_t step,
+                            uint64_t offset, uint64_t count, uint64_t data_at, size_t bytes,
+                            void *dst, char *why, size_t why_len)
+{
+    if (!map->base || slot >= ZPS_SHM_PARAMS_SLOTS || map->size < ZPS_SHM_PARAMS_DATA ||
+        data_at < ZPS_SHM_PARAMS_DATA || !zps_shm_span_ok(map->size, data_at, bytes)) {
+        snprintf(why, why_len, "slot %u, %zu bytes at %llu: outside the segment of %zu bytes",
+                 slot, bytes, (unsigned long long)data_at, map->size);
+        return ZPS_ERANGE;
+    }
+    const zps_shm_slot *sl =
+        (const zps_shm_slot *)((const char *)map->base + (size_t)slot * ZPS_SHM_SLOT_BYTES);
+    uint64_t seq = __atomic_load_n(&sl->seq, __ATOMIC_ACQUIRE);
+    uint64_t s_step = __atomic_load_n(&sl->step, __ATOMIC_RELAXED);
+    uint64_t s_offset = __atomic_load_n(&sl->offset, __ATOMIC_RELAXED);
+    uint64_t s_count = __atomic_load_n(&sl->count, __ATOMIC_RELAXED);
+    if ((seq & 1) || s_step != step || s_offset != offset || s_count != count) {
+        snprintf(why, why_len, "the segment holds [%llu, +%llu) of step %llu%s, not [%llu, "
+                 "+%llu) of step %llu", (unsigned long long)s_offset,
+                 (unsigned long long)s_count, (unsigned long long)s_step,
+                 seq & 1 ? " (being written)" : "", (unsigned long long)offset,
+                 (unsigned long long)count, (unsigned long long)step);
+        return ZPS_ESTALE;
+    }
+    memcpy(dst, (const char *)map->base + data_at, bytes);
+    // Every byte copied is read before seq is read again.
+    __atomic_thread_fence(__ATOMIC_ACQUIRE);
+    if (__atomic_load_n(&sl->seq, __ATOMIC_RELAXED) != seq) {
+        snprintf(why, why_len, "step %llu's values were written again while read",
+                 (unsigned long long)step);
+        return ZPS_ESTALE;
+    }
+    return ZPS_OK;
 }

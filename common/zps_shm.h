@@ -22,6 +22,7 @@
 #include "zps_err.h"
 
 #define ZPS_SHM_NAME "zps-push"   // the memfd's name, as /proc/<pid>/maps shows it
+#define ZPS_SHM_PARAMS_NAME "zps-params" // a shard's segment of parameters (below)
 #define ZPS_SHM_BOOT_ID_LEN 40     // a boot id (36 characters) and its NUL
 
 // A segment this process created: writable, its fd kept open for the peer.
@@ -48,6 +49,11 @@ zps_err zps_shm_boot_id(char out[ZPS_SHM_BOOT_ID_LEN]);
 // ZPS_EIO or ZPS_ENOMEM on failure, with the reason in why; *seg is then
 // empty (safe to zps_shm_seg_fini).
 zps_err zps_shm_seg_create(zps_shm_seg *seg, size_t size, char *why, size_t why_len);
+// The same for a segment named name (ZPS_SHM_NAME or ZPS_SHM_PARAMS_NAME);
+// read_only_to_peers adds F_SEAL_FUTURE_WRITE once this process mapped it
+// writable, so no peer can ever map it writable or write to it.
+zps_err zps_shm_seg_create_as(zps_shm_seg *seg, const char *name, size_t size,
+                              bool read_only_to_peers, char *why, size_t why_len);
 // Unmaps and closes; safe on zeroed memory and twice.
 void zps_shm_seg_fini(zps_shm_seg *seg);
 
@@ -58,6 +64,9 @@ void zps_shm_seg_fini(zps_shm_seg *seg);
 // size (ZPS_EPERM, ZPS_ENOENT, ZPS_EPROTO or ZPS_EIO).
 zps_err zps_shm_map_open(zps_shm_map *map, int64_t pid, int64_t fd, uint64_t size, char *why,
                          size_t why_len);
+// The same for a segment named name.
+zps_err zps_shm_map_open_as(zps_shm_map *map, const char *name, int64_t pid, int64_t fd,
+                            uint64_t size, char *why, size_t why_len);
 // Whether the creator of a mapped segment still runs (never waits).
 bool zps_shm_map_alive(const zps_shm_map *map);
 // Unmaps and closes; safe on zeroed memory and twice.
@@ -68,5 +77,40 @@ bool zps_shm_map_is(const zps_shm_map *map, int64_t pid, int64_t fd, uint64_t si
 // Whether [offset, offset + bytes) lies inside a mapping of size bytes
 // (without overflowing, whatever the values).
 bool zps_shm_span_ok(uint64_t size, uint64_t offset, uint64_t bytes);
+
+// ---------------------------------------------------------------------------
+// A shard's parameters for the workers of its host (docs/choices.md, "One
+// pull per host"): ZPS_SHM_PARAMS_SLOTS slots of ZPS_SHM_SLOT_BYTES, one
+// per bucket of its range, then the range's values in the wire dtype from
+// byte ZPS_SHM_PARAMS_DATA on. Each slot is a seqlock over its bucket: seq
+// is odd while the shard writes, and grows by 2 with every write, so a
+// reader that saw the same even seq before and after its copy, and the
+// step, offset and count it expected, copied one step's values whole.
+
+#define ZPS_SHM_PARAMS_SLOTS 256 // as many as a range has buckets at most
+#define ZPS_SHM_SLOT_BYTES 64    // one cache line each: a write stays off the neighbours
+#define ZPS_SHM_PARAMS_DATA ((uint64_t)ZPS_SHM_PARAMS_SLOTS * ZPS_SHM_SLOT_BYTES)
+
+// Where the seqlock of a slot lives: written only by the segment's creator.
+typedef struct zps_shm_slot {
+    uint64_t seq;    // odd: being written
+    uint64_t step;   // the step the values are for
+    uint64_t offset; // the bucket's first element, as on the wire
+    uint64_t count;  // its elements
+} zps_shm_slot;
+
+// Writes bytes of src at byte data_at of seg (the creator's, writable) as
+// slot's bucket [offset, offset + count) for step. The caller keeps slot
+// below ZPS_SHM_PARAMS_SLOTS and the span inside the segment (its own).
+void zps_shm_params_write(zps_shm_seg *seg, uint32_t slot, uint64_t step, uint64_t offset,
+                          uint64_t count, uint64_t data_at, const void *src, size_t bytes);
+// Copies bytes at data_at of a peer's parameters into dst, if slot holds
+// bucket [offset, offset + count) of step, whole. Everything is checked:
+// ZPS_ERANGE for a slot or span outside the mapping, ZPS_ESTALE for
+// values of another step or bucket, or written while they were copied
+// (dst then holds nothing of use); the reason in why.
+zps_err zps_shm_params_read(const zps_shm_map *map, uint32_t slot, uint64_t step,
+                            uint64_t offset, uint64_t count, uint64_t data_at, size_t bytes,
+                            void *dst, char *why, size_t why_len);
 
 #endif

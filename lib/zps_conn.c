@@ -4,6 +4,7 @@
 #include <errno.h>
 #include <math.h>
 #include <stdio.h>
+#include <stdlib.h>
 #include <string.h>
 #include <time.h>
 #include <unistd.h>
@@ -416,6 +417,7 @@ zps_err zps_conn_push(zps_conn *n, int i, uint64_t step, const zps_piece *p, uin
         h.shm_pid = (uint32_t)getpid();
         h.shm_fd = (uint32_t)sc->seg.fd;
         h.shm_boot = n->boot;
+        h.params_shm = !n->params_frames && !sc->params_frames;
         return zps_conn_send(n, i, &h, NULL, 0, NULL);
     }
     if (dtype != ZPS_DTYPE_F32) {
@@ -423,6 +425,73 @@ zps_err zps_conn_push(zps_conn *n, int i, uint64_t step, const zps_piece *p, uin
         zps_dtype_from_f32(dtype, g, wire + lo * esize, h.count);
     }
     return zps_conn_send(n, i, &h, payload, h.count * esize, ref);
+}
+
+// Maps the segment of parameters h names (kept if it is already), checked
+// as zps_conn_params_read says; the reason of a refusal in why.
+static zps_err s_params_map(zps_conn *n, zps_conn_shard *sc, const Zps__Header *h, size_t esize,
+                            char *why, size_t why_len)
+{
+    if (n->shm == ZPS_CONN_SHM_OFF || n->params_frames || sc->params_frames) {
+        snprintf(why, why_len, "this worker takes parameters as frames");
+        return ZPS_EPERM;
+    }
+    if (!n->boot[0] || !h->shm_boot || strcmp(h->shm_boot, n->boot) != 0) {
+        snprintf(why, why_len, "the shard is on another host (boot id)");
+        return ZPS_EPERM;
+    }
+    uint64_t most = ZPS_SHM_PARAMS_DATA + (sc->hi - sc->lo) * esize;
+    if (h->shm_size > most) {
+        snprintf(why, why_len, "a segment of %llu bytes; the shard's range takes %llu",
+                 (unsigned long long)h->shm_size, (unsigned long long)most);
+        return ZPS_ERANGE;
+    }
+    if (zps_shm_map_is(&sc->params, h->shm_pid, h->shm_fd, h->shm_size)) {
+        return ZPS_OK;
+    }
+    zps_shm_map fresh;
+    zps_err err = zps_shm_map_open_as(&fresh, ZPS_SHM_PARAMS_NAME, h->shm_pid, h->shm_fd,
+                                      h->shm_size, why, why_len);
+    if (err != ZPS_OK) {
+        return err;
+    }
+    zps_shm_map_fini(&sc->params); // a shard restarted: its new segment
+    sc->params = fresh;
+    zps_log_info("%s: parameters through shared memory (%.1f MiB)", sc->endpoint,
+                 (double)h->shm_size / (1 << 20));
+    return ZPS_OK;
+}
+
+zps_err zps_conn_params_read(zps_conn *n, int i, uint32_t b, const Zps__Header *h, size_t esize,
+                             zmq_msg_t *frame)
+{
+    zps_conn_shard *sc = &n->shards[i];
+    char why[200];
+    zps_err err = s_params_map(n, sc, h, esize, why, sizeof why);
+    if (err == ZPS_OK && h->count > (sc->hi - sc->lo)) {
+        snprintf(why, sizeof why, "a bucket of %llu elements", (unsigned long long)h->count);
+        err = ZPS_ERANGE;
+    }
+    size_t bytes = (size_t)(h->count * esize);
+    if (err == ZPS_OK && zmq_msg_init_size(frame, bytes) != 0) {
+        snprintf(why, sizeof why, "no memory for %zu bytes", bytes);
+        err = ZPS_ENOMEM;
+    } else if (err == ZPS_OK) {
+        err = zps_shm_params_read(&sc->params, b, h->step, h->offset, h->count, h->shm_offset,
+                                  bytes, zmq_msg_data(frame), why, sizeof why);
+        if (err != ZPS_OK) {
+            (void)zmq_msg_close(frame); // fails only for a message never initialised
+        }
+    }
+    if (err == ZPS_ESTALE) {
+        zps_log_info("%s: %s; asking for frames", sc->endpoint, why);
+    } else if (err != ZPS_OK) {
+        zps_log_warn("%s: parameters through shared memory refused: %s; frames from now on",
+                     sc->endpoint, why);
+        sc->params_frames = true;
+        zps_shm_map_fini(&sc->params);
+    }
+    return err;
 }
 
 zps_err zps_conn_push_delta(zps_conn *n, int i, uint64_t step, const zps_piece *p, uint64_t lo,
@@ -457,6 +526,10 @@ zps_err zps_conn_init(zps_conn *n, const char *coordinator)
     n->shm = ZPS_CONN_SHM_AUTO;
     n->sndbuf = ZPS_SNDBUF_AUTO;
     (void)zps_shm_boot_id(n->boot); // "" if unreadable: no shared memory
+    // Parameters through the shard's segment only when asked: measured
+    // slower than frames on the reference machine (docs/choices.md).
+    const char *params = getenv("ZPS_SHM_PARAMS");
+    n->params_frames = !params || strcmp(params, "on") != 0;
     snprintf(n->shards[0].endpoint, sizeof n->shards[0].endpoint, "%s", coordinator);
     n->ctx = zmq_ctx_new();
     return n->ctx ? ZPS_OK : ZPS_ENOMEM;
@@ -475,6 +548,7 @@ void zps_conn_fini(zps_conn *n)
             n->shards[i].sock = NULL;
         }
         zps_shm_seg_fini(&n->shards[i].seg);
+        zps_shm_map_fini(&n->shards[i].params);
     }
     if (n->ctx) {
         zmq_ctx_term(n->ctx); // flushes the BYE within the linger, releases the gradient's frames

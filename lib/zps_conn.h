@@ -38,6 +38,9 @@ typedef struct zps_conn_shard {
     bool shm_off;                               // refused (or failed): frames only
     uint64_t shm_step;                          // 1 + the step whose piece is in seg (0: none)
     zps_piece shm_piece;                        // that piece: the step's others go as frames
+    zps_shm_map params;                         // owned: the shard's segment of parameters
+    bool params_frames;                         // it failed: parameters as frames
+    uint64_t params_pulled;                     // 1 + the step asked for again as frames
 } zps_conn_shard;
 
 // ZPS_OPT_SHM: which shards get gradients through shared memory.
@@ -50,6 +53,7 @@ typedef struct zps_conn {
     int sndbuf;                                 // TCP send buffer, 0: the OS's, -1: auto
     int shm;                                    // ZPS_CONN_SHM_*
     char boot[ZPS_SHM_BOOT_ID_LEN];             // this host's boot id, for the shards to compare
+    bool params_frames;                         // unless ZPS_SHM_PARAMS=on: parameters as frames
     int heartbeat_ms;                           // heartbeat interval
     zps_curve curve;                            // CURVE keys, if on
     volatile sig_atomic_t stop;                 // set: every wait returns ZPS_ECLOSED
@@ -134,6 +138,18 @@ zps_err zps_conn_push_delta(zps_conn *n, int i, uint64_t step, const zps_piece *
                             uint64_t hi, const void *payload, size_t len,
                             const zps_conn_outer *o, float loss, float compute_ms,
                             zps_wire_ref *ref);
+
+// Copies the bucket [h->offset, +h->count) of step h->step (elements of
+// esize bytes) that a PARAMS header of shard i names in the shard's
+// segment of parameters into frame (initialised here on ZPS_OK). The
+// segment is mapped at the first such header, checked as the shard checks
+// a worker's (this host, this user, a sealed "zps-params" memfd, its size
+// bounded by the shard's range), and read under the bucket's seqlock.
+// ZPS_ESTALE: those values were written over (a step this worker is late
+// for); any other refusal: this worker asks for frames from now on
+// (logged once). Either way the caller asks for the step again by PULL.
+zps_err zps_conn_params_read(zps_conn *n, int i, uint32_t b, const Zps__Header *h, size_t esize,
+                             zmq_msg_t *frame);
 
 // Shard i refused a push through shared memory (why, from its refusal):
 // its pushes go as frames from now on. Logged once.

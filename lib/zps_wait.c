@@ -67,6 +67,50 @@ static void s_take_held(zps_client *c)
     zps_wait_release_held(c);
 }
 
+// Checks a PARAMS message's tensor against shard sc's range: in frames, or
+// named in the shard's segment of parameters (no frames).
+static zps_err s_check_params(const zps_client *c, const zps_conn_shard *sc,
+                              const zps_wire_msg *m, char *why, size_t why_len)
+{
+    const Zps__Header *h = m->hdr;
+    if (h->shm_size == 0) {
+        return zps_wire_check_tensor(m, (int)c->dtype, sc->lo, sc->hi, why, why_len);
+    }
+    if (m->n_frames != 0 || (int)h->dtype != (int)c->dtype) {
+        snprintf(why, why_len, "parameters through shared memory with %s",
+                 m->n_frames ? "payload frames" : "another dtype than the job's");
+        return ZPS_EPROTO;
+    }
+    if (h->count == 0 || h->offset < sc->lo || h->offset >= sc->hi ||
+        h->count > sc->hi - h->offset) {
+        snprintf(why, why_len, "tensor [%llu, +%llu) outside [%llu, %llu)",
+                 (unsigned long long)h->offset, (unsigned long long)h->count,
+                 (unsigned long long)sc->lo, (unsigned long long)sc->hi);
+        return ZPS_ERANGE;
+    }
+    return ZPS_OK;
+}
+
+// Bucket b of a PARAMS message of shard i that names the shard's segment,
+// copied from there into m's one frame: true. False when it cannot be
+// (zps_conn_params_read says why): the step is asked for again by PULL,
+// once, and its frames come as from a shard without shared memory.
+static bool s_read_shared(zps_client *c, int i, uint32_t b, zps_wire_msg *m)
+{
+    size_t esize = zps_dtype_size(c->dtype);
+    if (zps_conn_params_read(&c->conn, i, b, m->hdr, esize, &m->frames[0]) == ZPS_OK) {
+        m->n_frames = 1;
+        m->payload_bytes = m->hdr->count * esize;
+        return true;
+    }
+    zps_conn_shard *sc = &c->conn.shards[i];
+    if (sc->params_pulled != m->hdr->step + 1) {
+        sc->params_pulled = m->hdr->step + 1;
+        (void)zps_conn_pull(&c->conn, i, m->hdr->step); // a failure is logged; the wait is bounded
+    }
+    return false;
+}
+
 // Checks a PARAMS message from shard i against what step `step` expects
 // and keeps its frames until the step's parameters are all in.
 static zps_err s_take_bucket(zps_client *c, int i, uint64_t step, zps_wire_msg *m)
@@ -96,8 +140,7 @@ static zps_err s_take_bucket(zps_client *c, int i, uint64_t step, zps_wire_msg *
         snprintf(why, sizeof why, "%s for step %llu, expected PARAMS for step %llu",
                  zps_wire_type_name(h->type), (unsigned long long)h->step,
                  (unsigned long long)step);
-    } else if (zps_wire_check_tensor(m, (int)c->dtype, sc->lo, sc->hi, why, sizeof why) ==
-               ZPS_OK) {
+    } else if (s_check_params(c, sc, m, why, sizeof why) == ZPS_OK) {
         for (int k = 0; k < sc->n_buckets; k++) {
             if (sc->buckets[k].lo == h->offset && sc->buckets[k].hi == h->offset + h->count) {
                 b = k;
@@ -115,6 +158,9 @@ static zps_err s_take_bucket(zps_client *c, int i, uint64_t step, zps_wire_msg *
     if (b < 0) {
         zps_log_error("%s sent bad parameters: %s", sc->endpoint, why);
         return ZPS_EPROTO;
+    }
+    if (h->shm_size > 0 && !s_read_shared(c, i, (uint32_t)b, m)) {
+        return ZPS_OK; // asked again, as frames
     }
     zps_err err = s_hold(c, m, h->offset);
     if (err != ZPS_OK) {

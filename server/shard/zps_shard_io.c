@@ -81,16 +81,22 @@ static void s_params_header(zps_shard_io *io, int b, uint64_t step, Zps__Header 
     zps_shard_bucket_params(io->shard, b, data, &h->offset, &h->count, ref);
 }
 
-// Sends bucket b's parameters, labelled with the step they are for.
+// Sends bucket b's parameters, labelled with the step they are for: as a
+// name in the segment of parameters if shm and the segment holds them,
+// else as frames.
 static void s_send_bucket(zps_shard_io *io, zmq_msg_t *route, int b, uint64_t step,
-                          bool zero_copy)
+                          bool zero_copy, bool shm)
 {
     Zps__Header h;
     const void *data;
     zps_wire_ref *ref;
     s_params_header(io, b, step, &h, &data, &ref);
-    zps_err err = zps_wire_send(io->sock, route, &h, data, h.count * zps_dtype_size(io->dtype),
-                                zero_copy ? ref : NULL);
+    size_t bytes = h.count * zps_dtype_size(io->dtype);
+    if (shm && zps_shard_shm_params_name(&io->shm, b, step, &h)) {
+        data = NULL;
+        bytes = 0;
+    }
+    zps_err err = zps_wire_send(io->sock, route, &h, data, bytes, zero_copy ? ref : NULL);
     if (err != ZPS_OK) {
         zps_log_warn("could not send step %llu parameters: %s", (unsigned long long)step,
                      zps_strerror(err));
@@ -147,7 +153,7 @@ static bool s_serve_pull(zps_shard_io *io, zmq_msg_t *route, uint64_t step, zps_
         if (!zps_bucket_set_has(sent, b) &&
             zps_shard_bucket_at(io->shard, b, step, &values) == ZPS_OK) {
             if (zps_shard_bucket_params_are(io->shard, b, step)) {
-                s_send_bucket(io, route, b, step, true);
+                s_send_bucket(io, route, b, step, true, false);
             } else {
                 s_send_values(io, route, b, step, values);
             }
@@ -252,7 +258,7 @@ static void s_add_recipient(zps_shard_io *io, zps_wire_msg *m)
     uint64_t next = zps_shard_step(io->shard) + 1;
     for (int b = 0; b < zps_shard_n_buckets(io->shard); b++) {
         if (zps_shard_applied(io->shard, b)) {
-            s_send_bucket(io, &r->route, b, next, true);
+            s_send_bucket(io, &r->route, b, next, true, r->shm_params);
         }
     }
 }
@@ -309,9 +315,17 @@ zps_err zps_shard_io_on_push(zps_shard_io *io, zps_wire_msg *m, int *ready)
         s_refuse(io, m, err, why); // nothing counted, nothing mapped anew
         return err;
     }
+    // A push through shared memory: its pages are dropped once it is
+    // counted, copied to be held, or refused (docs/choices.md).
+    bool via_shm = m->hdr->shm_size > 0;
+    uint64_t shm_offset = m->hdr->shm_size ? m->hdr->shm_offset : 0;
+    uint64_t shm_bytes = m->hdr->shm_size ? m->payload_bytes : 0;
     err = zps_shard_push(io->shard, m, ready, why, sizeof why);
     if (err == ZPS_EAGAIN) {
         s_hold(io, m, why);
+    }
+    zps_shard_shm_release(&io->shm, m->hdr->rank, shm_offset, shm_bytes);
+    if (err == ZPS_EAGAIN) {
         return err;
     }
     if (err != ZPS_OK && err != ZPS_EDUP) {
@@ -324,6 +338,11 @@ zps_err zps_shard_io_on_push(zps_shard_io *io, zps_wire_msg *m, int *ready)
         io->duplicates++; // the first copy counted; this one changes nothing
         zps_log_debug("dropped: %s", why);
     }
+    // Its parameters through the segment of parameters if it pushed
+    // through shared memory (docs/choices.md, "One pull per host").
+    io->ranks[m->hdr->rank].shm_params = zps_shard_shm_params_offer(
+        &io->shm, via_shm, !m->hdr->params_shm, zps_shard_lo(io->shard),
+        zps_shard_hi(io->shard), zps_dtype_size(io->dtype));
     s_add_recipient(io, m);
     if (err == ZPS_OK) {
         s_note_own_push(io, m->hdr);
@@ -335,9 +354,16 @@ void zps_shard_io_apply(zps_shard_io *io, int b)
 {
     zps_shard_apply(io->shard, b);
     uint64_t next = zps_shard_step(io->shard) + 1;
+    if (io->shm.params.base) { // written once for the host, before anyone is told of it
+        Zps__Header h;
+        const void *data;
+        zps_wire_ref *ref;
+        s_params_header(io, b, next, &h, &data, &ref);
+        zps_shard_shm_params_put(&io->shm, b, next, h.offset, h.count, data);
+    }
     for (uint32_t i = 0; i < io->n_ranks; i++) {
         if (io->ranks[i].pushed) {
-            s_send_bucket(io, &io->ranks[i].route, b, next, true);
+            s_send_bucket(io, &io->ranks[i].route, b, next, true, io->ranks[i].shm_params);
         }
     }
     s_serve_pullers(io);
@@ -399,6 +425,7 @@ void zps_shard_io_end_step(zps_shard_io *io)
 void zps_shard_io_forget_step(zps_shard_io *io)
 {
     zps_shard_io_end_step(io);
+    zps_shard_shm_params_forget(&io->shm); // restored values: written anew at each update
     for (uint32_t i = 0; i < io->n_ranks; i++) {
         io->ranks[i].served = 0;
     }

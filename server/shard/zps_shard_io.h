@@ -33,6 +33,7 @@ typedef struct zps_shard_io_rank {
     bool heard;       // pushed or pulled during this step (for any step)
     bool late_now;    // its slice was handed on this step (speculation)
     uint32_t own_in;  // buckets of its own slice counted this step
+    bool shm_params;  // its last push came through shared memory: parameters too
 } zps_shard_io_rank;
 
 // A PULL for parameters not there yet: answered bucket by bucket as they are.

@@ -5,8 +5,13 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/mman.h>
+#include <unistd.h>
 
 #include "common/zps_log.h"
+#include "common/zps_model.h"
+
+_Static_assert(ZPS_SHM_PARAMS_SLOTS >= ZPS_MODEL_MAX_BUCKETS, "a slot for every bucket");
 
 void zps_shard_shm_init(zps_shard_shm *t, bool allow, bool curve)
 {
@@ -28,6 +33,7 @@ void zps_shard_shm_fini(zps_shard_shm *t)
     for (int r = 0; r < ZPS_MAX_MEMBERS; r++) {
         zps_shm_map_fini(&t->maps[r]);
     }
+    zps_shm_seg_fini(&t->params);
 }
 
 // A refusal that says only "not here": the worker sends frames instead.
@@ -135,6 +141,23 @@ zps_err zps_shard_shm_own(zps_wire_msg *m)
     return ZPS_OK;
 }
 
+void zps_shard_shm_release(zps_shard_shm *t, uint32_t rank, uint64_t offset, uint64_t bytes)
+{
+    const zps_shm_map *map = rank < ZPS_MAX_MEMBERS && rank >= ZPS_SHARD_SHM_KEEP
+                                 ? &t->maps[rank] : NULL;
+    if (!map || !map->base || bytes == 0 || !zps_shm_span_ok(map->size, offset, bytes)) {
+        return;
+    }
+    // Whole pages around the span: a page it shares with a neighbour not
+    // read yet is only unmapped here, its bytes stay in the segment, and
+    // the next read faults it in again.
+    uint64_t page = (uint64_t)sysconf(_SC_PAGESIZE);
+    uint64_t lo = offset / page * page;
+    uint64_t hi = (offset + bytes + page - 1) / page * page;
+    hi = hi < map->size ? hi : map->size;
+    (void)madvise((char *)map->base + lo, (size_t)(hi - lo), MADV_DONTNEED); // advice only
+}
+
 void zps_shard_shm_sweep(zps_shard_shm *t)
 {
     for (uint32_t r = 0; r < ZPS_MAX_MEMBERS; r++) {
@@ -154,4 +177,78 @@ int zps_shard_shm_mapped(const zps_shard_shm *t)
         n += t->maps[r].base != NULL;
     }
     return n;
+}
+
+// ---------------------------------------------------------------------------
+// One pull per host.
+
+bool zps_shard_shm_params_offer(zps_shard_shm *t, bool via_shm, bool frames_asked, uint64_t lo,
+                                uint64_t hi, size_t esize)
+{
+    if (!via_shm || frames_asked || t->params_off) {
+        return false;
+    }
+    size_t bytes = ZPS_SHM_PARAMS_DATA + (size_t)(hi - lo) * esize;
+    if (t->params.base && t->params_lo == lo && t->params.size == bytes) {
+        return true;
+    }
+    zps_shm_seg_fini(&t->params); // another range: a new segment, named anew
+    memset(t->written, 0, sizeof t->written);
+    char why[200];
+    if (zps_shm_seg_create_as(&t->params, ZPS_SHM_PARAMS_NAME, bytes, true, why, sizeof why) !=
+        ZPS_OK) {
+        zps_log_warn("no segment of parameters for the workers of this host (%s): they get "
+                     "frames", why);
+        t->params_off = true;
+        return false;
+    }
+    t->params_lo = lo;
+    t->params_esize = esize;
+    zps_log_info("parameters for the workers of this host through shared memory (%.1f MiB)",
+                 (double)bytes / (1 << 20));
+    return true;
+}
+
+// Where bucket [offset, offset + count) lies in the segment, or false if
+// it does not fit (a range changed under it).
+static bool s_params_at(const zps_shard_shm *t, int b, uint64_t offset, uint64_t count,
+                        uint64_t *at)
+{
+    if (!t->params.base || b < 0 || b >= ZPS_SHM_PARAMS_SLOTS || offset < t->params_lo) {
+        return false;
+    }
+    *at = ZPS_SHM_PARAMS_DATA + (offset - t->params_lo) * t->params_esize;
+    return zps_shm_span_ok(t->params.size, *at, count * t->params_esize);
+}
+
+void zps_shard_shm_params_put(zps_shard_shm *t, int b, uint64_t step, uint64_t offset,
+                              uint64_t count, const void *data)
+{
+    uint64_t at;
+    if (!s_params_at(t, b, offset, count, &at)) {
+        return;
+    }
+    zps_shm_params_write(&t->params, (uint32_t)b, step, offset, count, at, data,
+                         (size_t)(count * t->params_esize));
+    t->written[b] = step + 1;
+}
+
+bool zps_shard_shm_params_name(zps_shard_shm *t, int b, uint64_t step, Zps__Header *h)
+{
+    uint64_t at;
+    if (!s_params_at(t, b, h->offset, h->count, &at) || t->written[b] != step + 1) {
+        return false;
+    }
+    h->shm_size = t->params.size;
+    h->shm_offset = at;
+    h->shm_pid = (uint32_t)getpid();
+    h->shm_fd = (uint32_t)t->params.fd;
+    h->shm_boot = t->boot;
+    t->params_sent++;
+    return true;
+}
+
+void zps_shard_shm_params_forget(zps_shard_shm *t)
+{
+    memset(t->written, 0, sizeof t->written);
 }

@@ -28,6 +28,14 @@ typedef struct zps_shard_shm {
     zps_shm_map maps[ZPS_MAX_MEMBERS];    // owned: per rank, its process's segment
     int32_t refused_pid[ZPS_MAX_MEMBERS]; // per rank: the process last refused (logged once)
     uint64_t pushes;                      // pushes read from shared memory
+    // One pull per host: the range's parameters for the workers that push
+    // through shared memory (common/zps_shm.h, ZPS_SHM_PARAMS_NAME).
+    zps_shm_seg params;                   // owned: made at the first such push, or empty
+    bool params_off;                      // it could not be made: frames for everyone
+    uint64_t params_lo;                   // the first element of the range it holds
+    size_t params_esize;                  // bytes of an element there (the wire dtype)
+    uint64_t written[ZPS_SHM_PARAMS_SLOTS]; // per bucket: 1 + the step of its values there
+    uint64_t params_sent;                 // PARAMS that named the segment
 } zps_shard_shm;
 
 // Ready, with the operator's choice; no mapping yet.
@@ -47,6 +55,36 @@ zps_err zps_shard_shm_view(zps_shard_shm *t, uint32_t rank, uint64_t range_bytes
 // Turns a view into a copy of its own (the mapping may move on while a
 // message is held): ZPS_ENOMEM if it cannot. Nothing for frames.
 zps_err zps_shard_shm_own(zps_wire_msg *m);
+// Ranks whose pushes' pages stay mapped here once read: faulting a page in
+// again costs about half as much as reading it (4 ms for 32 MiB on the
+// reference machine), paid only where more workers share the host.
+#define ZPS_SHARD_SHM_KEEP 2
+
+// Drops the pages of [offset, offset + bytes) of rank's mapping from this
+// process (madvise MADV_DONTNEED: the segment keeps its bytes, the worker
+// its copy), for ranks from ZPS_SHARD_SHM_KEEP on: once a push is read or
+// copied, its pages leave the shard's RSS, so a shard holds a bounded
+// number of pushes' pages, not every worker's whole segment. Nothing for
+// a span outside the mapping.
+void zps_shard_shm_release(zps_shard_shm *t, uint32_t rank, uint64_t offset, uint64_t bytes);
+// Whether the parameters for the sender of a push may go through the
+// segment of parameters: the push came through shared memory (so the
+// sender runs on this host, and the operator allows it) and the sender
+// did not ask for frames. The segment of [lo, hi) in elements of esize
+// bytes is made at the first such push; if it cannot be (logged once),
+// frames.
+bool zps_shard_shm_params_offer(zps_shard_shm *t, bool via_shm, bool frames_asked, uint64_t lo,
+                                uint64_t hi, size_t esize);
+// Bucket b's values [offset, offset + count) in the wire dtype, for
+// step, into the segment (if there is one), under the bucket's seqlock.
+void zps_shard_shm_params_put(zps_shard_shm *t, int b, uint64_t step, uint64_t offset,
+                              uint64_t count, const void *data);
+// Names bucket b of step in the segment in h (a PARAMS header with its
+// offset and count), if the segment holds those values; false: frames.
+bool zps_shard_shm_params_name(zps_shard_shm *t, int b, uint64_t step, Zps__Header *h);
+// The parameters changed without an update (a restore): nothing in the
+// segment is named again before it is written again.
+void zps_shard_shm_params_forget(zps_shard_shm *t);
 // Unmaps the segments of processes that are gone.
 void zps_shard_shm_sweep(zps_shard_shm *t);
 // Segments mapped now.

@@ -2,11 +2,14 @@
  * when they are not what they claim, and gone with their processes. */
 #include <check.h>
 #include <fcntl.h>
+#include <pthread.h>
+#include <stdlib.h>
 #include <signal.h>
 #include <stdio.h>
 #include <string.h>
 #include <sys/mman.h>
 #include <sys/wait.h>
+#include <time.h>
 #include <unistd.h>
 
 #include "common/zps_clock.h"
@@ -165,6 +168,135 @@ START_TEST(test_shm_creator_killed_leaves_nothing)
 }
 END_TEST
 
+// ---------------------------------------------------------------------------
+// A shard's parameters under the per-bucket seqlock.
+
+#define RACE_FLOATS (1u << 16) // one bucket of a flat model: 256 KiB
+#define RACE_MS 1500.0
+
+typedef struct race {
+    zps_shm_seg seg;      // the writer's (the shard's)
+    volatile int done;    // the writer finished
+    uint64_t writes;      // steps written
+} race;
+
+// The shard: step after step, every element of the bucket set to the step.
+static void *s_writer(void *arg)
+{
+    race *r = arg;
+    float *buf = malloc(RACE_FLOATS * sizeof(float));
+    double end = zps_clock_ms() + RACE_MS;
+    for (uint64_t step = 1; zps_clock_ms() < end; step++) {
+        for (uint32_t i = 0; i < RACE_FLOATS; i++) {
+            buf[i] = (float)step;
+        }
+        zps_shm_params_write(&r->seg, 3, step, 1000, RACE_FLOATS, ZPS_SHM_PARAMS_DATA, buf,
+                             RACE_FLOATS * sizeof(float));
+        r->writes = step;
+        // A pause about as long as a copy of the bucket: reads land both
+        // inside a write and between two, so some must come back whole.
+        struct timespec pause = {0, 30000};
+        nanosleep(&pause, NULL);
+    }
+    free(buf);
+    __atomic_store_n(&r->done, 1, __ATOMIC_RELEASE);
+    return NULL;
+}
+
+// A worker reads while the shard writes the next step: whatever it gets
+// back as ZPS_OK is one step's values whole, never two steps mixed.
+START_TEST(test_shm_params_reader_never_sees_mixed_steps)
+{
+    race r = {0};
+    char why[200];
+    size_t size = ZPS_SHM_PARAMS_DATA + RACE_FLOATS * sizeof(float);
+    ck_assert_int_eq(zps_shm_seg_create_as(&r.seg, ZPS_SHM_PARAMS_NAME, size, true, why,
+                                           sizeof why), ZPS_OK);
+    zps_shm_map map;
+    ck_assert_int_eq(zps_shm_map_open_as(&map, ZPS_SHM_PARAMS_NAME, getpid(), r.seg.fd, size,
+                                         why, sizeof why), ZPS_OK);
+    float *dst = malloc(RACE_FLOATS * sizeof(float));
+    pthread_t t;
+    ck_assert_int_eq(pthread_create(&t, NULL, s_writer, &r), 0);
+    uint64_t ok = 0, stale = 0, mixed = 0;
+    const zps_shm_slot *slot =
+        (const zps_shm_slot *)((const char *)map.base + 3 * ZPS_SHM_SLOT_BYTES);
+    while (!__atomic_load_n(&r.done, __ATOMIC_ACQUIRE)) {
+        uint64_t step = __atomic_load_n(&slot->step, __ATOMIC_RELAXED); // what a PARAMS names
+        zps_err err = zps_shm_params_read(&map, 3, step, 1000, RACE_FLOATS, ZPS_SHM_PARAMS_DATA,
+                                          RACE_FLOATS * sizeof(float), dst, why, sizeof why);
+        if (err == ZPS_ESTALE) {
+            stale++;
+            continue;
+        }
+        ck_assert_int_eq(err, ZPS_OK);
+        ok++;
+        for (uint32_t i = 0; i < RACE_FLOATS; i++) {
+            if (dst[i] != (float)step) {
+                mixed++;
+                break;
+            }
+        }
+    }
+    ck_assert_int_eq(pthread_join(t, NULL), 0);
+    fprintf(stderr, "seqlock: %llu steps written, %llu reads whole, %llu refused, %llu mixed\n",
+            (unsigned long long)r.writes, (unsigned long long)ok, (unsigned long long)stale,
+            (unsigned long long)mixed);
+    ck_assert_uint_eq(mixed, 0);
+    ck_assert_uint_gt(ok, 0);
+    free(dst);
+    zps_shm_map_fini(&map);
+    zps_shm_seg_fini(&r.seg);
+}
+END_TEST
+
+// What a reader checks: the step, the bucket, the slot and the span; and
+// the segment is read-only to everyone but its creator.
+START_TEST(test_shm_params_checks)
+{
+    zps_shm_seg seg;
+    char why[200];
+    size_t size = ZPS_SHM_PARAMS_DATA + 4096;
+    ck_assert_int_eq(zps_shm_seg_create_as(&seg, ZPS_SHM_PARAMS_NAME, size, true, why,
+                                           sizeof why), ZPS_OK);
+    float v[8] = {1, 2, 3, 4, 5, 6, 7, 8}, out[8];
+    uint64_t at = ZPS_SHM_PARAMS_DATA + 64;
+    zps_shm_params_write(&seg, 0, 7, 16, 8, at, v, sizeof v);
+    zps_shm_map map;
+    // A push segment's name is not a parameter segment's, nor the reverse.
+    ck_assert_int_eq(zps_shm_map_open(&map, getpid(), seg.fd, size, why, sizeof why), ZPS_EPROTO);
+    ck_assert_int_eq(zps_shm_map_open_as(&map, ZPS_SHM_PARAMS_NAME, getpid(), seg.fd, size, why,
+                                         sizeof why), ZPS_OK);
+    ck_assert_int_eq(zps_shm_params_read(&map, 0, 7, 16, 8, at, sizeof out, out, why, sizeof why),
+                     ZPS_OK);
+    ck_assert_mem_eq(out, v, sizeof v);
+    ck_assert_int_eq(zps_shm_params_read(&map, 0, 8, 16, 8, at, sizeof out, out, why, sizeof why),
+                     ZPS_ESTALE); // another step
+    ck_assert_int_eq(zps_shm_params_read(&map, 0, 7, 24, 8, at, sizeof out, out, why, sizeof why),
+                     ZPS_ESTALE); // another bucket
+    ck_assert_int_eq(zps_shm_params_read(&map, 1, 7, 16, 8, at, sizeof out, out, why, sizeof why),
+                     ZPS_ESTALE); // a slot never written
+    ck_assert_int_eq(zps_shm_params_read(&map, ZPS_SHM_PARAMS_SLOTS, 7, 16, 8, at, sizeof out,
+                                         out, why, sizeof why), ZPS_ERANGE);
+    ck_assert_int_eq(zps_shm_params_read(&map, 0, 7, 16, 8, 0, sizeof out, out, why, sizeof why),
+                     ZPS_ERANGE); // over the slots
+    ck_assert_int_eq(zps_shm_params_read(&map, 0, 7, 16, 8, size - 4, sizeof out, out, why,
+                                         sizeof why), ZPS_ERANGE);
+    ck_assert_int_eq(zps_shm_params_read(&map, 0, 7, 16, 8, UINT64_MAX - 4, sizeof out, out, why,
+                                         sizeof why), ZPS_ERANGE);
+    // F_SEAL_FUTURE_WRITE: no peer maps it writable or writes to it.
+    char path[64];
+    snprintf(path, sizeof path, "/proc/self/fd/%d", seg.fd);
+    int fd = open(path, O_RDWR);
+    ck_assert_int_ge(fd, 0);
+    ck_assert_ptr_eq(mmap(NULL, size, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0), MAP_FAILED);
+    ck_assert_int_lt(write(fd, v, sizeof v), 0);
+    close(fd);
+    zps_shm_map_fini(&map);
+    zps_shm_seg_fini(&seg);
+}
+END_TEST
+
 Suite *zps_suite_shm(void)
 {
     Suite *s = suite_create("shm");
@@ -176,6 +308,8 @@ Suite *zps_suite_shm(void)
     tcase_add_test(tc, test_shm_a_segment_cannot_shrink);
     tcase_add_test(tc, test_shm_span);
     tcase_add_test(tc, test_shm_creator_killed_leaves_nothing);
+    tcase_add_test(tc, test_shm_params_reader_never_sees_mixed_steps);
+    tcase_add_test(tc, test_shm_params_checks);
     suite_add_tcase(s, tc);
     return s;
 }

@@ -156,7 +156,11 @@ static void s_check_same_bits(const char *model, const char *dtype)
     ck_assert_int_eq(zps_model_parse(model ? model : "mlp:784-512-512-10", &spec), ZPS_OK);
     run shm = {.tag = "shm", .model = model, .dtype = dtype, .shm = "on"};
     run tcp = {.tag = "tcp", .model = model, .dtype = dtype, .shm = "off"};
+    // One pull per host is off by default (docs/choices.md): on here, in
+    // the workers' environment, which they inherit.
+    ck_assert_int_eq(setenv("ZPS_SHM_PARAMS", "on", 1), 0);
     s_train(&ps, &shm);
+    ck_assert_int_eq(unsetenv("ZPS_SHM_PARAMS"), 0);
     s_train(&ps, &tcp);
     // Both shards took both workers' pushes through shared memory in the
     // one run, none in the other.
@@ -164,6 +168,19 @@ static void s_check_same_bits(const char *model, const char *dtype)
     ck_assert_int_eq(zps_procs_log_count(&ps, "shm-s1.log", "pushes through shared memory"), 2);
     ck_assert_int_eq(zps_procs_log_count(&ps, "tcp-s0.log", "shared memory"), 0);
     ck_assert_int_eq(zps_procs_log_count(&ps, "tcp-s1.log", "shared memory"), 0);
+    // And the parameters came back through each shard's one segment: both
+    // workers mapped both shards' (one pull per host), none in the other.
+    for (int k = 0; k < 2; k++) {
+        char log[32];
+        snprintf(log, sizeof log, "shm-s%d.log", k);
+        ck_assert_int_eq(zps_procs_log_count(&ps, log, "parameters for the workers of this "
+                                                       "host through shared memory"), 1);
+        snprintf(log, sizeof log, "shm-w%d.log", k);
+        ck_assert_int_eq(zps_procs_log_count(&ps, log, "parameters through shared memory ("), 2);
+        ck_assert_int_eq(zps_procs_log_count(&ps, log, "frames from now on"), 0);
+        snprintf(log, sizeof log, "tcp-w%d.log", k);
+        ck_assert_int_eq(zps_procs_log_count(&ps, log, "shared memory"), 0);
+    }
     float *a0 = zps_procs_load_params(&ps, "shm-w0.bin", spec.n_params);
     float *a1 = zps_procs_load_params(&ps, "shm-w1.bin", spec.n_params);
     float *b0 = zps_procs_load_params(&ps, "tcp-w0.bin", spec.n_params);
