@@ -318,13 +318,14 @@ zps_err zps_shard_io_on_push(zps_shard_io *io, zps_wire_msg *m, int *ready)
     // A push through shared memory: its pages are dropped once it is
     // counted, copied to be held, or refused (docs/choices.md).
     bool via_shm = m->hdr->shm_size > 0;
+    uint32_t rank = m->hdr->rank; // m is moved away if held
     uint64_t shm_offset = m->hdr->shm_size ? m->hdr->shm_offset : 0;
     uint64_t shm_bytes = m->hdr->shm_size ? m->payload_bytes : 0;
     err = zps_shard_push(io->shard, m, ready, why, sizeof why);
     if (err == ZPS_EAGAIN) {
         s_hold(io, m, why);
     }
-    zps_shard_shm_release(&io->shm, m->hdr->rank, shm_offset, shm_bytes);
+    zps_shard_shm_release(&io->shm, rank, shm_offset, shm_bytes);
     if (err == ZPS_EAGAIN) {
         return err;
     }
