@@ -94,12 +94,17 @@ dump_logs() {
   done
 }
 # free_ports N: N different TCP ports nothing listens on (connecting to a
-# closed port fails), on one line.
+# closed port fails), on one line. Below the kernel's ephemeral range: a
+# port there may be the local end of some connection (thousands after the
+# swarm suite, in TIME_WAIT), and slurmctld's bind then fails though
+# nothing listens.
 free_ports() {
-  local p got=()
+  local p got=() eph_lo
+  read -r eph_lo _ </proc/sys/net/ipv4/ip_local_port_range 2>/dev/null || eph_lo=32768
+  [ "$eph_lo" -gt 12000 ] || eph_lo=32768
   for _ in $(seq 100); do
     [ ${#got[@]} -lt "$1" ] || break
-    p=$((20000 + RANDOM % 30000))
+    p=$((10000 + RANDOM % (eph_lo - 10000)))
     [[ " ${got[*]} " != *" $p "* ]] || continue
     if ! (exec 3<>"/dev/tcp/127.0.0.1/$p") 2>/dev/null; then got+=("$p"); fi
   done

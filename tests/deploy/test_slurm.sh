@@ -202,10 +202,14 @@ if ! { "$bin/zps-ctl" keygen "$rk/server" && "$bin/zps-ctl" keygen "$rk/worker" 
         cp "$rk/worker.pub" "$rk/workers/"; } >/dev/null; then
   fail "zps-ctl keygen"
 fi
-# A base port whose two ports are free (connecting to a closed port fails).
+# A base port whose two ports are free (connecting to a closed port fails),
+# below the kernel's ephemeral range (a port there may be the local end of
+# a connection, and binding it fails though nothing listens).
 port=
+read -r eph_lo _ </proc/sys/net/ipv4/ip_local_port_range 2>/dev/null || eph_lo=32768
+[ "$eph_lo" -gt 12000 ] || eph_lo=32768
 for _ in $(seq 20); do
-  p=$((20000 + RANDOM % 30000))
+  p=$((10000 + RANDOM % (eph_lo - 10001)))
   if ! (exec 3<>"/dev/tcp/127.0.0.1/$p") 2>/dev/null &&
      ! (exec 3<>"/dev/tcp/127.0.0.1/$((p + 1))") 2>/dev/null; then port=$p; break; fi
 done
