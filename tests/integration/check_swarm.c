@@ -47,17 +47,8 @@ static pid_t s_start_worker(const zps_procs *ps, const char *endpoint, int i)
     snprintf(log, sizeof log, "w%d.log", i);
     const char *bin = getenv("ZPS_BIN_DIR");
     snprintf(path, sizeof path, "%s/zps-worker", bin && *bin ? bin : "bin");
-    const char *logpath = zps_procs_path(ps, log);
-    pid_t pid = fork();
-    ck_assert_int_ge(pid, 0);
+    pid_t pid = zps_procs_fork_logged(ps, log);
     if (pid == 0) {
-        prctl(PR_SET_PDEATHSIG, SIGKILL);
-        int fd = open(logpath, O_WRONLY | O_CREAT | O_APPEND, 0644);
-        if (fd >= 0) {
-            dup2(fd, 1);
-            dup2(fd, 2);
-            close(fd);
-        }
         execl(path, path, "--coordinator", endpoint, "--timeout-ms", "120000", "--sndbuf", "0",
               (char *)NULL);
         _exit(127);

@@ -75,9 +75,7 @@ const char *zps_procs_path(const zps_procs *ps, const char *name)
     return b;
 }
 
-// Forks; in the child (0 returned) stdout and stderr go to <dir>/<log>
-// and the child dies with the test.
-static pid_t s_fork_logged(zps_procs *ps, const char *log)
+pid_t zps_procs_fork_logged(const zps_procs *ps, const char *log)
 {
     const char *logpath = zps_procs_path(ps, log);
     pid_t pid = fork();
@@ -110,7 +108,7 @@ pid_t zps_procs_start(zps_procs *ps, const char *prog, const char *log, const ch
         slot++;
     }
     ck_assert_int_lt(slot, ZPS_PROC_MAX);
-    pid_t pid = s_fork_logged(ps, log);
+    pid_t pid = zps_procs_fork_logged(ps, log);
     if (pid == 0) {
         execv(path, (char *const *)argv);
         fprintf(stderr, "exec %s: %s\n", path, strerror(errno));
@@ -298,7 +296,7 @@ bool zps_proc_alive(pid_t pid)
 
 int zps_procs_sh(zps_procs *ps, const char *cmdline, const char *log, int timeout_ms)
 {
-    pid_t pid = s_fork_logged(ps, log);
+    pid_t pid = zps_procs_fork_logged(ps, log);
     if (pid == 0) {
         execl("/bin/sh", "sh", "-c", cmdline, (char *)NULL);
         _exit(127);

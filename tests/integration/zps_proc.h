@@ -62,6 +62,10 @@ int zps_free_port(void);
 
 // Path under the scratch directory (static storage, 8 rotating buffers).
 const char *zps_procs_path(const zps_procs *ps, const char *name);
+// Forks; in the child (0 returned) stdout and stderr go to <dir>/<log>
+// and the child dies with the test. The pid is not in ps's table: the
+// caller waits for it and kills it.
+pid_t zps_procs_fork_logged(const zps_procs *ps, const char *log);
 
 // Reads a file of floats; returns how many, or 0 on error. Caller frees *out.
 size_t zps_read_floats(const char *path, float **out);
