@@ -17,6 +17,9 @@
 // Plans are sized by their members, not by this.
 #define ZPS_MAX_MEMBERS 4096
 #define ZPS_MAX_SHARDS 64
+// Members of one host's group at most (proto HostGroup): a host with more
+// is cut into groups of consecutive ranks, each with its own leader.
+#define ZPS_HOST_GROUP_MAX 64
 
 typedef struct zps_plan_slice {
     uint32_t rank;      // member rank

@@ -43,6 +43,9 @@ typedef struct zps_shm_map {
 
 // This host's boot id (/proc/sys/kernel/random/boot_id): two processes
 // with the same one run on one kernel. ZPS_EIO if it cannot be read.
+// ZPS_BOOT_ID, when set, is taken instead (hosts emulated on one kernel:
+// network namespaces, tests); ZPS_EINVAL and "" if it is not 1 to 39 of
+// [A-Za-z0-9._-].
 zps_err zps_shm_boot_id(char out[ZPS_SHM_BOOT_ID_LEN]);
 
 // Creates a segment of size bytes (> 0), zeroed, sealed against resizing.

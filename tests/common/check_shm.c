@@ -42,6 +42,24 @@ START_TEST(test_shm_boot_id)
 }
 END_TEST
 
+START_TEST(test_shm_boot_id_override_names_an_emulated_host)
+{
+    char real[ZPS_SHM_BOOT_ID_LEN], id[ZPS_SHM_BOOT_ID_LEN];
+    ck_assert_int_eq(zps_shm_boot_id(real), ZPS_OK);
+    ck_assert_int_eq(setenv("ZPS_BOOT_ID", "host-b.2", 1), 0);
+    ck_assert_int_eq(zps_shm_boot_id(id), ZPS_OK);
+    ck_assert_str_eq(id, "host-b.2");
+    ck_assert_int_eq(setenv("ZPS_BOOT_ID", "a/../b", 1), 0);
+    ck_assert_int_eq(zps_shm_boot_id(id), ZPS_EINVAL);
+    ck_assert_str_eq(id, "");
+    ck_assert_int_eq(setenv("ZPS_BOOT_ID", "0123456789012345678901234567890123456789", 1), 0);
+    ck_assert_int_eq(zps_shm_boot_id(id), ZPS_EINVAL);
+    ck_assert_int_eq(unsetenv("ZPS_BOOT_ID"), 0);
+    ck_assert_int_eq(zps_shm_boot_id(id), ZPS_OK);
+    ck_assert_str_eq(id, real);
+}
+END_TEST
+
 START_TEST(test_shm_peer_sees_the_creators_bytes)
 {
     zps_shm_seg seg;
@@ -303,6 +321,7 @@ Suite *zps_suite_shm(void)
     TCase *tc = tcase_create("shm");
     tcase_set_timeout(tc, 20);
     tcase_add_test(tc, test_shm_boot_id);
+    tcase_add_test(tc, test_shm_boot_id_override_names_an_emulated_host);
     tcase_add_test(tc, test_shm_peer_sees_the_creators_bytes);
     tcase_add_test(tc, test_shm_refuses_what_is_not_a_segment);
     tcase_add_test(tc, test_shm_a_segment_cannot_shrink);
