@@ -1,38 +1,60 @@
 #!/usr/bin/env bash
-# deploy/netns-cluster.sh - an emulated cluster on one machine: every shard
-# and worker on a host of its own (a network namespace with its own
-# address), the hosts joined by veth pairs to a bridge in a hub namespace,
-# links optionally limited by tc tbf. Needs root (ip netns, tc).
+# deploy/netns-cluster.sh - an emulated cluster on one machine: hosts are
+# network namespaces, each with its own address, joined by veth pairs to a
+# bridge in a hub namespace, links optionally limited by tc tbf. Two
+# layouts: every shard and worker on a host of its own (the default), or
+# -H hosts with -g workers each, the shards on hosts of their own or, with
+# -c, on the worker hosts. Needs root (ip netns, tc).
 #
 #   deploy/netns-cluster.sh [options] -- SERVER-FLAGS...
-#     -s SHARDS      shard hosts (default 1)
-#     -w WORKERS     worker hosts (default 2)
+#     -s SHARDS      shards (default 1)
+#     -w WORKERS     worker hosts, one worker each (default 2; not with -H)
+#     -H HOSTS       co-located layout: worker hosts h0..h(HOSTS-1), -g workers each
+#     -g G           workers per host with -H (default 1)
+#     -c             with -H: shard I on host hI (needs SHARDS <= HOSTS), no
+#                    shard hosts of their own
 #     -r RATE        limit every host's link to RATE, both ways (e.g. 1gbit)
-#     -l HOST=RATE   limit one host's link (e.g. w1=200mbit); repeatable
-#     -o DIR         logs, metrics.jsonl and each worker's params wK.bin (default run/netns)
+#     -l HOST=RATE   limit one host's link (e.g. w1=200mbit, h2=1gbit); repeatable
+#     -o DIR         logs (one a process), metrics.jsonl and each worker's params
+#                    (wK.bin; hIwJ.bin with -H) (default run/netns)
 #     -t SECONDS     bound on the whole run (default 300)
 #     -W FLAGS       extra flags for every worker (one string)
 #     -S FLAGS       extra flags for every shard (one string; SERVER-FLAGS go to
 #                    shard 0 only, which passes the job on)
 #     -x CMD         instead of zps, run CMD on every host (benchmarks); it sees
-#                    ZPS_NETNS_RANK, ZPS_NETNS_SIZE, ZPS_NETNS_MASTER (host 0's address)
+#                    ZPS_NETNS_RANK, ZPS_NETNS_SIZE, ZPS_NETNS_MASTER (host 0's
+#                    address) and ZPS_NETNS_LOCAL_RANK (0). With -H: G copies on
+#                    each of h0..h(HOSTS-1) (no shard hosts), copy J on host I of
+#                    rank I*G+J, ZPS_NETNS_SIZE HOSTS*G, ZPS_NETNS_LOCAL_RANK J,
+#                    ZPS_NETNS_LOCAL_SIZE G, the master h0
 #
-# Hosts are s0..s(S-1) at 10.77.0.10+I and w0..w(W-1) at 10.77.0.100+K;
-# nothing outside the namespaces this script makes is touched, and the
-# namespaces and every process started are removed on exit, whatever
-# happens (processes by pid). Exit status 0 if every process exited 0.
+# Hosts are s0..s(S-1) at 10.77.0.10+I, w0..w(W-1) at 10.77.0.100+K and
+# h0..h(H-1) at 10.77.1.10+I (a /16). Every process gets ZPS_BOOT_ID, one
+# per emulated host (this run's tag and the host's name): the namespaces
+# share the kernel's boot id, and processes of different hosts must not
+# take each other for one host's. Logs: $out/HOST.log, with -H
+# $out/hIwJ.log (worker or -x copy J of host I) and $out/hIsI.log (-c) or
+# $out/sI.log (shard I). Nothing outside the namespaces this script makes
+# is touched, and the namespaces and every process started are removed on
+# exit, whatever happens (processes by pid). Exit status 0 if every
+# process exited 0.
 set -euo pipefail
 here=$(cd "$(dirname "$0")/.." && pwd)
 bin=${ZPS_BIN_DIR:-$here/bin}
 
-usage() { sed -n '2,23p' "$0" | sed 's/^# \{0,1\}//'; exit 2; }
+usage() { sed -n '2,40p' "$0" | sed 's/^# \{0,1\}//'; exit 2; }
+die() { echo "netns-cluster: $*" >&2; exit 2; }
 
 shards=1 workers=2 rate='' out=run/netns bound=300 wflags='' sflags='' exec_cmd=''
+nhosts='' per_host=1 colocate=0 wset=0
 limits=()
 while [ $# -gt 0 ]; do
   case "$1" in
     -s) shards=$2; shift 2 ;;
-    -w) workers=$2; shift 2 ;;
+    -w) workers=$2; wset=1; shift 2 ;;
+    -H) nhosts=$2; shift 2 ;;
+    -g) per_host=$2; shift 2 ;;
+    -c) colocate=1; shift ;;
     -r) rate=$2; shift 2 ;;
     -l) limits+=("$2"); shift 2 ;;
     -o) out=$2; shift 2 ;;
@@ -44,6 +66,15 @@ while [ $# -gt 0 ]; do
     *) usage ;;
   esac
 done
+if [ -n "$nhosts" ]; then
+  [ "$wset" -eq 0 ] || die "-w is for the default layout; with -H the workers are -H x -g"
+  if [ "$nhosts" -lt 1 ] || [ "$nhosts" -gt 240 ]; then die "-H: 1..240 hosts"; fi
+  [ "$per_host" -ge 1 ] || die "-g: at least 1 worker per host"
+  [ "$colocate" -eq 0 ] || [ "$shards" -le "$nhosts" ] || die "-c: $shards shards on $nhosts hosts"
+  workers=$((nhosts * per_host))
+else
+  if [ "$per_host" -ne 1 ] || [ "$colocate" -ne 0 ]; then die "-g and -c need -H"; fi
+fi
 [ "$(id -u)" -eq 0 ] || { echo "netns-cluster: needs root (ip netns, tc)" >&2; exit 2; }
 mkdir -p "$out"
 out=$(cd "$out" && pwd)
@@ -52,8 +83,14 @@ out=$(cd "$out" && pwd)
 tag="zps$$"
 hub="$tag-hub"
 hosts=()
-for i in $(seq 0 $((shards - 1))); do hosts+=("s$i"); done
-for k in $(seq 0 $((workers - 1))); do hosts+=("w$k"); done
+if [ -z "$nhosts" ] || { [ "$colocate" -eq 0 ] && [ -z "$exec_cmd" ]; }; then
+  for i in $(seq 0 $((shards - 1))); do hosts+=("s$i"); done
+fi
+if [ -n "$nhosts" ]; then
+  for i in $(seq 0 $((nhosts - 1))); do hosts+=("h$i"); done
+else
+  for k in $(seq 0 $((workers - 1))); do hosts+=("w$k"); done
+fi
 pids=()
 
 cleanup() {
@@ -69,6 +106,7 @@ addr() { # host -> its address
   case "$1" in
     s*) echo "10.77.0.$((10 + ${1#s}))" ;;
     w*) echo "10.77.0.$((100 + ${1#w}))" ;;
+    h*) echo "10.77.1.$((10 + ${1#h}))" ;;
   esac
 }
 
@@ -92,7 +130,7 @@ setup() {
     ip netns add "$tag-$h"
     ip -n "$hub" link add "$h" type veth peer name eth0 netns "$tag-$h"
     ip -n "$hub" link set "$h" master br0 up
-    ip -n "$tag-$h" addr add "$(addr "$h")/24" dev eth0
+    ip -n "$tag-$h" addr add "$(addr "$h")/16" dev eth0
     ip -n "$tag-$h" link set eth0 up
     ip -n "$tag-$h" link set lo up
     if [ -n "$rate" ]; then shape "$h" "$rate"; fi
@@ -101,35 +139,70 @@ setup() {
   for l in "${limits[@]}"; do shape "${l%%=*}" "${l#*=}"; done
 }
 
-# Runs a command on a host in the background; logs to $out/HOST.log.
+# Runs a command on a host in the background, with the host's ZPS_BOOT_ID;
+# logs to $out/NAME.log, whose first line says the boot id the process saw.
+# Args: host, log name, command...
 on() {
-  local h=$1; shift
-  ip netns exec "$tag-$h" "$@" </dev/null >"$out/$h.log" 2>&1 &
+  local h=$1 name=$2; shift 2
+  # shellcheck disable=SC2016 # expanded by the host's sh
+  ip netns exec "$tag-$h" env ZPS_BOOT_ID="$tag-$h" \
+    sh -c 'echo "netns-cluster: host $0, ZPS_BOOT_ID=$ZPS_BOOT_ID"; exec "$@"' "$h" "$@" \
+    </dev/null >"$out/$name.log" 2>&1 &
   pids+=($!)
 }
 
+# Shard I's host: hI with -c, else sI.
+shard_host() { if [ "$colocate" -eq 1 ]; then echo "h$1"; else echo "s$1"; fi; }
+# Shard I's log: hIsI with -c, else sI.
+shard_log() { if [ "$colocate" -eq 1 ]; then echo "h$1s$1"; else echo "s$1"; fi; }
+
 run_zps() {
-  local coord
-  coord="tcp://$(addr s0):5555"
+  local coord h0
+  h0=$(shard_host 0)
+  coord="tcp://$(addr "$h0"):5555"
   # shellcheck disable=SC2086 # sflags is a list of flags
-  on s0 "$bin/zps-server" --shard 0 --shards "$shards" --workers "$workers" \
+  on "$h0" "$(shard_log 0)" "$bin/zps-server" --shard 0 --shards "$shards" --workers "$workers" \
     --listen "$coord" --metrics-log "$out/metrics.jsonl" $sflags "$@"
+  local i j h
   for i in $(seq 1 $((shards - 1))); do
+    h=$(shard_host "$i")
     # shellcheck disable=SC2086
-    on "s$i" "$bin/zps-server" --shard "$i" --shards "$shards" --coordinator "$coord" \
-      --listen "tcp://$(addr "s$i"):5555" $sflags
+    on "$h" "$(shard_log "$i")" "$bin/zps-server" --shard "$i" --shards "$shards" \
+      --coordinator "$coord" --listen "tcp://$(addr "$h"):5555" $sflags
   done
-  for k in $(seq 0 $((workers - 1))); do
-    # shellcheck disable=SC2086 # wflags is a list of flags
-    on "w$k" "$bin/zps-worker" --coordinator "$coord" --save-params "$out/w$k.bin" $wflags
-  done
+  if [ -n "$nhosts" ]; then
+    for i in $(seq 0 $((nhosts - 1))); do
+      for j in $(seq 0 $((per_host - 1))); do
+        # shellcheck disable=SC2086 # wflags is a list of flags
+        on "h$i" "h${i}w$j" "$bin/zps-worker" --coordinator "$coord" \
+          --save-params "$out/h${i}w$j.bin" $wflags
+      done
+    done
+  else
+    for k in $(seq 0 $((workers - 1))); do
+      # shellcheck disable=SC2086 # wflags is a list of flags
+      on "w$k" "w$k" "$bin/zps-worker" --coordinator "$coord" --save-params "$out/w$k.bin" $wflags
+    done
+  fi
 }
 
 run_exec() {
-  local n=0
+  local n=0 h j
+  if [ -n "$nhosts" ]; then
+    for h in "${hosts[@]}"; do
+      for j in $(seq 0 $((per_host - 1))); do
+        on "$h" "${h}w$j" env ZPS_NETNS_RANK=$n ZPS_NETNS_SIZE="$workers" \
+          ZPS_NETNS_MASTER="$(addr h0)" ZPS_NETNS_LOCAL_RANK="$j" \
+          ZPS_NETNS_LOCAL_SIZE="$per_host" sh -c "$exec_cmd"
+        n=$((n + 1))
+      done
+    done
+    return
+  fi
   for h in "${hosts[@]}"; do
-    on "$h" env ZPS_NETNS_RANK=$n ZPS_NETNS_SIZE=${#hosts[@]} \
-      ZPS_NETNS_MASTER="$(addr "${hosts[0]}")" sh -c "$exec_cmd"
+    on "$h" "$h" env ZPS_NETNS_RANK=$n ZPS_NETNS_SIZE=${#hosts[@]} \
+      ZPS_NETNS_MASTER="$(addr "${hosts[0]}")" ZPS_NETNS_LOCAL_RANK=0 ZPS_NETNS_LOCAL_SIZE=1 \
+      sh -c "$exec_cmd"
     n=$((n + 1))
   done
 }
