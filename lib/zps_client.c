@@ -112,6 +112,7 @@ void zps_client_destroy(zps_client **cp)
     }
     zps_wait_release_held(c);
     free(c->held);
+    zps_host_fini(&c->host); // its socket, before the context ends
     zps_conn_fini(&c->conn); // then ZeroMQ lets go of the caller's gradient
     free(c->wire);
     zps_round_fini(&c->round);

@@ -21,6 +21,7 @@
 #include "lib/zps_conn.h"
 #include "lib/zps_decl.h"
 #include "lib/zps_heartbeat.h"
+#include "lib/zps_host.h"
 #include "lib/zps_micro.h"
 #include "lib/zps_round.h"
 #include "lib/zps_sampler.h"
@@ -153,6 +154,8 @@ struct zps_client {
     double round_ms;                               // the round's compute, summed
     // --deterministic: the piece's micro-batches summed in the tree's order.
     zps_micro micro;
+    // One push per host: this worker's group and, leading it, the sums.
+    zps_host host;
 };
 
 // zps_client.c: errors, a code and the sentence that was logged for it.
@@ -172,7 +175,7 @@ bool zps_work_is_current(zps_client *c, const zps_work *w, uint32_t kind);
 zps_err zps_job_take(zps_client *c, const Zps__Header *h);
 zps_err zps_job_take_plan(zps_client *c, Zps__Slice *const *slices, size_t n_slices,
                           uint32_t gen, uint64_t effective, Zps__Extra *const *extras,
-                          size_t n_extras);
+                          size_t n_extras, const Zps__HostGroup *host);
 
 // zps_wait.c: the parameter wait.
 zps_err zps_wait_run(zps_client *c);
@@ -213,6 +216,26 @@ zps_err zps_due_run(zps_client *c, double now);
 // 0 with none left (on to the next step).
 void zps_evalwork_plan(zps_client *c);
 int zps_evalwork_hand_out(zps_client *c, zps_work *out);
+
+// zps_host.c: one push per host (lib/zps_host.h). The group of plan gen
+// (NULL: none); the shards elsewhere, from JOB.
+zps_err zps_host_take_group(zps_client *c, uint32_t gen, const Zps__HostGroup *g);
+void zps_host_take_shards(zps_client *c, const Zps__Job *job);
+// Pushes part p of the piece handed out ([lo, hi) of grad) to shard i:
+// through the leader, into the leader's sums, or by itself.
+zps_err zps_host_push(zps_client *c, int i, const zps_piece *p, uint64_t lo, uint64_t hi,
+                      const float *grad, float loss, float data_ms, float compute_ms);
+// Leading a group: takes the followers' pushes waiting on its socket.
+bool zps_host_leads(const zps_client *c);
+zps_err zps_host_drain(zps_client *c);
+// Leading: PARAMS m from shard i go on to the followers (frames shared).
+void zps_host_relay(zps_client *c, int i, const zps_wire_msg *m);
+// Following: whether m, from the leader's socket, is a shard's PARAMS
+// passed on (for a shard elsewhere: the others come from the shards).
+bool zps_host_from_leader(const zps_client *c, const zps_wire_msg *m);
+// While waiting: a leader pushes what it holds once a member is late, a
+// follower pushes its piece itself once its leader is silent.
+zps_err zps_host_due(zps_client *c, double now);
 
 // zps_diloco.c: the round of --mode diloco.
 zps_err zps_diloco_take_mode(zps_client *c, const Zps__Job *job);

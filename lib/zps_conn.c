@@ -128,6 +128,7 @@ static zps_err s_hello(zps_conn *n)
     hello.device = n->device;
     hello.share = n->share;
     hello.pid = (uint32_t)getpid();
+    hello.boot_id = n->boot;
     if (n->decl && zps_decl_any(n->decl)) {
         hello.layout = (Zps__Layout *)&n->decl->layout;
         hello.n_train = n->decl->n_train;

@@ -14,7 +14,7 @@
 // A plan (and extras) from JOB or PLAN: into the schedule.
 zps_err zps_job_take_plan(zps_client *c, Zps__Slice *const *slices, size_t n_slices,
                           uint32_t gen, uint64_t effective, Zps__Extra *const *extras,
-                          size_t n_extras)
+                          size_t n_extras, const Zps__HostGroup *host)
 {
     zps_plan plan = {0};
     if (zps_plan_part_from_wire(slices, n_slices, c->global_batch, &plan) != ZPS_OK) {
@@ -23,6 +23,7 @@ zps_err zps_job_take_plan(zps_client *c, Zps__Slice *const *slices, size_t n_sli
     }
     zps_schedule_add_plan(&c->schedule, gen, effective, &plan);
     zps_plan_fini(&plan);
+    (void)zps_host_take_group(c, gen, host);
     for (size_t i = 0; i < n_extras; i++) {
         const Zps__Extra *e = extras[i];
         if (e->rank == c->conn.rank && e->count > 0 && e->count <= c->global_batch &&
@@ -35,6 +36,19 @@ zps_err zps_job_take_plan(zps_client *c, Zps__Slice *const *slices, size_t n_sli
         }
     }
     return ZPS_OK;
+}
+
+// The shards of JOB and how pushes go to them: deterministic, through a
+// host's leader, diloco.
+static zps_err s_take_shards_and_mode(zps_client *c, const Zps__Job *job)
+{
+    zps_micro_set_job(&c->micro, job->micro_batch, c->global_batch, c->model.n_params);
+    zps_err err = zps_conn_take_shards(&c->conn, job, &c->model);
+    if (err == ZPS_OK) {
+        zps_host_take_shards(c, job);
+        err = zps_diloco_take_mode(c, job);
+    }
+    return err;
 }
 
 zps_err zps_job_take(zps_client *c, const Zps__Header *h)
@@ -81,7 +95,7 @@ zps_err zps_job_take(zps_client *c, const Zps__Header *h)
     snprintf(c->dataset_name, sizeof c->dataset_name, "%s", job->dataset ? job->dataset : "");
     zps_schedule_init(&c->schedule, c->conn.rank); // joined again: a new schedule
     zps_err err = zps_job_take_plan(c, job->plan, job->n_plan, job->generation, job->plan_effective,
-                                    job->extras, job->n_extras);
+                                    job->extras, job->n_extras, job->host);
     if (err != ZPS_OK) {
         return err;
     }
@@ -91,11 +105,7 @@ zps_err zps_job_take(zps_client *c, const Zps__Header *h)
     zps_log_info("job %016llx: rank %u from step %llu, global batch %u, model %s, dataset %s",
                  (unsigned long long)c->conn.job_id, c->conn.rank, (unsigned long long)c->start_step,
                  c->global_batch, job->model, job->dataset);
-    zps_micro_set_job(&c->micro, job->micro_batch, c->global_batch, c->model.n_params);
-    err = zps_conn_take_shards(&c->conn, job, &c->model);
-    if (err == ZPS_OK) {
-        err = zps_diloco_take_mode(c, job);
-    }
+    err = s_take_shards_and_mode(c, job);
     c->joined = c->joined || err == ZPS_OK;
     return err;
 }

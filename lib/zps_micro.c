@@ -112,9 +112,8 @@ static zps_err s_push_nodes(zps_client *c, zps_micro *mb, int b, uint64_t blo, u
             uint64_t lo = blo > c->conn.shards[i].lo ? blo : c->conn.shards[i].lo;
             uint64_t hi = bhi < c->conn.shards[i].hi ? bhi : c->conn.shards[i].hi;
             if (lo < hi) {
-                c->push_err = zps_conn_push(&c->conn, i, c->cur_step, &p, lo, hi, c->dtype,
-                                            mb->slot[j], c->wire, loss, (float)w->data_ms,
-                                            compute_ms, &c->grad_ref);
+                c->push_err = zps_host_push(c, i, &p, lo, hi, mb->slot[j], loss,
+                                            (float)w->data_ms, compute_ms);
             }
         }
     }

@@ -199,7 +199,7 @@ static zps_err s_take_message(zps_client *c, int i, uint64_t step, zps_wire_msg 
                      p->generation);
         zps_schedule_forget_before(&c->schedule, UINT64_MAX);
         zps_err err = zps_job_take_plan(c, p->slices, p->n_slices, p->generation, p->effective_step,
-                                        p->extras, p->n_extras);
+                                        p->extras, p->n_extras, p->host);
         c->rollback_to = h->step;
         return err == ZPS_OK ? ZPS_EAGAIN : err;
     }
@@ -210,7 +210,7 @@ static zps_err s_take_message(zps_client *c, int i, uint64_t step, zps_wire_msg 
     zps_log_info("plan %u from step %llu: %u members", p->generation,
                  (unsigned long long)p->effective_step, p->members);
     zps_err err = zps_job_take_plan(c, p->slices, p->n_slices, p->generation, p->effective_step,
-                                    p->extras, p->n_extras);
+                                    p->extras, p->n_extras, p->host);
     if (err == ZPS_OK) {
         zps_work_queue_extras(c, step);
     }
@@ -253,12 +253,82 @@ zps_err zps_wait_send_init(zps_client *c)
 // where the job is, and the worker goes on waiting, catches up, joins
 // again, or ends (the job is over, or the coordinator stayed silent for
 // the timeout).
+// What came on the host's socket while waiting: a leader takes its
+// followers' pushes; a follower, the parameters its leader passes on.
+static zps_err s_take_host(zps_client *c, uint64_t step)
+{
+    if (zps_host_leads(c)) {
+        return zps_host_drain(c);
+    }
+    zmq_pollitem_t item = {.socket = c->host.sock, .events = ZMQ_POLLIN};
+    zps_err err = ZPS_OK;
+    while ((err == ZPS_OK || err == ZPS_ETIMEDOUT) && zmq_poll(&item, 1, 0) > 0) {
+        zps_wire_msg m;
+        err = zps_wire_recv(c->host.sock, false, &m);
+        if (err == ZPS_OK && zps_host_from_leader(c, &m)) {
+            err = s_take_message(c, (int)m.hdr->shard, step, &m);
+        }
+        zps_wire_msg_fini(&m);
+    }
+    return err == ZPS_ETIMEDOUT || err == ZPS_EPROTO ? ZPS_OK : err;
+}
+
+// A message that came from shard i while waiting (passed on to the
+// host's followers first if this worker leads them).
+static zps_err s_take_from_shard(zps_client *c, int i, uint64_t step)
+{
+    zps_wire_msg m;
+    zps_err err = zps_wire_recv(c->conn.shards[i].sock, false, &m);
+    if (err == ZPS_OK) {
+        zps_host_relay(c, i, &m);
+        err = s_take_message(c, i, step, &m);
+    }
+    zps_wire_msg_fini(&m);
+    return err == ZPS_ETIMEDOUT ? ZPS_OK : err;
+}
+
+// One poll of the shards' sockets (items[0, n_shards)) and the host's
+// (items[n_shards], if n says so), what came taken, what fell due done.
+static zps_err s_wait_once(zps_client *c, zmq_pollitem_t *items, int n, uint64_t step)
+{
+    int rc = zmq_poll(items, n, zps_due_poll_ms(c, zps_clock_ms()));
+    if (rc < 0 && errno != EINTR) {
+        zps_log_error("zmq_poll on the shard sockets: %s", zmq_strerror(errno));
+        return ZPS_EIO;
+    }
+    zps_err err = ZPS_OK;
+    for (int i = 0; err == ZPS_OK && rc > 0 && i < c->conn.n_shards; i++) {
+        if (items[i].revents & ZMQ_POLLIN) {
+            err = s_take_from_shard(c, i, step);
+        }
+    }
+    if (err == ZPS_OK && rc > 0 && n > c->conn.n_shards && (items[n - 1].revents & ZMQ_POLLIN)) {
+        err = s_take_host(c, step);
+    }
+    if (err == ZPS_OK) {
+        err = zps_host_due(c, zps_clock_ms());
+    }
+    return err == ZPS_OK ? zps_due_run(c, zps_clock_ms()) : err;
+}
+
+// Receives every bucket of every shard for wait_step, then makes them the
+// caller's parameters. Returns ZPS_OK with pieces queued when some of the
+// step before are to be computed first (the next call goes on waiting),
+// ZPS_OK with none when the parameters are in place. The wait has no
+// fixed end while the job lives: after a while the coordinator is asked
+// where the job is, and the worker goes on waiting, catches up, joins
+// again, or ends (the job is over, or the coordinator stayed silent for
+// the timeout).
 zps_err zps_wait_run(zps_client *c)
 {
     uint64_t step = c->wait_step;
-    zmq_pollitem_t items[ZPS_CONN_MAX_SHARDS];
+    zmq_pollitem_t items[ZPS_CONN_MAX_SHARDS + 1];
+    int n = c->conn.n_shards;
     for (int i = 0; i < c->conn.n_shards; i++) {
         items[i] = (zmq_pollitem_t){.socket = c->conn.shards[i].sock, .events = ZMQ_POLLIN};
+    }
+    if (c->host.sock) {
+        items[n++] = (zmq_pollitem_t){.socket = c->host.sock, .events = ZMQ_POLLIN};
     }
     if (!c->wait_begun) {
         c->wait_begun = true;
@@ -277,26 +347,7 @@ zps_err zps_wait_run(zps_client *c)
         if (c->conn.stop) {
             return ZPS_ECLOSED;
         }
-        int rc = zmq_poll(items, c->conn.n_shards, zps_due_poll_ms(c, zps_clock_ms()));
-        if (rc < 0 && errno != EINTR) {
-            zps_log_error("zmq_poll on the shard sockets: %s", zmq_strerror(errno));
-            return ZPS_EIO;
-        }
-        for (int i = 0; rc > 0 && i < c->conn.n_shards; i++) {
-            if (!(items[i].revents & ZMQ_POLLIN)) {
-                continue;
-            }
-            zps_wire_msg m;
-            zps_err err = zps_wire_recv(c->conn.shards[i].sock, false, &m);
-            if (err == ZPS_OK) {
-                err = s_take_message(c, i, step, &m);
-            }
-            zps_wire_msg_fini(&m);
-            if (err != ZPS_OK && err != ZPS_ETIMEDOUT) {
-                return err;
-            }
-        }
-        zps_err err = zps_due_run(c, zps_clock_ms());
+        zps_err err = s_wait_once(c, items, n, step);
         if (err != ZPS_OK) {
             return err;
         }

@@ -61,9 +61,8 @@ bool zps_work_queued(const zps_client *c)
 static zps_err s_push(zps_client *c, int i, uint64_t lo, uint64_t hi, const float *grad,
                       float loss, double data_ms)
 {
-    return zps_conn_push(&c->conn, i, c->cur_step, &c->cur_work, lo, hi, c->dtype, grad, c->wire,
-                         loss, (float)data_ms, (float)(zps_clock_ms() - c->step_t0 - data_ms),
-                         &c->grad_ref);
+    return zps_host_push(c, i, &c->cur_work, lo, hi, grad, loss, (float)data_ms,
+                         (float)(zps_clock_ms() - c->step_t0 - data_ms));
 }
 
 // One line for benchmarks: where a step's time went, on this worker.

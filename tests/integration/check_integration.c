@@ -20,6 +20,7 @@ int main(void)
     srunner_add_suite(sr, zps_suite_chaos());
     srunner_add_suite(sr, zps_suite_external());
     srunner_add_suite(sr, zps_suite_shm_jobs());
+    srunner_add_suite(sr, zps_suite_host());
     srunner_add_suite(sr, zps_suite_diloco());
     srunner_add_suite(sr, zps_suite_end());
     srunner_add_suite(sr, zps_suite_clip());

@@ -19,6 +19,7 @@ Suite *zps_suite_gpu(void);
 Suite *zps_suite_chaos(void);
 Suite *zps_suite_external(void);
 Suite *zps_suite_shm_jobs(void);
+Suite *zps_suite_host(void);
 Suite *zps_suite_diloco(void);
 Suite *zps_suite_end(void);
 Suite *zps_suite_clip(void);

@@ -1,0 +1,838 @@
+/* zps_host.c - one push per host (lib/zps_host.h): the group of a plan,
+ * the host's socket, a follower's pushes to its leader, the leader's sums
+ * and pushes, the parameters passed on, and the timers that keep a
+ * silent member from holding the others. */
+#include "lib/zps_client_int.h"
+
+#include <errno.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include "common/zps_clock.h"
+#include "common/zps_log.h"
+#include "common/zps_tree.h"
+
+// ---------------------------------------------------------------------------
+// The state.
+
+static void s_part_fini(zps_host_part *p)
+{
+    zps_wire_msg_fini(&p->m);
+}
+
+static void s_bucket_clear(zps_host_bucket *hb)
+{
+    for (int k = 0; k < hb->n; k++) {
+        s_part_fini(&hb->parts[k]);
+    }
+    hb->n = 0;
+    hb->seen = hb->in = hb->expected = 0;
+    hb->flushed = false;
+}
+
+static void s_routes_fini(zps_host *h)
+{
+    for (int k = 0; k < ZPS_HOST_GROUP_MAX; k++) {
+        if (h->has_route[k]) {
+            zps_wire_route_close(&h->route[k]);
+            h->has_route[k] = false;
+        }
+    }
+}
+
+void zps_host_fini(zps_host *h)
+{
+    for (int i = 0; i < ZPS_CONN_MAX_SHARDS; i++) {
+        for (int b = 0; h->buckets[i] && b < ZPS_MODEL_MAX_BUCKETS; b++) {
+            s_bucket_clear(&h->buckets[i][b]);
+            free(h->buckets[i][b].parts);
+        }
+        free(h->buckets[i]);
+        h->buckets[i] = NULL;
+    }
+    s_routes_fini(h);
+    if (h->sock) {
+        zps_wire_close(&h->sock);
+    }
+    free(h->acc);
+    free(h->vals);
+    free(h->out);
+    h->acc = NULL;
+    h->vals = NULL;
+    h->out = NULL;
+    h->cap = 0;
+    h->n = 0;
+}
+
+bool zps_host_leads(const zps_client *c)
+{
+    return c->host.n >= 2 && c->host.me == 0 && c->host.sock;
+}
+
+void zps_host_take_shards(zps_client *c, const Zps__Job *job)
+{
+    zps_host *h = &c->host;
+    for (int i = 0; i < c->conn.n_shards; i++) {
+        const char *boot = NULL;
+        for (size_t k = 0; k < job->n_shards; k++) {
+            if ((int)job->shards[k]->index == i) {
+                boot = job->shards[k]->boot_id;
+            }
+        }
+        // A shard that does not say where it is counts as elsewhere: the
+        // leader's push is then one more hop, never a lost sample.
+        h->remote[i] = !boot || !boot[0] || !c->conn.boot[0] || strcmp(boot, c->conn.boot) != 0;
+    }
+}
+
+// ---------------------------------------------------------------------------
+// The group and its socket.
+
+// The directory of the host's sockets: this user's alone, so that only
+// its processes reach a leader (a follower's push is taken on that).
+static bool s_sock_dir(char *dir, size_t len)
+{
+    const char *run = getenv("XDG_RUNTIME_DIR");
+    if (run && run[0] == '/') {
+        snprintf(dir, len, "%s/zps", run);
+    } else {
+        snprintf(dir, len, "/tmp/zps-%u", (unsigned)getuid());
+    }
+    struct stat st;
+    if (mkdir(dir, 0700) != 0 && errno != EEXIST) {
+        return false;
+    }
+    return lstat(dir, &st) == 0 && S_ISDIR(st.st_mode) && st.st_uid == getuid() &&
+           (st.st_mode & 077) == 0;
+}
+
+// The socket of this group: bound by the leader, connected to it by a
+// follower. False (logged once; the host's workers push themselves) if
+// there is no private directory for it or ZeroMQ refuses.
+static bool s_open(zps_client *c)
+{
+    zps_host *h = &c->host;
+    uint32_t leader = h->ranks[0];
+    if (h->sock && h->sock_leader == leader) {
+        return true;
+    }
+    if (h->sock) {
+        zps_wire_close(&h->sock);
+    }
+    s_routes_fini(h);
+    char dir[120];
+    if (!s_sock_dir(dir, sizeof dir)) {
+        zps_log_warn("no private directory for the host's socket (%s): pushing for myself",
+                     dir);
+        h->off = true;
+        return false;
+    }
+    snprintf(h->endpoint, sizeof h->endpoint, "ipc://%s/h%016llx-%u", dir,
+             (unsigned long long)c->conn.job_id, leader);
+    bool lead = h->me == 0;
+    h->sock = zps_wire_socket(c->conn.ctx, lead ? ZMQ_ROUTER : ZMQ_DEALER, ZPS_CONN_POLL_MS);
+    if (!h->sock || (lead ? zmq_bind(h->sock, h->endpoint) : zmq_connect(h->sock, h->endpoint))) {
+        zps_log_warn("host socket %s: %s; pushing for myself", h->endpoint, zmq_strerror(errno));
+        if (h->sock) {
+            zps_wire_close(&h->sock);
+        }
+        h->off = true;
+        return false;
+    }
+    h->sock_leader = leader;
+    zps_log_info("host group of %d (plan %u): %s %s", h->n, h->gen,
+                 lead ? "leading at" : "following rank", lead ? h->endpoint : "");
+    return true;
+}
+
+// A follower whose piece went to a leader it no longer has, or that went
+// silent: the piece is computed again and pushed by this worker itself
+// (the shards keep the first copy of a sample if the leader's came after
+// all), and so is every piece until the next group.
+static void s_give_up(zps_client *c, const char *why)
+{
+    zps_host *h = &c->host;
+    h->direct = true;
+    if (h->sent == 0) {
+        return;
+    }
+    zps_log_warn("step %llu: %s; computing my piece [%u, +%u) again and pushing it myself",
+                 (unsigned long long)(h->sent - 1), why, h->sent_piece.offset,
+                 h->sent_piece.count);
+    zps_schedule_add_extra(&c->schedule, h->sent - 1, h->sent_piece);
+    zps_due_redo(c, zps_clock_ms());
+    h->sent = 0;
+}
+
+static void s_flush_all(zps_client *c);
+
+// Checks a plan's group: at most ZPS_HOST_GROUP_MAX members in strictly
+// increasing rank order, this worker among them. Its index, or -1.
+static int s_find_me(const zps_client *c, const Zps__HostGroup *g)
+{
+    int me = -1;
+    if (!g || g->n_members < 2 || g->n_members > ZPS_HOST_GROUP_MAX) {
+        return -1;
+    }
+    for (size_t k = 0; k < g->n_members; k++) {
+        if (k > 0 && g->members[k]->rank <= g->members[k - 1]->rank) {
+            return -1;
+        }
+        me = g->members[k]->rank == c->conn.rank ? (int)k : me;
+    }
+    return me;
+}
+
+zps_err zps_host_take_group(zps_client *c, uint32_t gen, const Zps__HostGroup *g)
+{
+    zps_host *h = &c->host;
+    int me = s_find_me(c, g);
+    if (g && g->n_members > 0 && me < 0) {
+        zps_log_warn("plan %u: a host group that does not hold this worker in rank order "
+                     "(%zu members): pushing for myself", gen, g->n_members);
+    }
+    uint32_t leader = h->n >= 2 ? h->ranks[0] : UINT32_MAX;
+    if (h->n >= 2 && h->me == 0) {
+        s_flush_all(c); // what the old group gave: pushed as it is
+    }
+    h->gen = gen;
+    h->n = me >= 0 && g ? (int)g->n_members : 0;
+    h->me = me < 0 ? 0 : me;
+    h->direct = false;
+    for (int k = 0; k < h->n; k++) {
+        h->ranks[k] = g->members[k]->rank;
+    }
+    if (h->sent && (h->n < 2 || h->ranks[0] != leader)) {
+        s_give_up(c, "my leader changed before its push came back");
+    }
+    return ZPS_OK;
+}
+
+// ---------------------------------------------------------------------------
+// A follower's push.
+
+// Whether the piece handed out is this worker's own of the plan (not one
+// handed over), and of the group's plan: only those go to the leader.
+static bool s_own_piece(const zps_client *c)
+{
+    const zps_plan_gen *g = zps_plans_at(&c->schedule.plans, c->cur_step);
+    const zps_plan_slice *sl = g ? zps_plan_find(&g->plan, c->conn.rank) : NULL;
+    return sl && g->gen == c->cur_work.gen && g->gen == c->host.gen &&
+           sl->offset == c->cur_work.offset && sl->count == c->cur_work.count;
+}
+
+// Part p of the piece handed out, [lo, hi) of grad, to the leader for
+// shard i: a PUSH as to the shard, naming the whole piece in host_pieces.
+static zps_err s_send_to_leader(zps_client *c, int i, const zps_piece *p, uint64_t lo,
+                                uint64_t hi, const float *grad, float loss, float compute_ms)
+{
+    Zps__Header h;
+    zps_wire_header_init(&h, ZPS__MSG_TYPE__PUSH);
+    h.job_id = c->conn.job_id;
+    h.rank = c->conn.rank;
+    h.member_id = c->conn.member_id;
+    h.step = c->cur_step;
+    h.shard = (uint32_t)i;
+    h.offset = lo;
+    h.count = hi - lo;
+    h.dtype = (Zps__DType)c->dtype;
+    h.samples = p->count;
+    h.batch_offset = p->offset;
+    h.generation = p->gen;
+    h.loss = loss;
+    h.compute_ms = compute_ms;
+    Zps__HostPiece piece = ZPS__HOST_PIECE__INIT, *pieces[1] = {&piece};
+    piece = (Zps__HostPiece){.base = piece.base, .rank = c->conn.rank,
+                             .batch_offset = c->cur_work.offset, .samples = c->cur_work.count,
+                             .compute_ms = compute_ms, .loss = loss};
+    h.n_host_pieces = 1;
+    h.host_pieces = pieces;
+    size_t esize = zps_dtype_size(c->dtype);
+    const void *payload = grad + lo;
+    if (c->dtype != ZPS_DTYPE_F32) {
+        payload = c->wire + lo * esize;
+        zps_dtype_from_f32(c->dtype, grad + lo, c->wire + lo * esize, h.count);
+    }
+    return zps_wire_send(c->host.sock, NULL, &h, payload, h.count * esize, &c->grad_ref);
+}
+
+// ---------------------------------------------------------------------------
+// The leader's sums.
+
+static zps_err s_room(zps_host *h, size_t count)
+{
+    if (count <= h->cap) {
+        return ZPS_OK;
+    }
+    double *acc = realloc(h->acc, count * sizeof *acc);
+    h->acc = acc ? acc : h->acc;
+    float *vals = acc ? realloc(h->vals, count * sizeof *vals) : NULL;
+    h->vals = vals ? vals : h->vals;
+    uint8_t *out = vals ? realloc(h->out, count * sizeof(float)) : NULL;
+    h->out = out ? out : h->out;
+    if (!out) {
+        zps_log_error("out of memory summing the host's pushes (%zu elements)", count);
+        return ZPS_ENOMEM;
+    }
+    h->cap = count;
+    return ZPS_OK;
+}
+
+// Shard i's bucket b as the leader sums it; NULL without memory (logged).
+static zps_host_bucket *s_bucket(zps_client *c, int i, int b)
+{
+    zps_host *h = &c->host;
+    if (!h->buckets[i]) {
+        h->buckets[i] = calloc(ZPS_MODEL_MAX_BUCKETS, sizeof *h->buckets[i]);
+        if (!h->buckets[i]) {
+            zps_log_error("out of memory for the host's buckets");
+            return NULL;
+        }
+    }
+    return &h->buckets[i][b];
+}
+
+// Host pieces of parts[0..n): one per member's run of parts (a node's
+// parts of one member adjoin), in batch order. Their number.
+static size_t s_pieces(const zps_host *h, const zps_host_part *parts, int n,
+                       Zps__HostPiece *pieces, Zps__HostPiece **ptrs)
+{
+    size_t k = 0;
+    for (int j = 0; j < n; j++) {
+        const zps_host_part *p = &parts[j];
+        if (k > 0 && pieces[k - 1].rank == h->ranks[p->member]) {
+            pieces[k - 1].samples += p->samples;
+            continue;
+        }
+        Zps__HostPiece x = ZPS__HOST_PIECE__INIT;
+        x.rank = h->ranks[p->member];
+        x.batch_offset = p->offset;
+        x.samples = p->samples;
+        x.compute_ms = p->compute_ms;
+        x.loss = p->loss;
+        pieces[k] = x;
+        ptrs[k] = &pieces[k];
+        k++;
+    }
+    return k;
+}
+
+// Pushes to shard i, bucket b, the values `out` (wire dtype) of parts
+// [0, n), which adjoin in batch order: one push for them all, naming them.
+static zps_err s_push_run(zps_client *c, int i, int b, const zps_host_part *parts, int n,
+                          const void *out)
+{
+    zps_host *h = &c->host;
+    const zps_bucket *bk = &c->conn.shards[i].buckets[b];
+    Zps__Header hd;
+    zps_wire_header_init(&hd, ZPS__MSG_TYPE__PUSH);
+    hd.step = h->step;
+    hd.shard = (uint32_t)i;
+    hd.offset = bk->lo;
+    hd.count = bk->hi - bk->lo;
+    hd.dtype = (Zps__DType)c->dtype;
+    hd.batch_offset = parts[0].offset;
+    hd.generation = h->gen;
+    double loss = 0;
+    for (int j = 0; j < n; j++) {
+        hd.samples += parts[j].samples;
+        loss += (double)parts[j].samples * parts[j].loss;
+        hd.compute_ms = parts[j].compute_ms > hd.compute_ms ? parts[j].compute_ms : hd.compute_ms;
+    }
+    hd.loss = (float)(loss / hd.samples);
+    Zps__HostPiece pieces[ZPS_HOST_GROUP_MAX], *ptrs[ZPS_HOST_GROUP_MAX];
+    // The leader's own part alone is its own push, as without a group.
+    if (n > 1 || parts[0].member != 0) {
+        hd.n_host_pieces = s_pieces(h, parts, n, pieces, ptrs);
+        hd.host_pieces = ptrs;
+    }
+    return zps_conn_send(&c->conn, i, &hd, out, hd.count * zps_dtype_size(c->dtype), NULL);
+}
+
+// Sample-weighted mean of the parts [0, n) of a bucket of count elements
+// into h->out (wire dtype): a sum in double of samples times values, as a
+// shard sums pushes, divided once. One part is copied as it came.
+static void s_mean(zps_host *h, zps_dtype dtype, const zps_host_part *parts, int n, size_t count)
+{
+    if (n == 1) {
+        zps_wire_copy_payload(&parts[0].m, h->out);
+        return;
+    }
+    size_t esize = zps_dtype_size(dtype);
+    uint32_t total = 0;
+    for (int j = 0; j < n; j++) {
+        size_t at = 0;
+        for (int f = 0; f < parts[j].m.n_frames; f++) {
+            zmq_msg_t *frame = (zmq_msg_t *)&parts[j].m.frames[f];
+            size_t len = zmq_msg_size(frame) / esize;
+            if (j == 0) {
+                zps_dtype_axpy_set(dtype, (float)parts[j].samples, zmq_msg_data(frame),
+                                   h->acc + at, len);
+            } else {
+                zps_dtype_axpy(dtype, (float)parts[j].samples, zmq_msg_data(frame), h->acc + at,
+                               len);
+            }
+            at += len;
+        }
+        total += parts[j].samples;
+    }
+    for (size_t e = 0; e < count; e++) {
+        h->vals[e] = (float)(h->acc[e] / total);
+    }
+    zps_dtype_from_f32(dtype, h->vals, h->out, count);
+}
+
+static int s_by_offset(const void *a, const void *b)
+{
+    uint32_t x = ((const zps_host_part *)a)->offset, y = ((const zps_host_part *)b)->offset;
+    return x < y ? -1 : x > y;
+}
+
+// A synchronous job's bucket: each run of parts that adjoin in the batch
+// is one push of their weighted mean.
+static zps_err s_flush_runs(zps_client *c, int i, int b, zps_host_bucket *hb)
+{
+    zps_host *h = &c->host;
+    const zps_bucket *bk = &c->conn.shards[i].buckets[b];
+    size_t count = bk->hi - bk->lo;
+    zps_err err = s_room(h, count);
+    for (int r0 = 0, r1; err == ZPS_OK && r0 < hb->n; r0 = r1) {
+        r1 = r0 + 1;
+        while (r1 < hb->n && hb->parts[r1].offset == hb->parts[r1 - 1].offset +
+                                                     hb->parts[r1 - 1].samples) {
+            r1++;
+        }
+        s_mean(h, c->dtype, hb->parts + r0, r1 - r0, count);
+        err = s_push_run(c, i, b, hb->parts + r0, r1 - r0, h->out);
+    }
+    return err;
+}
+
+// A deterministic job's node while the leader adds them: parts [p0, p1)
+// of the bucket, its values (fp32: such a job's wire) in vals (owned).
+typedef struct s_node_sum {
+    int p0, p1;
+    float *vals;
+} s_node_sum;
+
+static zps_tree_node s_node_of(const zps_client *c, const zps_host_bucket *hb,
+                               const s_node_sum *x)
+{
+    uint32_t lo = hb->parts[x->p0].offset, hi = hb->parts[x->p1 - 1].offset +
+                                                hb->parts[x->p1 - 1].samples;
+    zps_tree_node node = {0};
+    (void)zps_tree_node_of(c->micro.n, lo / c->micro.m, hi / c->micro.m, &node);
+    return node;
+}
+
+// Adds sibling nodes of nodes[0, *n), left plus right in fp32 as the
+// shard adds them, into their parent, until no two are siblings.
+static void s_add_siblings(const zps_client *c, const zps_host_bucket *hb, s_node_sum *nodes,
+                           int *n, size_t count)
+{
+    for (int j = 0; j + 1 < *n;) {
+        zps_tree_node x = s_node_of(c, hb, &nodes[j]), y = s_node_of(c, hb, &nodes[j + 1]);
+        zps_tree_node s = zps_tree_sibling(x);
+        if (nodes[j].p1 != nodes[j + 1].p0 || x.lo > y.lo || s.lo != y.lo || s.size != y.size) {
+            j++;
+            continue;
+        }
+        for (size_t e = 0; e < count; e++) {
+            nodes[j].vals[e] = nodes[j].vals[e] + nodes[j + 1].vals[e];
+        }
+        nodes[j].p1 = nodes[j + 1].p1;
+        free(nodes[j + 1].vals);
+        memmove(nodes + j + 1, nodes + j + 2, (size_t)(*n - j - 2) * sizeof *nodes);
+        (*n)--;
+        j = j > 0 ? j - 1 : 0; // the parent may have a sibling on its left
+    }
+}
+
+// A deterministic job's bucket: each part a node of the tree; siblings
+// added up; each node left is one push.
+static zps_err s_flush_nodes(zps_client *c, int i, int b, zps_host_bucket *hb)
+{
+    size_t count = c->conn.shards[i].buckets[b].hi - c->conn.shards[i].buckets[b].lo;
+    s_node_sum *nodes = calloc((size_t)hb->n, sizeof *nodes);
+    int n = 0;
+    zps_err err = nodes ? ZPS_OK : ZPS_ENOMEM;
+    for (int j = 0; err == ZPS_OK && j < hb->n; j++, n++) {
+        nodes[j] = (s_node_sum){.p0 = j, .p1 = j + 1, .vals = malloc(count * sizeof(float))};
+        if (!nodes[j].vals) {
+            err = ZPS_ENOMEM;
+        } else {
+            zps_wire_copy_payload(&hb->parts[j].m, nodes[j].vals);
+        }
+    }
+    if (err == ZPS_OK) {
+        s_add_siblings(c, hb, nodes, &n, count);
+    }
+    for (int j = 0; err == ZPS_OK && j < n; j++) {
+        err = s_push_run(c, i, b, hb->parts + nodes[j].p0, nodes[j].p1 - nodes[j].p0,
+                         nodes[j].vals);
+    }
+    for (int j = 0; j < n; j++) {
+        free(nodes[j].vals);
+    }
+    free(nodes);
+    if (err == ZPS_ENOMEM) {
+        zps_log_error("out of memory adding the host's nodes of bucket %d", b);
+    }
+    return err;
+}
+
+// Pushes what shard i's bucket b holds, and marks it pushed.
+static zps_err s_flush(zps_client *c, int i, int b)
+{
+    zps_host_bucket *hb = &c->host.buckets[i][b];
+    if (hb->n == 0) {
+        hb->flushed = true;
+        return ZPS_OK;
+    }
+    qsort(hb->parts, (size_t)hb->n, sizeof *hb->parts, s_by_offset);
+    zps_err err = c->micro.m ? s_flush_nodes(c, i, b, hb) : s_flush_runs(c, i, b, hb);
+    s_bucket_clear(hb);
+    hb->flushed = true;
+    return err;
+}
+
+// Pushes every bucket of the step still held (a group that changed, a
+// member that went silent, a new step).
+static void s_flush_all(zps_client *c)
+{
+    zps_host *h = &c->host;
+    for (int i = 0; h->active && i < c->conn.n_shards; i++) {
+        for (int b = 0; h->buckets[i] && b < c->conn.shards[i].n_buckets; b++) {
+            if (h->buckets[i][b].n > 0) {
+                (void)s_flush(c, i, b); // a failure is logged; the members' own timers follow
+            }
+        }
+    }
+}
+
+// The leader turns to `step`: what is left of the one before is pushed.
+static void s_lead_step(zps_client *c, uint64_t step)
+{
+    zps_host *h = &c->host;
+    if (h->active && h->step == step) {
+        return;
+    }
+    s_flush_all(c);
+    for (int i = 0; i < c->conn.n_shards; i++) {
+        for (int b = 0; h->buckets[i] && b < c->conn.shards[i].n_buckets; b++) {
+            s_bucket_clear(&h->buckets[i][b]);
+        }
+    }
+    h->step = step;
+    h->active = true;
+    h->first_ms = zps_clock_ms();
+}
+
+// Whether every member's piece is in for the bucket.
+static bool s_complete(const zps_host *h, const zps_host_bucket *hb)
+{
+    uint64_t all = h->n >= 64 ? UINT64_MAX : (1ull << h->n) - 1;
+    return hb->seen == all && hb->in == hb->expected;
+}
+
+// Takes part p (moved) for shard i's bucket b of the step being summed:
+// pushed with the bucket once every member's piece is in, or at once if
+// the bucket was pushed already. A part that overlaps one held is dropped.
+static zps_err s_add_part(zps_client *c, int i, int b, zps_host_part *p)
+{
+    zps_host *h = &c->host;
+    zps_host_bucket *hb = s_bucket(c, i, b);
+    if (!hb) {
+        s_part_fini(p);
+        return ZPS_ENOMEM;
+    }
+    for (int k = 0; k < hb->n; k++) {
+        const zps_host_part *q = &hb->parts[k];
+        if (p->offset < q->offset + q->samples && q->offset < p->offset + p->samples) {
+            zps_log_debug("host: part [%u, +%u) of bucket %d of shard %d came twice", p->offset,
+                          p->samples, b, i);
+            s_part_fini(p);
+            return ZPS_OK;
+        }
+    }
+    if (hb->n == hb->cap) {
+        int cap = hb->cap ? 2 * hb->cap : 8;
+        zps_host_part *more = realloc(hb->parts, (size_t)cap * sizeof *more);
+        if (!more) {
+            s_part_fini(p);
+            zps_log_error("out of memory holding the host's pushes");
+            return ZPS_ENOMEM;
+        }
+        hb->parts = more;
+        hb->cap = cap;
+    }
+    uint64_t bit = 1ull << p->member;
+    hb->expected += (hb->seen & bit) ? 0 : p->piece;
+    hb->seen |= bit;
+    hb->in += p->samples;
+    hb->parts[hb->n] = *p;
+    zps_wire_msg_move(&hb->parts[hb->n].m, &p->m);
+    hb->n++;
+    return hb->flushed || s_complete(h, hb) ? s_flush(c, i, b) : ZPS_OK;
+}
+
+// The bucket of shard i that is [lo, hi), or -1.
+static int s_bucket_index(const zps_client *c, int i, uint64_t lo, uint64_t hi)
+{
+    const zps_conn_shard *sc = &c->conn.shards[i];
+    for (int b = 0; b < sc->n_buckets; b++) {
+        if (sc->buckets[b].lo == lo && sc->buckets[b].hi == hi) {
+            return b;
+        }
+    }
+    return -1;
+}
+
+// The leader's own part: its values copied (the caller's gradient moves on
+// before the sum is pushed, when a member is late).
+static zps_err s_add_own(zps_client *c, int i, const zps_piece *p, uint64_t lo, uint64_t hi,
+                         const float *grad, float loss, float compute_ms)
+{
+    int b = s_bucket_index(c, i, lo, hi);
+    size_t esize = zps_dtype_size(c->dtype), bytes = (hi - lo) * esize;
+    zps_host_part part = {.member = 0, .offset = p->offset, .samples = p->count,
+                          .piece = c->cur_work.count, .loss = loss, .compute_ms = compute_ms};
+    if (b < 0) {
+        zps_log_error("host: [%llu, %llu) is not a bucket of shard %d", (unsigned long long)lo,
+                      (unsigned long long)hi, i);
+        return ZPS_EINVAL;
+    }
+    if (zmq_msg_init_size(&part.m.frames[0], bytes) != 0) {
+        zps_log_error("out of memory copying a push for the host (%zu bytes)", bytes);
+        return ZPS_ENOMEM;
+    }
+    part.m.n_frames = 1;
+    part.m.payload_bytes = bytes;
+    zps_dtype_from_f32(c->dtype, grad + lo, zmq_msg_data(&part.m.frames[0]), hi - lo);
+    s_lead_step(c, c->cur_step);
+    return s_add_part(c, i, b, &part);
+}
+
+zps_err zps_host_push(zps_client *c, int i, const zps_piece *p, uint64_t lo, uint64_t hi,
+                      const float *grad, float loss, float data_ms, float compute_ms)
+{
+    zps_host *h = &c->host;
+    bool group = h->n >= 2 && !h->off && !h->direct && h->remote[i] && !c->mode.diloco &&
+                 s_own_piece(c) && s_open(c);
+    if (group && h->me == 0) {
+        zps_err err = zps_host_drain(c);
+        return err == ZPS_OK ? s_add_own(c, i, p, lo, hi, grad, loss, compute_ms) : err;
+    }
+    if (group && s_send_to_leader(c, i, p, lo, hi, grad, loss, compute_ms) == ZPS_OK) {
+        if (h->sent != c->cur_step + 1) {
+            h->sent = c->cur_step + 1;
+            h->sent_piece = c->cur_work;
+            h->sent_ms = zps_clock_ms();
+        }
+        return ZPS_OK;
+    }
+    if (group) {
+        s_give_up(c, "my leader takes no pushes");
+    }
+    return zps_conn_push(&c->conn, i, c->cur_step, p, lo, hi, c->dtype, grad, c->wire, loss,
+                         data_ms, compute_ms, &c->grad_ref);
+}
+
+// ---------------------------------------------------------------------------
+// The leader's socket: followers' parts in, parameters out.
+
+// The group index of a follower's rank, or -1.
+static int s_member_of(const zps_host *h, uint32_t rank)
+{
+    for (int k = 1; k < h->n; k++) {
+        if (h->ranks[k] == rank) {
+            return k;
+        }
+    }
+    return -1;
+}
+
+// Whether a follower's PUSH is one the leader sums: of this job, group and
+// step (or the next), for a bucket of a shard elsewhere, its part inside
+// its piece (a node of the tree in a deterministic job); the reason if not.
+static bool s_part_ok(const zps_client *c, const Zps__Header *hd, int *b, char *why, size_t len)
+{
+    const zps_host *h = &c->host;
+    const Zps__HostPiece *pc = hd->n_host_pieces == 1 ? hd->host_pieces[0] : NULL;
+    zps_tree_node node;
+    *b = -1;
+    if (hd->type != ZPS__MSG_TYPE__PUSH || hd->job_id != c->conn.job_id || !pc ||
+        pc->rank != hd->rank || s_member_of(h, hd->rank) < 0 || hd->generation != h->gen) {
+        snprintf(why, len, "not a push of this group (rank %u, plan %u)", hd->rank,
+                 hd->generation);
+        return false;
+    }
+    if (hd->shard >= (uint32_t)c->conn.n_shards || !h->remote[hd->shard] ||
+        (*b = s_bucket_index(c, (int)hd->shard, hd->offset, hd->offset + hd->count)) < 0 ||
+        (int)hd->dtype != (int)c->dtype) {
+        snprintf(why, len, "not a bucket of a shard on another host");
+        return false;
+    }
+    if (pc->samples == 0 || pc->samples > c->global_batch ||
+        pc->batch_offset > c->global_batch - pc->samples || hd->samples == 0 ||
+        hd->batch_offset < pc->batch_offset ||
+        hd->samples > pc->batch_offset + pc->samples - hd->batch_offset ||
+        (c->micro.m && (hd->batch_offset % c->micro.m || hd->samples % c->micro.m ||
+                        !zps_tree_node_of(c->micro.n, hd->batch_offset / c->micro.m,
+                                          (hd->batch_offset + hd->samples) / c->micro.m,
+                                          &node)))) {
+        snprintf(why, len, "part [%u, +%u) is not inside its piece [%u, +%u)",
+                 hd->batch_offset, hd->samples, pc->batch_offset, pc->samples);
+        return false;
+    }
+    return true;
+}
+
+// A follower's part, checked, taken (m moved) for the step it is of: an
+// older step's is dropped (its bucket was pushed without it, and the
+// follower pushes it itself when nothing comes back).
+static void s_take_part(zps_client *c, zps_wire_msg *m)
+{
+    zps_host *h = &c->host;
+    char why[160];
+    int b;
+    const Zps__Header *hd = m->hdr;
+    if (!hd || !s_part_ok(c, hd, &b, why, sizeof why) ||
+        zps_wire_check_tensor(m, (int)c->dtype, hd->offset, hd->offset + hd->count, why,
+                              sizeof why) != ZPS_OK) {
+        zps_log_warn("host: a push to the leader refused: %s", hd ? why : "no header");
+        return;
+    }
+    if (h->active && hd->step < h->step) {
+        zps_log_debug("host: rank %u's part of step %llu came after it was pushed", hd->rank,
+                      (unsigned long long)hd->step);
+        return;
+    }
+    int k = s_member_of(h, hd->rank);
+    if (h->has_route[k]) {
+        zps_wire_route_close(&h->route[k]);
+    }
+    zps_wire_route_copy(&h->route[k], &m->route);
+    h->has_route[k] = true;
+    s_lead_step(c, hd->step);
+    const Zps__HostPiece *pc = hd->host_pieces[0];
+    zps_host_part part = {.member = (uint32_t)k, .offset = hd->batch_offset,
+                          .samples = hd->samples, .piece = pc->samples, .loss = pc->loss,
+                          .compute_ms = pc->compute_ms};
+    int shard = (int)hd->shard;
+    zps_wire_msg_move(&part.m, m);
+    (void)s_add_part(c, shard, b, &part); // a failure is logged; the follower's timer follows
+}
+
+zps_err zps_host_drain(zps_client *c)
+{
+    zps_host *h = &c->host;
+    zmq_pollitem_t item = {.socket = h->sock, .events = ZMQ_POLLIN};
+    while (zps_host_leads(c) && zmq_poll(&item, 1, 0) > 0) {
+        zps_wire_msg m;
+        zps_err err = zps_wire_recv(h->sock, true, &m);
+        if (err == ZPS_OK) {
+            s_take_part(c, &m);
+        }
+        zps_wire_msg_fini(&m);
+        if (err != ZPS_OK && err != ZPS_ETIMEDOUT && err != ZPS_EPROTO) {
+            return err;
+        }
+    }
+    return ZPS_OK;
+}
+
+// Sends m (header and frames, the frames shared, not copied) to the
+// follower at route. Never waits: a follower gone loses nothing it needs.
+static void s_forward(void *sock, zmq_msg_t *route, const zps_wire_msg *m)
+{
+    size_t hlen = zps__header__get_packed_size(m->hdr);
+    zmq_msg_t part;
+    ZPS_ASSERT(zmq_msg_init(&part) == 0);
+    ZPS_ASSERT(zmq_msg_copy(&part, route) == 0);
+    bool ok = zmq_msg_send(&part, sock, ZMQ_SNDMORE | ZMQ_DONTWAIT) >= 0;
+    if (!ok || zmq_msg_init_size(&part, hlen) != 0) {
+        (void)zmq_msg_close(&part);
+        return;
+    }
+    zps__header__pack(m->hdr, zmq_msg_data(&part));
+    int more = m->n_frames > 0 ? ZMQ_SNDMORE : 0;
+    ok = zmq_msg_send(&part, sock, more | ZMQ_DONTWAIT) >= 0;
+    for (int f = 0; ok && f < m->n_frames; f++) {
+        ZPS_ASSERT(zmq_msg_init(&part) == 0);
+        ZPS_ASSERT(zmq_msg_copy(&part, (zmq_msg_t *)&m->frames[f]) == 0);
+        more = f + 1 < m->n_frames ? ZMQ_SNDMORE : 0;
+        ok = zmq_msg_send(&part, sock, more | ZMQ_DONTWAIT) >= 0;
+    }
+    if (!ok) {
+        (void)zmq_msg_close(&part);
+        zps_log_debug("host: parameters not passed on: %s", zmq_strerror(errno));
+    }
+}
+
+void zps_host_relay(zps_client *c, int i, const zps_wire_msg *m)
+{
+    zps_host *h = &c->host;
+    // Those after the step summed, or of it (the leader may have turned to
+    // the next step while a follower still waits for them).
+    if (!zps_host_leads(c) || !h->remote[i] || !h->active || !m->hdr ||
+        m->hdr->type != ZPS__MSG_TYPE__PARAMS || m->hdr->shm_size > 0 ||
+        (m->hdr->step != h->step + 1 && m->hdr->step != h->step)) {
+        return;
+    }
+    for (int k = 1; k < h->n; k++) {
+        if (h->has_route[k]) {
+            s_forward(h->sock, &h->route[k], m);
+        }
+    }
+}
+
+bool zps_host_from_leader(const zps_client *c, const zps_wire_msg *m)
+{
+    const zps_host *h = &c->host;
+    return h->n >= 2 && h->me > 0 && m->hdr && m->hdr->type == ZPS__MSG_TYPE__PARAMS &&
+           m->hdr->shard < (uint32_t)c->conn.n_shards && h->remote[m->hdr->shard] &&
+           m->hdr->shm_size == 0;
+}
+
+// ---------------------------------------------------------------------------
+// Timers.
+
+// Whether every shard elsewhere answered this wait.
+static bool s_remote_in(const zps_client *c)
+{
+    for (int i = 0; i < c->conn.n_shards; i++) {
+        const zps_conn_shard *sc = &c->conn.shards[i];
+        if (c->host.remote[i] && !zps_bucket_set_full(&sc->received, sc->n_buckets)) {
+            return false;
+        }
+    }
+    return true;
+}
+
+zps_err zps_host_due(zps_client *c, double now)
+{
+    zps_host *h = &c->host;
+    double usual = c->usual_step_ms;
+    if (zps_host_leads(c)) {
+        zps_err err = zps_host_drain(c);
+        double flush = 3 * usual > ZPS_HOST_FLUSH_MIN_MS ? 3 * usual : ZPS_HOST_FLUSH_MIN_MS;
+        if (err == ZPS_OK && h->active && now - h->first_ms >= flush) {
+            s_flush_all(c); // a member late or gone: what is in goes; it pushes its own
+            h->first_ms = now;
+        }
+        return err;
+    }
+    double give_up = 6 * usual > ZPS_HOST_GIVE_UP_MIN_MS ? 6 * usual : ZPS_HOST_GIVE_UP_MIN_MS;
+    if (h->sent && h->sent == c->wait_step && c->phase == ZPS_PHASE_WAIT &&
+        now - h->sent_ms >= give_up && !s_remote_in(c)) {
+        char why[96];
+        snprintf(why, sizeof why, "nothing back from my leader (rank %u) for %.1f s",
+                 h->ranks[0], (now - h->sent_ms) / 1e3);
+        s_give_up(c, why);
+    }
+    return ZPS_OK;
+}

@@ -1,0 +1,87 @@
+/* zps_host.h - one push per host (docs/choices.md, "One push per host").
+ *
+ * The members of a plan on one host (the same boot id, common/zps_shm.h)
+ * form a group whose lowest rank leads. For every shard on another host a
+ * follower hands its own piece's pushes to the leader, on a unix socket of
+ * the host, instead of sending them across; the leader sums the pieces of
+ * a bucket that adjoin in the batch (weighted by samples; in a
+ * deterministic job as sibling nodes of the tree, which is what the shard
+ * would add) and pushes once for them, naming each member's piece so the
+ * shard credits it; the shard answers the leader with the parameters,
+ * which the leader passes on to its followers: one push and one pull per
+ * host and shard. A leader that goes silent is a member failure like any
+ * other: a follower that got nothing back for a while computes its piece
+ * again and pushes it itself, as it does a push refused "not yet", and the
+ * shards count the first copy of every sample.
+ *
+ * The state lives in the client (lib/zps_client_int.h); its calls are
+ * there, with the loop's other rooms. */
+#ifndef ZPS_HOST_H
+#define ZPS_HOST_H
+
+#include <stdbool.h>
+#include <stdint.h>
+#include <zmq.h>
+
+#include "common/zps_plan.h"
+#include "common/zps_wire.h"
+#include "lib/zps_conn.h"
+#include "lib/zps_schedule.h"
+
+#define ZPS_HOST_FLUSH_MIN_MS 2000.0   // a leader pushes what it has after this at least
+#define ZPS_HOST_GIVE_UP_MIN_MS 6000.0 // a follower pushes itself after this at least
+
+// One member's push that the leader holds: a bucket's values for a part
+// of the batch (the member's piece, or a node of it in a deterministic job).
+typedef struct zps_host_part {
+    uint32_t member;          // its index in the group
+    uint32_t offset, samples; // the part of the batch
+    uint32_t piece;           // samples of the member's whole piece
+    float loss, compute_ms;   // of the piece, as the member says
+    zps_wire_msg m;           // owned: the values, in frames of the wire dtype
+} zps_host_part;
+
+// A bucket of one shard, as the leader sums it for the step.
+typedef struct zps_host_bucket {
+    zps_host_part *parts; // owned: n of cap
+    int n, cap;
+    uint64_t seen;        // members with a part in
+    uint64_t in, expected; // samples in, and the pieces of the members seen
+    bool flushed;         // pushed: a part that comes later is pushed alone
+} zps_host_bucket;
+
+typedef struct zps_host {
+    // The group of the newest plan (n < 2: none).
+    uint32_t gen;                        // its generation
+    int n;                               // members
+    uint32_t ranks[ZPS_HOST_GROUP_MAX];  // rank order; ranks[0] leads
+    int me;                              // this worker's index
+    bool remote[ZPS_CONN_MAX_SHARDS];    // shard i is on another host: pushes go through the leader
+    void *sock;                          // owned: the leader's ROUTER, or a follower's DEALER to it
+    uint32_t sock_leader;                // the leader rank sock is of
+    char endpoint[160];                  // its address (ipc://)
+    bool off;                            // no socket here (logged): every worker pushes itself
+    // The leader's: the step being summed, its buckets, who to pass parameters to.
+    uint64_t step;
+    bool active;                         // some part of `step` came in
+    double first_ms;                     // when the first did
+    zps_host_bucket *buckets[ZPS_CONN_MAX_SHARDS]; // owned: each shard's n_buckets
+    zmq_msg_t route[ZPS_HOST_GROUP_MAX]; // each follower's routing id
+    bool has_route[ZPS_HOST_GROUP_MAX];
+    // A follower's: the piece it handed to the leader.
+    uint64_t sent;                       // 1 + its step (0: none waiting)
+    zps_piece sent_piece;
+    double sent_ms;
+    bool direct;                         // gave up on the leader: pushes itself until a new group
+    // Room for the sums (owned), of cap elements.
+    double *acc;
+    float *vals;
+    uint8_t *out;
+    size_t cap;
+} zps_host;
+
+// Frees what the state holds and closes its socket; zeroed memory is an
+// empty state, and this is safe on it and twice.
+void zps_host_fini(zps_host *h);
+
+#endif

@@ -1,0 +1,255 @@
+/* check_host.c - one push per host (docs/choices.md): two hosts of two
+ * workers, a shard on each, the hosts told apart by ZPS_BOOT_ID (the
+ * processes run on one kernel; network namespaces would need root). A
+ * deterministic job ends with the same bits whether the hosts' leaders
+ * push for their followers or every worker pushes itself, and the leaders
+ * send fewer bytes than the workers did; a synchronous job ends within
+ * round-off of the same job without aggregation; a leader SIGKILLed
+ * mid-run: the job completes and the survivors hold the same bits. Real
+ * processes on loopback, every wait bounded, killed by pid at the end. */
+#include <signal.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+
+#include "common/zps_model.h"
+#include "zps_integration.h"
+#include "zps_proc.h"
+
+#define RUN_TIMEOUT_MS 120000
+#define MODEL "mlp:784-64-10"
+#define WORKERS 4
+
+// One run of the job: its name, whether the leaders aggregate, whether it
+// is deterministic, its steps.
+typedef struct run {
+    const char *tag;
+    bool aggregate;
+    bool deterministic;
+    const char *steps;
+    pid_t shard[2];
+    pid_t w[WORKERS];
+    char ep[256];
+} run;
+
+// Host of worker k (and shard k / 2 lives on host k too): a for 0, 1.
+static const char *s_host(int k)
+{
+    return k == 0 ? "zps-test-host-a" : "zps-test-host-b";
+}
+
+static void s_start_shards(zps_procs *ps, run *r)
+{
+    char tag[64];
+    const char *sargs[] = {"--workers", "4", "--global-batch", "64", "--steps", r->steps,
+                           "--seed", "3", "--shards", "2", "--model", MODEL, "--lr", "0.05",
+                           "--worker-timeout-ms", "1500",
+                           "--host-aggregate", r->aggregate ? "on" : "off",
+                           r->deterministic ? "--deterministic" : NULL, "--micro-batch", "8",
+                           NULL};
+    for (int i = 0; i < 2; i++) {
+        ck_assert_int_eq(setenv("ZPS_BOOT_ID", s_host(i), 1), 0);
+        snprintf(tag, sizeof tag, "%s-s%d", r->tag, i);
+        if (i == 0) {
+            snprintf(r->ep, sizeof r->ep, "%s",
+                     zps_procs_start_server(ps, tag, &r->shard[0], sargs, 10000));
+        } else {
+            const char *kargs[] = {"--shard", "1", "--shards", "2", "--coordinator", r->ep, NULL};
+            zps_procs_start_server(ps, tag, &r->shard[1], kargs, 10000);
+        }
+    }
+}
+
+static void s_start(zps_procs *ps, run *r)
+{
+    s_start_shards(ps, r);
+    for (int k = 0; k < WORKERS; k++) {
+        char out[64], log[64];
+        snprintf(out, sizeof out, "%s-w%d.bin", r->tag, k);
+        snprintf(log, sizeof log, "%s-w%d.log", r->tag, k);
+        const char *wargs[] = {"--coordinator", r->ep, "--save-params", zps_procs_path(ps, out),
+                               "--cache-dir", ZPS_TEST_CACHE, "--timeout-ms", "30000",
+                               "--heartbeat-ms", "100", NULL};
+        ck_assert_int_eq(setenv("ZPS_BOOT_ID", s_host(k / 2), 1), 0);
+        r->w[k] = zps_procs_start(ps, "zps-worker", log, wargs);
+    }
+    ck_assert_int_eq(unsetenv("ZPS_BOOT_ID"), 0);
+}
+
+static void s_wait_all(zps_procs *ps, run *r)
+{
+    for (int k = 0; k < WORKERS; k++) {
+        if (r->w[k] > 0) {
+            ck_assert_msg(zps_procs_wait(ps, r->w[k], RUN_TIMEOUT_MS) == 0, "worker %d of %s", k,
+                          r->tag);
+        }
+    }
+    for (int i = 0; i < 2; i++) {
+        ck_assert_msg(zps_procs_wait(ps, r->shard[i], 30000) == 0, "shard %d of %s", i, r->tag);
+    }
+}
+
+static size_t s_n_params(void)
+{
+    zps_model_spec spec;
+    ck_assert_int_eq(zps_model_parse(MODEL, &spec), ZPS_OK);
+    return spec.n_params;
+}
+
+// Worker k's parameters, which every other worker of the run matches bitwise.
+static float *s_agreed(zps_procs *ps, const run *r, size_t n)
+{
+    float *first = NULL;
+    for (int k = 0; k < WORKERS; k++) {
+        if (r->w[k] <= 0) {
+            continue;
+        }
+        char file[64];
+        snprintf(file, sizeof file, "%s-w%d.bin", r->tag, k);
+        float *p = zps_procs_load_params(ps, file, n);
+        if (!first) {
+            first = p;
+            continue;
+        }
+        ck_assert_msg(memcmp(first, p, n * sizeof(float)) == 0, "%s: worker %d differs",
+                      r->tag, k);
+        free(p);
+    }
+    return first;
+}
+
+// MiB of gradients the workers of a run pushed on sockets (their last line).
+static double s_pushed_mib(const zps_procs *ps, const run *r)
+{
+    double sum = 0;
+    for (int k = 0; k < WORKERS; k++) {
+        char log[64], line[512];
+        snprintf(log, sizeof log, "%s-w%d.log", r->tag, k);
+        FILE *f = fopen(zps_procs_path(ps, log), "r");
+        ck_assert_ptr_nonnull(f);
+        double mib = -1;
+        while (fgets(line, sizeof line, f)) {
+            const char *at = strstr(line, " steps; ");
+            mib = at && strstr(line, "MiB of gradients pushed") ? atof(at + 8) : mib;
+        }
+        fclose(f);
+        ck_assert_msg(mib >= 0, "%s says nothing of its pushes", log);
+        sum += mib;
+    }
+    return sum;
+}
+
+// The lines "host group" of a run's workers that say `text`.
+static int s_group_lines(const zps_procs *ps, const run *r, const char *text)
+{
+    int n = 0;
+    for (int k = 0; k < WORKERS; k++) {
+        char log[64];
+        snprintf(log, sizeof log, "%s-w%d.log", r->tag, k);
+        n += zps_procs_log_count(ps, log, text);
+    }
+    return n;
+}
+
+static void s_train(zps_procs *ps, run *r)
+{
+    s_start(ps, r);
+    s_wait_all(ps, r);
+}
+
+// The same job with and without aggregation: the bits (deterministic) or
+// within round-off (synchronous, where the leader's mean rounds once
+// more, as another split of the batch would); fewer bytes with it.
+static void s_check_against_plain(bool deterministic)
+{
+    zps_procs ps;
+    zps_procs_init(&ps, deterministic ? "host-bits" : "host-close");
+    size_t n = s_n_params();
+    run agg = {.tag = "agg", .aggregate = true, .deterministic = deterministic, .steps = "30"};
+    run plain = {.tag = "plain", .aggregate = false, .deterministic = deterministic,
+                 .steps = "30"};
+    s_train(&ps, &agg);
+    s_train(&ps, &plain);
+    ck_assert_int_eq(s_group_lines(&ps, &agg, "host group of 2 (plan 1): leading"), 2);
+    ck_assert_int_eq(s_group_lines(&ps, &agg, "host group of 2 (plan 1): following"), 2);
+    ck_assert_int_eq(s_group_lines(&ps, &plain, "host group"), 0);
+    float *a = s_agreed(&ps, &agg, n), *b = s_agreed(&ps, &plain, n);
+    double d = zps_max_abs_diff(a, b, n);
+    double mib_agg = s_pushed_mib(&ps, &agg), mib_plain = s_pushed_mib(&ps, &plain);
+    fprintf(stderr, "host aggregation (%s): %.3g from without; %.1f MiB pushed against %.1f\n",
+            deterministic ? "deterministic" : "synchronous", d, mib_agg, mib_plain);
+    if (deterministic) {
+        ck_assert_msg(memcmp(a, b, n * sizeof(float)) == 0, "aggregated ends %.3g away", d);
+    } else {
+        ck_assert_msg(d <= 1e-5, "aggregated ends %.3g away", d);
+    }
+    // Each host's leader pushes one copy of the other host's range where
+    // its two workers pushed two.
+    ck_assert_msg(mib_agg <= 0.8 * mib_plain, "%.1f MiB pushed with aggregation, %.1f without",
+                  mib_agg, mib_plain);
+    free(a);
+    free(b);
+    zps_procs_fini(&ps, false);
+}
+
+START_TEST(test_host_deterministic_run_has_the_bits_of_one_without_aggregation)
+{
+    s_check_against_plain(true);
+}
+END_TEST
+
+START_TEST(test_host_synchronous_run_within_round_off_of_one_without_aggregation)
+{
+    s_check_against_plain(false);
+}
+END_TEST
+
+// The worker of host b whose log says it leads, within 30 s.
+static int s_leader_of_b(const zps_procs *ps, const run *r)
+{
+    for (int tries = 0; tries < 300; tries++) {
+        for (int k = 2; k < WORKERS; k++) {
+            char log[64];
+            snprintf(log, sizeof log, "%s-w%d.log", r->tag, k);
+            if (zps_procs_log_has(ps, log, "host group of 2 (plan 1): leading")) {
+                return k;
+            }
+        }
+        struct timespec ts = {0, 100000000L};
+        nanosleep(&ts, NULL);
+    }
+    ck_abort_msg("no leader of host b said so within 30 s");
+    return -1;
+}
+
+START_TEST(test_host_leader_killed_mid_run_job_completes_and_survivors_agree)
+{
+    zps_procs ps;
+    zps_procs_init(&ps, "host-kill");
+    size_t n = s_n_params();
+    run r = {.tag = "kill", .aggregate = true, .deterministic = false, .steps = "60"};
+    s_start(&ps, &r);
+    int leader = s_leader_of_b(&ps, &r);
+    zps_procs_wait_step(r.ep, 15, 60000);
+    ck_assert_int_eq(kill(r.w[leader], SIGKILL), 0);
+    ck_assert_int_eq(zps_procs_wait(&ps, r.w[leader], 5000), -1);
+    r.w[leader] = 0;
+    s_wait_all(&ps, &r);
+    float *a = s_agreed(&ps, &r, n);
+    free(a);
+    zps_procs_fini(&ps, false);
+}
+END_TEST
+
+Suite *zps_suite_host(void)
+{
+    Suite *s = suite_create("host");
+    TCase *tc = tcase_create("host");
+    tcase_set_timeout(tc, 300);
+    tcase_add_test(tc, test_host_deterministic_run_has_the_bits_of_one_without_aggregation);
+    tcase_add_test(tc, test_host_synchronous_run_within_round_off_of_one_without_aggregation);
+    tcase_add_test(tc, test_host_leader_killed_mid_run_job_completes_and_survivors_agree);
+    suite_add_tcase(s, tc);
+    return s;
+}
