@@ -43,6 +43,7 @@ Suite *zps_suite_ckpt(void);
 Suite *zps_suite_shard_shm(void);
 Suite *zps_suite_shard_outer(void);
 Suite *zps_suite_shard_groups(void);
+Suite *zps_suite_shard_host(void);
 Suite *zps_suite_nodes(void);
 Suite *zps_suite_cover(void);
 Suite *zps_suite_shard_deterministic(void);
