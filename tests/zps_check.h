@@ -32,6 +32,7 @@ Suite *zps_suite_timers(void);
 
 // server/coord/
 Suite *zps_suite_coord(void);
+Suite *zps_suite_coord_hosts(void);
 Suite *zps_suite_status(void);
 Suite *zps_suite_member(void);
 Suite *zps_suite_monitor(void);
