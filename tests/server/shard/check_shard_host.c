@@ -68,16 +68,23 @@ static zps_err s_feed(zps_shard *s, uint32_t rank, uint64_t id, uint32_t batch_o
     return err;
 }
 
-static zps_shard *s_shard(const zps_model_spec *model)
+// micro: --deterministic --micro-batch (0: off).
+static zps_shard *s_shard_micro(const zps_model_spec *model, uint32_t micro)
 {
     zps_shard_cfg cfg = {.index = 0, .shards = 1, .lo = 0, .hi = N, .model = model, .seed = 4,
                          .global_batch = ZPS_SHARD_FX_BATCH, .dtype = ZPS_DTYPE_F32,
-                         .optim = {.lr = 0.5f, .schedule = ZPS_LR_CONSTANT}};
+                         .optim = {.lr = 0.5f, .schedule = ZPS_LR_CONSTANT},
+                         .micro_batch = micro};
     zps_shard *s = zps_shard_new(&cfg);
     ck_assert_ptr_nonnull(s);
     ck_assert_int_eq(zps_shard_n_buckets(s), 2);
     zps_shard_fx_add_plan(s);
     return s;
+}
+
+static zps_shard *s_shard(const zps_model_spec *model)
+{
+    return s_shard_micro(model, 0);
 }
 
 // Rank 0, leader of ranks 0 and 1 on one host, pushes the whole batch
@@ -151,12 +158,36 @@ START_TEST(test_shard_refuses_pieces_that_do_not_tile_or_name_strangers)
 }
 END_TEST
 
+// --deterministic --micro-batch 10: the leader's push is a node of the
+// tree (here the root, 4 micro-batches) and its pieces the members' parts
+// of it, each credited to its member; pieces that do not tile it are
+// refused as in any job.
+START_TEST(test_shard_deterministic_leader_push_is_a_node_whose_pieces_are_credited)
+{
+    zps_model_spec model = zps_shard_fx_model();
+    zps_shard *s = s_shard_micro(&model, 10);
+    float g[N] = {1, 2, 3, 4, 5, 6, 7};
+    uint64_t id = zps_shard_fx_id[0];
+    const s_piece gap[2] = {{0, 0, 10}, {1, 20, 20}};
+    ck_assert_int_eq(s_feed(s, 0, id, 0, 40, gap, 2, 0, g), ZPS_EPROTO);
+    const s_piece both[2] = {{0, 0, 10}, {1, 10, 30}};
+    for (int b = 0; b < 2; b++) {
+        ck_assert_int_eq(s_feed(s, 0, id, 0, 40, both, 2, b, g), ZPS_OK);
+    }
+    ck_assert_uint_eq(zps_shard_counted(s, 0), 10);
+    ck_assert_uint_eq(zps_shard_counted(s, 1), 30);
+    ck_assert(zps_shard_step_done(s));
+    zps_shard_destroy(&s);
+}
+END_TEST
+
 Suite *zps_suite_shard_host(void)
 {
     Suite *s = suite_create("shard_host");
     TCase *tc = tcase_create("core");
     tcase_add_test(tc, test_shard_credits_each_piece_of_a_leader_push_to_its_member);
     tcase_add_test(tc, test_shard_refuses_pieces_that_do_not_tile_or_name_strangers);
+    tcase_add_test(tc, test_shard_deterministic_leader_push_is_a_node_whose_pieces_are_credited);
     suite_add_tcase(s, tc);
     return s;
 }
