@@ -100,6 +100,17 @@ static bool s_parse_shm(const char *text, void *field)
     return false;
 }
 
+// --host-aggregate on|off into its negation: zeroed options mean on.
+static bool s_parse_host_aggregate(const char *text, void *field)
+{
+    bool on = strcmp(text, "on") == 0;
+    if (!on && strcmp(text, "off") != 0) {
+        return false;
+    }
+    *(bool *)field = !on;
+    return true;
+}
+
 // --betas B1,B2 into the optimizer's cfg: two numbers in [0, 1), as
 // torch.optim.Adam accepts them.
 static bool s_parse_betas(const char *text, void *field)
@@ -269,6 +280,11 @@ static const zps_opts_row s_table[] = {
     {.name = "adaptive-split", .kind = ZPS_OPTS_SWITCH,
      .help = "shares follow each worker's measured throughput",
      .offset = offsetof(s_flags, srv.adaptive_split), .ctype = ZPS_OPTS_C_BOOL},
+    {.name = "host-aggregate", .kind = ZPS_OPTS_CUSTOM, .metavar = "on|off", .def = "on",
+     .help = "tell the workers of one host (boot id) their group: a leader sums their "
+             "gradients and pushes once per bucket to each shard on another host",
+     .offset = offsetof(s_flags, srv.no_host_aggregate), .ctype = ZPS_OPTS_C_PARSER,
+     .parse = s_parse_host_aggregate, .accepts = "on or off"},
     {.name = "speculate-after", .kind = ZPS_OPTS_REAL, .metavar = "X", .def = "0: off",
      .help = "once half a step's slices are in, hand a missing one X median steps later (at "
              "once if none of it came) to the finished workers too, in pieces; the first copy "

@@ -21,6 +21,9 @@ void zps_register_send(zps_server *srv)
     reg.resume = srv->o->resume;
     reg.serving = srv->shard != NULL;
     reg.public_key = srv->curve.on ? srv->curve.public_ : "";
+    // This host's ("": unknown), read once at setup: the coordinator tells
+    // workers, whose host's leader pushes for its group only to another host.
+    reg.boot_id = (char *)srv->io.shm.boot;
     Zps__Header h;
     zps_wire_header_init(&h, ZPS__MSG_TYPE__REGISTER);
     h.shard = srv->o->shard;

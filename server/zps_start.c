@@ -158,7 +158,7 @@ int zps_start_coordinator(zps_server *srv, uint32_t n_train, uint32_t n_test, ch
         .worker_timeout_ms = o->worker_timeout_ms, .checkpoint_every = o->checkpoint_every,
         .adaptive_split = o->adaptive_split, .restore = s_coord_restore, .restore_arg = srv,
         .mode = o->mode, .inner = inner, .clip_grad_norm = cfg.clip_grad_norm,
-        .micro_batch = o->micro_batch,
+        .micro_batch = o->micro_batch, .no_host_aggregate = o->no_host_aggregate,
     };
     if (!(srv->coord = zps_coord_new(&cc))) {
         zps_shard_destroy(&srv->shard);

@@ -97,6 +97,24 @@ void zps_steps_norm_wait(zps_server *srv, double now)
     s_send_norm_part(srv);
 }
 
+// A counted push's timing for the coordinator: the pusher's, or from a
+// host's leader each piece's, as if its member had pushed it.
+static void s_note_pushers(zps_server *srv, const Zps__Header *h)
+{
+    double now = zps_clock_ms();
+    if (h->n_host_pieces == 0) {
+        // A diloco slice pushed as missing keeps its sender alive and
+        // counts nothing of it.
+        bool missing = zps_coord_diloco(srv->coord) && h->inner_steps == 0;
+        zps_coord_note_push(srv->coord, h->step, h->rank, missing ? 0 : h->samples,
+                            missing ? 0.0f : h->compute_ms, now);
+    }
+    for (size_t i = 0; i < h->n_host_pieces; i++) {
+        const Zps__HostPiece *p = h->host_pieces[i];
+        zps_coord_note_push(srv->coord, h->step, p->rank, p->samples, p->compute_ms, now);
+    }
+}
+
 // A push, and what it means beyond the shard: its timing for the
 // coordinator, the step boundary, the bucket's update, the end of the
 // step; with --clip-grad-norm, the shard's part of the norm once its
@@ -111,12 +129,8 @@ void zps_steps_on_push(zps_server *srv, zps_wire_msg *m)
         zps_timers_at(&srv->timers, srv->t_speculate, srv->io.quorum_ms); // the slices not in
     }
     if (srv->coord && err == ZPS_OK) {
-        // A diloco slice pushed as missing keeps its sender alive and
-        // counts nothing of it.
         const Zps__Header *h = m->hdr;
-        bool missing = zps_coord_diloco(srv->coord) && h->inner_steps == 0;
-        zps_coord_note_push(srv->coord, h->step, h->rank, missing ? 0 : h->samples,
-                            missing ? 0.0f : h->compute_ms, zps_clock_ms());
+        s_note_pushers(srv, h);
         if (h->inner_steps > 0) {
             zps_coord_note_round(srv->coord, h->step, h->rank, h->inner_steps, h->delta_norm,
                                  h->round_bytes);

@@ -32,6 +32,7 @@ Suite *zps_suite_timers(void);
 
 // server/coord/
 Suite *zps_suite_coord(void);
+Suite *zps_suite_coord_hosts(void);
 Suite *zps_suite_status(void);
 Suite *zps_suite_member(void);
 Suite *zps_suite_monitor(void);
@@ -43,6 +44,7 @@ Suite *zps_suite_ckpt(void);
 Suite *zps_suite_shard_shm(void);
 Suite *zps_suite_shard_outer(void);
 Suite *zps_suite_shard_groups(void);
+Suite *zps_suite_shard_host(void);
 Suite *zps_suite_nodes(void);
 Suite *zps_suite_cover(void);
 Suite *zps_suite_shard_deterministic(void);

@@ -39,6 +39,9 @@ zps_coord *zps_coord_new(const zps_coord_cfg *cfg)
         zps_model_shard_range(cfg->n_params, i, cfg->shards, &c->shards[i].lo, &c->shards[i].hi);
     }
     snprintf(c->shards[0].endpoint, sizeof c->shards[0].endpoint, "%s", cfg->endpoint);
+    if (zps_shm_boot_id(c->shards[0].boot_id) != ZPS_OK) {
+        c->shards[0].boot_id[0] = '\0'; // unknown: leaders push to it as to another host's
+    }
     c->shards[0].registered = c->shards[0].ready = true;
     c->n_registered = c->n_ready = 1;
     if (!(c->eval = zps_eval_new(cfg->n_test, cfg->metrics))) {

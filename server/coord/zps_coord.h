@@ -58,6 +58,9 @@ typedef struct zps_coord_cfg {
     // --deterministic --micro-batch M, sent with JOB and ASSIGN (0: off):
     // every share and piece is whole micro-batches of M.
     uint32_t micro_batch;
+    // --host-aggregate off: no plan to a worker carries its host group
+    // (zeroed: on, the default).
+    bool no_host_aggregate;
 } zps_coord_cfg;
 
 typedef struct zps_coord zps_coord;

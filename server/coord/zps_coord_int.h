@@ -9,6 +9,7 @@
  *
  *   zps_coord.c          the object, its clock, refusals, the message
  *                        table's questions, pushes and shards' steps noted
+ *   zps_coord_hosts.c    boot ids, ranks grouped by host, workers' host groups
  *   zps_coord_plan.c     plans, handed-over slices, step boundaries
  *   zps_coord_policy.c   adaptive split, speculation
  *   zps_coord_norm.c     --clip-grad-norm: the shards' sums of squares, the norm
@@ -26,6 +27,7 @@
 
 #include "common/zps_log.h"
 #include "common/zps_plans.h"
+#include "common/zps_shm.h"
 #include "common/zps_sumsq.h"
 #include "server/coord/zps_eval.h"
 #include "server/coord/zps_member.h"
@@ -67,6 +69,7 @@ typedef struct zps_coord_member {
     uint32_t inner_steps; // diloco --inner-steps auto: its own, by DyLU (0: the job's H)
     uint64_t covered;     // its slices of steps before this one were also handed to others
     double last_seen_ms;  // last message from it (heartbeats included)
+    char boot_id[ZPS_SHM_BOOT_ID_LEN]; // its host, as its HELLO said ("": unknown)
 } zps_coord_member;
 
 // --clip-grad-norm: the shards' parts of a step's sum of squares, until
@@ -91,7 +94,30 @@ typedef struct zps_coord_peer {
     char endpoint[256];  // where workers reach it
     zmq_msg_t route;     // routing id on shard 0's socket (for ASSIGN)
     uint64_t lo, hi;     // its range
+    char boot_id[ZPS_SHM_BOOT_ID_LEN]; // its host, as its REGISTER said ("": unknown)
 } zps_coord_peer;
+
+// A plan's members of known host, for their host groups (zps_coord_hosts.c).
+typedef struct zps_coord_host_ent {
+    const char *boot; // borrowed: the member's boot id
+    uint32_t rank;    // its rank
+    uint32_t pos;     // its place in the plan
+} zps_coord_host_ent;
+
+// The host groups of one plan generation, made once for all its workers.
+typedef struct zps_coord_hosts {
+    uint32_t gen;                               // generation they are of (0: none)
+    zps_coord_host_ent ent[ZPS_MAX_MEMBERS];    // by boot id, then rank
+    uint32_t lo[ZPS_MAX_MEMBERS];               // by plan place: its group's first in ent
+    uint8_t n[ZPS_MAX_MEMBERS];                 // by plan place: its group's size (0: none)
+} zps_coord_hosts;
+
+// A worker's HostGroup, filled in place before the message is packed.
+typedef struct zps_coord_group_wire {
+    Zps__HostGroup group;
+    Zps__HostMember members[ZPS_HOST_GROUP_MAX];
+    Zps__HostMember *ptrs[ZPS_HOST_GROUP_MAX];
+} zps_coord_group_wire;
 
 struct zps_coord {
     zps_coord_cfg cfg;                  // copy; strings borrowed
@@ -137,6 +163,8 @@ struct zps_coord {
     float grad_norm;                    // its value, before clipping
     bool norm_for_shard0;               // shard 0 has not taken the newest norm yet
     double next_norm_log_ms;            // next "waiting for the gradient norm" line
+    bool bad_boot_id_logged;            // a peer's bad boot id was said (once)
+    zps_coord_hosts hosts;              // the host groups of the newest plan sent
 };
 
 // zps_coord.c
@@ -146,6 +174,21 @@ double zps_coord_now(const zps_coord *c);
 uint64_t zps_coord_epoch(const zps_coord *c, uint64_t step);
 void zps_coord_refuse(zps_coord *c, zps_outbox *out, zps_wire_msg *m, zps_err err,
                       const char *why);
+
+// zps_coord_hosts.c
+// A peer's boot id into out if it is 1 to 39 of [A-Za-z0-9._-], else ""
+// (unknown), said once; who names the peer for that line.
+void zps_coord_take_boot_id(zps_coord *c, char out[ZPS_SHM_BOOT_ID_LEN], const char *v,
+                            const char *who);
+// At the first start, before the first plan: members of one host get
+// consecutive ranks (rank = index after).
+void zps_coord_group_ranks(zps_coord *c);
+// mem's host group in generation g's plan, filled into w: the plan's
+// members of its boot id in rank order, cut into groups of at most
+// ZPS_HOST_GROUP_MAX; NULL if it is alone in its group, its host is
+// unknown, or --host-aggregate is off.
+Zps__HostGroup *zps_coord_host_group(zps_coord *c, const zps_plan_gen *g,
+                                     const zps_coord_member *mem, zps_coord_group_wire *w);
 
 // zps_coord_plan.c
 void zps_coord_broadcast(zps_coord *c, zps_outbox *out, Zps__MsgType type, uint64_t step);

@@ -222,6 +222,7 @@ static zps_coord_member *s_admit(zps_coord *c, const Zps__Hello *hello, uint32_t
     snprintf(mem->device, sizeof mem->device, "%s", hello->device ? hello->device : "?");
     mem->share = share;
     mem->pid = hello->pid;
+    zps_coord_take_boot_id(c, mem->boot_id, hello->boot_id, "a worker's HELLO");
     zps_member_admit(&mem->life);
     mem->route_known = true;
     mem->last_seen_ms = zps_coord_now(c);

@@ -81,6 +81,7 @@ static void s_shards_to_wire(const zps_coord *c, Zps__ShardInfo *shards, Zps__Sh
         shards[i].endpoint = (char *)c->shards[i].endpoint;
         shards[i].lo = c->shards[i].lo;
         shards[i].hi = c->shards[i].hi;
+        shards[i].boot_id = (char *)c->shards[i].boot_id;
         ptrs[i] = &shards[i];
     }
 }
@@ -126,12 +127,14 @@ static size_t s_extras_of(const zps_coord *c, const zps_coord_member *mem, Zps__
     return n;
 }
 
-// The shards' public keys, which a worker's JOB carries (all: a worker's).
-static void s_shard_keys(zps_coord *c, bool all, char **keys)
+// The shards' public keys, which a worker's JOB carries (all: a worker's);
+// returns keys.
+static char **s_shard_keys(zps_coord *c, bool all, char **keys)
 {
     for (uint32_t i = 0; all && i < c->cfg.shards; i++) {
         keys[i] = c->shards[i].public_key;
     }
+    return keys;
 }
 
 // JOB to a worker (its rank and id, and the step it starts at) or ASSIGN
@@ -154,8 +157,9 @@ void zps_coord_send_job(zps_coord *c, zps_outbox *out, zmq_msg_t *route, Zps__Ms
     Zps__Extra extras[ZPS_PLANS_HANDED_MAX];
     Zps__Extra *extra_ptrs[ZPS_PLANS_HANDED_MAX];
     char *keys[ZPS_MAX_SHARDS];
-    s_shard_keys(c, mem != NULL, keys);
+    zps_coord_group_wire group;
     Zps__Job job = ZPS__JOB__INIT;
+    job.host = zps_coord_host_group(c, g, mem, &group);
     job.model = (char *)c->cfg.model;
     job.dataset = (char *)c->cfg.dataset;
     job.seed = c->cfg.seed;
@@ -182,7 +186,7 @@ void zps_coord_send_job(zps_coord *c, zps_outbox *out, zmq_msg_t *route, Zps__Ms
     job.micro_batch = c->cfg.micro_batch;
     job.shard_token = shard_token;
     job.n_shard_keys = mem ? c->cfg.shards : 0;
-    job.shard_keys = keys;
+    job.shard_keys = s_shard_keys(c, mem != NULL, keys);
     job.layout = (Zps__Layout *)c->cfg.layout;
     // Rank 0 exists only at a first start (a resumed job's joiners come
     // after its members): its values are the job's initial ones.
@@ -403,6 +407,7 @@ void zps_coord_broadcast(zps_coord *c, zps_outbox *out, Zps__MsgType type, uint6
         zps_coord_extra_to_wire(&c->plans.handed[k], &extras[k]);
         extra_ptrs[k] = &extras[k];
     }
+    zps_coord_group_wire group;
     Zps__Plan plan = ZPS__PLAN__INIT;
     plan.generation = g->gen;
     plan.effective_step = g->effective;
@@ -424,6 +429,7 @@ void zps_coord_broadcast(zps_coord *c, zps_outbox *out, Zps__MsgType type, uint6
         zps_coord_member *mem = &c->members[i];
         if (zps_member_live(&mem->life) && mem->has_job && mem->route_known) {
             plan.n_slices = zps_coord_plan_to_wire(&g->plan, mem, slices, slice_ptrs);
+            plan.host = zps_coord_host_group(c, g, mem, &group);
             (void)zps_outbox_add(out, &mem->route, &h);
         }
     }
@@ -555,6 +561,8 @@ zps_err zps_coord_start(zps_coord *c, zps_outbox *out)
     if (c->n_members < c->cfg.workers || c->n_registered < c->cfg.shards) {
         return ZPS_OK;
     }
+    zps_coord_group_ranks(c); // ranks are told to no one before the first plan
+    c->hosts.gen = 0;
     zps_plan plan = {0};
     zps_err err = zps_coord_make_plan(c, &plan);
     if (err == ZPS_OK) {

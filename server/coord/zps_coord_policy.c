@@ -160,7 +160,9 @@ static void s_send_speculation(zps_coord *c, zps_outbox *out, const zps_plan_gen
     zps_coord_extra_to_wire(&e, &wire);
     Zps__Slice own; // a member learns its own slice only
     Zps__Slice *ptrs[1];
+    zps_coord_group_wire group;
     Zps__Plan p = ZPS__PLAN__INIT;
+    p.host = zps_coord_host_group(c, g, mem, &group); // the same plan, the same group
     p.generation = g->gen; // the same plan: only the extra is new
     p.effective_step = g->effective;
     p.members = g->plan.n;

@@ -493,7 +493,14 @@ static void s_count_loss(zps_shard *s, const Zps__Header *h, int b, uint32_t wei
         // loss once, whatever pieces the batch came in.
         s->loss_sum += (double)weight * h->loss;
         s->loss_weight += weight;
-        s->counted[h->rank] += h->samples; // the rank was checked against the plan
+        if (h->n_host_pieces == 0) {
+            s->counted[h->rank] += h->samples; // the rank was checked against the plan
+        }
+        // A host leader's push: each piece is its member's (s_check_pieces
+        // checked their ranks against the plan), as if it had pushed it.
+        for (size_t i = 0; i < h->n_host_pieces; i++) {
+            s->counted[h->host_pieces[i]->rank] += h->host_pieces[i]->samples;
+        }
     }
 }
 
@@ -729,6 +736,43 @@ static zps_err s_check_where(const zps_shard *s, const Zps__Header *h, int *b,
     return s->micro ? s_check_node(s, h, node, why, len) : ZPS_OK;
 }
 
+// A host leader's push (Header.host_pieces): at most ZPS_HOST_GROUP_MAX
+// pieces, in batch order, each of samples > 0, tiling the push's slice
+// exactly, each of a rank in the plan in force. Checked before anything
+// counts: the pieces say whom the samples are credited to.
+static zps_err s_check_pieces(const zps_shard *s, const Zps__Header *h, char *why, size_t len)
+{
+    size_t n = h->n_host_pieces;
+    if (n > ZPS_HOST_GROUP_MAX) {
+        snprintf(why, len, "%zu host pieces in one push; at most %d", n, ZPS_HOST_GROUP_MAX);
+        return ZPS_EPROTO;
+    }
+    const zps_plan *plan = zps_shard_plan(s);
+    uint64_t at = h->batch_offset;
+    for (size_t i = 0; i < n; i++) {
+        const Zps__HostPiece *p = h->host_pieces[i];
+        if (p->samples == 0 || p->batch_offset != at) {
+            snprintf(why, len, "host piece %zu [%u, +%u) does not follow at %llu: the pieces "
+                     "must tile [%u, +%u) in order", i, p->batch_offset, p->samples,
+                     (unsigned long long)at, h->batch_offset, h->samples);
+            return ZPS_EPROTO;
+        }
+        if (!plan || !zps_plan_find(plan, p->rank)) {
+            snprintf(why, len, "host piece %zu names rank %u, not in the plan of step %llu", i,
+                     p->rank, (unsigned long long)h->step);
+            return ZPS_EPROTO;
+        }
+        at += p->samples;
+    }
+    if (n > 0 && at != (uint64_t)h->batch_offset + h->samples) {
+        snprintf(why, len, "host pieces end at %llu; the push's slice [%u, +%u) ends at %llu",
+                 (unsigned long long)at, h->batch_offset, h->samples,
+                 (unsigned long long)h->batch_offset + h->samples);
+        return ZPS_EPROTO;
+    }
+    return ZPS_OK;
+}
+
 // Counts an accepted push into bucket b: a node of the tree, a decoded
 // pseudo-gradient or raw frames.
 static zps_err s_count_push(zps_shard *s, const zps_wire_msg *m, int b, zps_tree_node node)
@@ -766,7 +810,8 @@ zps_err zps_shard_push(zps_shard *s, const zps_wire_msg *m, int *ready, char *wh
     }
     int b;
     zps_tree_node node = {0};
-    if ((err = s_check_where(s, h, &b, &node, why, why_len)) != ZPS_OK) {
+    if ((err = s_check_where(s, h, &b, &node, why, why_len)) != ZPS_OK ||
+        (err = s_check_pieces(s, h, why, why_len)) != ZPS_OK) {
         return err;
     }
     if (s_decodes(s, h) && (err = s_outer_decode(s, m, why, why_len)) != ZPS_OK) {

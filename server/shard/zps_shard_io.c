@@ -279,14 +279,14 @@ bool zps_shard_io_own_in(const zps_shard_io *io, uint32_t r)
     return io->ranks[r].own_in == (uint32_t)zps_shard_n_buckets(io->shard);
 }
 
-// Counts a counted push of rank r toward its own slice, and notes when at
-// least as many slices are in as are not (not all: the step is then over).
-static void s_note_own_push(zps_shard_io *io, const Zps__Header *h)
+// Counts a counted push of [offset, +samples) from rank r toward its own
+// slice, and notes when at least as many slices are in as are not (not
+// all: the step is then over).
+static void s_note_own_push(zps_shard_io *io, uint32_t r, uint32_t offset, uint32_t samples)
 {
     const zps_plan *plan = zps_shard_plan(io->shard);
-    uint32_t r = h->rank; // below ZPS_MAX_MEMBERS: s_check_member_msg
     const zps_plan_slice *own = plan ? zps_plan_find(plan, r) : NULL;
-    if (!own || h->batch_offset != own->offset || h->samples != own->count ||
+    if (!own || offset != own->offset || samples != own->count ||
         zps_shard_io_own_in(io, r)) {
         return; // a piece of someone else's slice
     }
@@ -297,6 +297,22 @@ static void s_note_own_push(zps_shard_io *io, const Zps__Header *h)
     io->n_in++;
     if (io->quorum_ms == 0 && io->n_in < plan->n && s_half_or_more(io->n_in, plan->n)) {
         io->quorum_ms = zps_clock_ms();
+    }
+}
+
+// A counted push toward the own slices it carries: the pusher's, or, from
+// a host's leader, each piece's member's, heard as if it had pushed it
+// (the shard checked the pieces' ranks against the plan, so each is below
+// ZPS_MAX_MEMBERS). The parameters still go to the pusher only.
+static void s_note_counted(zps_shard_io *io, const Zps__Header *h)
+{
+    if (h->n_host_pieces == 0) {
+        s_note_own_push(io, h->rank, h->batch_offset, h->samples); // rank: s_check_member_msg
+    }
+    for (size_t i = 0; i < h->n_host_pieces; i++) {
+        const Zps__HostPiece *p = h->host_pieces[i];
+        zps_shard_io_rank_of(io, p->rank)->heard = true;
+        s_note_own_push(io, p->rank, p->batch_offset, p->samples);
     }
 }
 
@@ -346,7 +362,7 @@ zps_err zps_shard_io_on_push(zps_shard_io *io, zps_wire_msg *m, int *ready)
         zps_shard_hi(io->shard), zps_dtype_size(io->dtype));
     s_add_recipient(io, m);
     if (err == ZPS_OK) {
-        s_note_own_push(io, m->hdr);
+        s_note_counted(io, m->hdr);
     }
     return err;
 }

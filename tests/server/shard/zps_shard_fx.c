@@ -31,7 +31,7 @@ void zps_shard_fx_add_plan(zps_shard *s)
 
 uint8_t *zps_shard_fx_msg(zps_wire_msg *m, const Zps__Header *h, size_t bytes)
 {
-    uint8_t buf[256];
+    uint8_t buf[4096]; // a host leader's push carries up to 64 pieces (and a test more)
     ck_assert_uint_le(zps__header__get_packed_size(h), sizeof buf);
     size_t len = zps__header__pack(h, buf);
     memset(m, 0, sizeof *m);
