@@ -43,6 +43,18 @@ static void s_routes_fini(zps_host *h)
     }
 }
 
+// Closes the host's socket and its monitor.
+static void s_close(zps_host *h)
+{
+    if (h->mon) {
+        (void)zmq_socket_monitor(h->sock, NULL, 0); // fails only for a socket not monitored
+        zps_wire_close(&h->mon);
+    }
+    if (h->sock) {
+        zps_wire_close(&h->sock);
+    }
+}
+
 void zps_host_fini(zps_host *h)
 {
     for (int i = 0; i < ZPS_CONN_MAX_SHARDS; i++) {
@@ -54,9 +66,7 @@ void zps_host_fini(zps_host *h)
         h->buckets[i] = NULL;
     }
     s_routes_fini(h);
-    if (h->sock) {
-        zps_wire_close(&h->sock);
-    }
+    s_close(h);
     free(h->acc);
     free(h->vals);
     free(h->out);
@@ -72,6 +82,8 @@ bool zps_host_leads(const zps_client *c)
     return c->host.n >= 2 && c->host.me == 0 && c->host.sock;
 }
 
+static void s_open_if_needed(zps_client *c);
+
 void zps_host_take_shards(zps_client *c, const Zps__Job *job)
 {
     zps_host *h = &c->host;
@@ -85,7 +97,11 @@ void zps_host_take_shards(zps_client *c, const Zps__Job *job)
         // A shard that does not say where it is counts as elsewhere: the
         // leader's push is then one more hop, never a lost sample.
         h->remote[i] = !boot || !boot[0] || !c->conn.boot[0] || strcmp(boot, c->conn.boot) != 0;
+        if (boot && boot[0] && h->remote[i]) {
+            c->conn.shards[i].shm_off = true; // known to be elsewhere: no segment offered
+        }
     }
+    s_open_if_needed(c);
 }
 
 // ---------------------------------------------------------------------------
@@ -109,6 +125,27 @@ static bool s_sock_dir(char *dir, size_t len)
            (st.st_mode & 077) == 0;
 }
 
+// A follower's DEALER to its leader: queueing nothing while not connected
+// (a leader not there fails the push at once, and the follower pushes for
+// itself), and watched, so that a leader gone is seen when its
+// connection closes rather than when a timer runs out.
+static int s_connect(zps_client *c)
+{
+    zps_host *h = &c->host;
+    int one = 1;
+    char mon[64];
+    snprintf(mon, sizeof mon, "inproc://zps-host-%p", (void *)h);
+    if (zmq_setsockopt(h->sock, ZMQ_IMMEDIATE, &one, sizeof one) != 0 ||
+        zmq_socket_monitor(h->sock, mon, ZMQ_EVENT_DISCONNECTED) != 0) {
+        return -1;
+    }
+    h->mon = zmq_socket(c->conn.ctx, ZMQ_PAIR);
+    if (!h->mon || zmq_connect(h->mon, mon) != 0) {
+        return -1;
+    }
+    return zmq_connect(h->sock, h->endpoint);
+}
+
 // The socket of this group: bound by the leader, connected to it by a
 // follower. False (logged once; the host's workers push themselves) if
 // there is no private directory for it or ZeroMQ refuses.
@@ -119,9 +156,7 @@ static bool s_open(zps_client *c)
     if (h->sock && h->sock_leader == leader) {
         return true;
     }
-    if (h->sock) {
-        zps_wire_close(&h->sock);
-    }
+    s_close(h);
     s_routes_fini(h);
     char dir[120];
     if (!s_sock_dir(dir, sizeof dir)) {
@@ -134,18 +169,34 @@ static bool s_open(zps_client *c)
              (unsigned long long)c->conn.job_id, leader);
     bool lead = h->me == 0;
     h->sock = zps_wire_socket(c->conn.ctx, lead ? ZMQ_ROUTER : ZMQ_DEALER, ZPS_CONN_POLL_MS);
-    if (!h->sock || (lead ? zmq_bind(h->sock, h->endpoint) : zmq_connect(h->sock, h->endpoint))) {
+    if (!h->sock || (lead ? zmq_bind(h->sock, h->endpoint) : s_connect(c))) {
         zps_log_warn("host socket %s: %s; pushing for myself", h->endpoint, zmq_strerror(errno));
-        if (h->sock) {
-            zps_wire_close(&h->sock);
-        }
+        s_close(h);
         h->off = true;
         return false;
     }
     h->sock_leader = leader;
-    zps_log_info("host group of %d (plan %u): %s %s", h->n, h->gen,
-                 lead ? "leading at" : "following rank", lead ? h->endpoint : "");
+    if (lead) {
+        zps_log_info("host group of %d (plan %u): leading at %s", h->n, h->gen, h->endpoint);
+    } else {
+        zps_log_info("host group of %d (plan %u): following rank %u at %s", h->n, h->gen, leader,
+                     h->endpoint);
+    }
     return true;
+}
+
+// Opens the group's socket now if any shard is elsewhere (the leader then
+// listens before a follower's first push), none otherwise.
+static void s_open_if_needed(zps_client *c)
+{
+    zps_host *h = &c->host;
+    bool any = false;
+    for (int i = 0; i < c->conn.n_shards; i++) {
+        any = any || h->remote[i];
+    }
+    if (any && h->n >= 2 && !h->off && c->conn.ctx) {
+        (void)s_open(c); // a failure is logged: this worker pushes for itself
+    }
 }
 
 // A follower whose piece went to a leader it no longer has, or that went
@@ -208,6 +259,7 @@ zps_err zps_host_take_group(zps_client *c, uint32_t gen, const Zps__HostGroup *g
     if (h->sent && (h->n < 2 || h->ranks[0] != leader)) {
         s_give_up(c, "my leader changed before its push came back");
     }
+    s_open_if_needed(c);
     return ZPS_OK;
 }
 
@@ -787,6 +839,24 @@ void zps_host_relay(zps_client *c, int i, const zps_wire_msg *m)
         if (h->has_route[k]) {
             s_forward(h->sock, &h->route[k], m);
         }
+    }
+}
+
+void zps_host_on_event(zps_client *c)
+{
+    zps_host *h = &c->host;
+    zmq_pollitem_t item = {.socket = h->mon, .events = ZMQ_POLLIN};
+    bool gone = false;
+    while (h->mon && zmq_poll(&item, 1, 0) > 0) {
+        zmq_msg_t part;
+        ZPS_ASSERT(zmq_msg_init(&part) == 0);
+        while (zmq_msg_recv(&part, h->mon, ZMQ_DONTWAIT) >= 0 && zmq_msg_more(&part)) {
+        }
+        ZPS_ASSERT(zmq_msg_close(&part) == 0);
+        gone = true;
+    }
+    if (gone) {
+        s_give_up(c, "my leader's connection closed");
     }
 }
 

@@ -58,6 +58,7 @@ typedef struct zps_host {
     int me;                              // this worker's index
     bool remote[ZPS_CONN_MAX_SHARDS];    // shard i is on another host: pushes go through the leader
     void *sock;                          // owned: the leader's ROUTER, or a follower's DEALER to it
+    void *mon;                           // owned: a follower's: events of sock (the leader gone)
     uint32_t sock_leader;                // the leader rank sock is of
     char endpoint[160];                  // its address (ipc://)
     bool off;                            // no socket here (logged): every worker pushes itself

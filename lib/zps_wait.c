@@ -287,10 +287,22 @@ static zps_err s_take_from_shard(zps_client *c, int i, uint64_t step)
     return err == ZPS_ETIMEDOUT ? ZPS_OK : err;
 }
 
-// One poll of the shards' sockets (items[0, n_shards)) and the host's
-// (items[n_shards], if n says so), what came taken, what fell due done.
-static zps_err s_wait_once(zps_client *c, zmq_pollitem_t *items, int n, uint64_t step)
+// One poll of the shards' sockets and the host's and its monitor's, what
+// came taken, what fell due done.
+static zps_err s_wait_once(zps_client *c, uint64_t step)
 {
+    // Built each time: a new plan may give the host's group other sockets.
+    zmq_pollitem_t items[ZPS_CONN_MAX_SHARDS + 2];
+    int n = c->conn.n_shards;
+    for (int i = 0; i < c->conn.n_shards; i++) {
+        items[i] = (zmq_pollitem_t){.socket = c->conn.shards[i].sock, .events = ZMQ_POLLIN};
+    }
+    if (c->host.sock) {
+        items[n++] = (zmq_pollitem_t){.socket = c->host.sock, .events = ZMQ_POLLIN};
+    }
+    if (c->host.mon) {
+        items[n++] = (zmq_pollitem_t){.socket = c->host.mon, .events = ZMQ_POLLIN};
+    }
     int rc = zmq_poll(items, n, zps_due_poll_ms(c, zps_clock_ms()));
     if (rc < 0 && errno != EINTR) {
         zps_log_error("zmq_poll on the shard sockets: %s", zmq_strerror(errno));
@@ -302,8 +314,15 @@ static zps_err s_wait_once(zps_client *c, zmq_pollitem_t *items, int n, uint64_t
             err = s_take_from_shard(c, i, step);
         }
     }
-    if (err == ZPS_OK && rc > 0 && n > c->conn.n_shards && (items[n - 1].revents & ZMQ_POLLIN)) {
-        err = s_take_host(c, step);
+    for (int k = c->conn.n_shards; err == ZPS_OK && rc > 0 && k < n; k++) {
+        if (!(items[k].revents & ZMQ_POLLIN)) {
+            continue;
+        }
+        if (items[k].socket == c->host.sock) {
+            err = s_take_host(c, step);
+        } else {
+            zps_host_on_event(c);
+        }
     }
     if (err == ZPS_OK) {
         err = zps_host_due(c, zps_clock_ms());
@@ -322,14 +341,6 @@ static zps_err s_wait_once(zps_client *c, zmq_pollitem_t *items, int n, uint64_t
 zps_err zps_wait_run(zps_client *c)
 {
     uint64_t step = c->wait_step;
-    zmq_pollitem_t items[ZPS_CONN_MAX_SHARDS + 1];
-    int n = c->conn.n_shards;
-    for (int i = 0; i < c->conn.n_shards; i++) {
-        items[i] = (zmq_pollitem_t){.socket = c->conn.shards[i].sock, .events = ZMQ_POLLIN};
-    }
-    if (c->host.sock) {
-        items[n++] = (zmq_pollitem_t){.socket = c->host.sock, .events = ZMQ_POLLIN};
-    }
     if (!c->wait_begun) {
         c->wait_begun = true;
         for (int i = 0; i < c->conn.n_shards; i++) {
@@ -347,7 +358,7 @@ zps_err zps_wait_run(zps_client *c)
         if (c->conn.stop) {
             return ZPS_ECLOSED;
         }
-        zps_err err = s_wait_once(c, items, n, step);
+        zps_err err = s_wait_once(c, step);
         if (err != ZPS_OK) {
             return err;
         }
