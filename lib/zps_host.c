@@ -297,9 +297,11 @@ static zps_err s_send_to_leader(zps_client *c, int i, const zps_piece *p, uint64
     h.loss = loss;
     h.compute_ms = compute_ms;
     Zps__HostPiece piece = ZPS__HOST_PIECE__INIT, *pieces[1] = {&piece};
-    piece = (Zps__HostPiece){.base = piece.base, .rank = c->conn.rank,
-                             .batch_offset = c->cur_work.offset, .samples = c->cur_work.count,
-                             .compute_ms = compute_ms, .loss = loss};
+    piece.rank = c->conn.rank;
+    piece.batch_offset = c->cur_work.offset;
+    piece.samples = c->cur_work.count;
+    piece.compute_ms = compute_ms;
+    piece.loss = loss;
     h.n_host_pieces = 1;
     h.host_pieces = pieces;
     size_t esize = zps_dtype_size(c->dtype);
@@ -319,17 +321,18 @@ static zps_err s_room(zps_host *h, size_t count)
     if (count <= h->cap) {
         return ZPS_OK;
     }
-    double *acc = realloc(h->acc, count * sizeof *acc);
-    h->acc = acc ? acc : h->acc;
-    float *vals = acc ? realloc(h->vals, count * sizeof *vals) : NULL;
-    h->vals = vals ? vals : h->vals;
-    uint8_t *out = vals ? realloc(h->out, count * sizeof(float)) : NULL;
-    h->out = out ? out : h->out;
-    if (!out) {
+    // Nothing in them outlives a sum: grown without copying.
+    free(h->acc);
+    free(h->vals);
+    free(h->out);
+    h->acc = malloc(count * sizeof *h->acc);
+    h->vals = malloc(count * sizeof *h->vals);
+    h->out = malloc(count * 4); // the widest wire dtype: fp32
+    h->cap = h->acc && h->vals && h->out ? count : 0;
+    if (h->cap == 0) {
         zps_log_error("out of memory summing the host's pushes (%zu elements)", count);
         return ZPS_ENOMEM;
     }
-    h->cap = count;
     return ZPS_OK;
 }
 

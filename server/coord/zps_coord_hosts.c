@@ -132,11 +132,24 @@ static void s_hosts_of(zps_coord *c, const zps_plan_gen *g)
     h->gen = g->gen;
 }
 
+// Whether some shard is on another host than boot (or does not say where
+// it is): only then has a group anything to push for its host.
+static bool s_shard_elsewhere(const zps_coord *c, const char *boot)
+{
+    for (uint32_t i = 0; i < c->cfg.shards; i++) {
+        if (!c->shards[i].boot_id[0] || strcmp(c->shards[i].boot_id, boot) != 0) {
+            return true;
+        }
+    }
+    return false;
+}
+
 Zps__HostGroup *zps_coord_host_group(zps_coord *c, const zps_plan_gen *g,
                                      const zps_coord_member *mem, zps_coord_group_wire *w)
 {
     const zps_plan_slice *sl = mem ? zps_plan_find(&g->plan, mem->rank) : NULL;
-    if (c->cfg.no_host_aggregate || !sl || !mem->boot_id[0]) {
+    if (c->cfg.no_host_aggregate || !sl || !mem->boot_id[0] ||
+        !s_shard_elsewhere(c, mem->boot_id)) {
         return NULL;
     }
     if (c->hosts.gen != g->gen) {

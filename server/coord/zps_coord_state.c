@@ -32,6 +32,7 @@ static zps_err s_pack(const zps_coord *c, uint64_t step, uint8_t **buf, size_t *
         const zps_coord_member *s = &c->members[i];
         zps_coord_member_to_wire(s, &members[i]);
         members[i].member_id = s->member_id;
+        members[i].boot_id = (char *)s->boot_id;
         ptrs[i] = &members[i];
     }
     Zps__JobState st = ZPS__JOB_STATE__INIT;
@@ -125,6 +126,7 @@ static void s_restore_member(zps_coord *c, uint32_t i, const Zps__Member *m, uin
                      mem->share, c->cfg.micro_batch);
     }
     mem->pid = m->pid;
+    zps_coord_take_boot_id(c, mem->boot_id, m->boot_id, "a saved job state");
     if (m->live) {
         zps_member_admit_active(&mem->life, step);
     } else {

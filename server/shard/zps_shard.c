@@ -743,6 +743,12 @@ static zps_err s_check_where(const zps_shard *s, const Zps__Header *h, int *b,
 static zps_err s_check_pieces(const zps_shard *s, const Zps__Header *h, char *why, size_t len)
 {
     size_t n = h->n_host_pieces;
+    if (n > 0 && s->mode.diloco) {
+        // A round's pseudo-gradient is weighted by its inner steps, which
+        // a piece does not carry: diloco pushes are each member's own.
+        snprintf(why, len, "host pieces in a push of a diloco job");
+        return ZPS_EPROTO;
+    }
     if (n > ZPS_HOST_GROUP_MAX) {
         snprintf(why, len, "%zu host pieces in one push; at most %d", n, ZPS_HOST_GROUP_MAX);
         return ZPS_EPROTO;

@@ -175,6 +175,27 @@ START_TEST(test_coord_host_aggregate_off_sends_no_group)
 }
 END_TEST
 
+// Workers on the host of every shard: nothing crosses a link, so no
+// group; those of another host still get theirs.
+START_TEST(test_coord_workers_on_the_shards_host_get_no_group)
+{
+    setenv("ZPS_BOOT_ID", "host-A", 1); // shard 0's host
+    hjob j;
+    s_setup(&j, 4, false);
+    unsetenv("ZPS_BOOT_ID");
+    const char *boot[4] = {"host-A", "host-A", "host-B", "host-B"};
+    for (int i = 0; i < 4; i++) {
+        s_hello(&j, i, boot[i]);
+    }
+    ck_assert_ptr_null(j.job[0]->job->host);
+    ck_assert_ptr_null(j.job[1]->job->host);
+    const int b[2] = {2, 3};
+    s_assert_group(&j, j.job[2]->job->host, b, 2);
+    s_assert_group(&j, j.job[3]->job->host, b, 2);
+    s_teardown(&j);
+}
+END_TEST
+
 // 70 workers of one host: groups of consecutive ranks, 64 and then 6, each
 // led by its lowest rank.
 START_TEST(test_coord_host_of_more_than_the_group_max_is_cut_into_groups)
@@ -202,6 +223,7 @@ Suite *zps_suite_coord_hosts(void)
     tcase_add_test(tc, test_coord_ranks_grouped_by_host_at_start_and_each_job_carries_its_group);
     tcase_add_test(tc, test_coord_worker_alone_or_of_unknown_host_gets_no_group);
     tcase_add_test(tc, test_coord_host_aggregate_off_sends_no_group);
+    tcase_add_test(tc, test_coord_workers_on_the_shards_host_get_no_group);
     tcase_add_test(tc, test_coord_host_of_more_than_the_group_max_is_cut_into_groups);
     suite_add_tcase(s, tc);
     return s;

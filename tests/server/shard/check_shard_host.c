@@ -68,18 +68,26 @@ static zps_err s_feed(zps_shard *s, uint32_t rank, uint64_t id, uint32_t batch_o
     return err;
 }
 
-// micro: --deterministic --micro-batch (0: off).
-static zps_shard *s_shard_micro(const zps_model_spec *model, uint32_t micro)
+// micro: --deterministic --micro-batch (0: off); diloco: --mode diloco.
+static zps_shard *s_shard_mode(const zps_model_spec *model, uint32_t micro, bool diloco)
 {
     zps_shard_cfg cfg = {.index = 0, .shards = 1, .lo = 0, .hi = N, .model = model, .seed = 4,
                          .global_batch = ZPS_SHARD_FX_BATCH, .dtype = ZPS_DTYPE_F32,
                          .optim = {.lr = 0.5f, .schedule = ZPS_LR_CONSTANT},
                          .micro_batch = micro};
+    if (diloco) {
+        cfg.mode = (zps_outer_mode){.diloco = true, .inner_steps = 4};
+    }
     zps_shard *s = zps_shard_new(&cfg);
     ck_assert_ptr_nonnull(s);
     ck_assert_int_eq(zps_shard_n_buckets(s), 2);
     zps_shard_fx_add_plan(s);
     return s;
+}
+
+static zps_shard *s_shard_micro(const zps_model_spec *model, uint32_t micro)
+{
+    return s_shard_mode(model, micro, false);
 }
 
 static zps_shard *s_shard(const zps_model_spec *model)
@@ -116,6 +124,21 @@ START_TEST(test_shard_credits_each_piece_of_a_leader_push_to_its_member)
     }
     zps_shard_destroy(&led);
     zps_shard_destroy(&own);
+}
+END_TEST
+
+// A diloco push weighs its samples by its inner steps, which pieces do not
+// carry: a leader's push there is refused, nothing counted.
+START_TEST(test_shard_refuses_host_pieces_in_a_diloco_job)
+{
+    zps_model_spec model = zps_shard_fx_model();
+    zps_shard *s = s_shard_mode(&model, 0, true);
+    float g[N] = {1, -2, 3, 0.5f, -1, 2, 4};
+    const s_piece both[2] = {{0, 0, 10}, {1, 10, 30}};
+    ck_assert_int_eq(s_feed(s, 0, zps_shard_fx_id[0], 0, 40, both, 2, 0, g), ZPS_EPROTO);
+    ck_assert_uint_eq(zps_shard_counted(s, 0), 0);
+    ck_assert_uint_eq(zps_shard_counted(s, 1), 0);
+    zps_shard_destroy(&s);
 }
 END_TEST
 
@@ -187,6 +210,7 @@ Suite *zps_suite_shard_host(void)
     TCase *tc = tcase_create("core");
     tcase_add_test(tc, test_shard_credits_each_piece_of_a_leader_push_to_its_member);
     tcase_add_test(tc, test_shard_refuses_pieces_that_do_not_tile_or_name_strangers);
+    tcase_add_test(tc, test_shard_refuses_host_pieces_in_a_diloco_job);
     tcase_add_test(tc, test_shard_deterministic_leader_push_is_a_node_whose_pieces_are_credited);
     suite_add_tcase(s, tc);
     return s;
