@@ -351,6 +351,39 @@ zps_err zps_wire_send(void *sock, zmq_msg_t *route, const Zps__Header *h, const 
     return s_send_parts(sock, parts, n);
 }
 
+zps_err zps_wire_send_frames(void *sock, zmq_msg_t *route, const Zps__Header *h,
+                             zmq_msg_t *frames, int n_frames)
+{
+    zmq_msg_t parts[S_MAX_PARTS];
+    int n = 0;
+    zps_err err = n_frames <= ZPS_WIRE_MAX_FRAMES ? ZPS_OK : ZPS_EINVAL;
+    size_t hlen = zps__header__get_packed_size(h);
+    if (err == ZPS_OK && route) {
+        ZPS_ASSERT(zmq_msg_init(&parts[n]) == 0);
+        ZPS_ASSERT(zmq_msg_copy(&parts[n], route) == 0);
+        n++;
+    }
+    if (err == ZPS_OK && zmq_msg_init_size(&parts[n], hlen) != 0) {
+        err = ZPS_ENOMEM;
+    } else if (err == ZPS_OK) {
+        zps__header__pack(h, zmq_msg_data(&parts[n++]));
+    }
+    for (int f = 0; f < n_frames; f++) {
+        ZPS_ASSERT(zmq_msg_init(&parts[n]) == 0);
+        ZPS_ASSERT(zmq_msg_move(&parts[n], &frames[f]) == 0); // frames[f] is left empty
+        n++;
+    }
+    if (err != ZPS_OK) {
+        zps_log_warn("could not build a %s to send: %s", zps_wire_type_name((int)h->type),
+                     zps_strerror(err));
+        for (int k = 0; k < n; k++) {
+            ZPS_ASSERT(zmq_msg_close(&parts[k]) == 0);
+        }
+        return err;
+    }
+    return s_send_parts(sock, parts, n);
+}
+
 zps_err zps_wire_send_packed(void *sock, zmq_msg_t *route, const void *hdr, size_t len)
 {
     zmq_msg_t parts[2];

@@ -100,6 +100,13 @@ void zps_wire_close(void **sock);
 zps_err zps_wire_send(void *sock, zmq_msg_t *route, const Zps__Header *h, const void *payload,
                       size_t bytes, zps_wire_ref *ref);
 
+// Sends h and then frames[0, n_frames) (ZeroMQ messages of their own: a
+// copy of a received frame shares its bytes), moved: each is left empty,
+// sent or not, and the caller still closes them. ZPS_EINVAL for more than
+// ZPS_WIRE_MAX_FRAMES.
+zps_err zps_wire_send_frames(void *sock, zmq_msg_t *route, const Zps__Header *h,
+                             zmq_msg_t *frames, int n_frames);
+
 // Sends a header packed already (zps__header__pack), without payload, as
 // zps_wire_send would send it: what an outbox (server/coord/zps_outbox.h) holds.
 zps_err zps_wire_send_packed(void *sock, zmq_msg_t *route, const void *hdr, size_t len);

@@ -119,6 +119,27 @@ zps_err zps_conn_send(zps_conn *n, int shard, Zps__Header *h, const void *payloa
     return err;
 }
 
+zps_err zps_conn_send_frames(zps_conn *n, int shard, Zps__Header *h, zmq_msg_t *frames,
+                             int n_frames)
+{
+    h->job_id = n->job_id;
+    h->rank = n->rank;
+    h->member_id = n->member_id;
+    size_t bytes = 0;
+    for (int f = 0; f < n_frames; f++) {
+        bytes += zmq_msg_size(&frames[f]);
+    }
+    zps_err err = zps_wire_send_frames(n->shards[shard].sock, NULL, h, frames, n_frames);
+    if (err == ZPS_OK && h->type == ZPS__MSG_TYPE__PUSH) {
+        n->pushed_bytes += bytes;
+    }
+    if (err != ZPS_OK) {
+        zps_log_error("could not send %s to %s: %s", zps_wire_type_name(h->type),
+                      n->shards[shard].endpoint, zps_strerror(err));
+    }
+    return err;
+}
+
 static zps_err s_hello(zps_conn *n)
 {
     char host[64] = "?";

@@ -97,6 +97,10 @@ zps_err zps_conn_await(zps_conn *n, void *sock, const char *what, const char *en
 zps_err zps_conn_send(zps_conn *n, int shard, Zps__Header *h, const void *payload, size_t bytes,
                       zps_wire_ref *ref);
 
+// The same with payload frames of their own (zps_wire_send_frames: moved).
+zps_err zps_conn_send_frames(zps_conn *n, int shard, Zps__Header *h, zmq_msg_t *frames,
+                             int n_frames);
+
 // HELLO until the job is given, within join_timeout_ms: a coordinator
 // recovering from a restart answers "again" until it admits, and one
 // restarted since forgot the HELLO, said again every 3 s. m holds the

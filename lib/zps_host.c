@@ -67,13 +67,6 @@ void zps_host_fini(zps_host *h)
     }
     s_routes_fini(h);
     s_close(h);
-    free(h->acc);
-    free(h->vals);
-    free(h->out);
-    h->acc = NULL;
-    h->vals = NULL;
-    h->out = NULL;
-    h->cap = 0;
     h->n = 0;
 }
 
@@ -316,26 +309,6 @@ static zps_err s_send_to_leader(zps_client *c, int i, const zps_piece *p, uint64
 // ---------------------------------------------------------------------------
 // The leader's sums.
 
-static zps_err s_room(zps_host *h, size_t count)
-{
-    if (count <= h->cap) {
-        return ZPS_OK;
-    }
-    // Nothing in them outlives a sum: grown without copying.
-    free(h->acc);
-    free(h->vals);
-    free(h->out);
-    h->acc = malloc(count * sizeof *h->acc);
-    h->vals = malloc(count * sizeof *h->vals);
-    h->out = malloc(count * 4); // the widest wire dtype: fp32
-    h->cap = h->acc && h->vals && h->out ? count : 0;
-    if (h->cap == 0) {
-        zps_log_error("out of memory summing the host's pushes (%zu elements)", count);
-        return ZPS_ENOMEM;
-    }
-    return ZPS_OK;
-}
-
 // Shard i's bucket b as the leader sums it; NULL without memory (logged).
 static zps_host_bucket *s_bucket(zps_client *c, int i, int b)
 {
@@ -375,69 +348,134 @@ static size_t s_pieces(const zps_host *h, const zps_host_part *parts, int n,
     return k;
 }
 
-// Pushes to shard i, bucket b, the values `out` (wire dtype) of parts
-// [0, n), which adjoin in batch order: one push for them all, naming them.
-static zps_err s_push_run(zps_client *c, int i, int b, const zps_host_part *parts, int n,
-                          const void *out)
+// The header of a push to shard i, bucket b, of parts [0, n), which
+// adjoin in batch order: one push for them all, naming them (pieces and
+// ptrs are the room for that).
+static void s_run_header(zps_client *c, int i, int b, const zps_host_part *parts, int n,
+                         Zps__Header *hd, Zps__HostPiece *pieces, Zps__HostPiece **ptrs)
 {
     zps_host *h = &c->host;
     const zps_bucket *bk = &c->conn.shards[i].buckets[b];
-    Zps__Header hd;
-    zps_wire_header_init(&hd, ZPS__MSG_TYPE__PUSH);
-    hd.step = h->step;
-    hd.shard = (uint32_t)i;
-    hd.offset = bk->lo;
-    hd.count = bk->hi - bk->lo;
-    hd.dtype = (Zps__DType)c->dtype;
-    hd.batch_offset = parts[0].offset;
-    hd.generation = h->gen;
+    zps_wire_header_init(hd, ZPS__MSG_TYPE__PUSH);
+    hd->step = h->step;
+    hd->shard = (uint32_t)i;
+    hd->offset = bk->lo;
+    hd->count = bk->hi - bk->lo;
+    hd->dtype = (Zps__DType)c->dtype;
+    hd->batch_offset = parts[0].offset;
+    hd->generation = h->gen;
     double loss = 0;
     for (int j = 0; j < n; j++) {
-        hd.samples += parts[j].samples;
+        hd->samples += parts[j].samples;
         loss += (double)parts[j].samples * parts[j].loss;
-        hd.compute_ms = parts[j].compute_ms > hd.compute_ms ? parts[j].compute_ms : hd.compute_ms;
+        hd->compute_ms = parts[j].compute_ms > hd->compute_ms ? parts[j].compute_ms
+                                                               : hd->compute_ms;
     }
-    hd.loss = (float)(loss / hd.samples);
-    Zps__HostPiece pieces[ZPS_HOST_GROUP_MAX], *ptrs[ZPS_HOST_GROUP_MAX];
+    hd->loss = (float)(loss / hd->samples);
     // The leader's own part alone is its own push, as without a group.
     if (n > 1 || parts[0].member != 0) {
-        hd.n_host_pieces = s_pieces(h, parts, n, pieces, ptrs);
-        hd.host_pieces = ptrs;
+        hd->n_host_pieces = s_pieces(h, parts, n, pieces, ptrs);
+        hd->host_pieces = ptrs;
     }
-    return zps_conn_send(&c->conn, i, &hd, out, hd.count * zps_dtype_size(c->dtype), NULL);
 }
 
-// Sample-weighted mean of the parts [0, n) of a bucket of count elements
-// into h->out (wire dtype): a sum in double of samples times values, as a
-// shard sums pushes, divided once. One part is copied as it came.
-static void s_mean(zps_host *h, zps_dtype dtype, const zps_host_part *parts, int n, size_t count)
+// Where element e of a part's values is, and how many follow it in that
+// frame (*left); NULL past the end.
+static uint8_t *s_at(const zps_wire_msg *m, size_t esize, size_t e, size_t *left)
 {
-    if (n == 1) {
-        zps_wire_copy_payload(&parts[0].m, h->out);
+    for (int f = 0; f < m->n_frames; f++) {
+        size_t len = zmq_msg_size((zmq_msg_t *)&m->frames[f]) / esize;
+        if (e < len) {
+            *left = len - e;
+            return (uint8_t *)zmq_msg_data((zmq_msg_t *)&m->frames[f]) + e * esize;
+        }
+        e -= len;
+    }
+    *left = 0;
+    return NULL;
+}
+
+#define S_CHUNK 1024 // elements summed at a time: the sums stay in cache
+
+// Elements [e, e + len) of the mean of parts [0, n) into out (wire
+// dtype), len at most S_CHUNK and inside one frame of every part.
+static void s_mean_chunk(zps_dtype dtype, const zps_host_part *parts, int n, uint32_t total,
+                         size_t e, size_t len, uint8_t *out)
+{
+    size_t esize = zps_dtype_size(dtype), left;
+    double acc[S_CHUNK];
+    float v[S_CHUNK];
+    if (n < 1) {
         return;
     }
-    size_t esize = zps_dtype_size(dtype);
-    uint32_t total = 0;
-    for (int j = 0; j < n; j++) {
-        size_t at = 0;
-        for (int f = 0; f < parts[j].m.n_frames; f++) {
-            zmq_msg_t *frame = (zmq_msg_t *)&parts[j].m.frames[f];
-            size_t len = zmq_msg_size(frame) / esize;
-            if (j == 0) {
-                zps_dtype_axpy_set(dtype, (float)parts[j].samples, zmq_msg_data(frame),
-                                   h->acc + at, len);
-            } else {
-                zps_dtype_axpy(dtype, (float)parts[j].samples, zmq_msg_data(frame), h->acc + at,
-                               len);
-            }
-            at += len;
+    for (int k = 0; k < n; k++) {
+        zps_dtype_to_f32(dtype, s_at(&parts[k].m, esize, e, &left), v, len);
+        double w = parts[k].samples;
+        for (size_t x = 0; x < len; x++) {
+            acc[x] = k == 0 ? w * v[x] : acc[x] + w * v[x];
         }
-        total += parts[j].samples;
     }
-    for (size_t e = 0; e < count; e++) {
-        h->vals[e] = (float)(h->acc[e] / total);
+    for (size_t x = 0; x < len; x++) {
+        v[x] = (float)(acc[x] / total);
     }
-    zps_dtype_from_f32(dtype, h->vals, h->out, count);
+    zps_dtype_from_f32(dtype, v, out, len);
+}
+
+// The sample-weighted mean of parts [0, n) of a bucket of count elements
+// as new frames (out->frames, owned): a sum in double of samples times
+// values, as a shard sums pushes, divided once, in one pass.
+static zps_err s_mean(zps_dtype dtype, const zps_host_part *parts, int n, size_t count,
+                      zps_wire_msg *out)
+{
+    size_t esize = zps_dtype_size(dtype), per = ZPS_WIRE_FRAME_BYTES / esize;
+    uint32_t total = 0;
+    for (int k = 0; k < n; k++) {
+        total += parts[k].samples;
+    }
+    for (size_t at = 0; at < count; at += per, out->n_frames++) {
+        size_t len = count - at < per ? count - at : per;
+        if (zmq_msg_init_size(&out->frames[out->n_frames], len * esize) != 0) {
+            zps_log_error("out of memory summing the host's pushes (%zu bytes)", len * esize);
+            return ZPS_ENOMEM;
+        }
+    }
+    for (size_t e = 0, len; e < count; e += len) {
+        size_t left;
+        len = count - e < S_CHUNK ? count - e : S_CHUNK;
+        for (int k = 0; k < n; k++) {
+            (void)s_at(&parts[k].m, esize, e, &left);
+            len = left < len ? left : len;
+        }
+        uint8_t *dst = s_at(out, esize, e, &left);
+        s_mean_chunk(dtype, parts, n, total, e, len < left ? len : left, dst);
+        len = len < left ? len : left;
+    }
+    return ZPS_OK;
+}
+
+// Pushes parts [0, n) of shard i's bucket b, which adjoin: their mean, or
+// the one part's frames as they came (shared, not copied).
+static zps_err s_push_run(zps_client *c, int i, int b, const zps_host_part *parts, int n)
+{
+    const zps_bucket *bk = &c->conn.shards[i].buckets[b];
+    zps_wire_msg out = {.n_frames = 0};
+    zps_err err = ZPS_OK;
+    if (n == 1) {
+        for (int f = 0; f < parts[0].m.n_frames; f++, out.n_frames++) {
+            ZPS_ASSERT(zmq_msg_init(&out.frames[f]) == 0);
+            ZPS_ASSERT(zmq_msg_copy(&out.frames[f], (zmq_msg_t *)&parts[0].m.frames[f]) == 0);
+        }
+    } else {
+        err = s_mean(c->dtype, parts, n, bk->hi - bk->lo, &out);
+    }
+    Zps__Header hd;
+    Zps__HostPiece pieces[ZPS_HOST_GROUP_MAX], *ptrs[ZPS_HOST_GROUP_MAX];
+    s_run_header(c, i, b, parts, n, &hd, pieces, ptrs);
+    if (err == ZPS_OK) {
+        err = zps_conn_send_frames(&c->conn, i, &hd, out.frames, out.n_frames);
+    }
+    zps_wire_msg_fini(&out);
+    return err;
 }
 
 static int s_by_offset(const void *a, const void *b)
@@ -450,20 +488,26 @@ static int s_by_offset(const void *a, const void *b)
 // is one push of their weighted mean.
 static zps_err s_flush_runs(zps_client *c, int i, int b, zps_host_bucket *hb)
 {
-    zps_host *h = &c->host;
-    const zps_bucket *bk = &c->conn.shards[i].buckets[b];
-    size_t count = bk->hi - bk->lo;
-    zps_err err = s_room(h, count);
+    zps_err err = ZPS_OK;
     for (int r0 = 0, r1; err == ZPS_OK && r0 < hb->n; r0 = r1) {
         r1 = r0 + 1;
         while (r1 < hb->n && hb->parts[r1].offset == hb->parts[r1 - 1].offset +
                                                      hb->parts[r1 - 1].samples) {
             r1++;
         }
-        s_mean(h, c->dtype, hb->parts + r0, r1 - r0, count);
-        err = s_push_run(c, i, b, hb->parts + r0, r1 - r0, h->out);
+        err = s_push_run(c, i, b, hb->parts + r0, r1 - r0);
     }
     return err;
+}
+
+// Pushes a deterministic job's node of parts [0, n): its fp32 values.
+static zps_err s_push_node(zps_client *c, int i, int b, const zps_host_part *parts, int n,
+                           const float *vals)
+{
+    Zps__Header hd;
+    Zps__HostPiece pieces[ZPS_HOST_GROUP_MAX], *ptrs[ZPS_HOST_GROUP_MAX];
+    s_run_header(c, i, b, parts, n, &hd, pieces, ptrs);
+    return zps_conn_send(&c->conn, i, &hd, vals, hd.count * sizeof(float), NULL);
 }
 
 // A deterministic job's node while the leader adds them: parts [p0, p1)
@@ -526,8 +570,8 @@ static zps_err s_flush_nodes(zps_client *c, int i, int b, zps_host_bucket *hb)
         s_add_siblings(c, hb, nodes, &n, count);
     }
     for (int j = 0; err == ZPS_OK && j < n; j++) {
-        err = s_push_run(c, i, b, hb->parts + nodes[j].p0, nodes[j].p1 - nodes[j].p0,
-                         nodes[j].vals);
+        err = s_push_node(c, i, b, hb->parts + nodes[j].p0, nodes[j].p1 - nodes[j].p0,
+                          nodes[j].vals);
     }
     for (int j = 0; j < n; j++) {
         free(nodes[j].vals);
@@ -804,28 +848,15 @@ zps_err zps_host_drain(zps_client *c)
 // follower at route. Never waits: a follower gone loses nothing it needs.
 static void s_forward(void *sock, zmq_msg_t *route, const zps_wire_msg *m)
 {
-    size_t hlen = zps__header__get_packed_size(m->hdr);
-    zmq_msg_t part;
-    ZPS_ASSERT(zmq_msg_init(&part) == 0);
-    ZPS_ASSERT(zmq_msg_copy(&part, route) == 0);
-    bool ok = zmq_msg_send(&part, sock, ZMQ_SNDMORE | ZMQ_DONTWAIT) >= 0;
-    if (!ok || zmq_msg_init_size(&part, hlen) != 0) {
-        (void)zmq_msg_close(&part);
-        return;
+    zps_wire_msg out = {.n_frames = 0};
+    for (int f = 0; f < m->n_frames; f++, out.n_frames++) {
+        ZPS_ASSERT(zmq_msg_init(&out.frames[f]) == 0);
+        ZPS_ASSERT(zmq_msg_copy(&out.frames[f], (zmq_msg_t *)&m->frames[f]) == 0);
     }
-    zps__header__pack(m->hdr, zmq_msg_data(&part));
-    int more = m->n_frames > 0 ? ZMQ_SNDMORE : 0;
-    ok = zmq_msg_send(&part, sock, more | ZMQ_DONTWAIT) >= 0;
-    for (int f = 0; ok && f < m->n_frames; f++) {
-        ZPS_ASSERT(zmq_msg_init(&part) == 0);
-        ZPS_ASSERT(zmq_msg_copy(&part, (zmq_msg_t *)&m->frames[f]) == 0);
-        more = f + 1 < m->n_frames ? ZMQ_SNDMORE : 0;
-        ok = zmq_msg_send(&part, sock, more | ZMQ_DONTWAIT) >= 0;
+    if (zps_wire_send_frames(sock, route, m->hdr, out.frames, out.n_frames) != ZPS_OK) {
+        zps_log_debug("host: parameters not passed on");
     }
-    if (!ok) {
-        (void)zmq_msg_close(&part);
-        zps_log_debug("host: parameters not passed on: %s", zmq_strerror(errno));
-    }
+    zps_wire_msg_fini(&out);
 }
 
 void zps_host_relay(zps_client *c, int i, const zps_wire_msg *m)

@@ -74,11 +74,6 @@ typedef struct zps_host {
     zps_piece sent_piece;
     double sent_ms;
     bool direct;                         // gave up on the leader: pushes itself until a new group
-    // Room for the sums (owned), of cap elements.
-    double *acc;
-    float *vals;
-    uint8_t *out;
-    size_t cap;
 } zps_host;
 
 // Frees what the state holds and closes its socket; zeroed memory is an
