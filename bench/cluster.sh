@@ -124,6 +124,23 @@ if [ -n "$nhosts" ]; then
   row "zps, ${nhosts}x$per_host, $shards shards on the worker hosts" "$zps_s"
   row "zps without host aggregation ($no_agg_flags)" "$zps_noagg"
   row "gloo all_reduce, ${nhosts}x$per_host ranks" "$gloo_s"
+  # What each must move through a host's link, each way: with one push per
+  # host its leader's pushes to the other hosts' shards and its shard's
+  # answers to their leaders, 2 (H-1)/H x 4P; without, G times that; a
+  # ring over ranks in host order (torchrun's) crosses a host's link once,
+  # 2 (W-1)/W x 4P.
+  bound() { awk -v k="$1" -v p="$floats" -v b="$bps" 'BEGIN { printf "%.4f", k * 4 * p * 8 / b }'; }
+  b_agg=$(bound "$(awk -v h="$nhosts" 'BEGIN { print 2 * (h - 1) / h }')")
+  b_plain=$(bound "$(awk -v h="$nhosts" -v g="$per_host" 'BEGIN { print 2 * g * (h - 1) / h }')")
+  b_ring=$(bound "$(awk -v w="$workers" 'BEGIN { print 2 * (w - 1) / w }')")
+  row "link bound, one push per host (2(H-1)/H x 4P / rate)" "$b_agg"
+  row "link bound, a push per worker (2G(H-1)/H x 4P / rate)" "$b_plain"
+  row "link bound, ring in host order (2(W-1)/W x 4P / rate)" "$b_ring"
+  echo
+  noagg_b=NA gloo_b=NA
+  if [ "$zps_noagg" != NA ]; then noagg_b=$(ratio "$zps_noagg" "$b_plain"); fi
+  if [ "$gloo_s" != NA ]; then gloo_b=$(ratio "$gloo_s" "$b_ring"); fi
+  echo "zps / its bound = $(ratio "$zps_s" "$b_agg"); without host aggregation / its bound = $noagg_b; gloo / its bound = $gloo_b"
   echo
   if [ "$gloo_s" != NA ]; then
     echo "zps / gloo = $(ratio "$zps_s" "$gloo_s") (target <= 0.8)"
