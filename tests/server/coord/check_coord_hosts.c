@@ -11,6 +11,7 @@
 
 #include "server/coord/zps_coord.h"
 #include "tests/zps_check.h"
+#include "tests/zps_tmpdir.h"
 
 #define N_W 70 // more than one group of ZPS_HOST_GROUP_MAX on one host
 
@@ -196,6 +197,56 @@ START_TEST(test_coord_workers_on_the_shards_host_get_no_group)
 }
 END_TEST
 
+// Worker i of job j calls back the coordinator r resumed from j's saved
+// state: a heartbeat from its main socket, as the member j admitted.
+static void s_call_back(hjob *r, const hjob *j, int i)
+{
+    Zps__Header h;
+    zps_wire_header_init(&h, ZPS__MSG_TYPE__HEARTBEAT);
+    h.member_id = j->job[i]->job->member_id;
+    h.rank = j->job[i]->job->rank;
+    h.flags = 1;
+    zps_wire_msg m = {.hdr = &h, .has_route = true};
+    zps_wire_route_copy(&m.route, &r->route[i]);
+    ck_assert_int_eq(zps_coord_on_heartbeat(r->c, &r->out, &m), ZPS_OK);
+    zps_wire_route_close(&m.route);
+    s_post(r);
+}
+
+// A coordinator resumed from its saved job state (--resume) still knows
+// each member's host: the ROLLBACK that starts them again carries the
+// groups they had.
+START_TEST(test_coord_resumed_members_keep_their_host_groups)
+{
+    char dir[64];
+    zps_tmpdir_make(dir, sizeof dir, "check-coord-hosts");
+    hjob j, r;
+    s_setup(&j, 4, false);
+    const char *boot[4] = {"host-A", "host-B", "host-A", "host-B"};
+    for (int i = 0; i < 4; i++) {
+        s_hello(&j, i, boot[i]);
+    }
+    ck_assert_int_eq(zps_coord_save(j.c, dir, 5), ZPS_OK);
+    s_setup(&r, 4, false);
+    ck_assert_int_eq(zps_coord_resume(r.c, dir, 5), ZPS_OK);
+    for (int i = 0; i < 4; i++) {
+        s_call_back(&r, &j, i);
+    }
+    uint64_t step;
+    ck_assert(zps_coord_take_rollback(r.c, &step));
+    ck_assert_uint_eq(step, 5);
+    const int a[2] = {0, 2}, b[2] = {1, 3};
+    for (int i = 0; i < 4; i++) {
+        ck_assert_ptr_nonnull(r.plan[i]);
+        ck_assert_int_eq(r.plan[i]->type, ZPS__MSG_TYPE__ROLLBACK);
+        s_assert_group(&j, r.plan[i]->plan->host, i % 2 ? b : a, 2);
+    }
+    s_teardown(&r);
+    s_teardown(&j);
+    ck_assert_int_eq(zps_tmpdir_remove(dir), 0);
+}
+END_TEST
+
 // 70 workers of one host: groups of consecutive ranks, 64 and then 6, each
 // led by its lowest rank.
 START_TEST(test_coord_host_of_more_than_the_group_max_is_cut_into_groups)
@@ -224,6 +275,7 @@ Suite *zps_suite_coord_hosts(void)
     tcase_add_test(tc, test_coord_worker_alone_or_of_unknown_host_gets_no_group);
     tcase_add_test(tc, test_coord_host_aggregate_off_sends_no_group);
     tcase_add_test(tc, test_coord_workers_on_the_shards_host_get_no_group);
+    tcase_add_test(tc, test_coord_resumed_members_keep_their_host_groups);
     tcase_add_test(tc, test_coord_host_of_more_than_the_group_max_is_cut_into_groups);
     suite_add_tcase(s, tc);
     return s;
