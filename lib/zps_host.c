@@ -411,12 +411,26 @@ static void s_mean_chunk(zps_dtype dtype, const zps_host_part *parts, int n, uin
     for (int k = 0; k < n; k++) {
         zps_dtype_to_f32(dtype, s_at(&parts[k].m, esize, e, &left), v, len);
         double w = parts[k].samples;
-        for (size_t x = 0; x < len; x++) {
-            acc[x] = k == 0 ? w * v[x] : acc[x] + w * v[x];
+        if (k == 0) {
+            for (size_t x = 0; x < len; x++) {
+                acc[x] = w * v[x];
+            }
+        } else {
+            for (size_t x = 0; x < len; x++) {
+                acc[x] += w * v[x];
+            }
         }
     }
-    for (size_t x = 0; x < len; x++) {
-        v[x] = (float)(acc[x] / total);
+    // A power of two's reciprocal is exact: the same bits as dividing.
+    if ((total & (total - 1)) == 0) {
+        double inv = 1.0 / total;
+        for (size_t x = 0; x < len; x++) {
+            v[x] = (float)(acc[x] * inv);
+        }
+    } else {
+        for (size_t x = 0; x < len; x++) {
+            v[x] = (float)(acc[x] / total);
+        }
     }
     zps_dtype_from_f32(dtype, v, out, len);
 }
@@ -690,8 +704,31 @@ static int s_bucket_index(const zps_client *c, int i, uint64_t lo, uint64_t hi)
     return -1;
 }
 
+// Whether own part p completes bucket hb, the parts then adjoining in one
+// run: it is then summed at once into frames of their own (or, in a
+// deterministic job, into nodes' values), and the caller's gradient it
+// lies in need not be copied.
+static bool s_completes_one_run(const zps_host *h, const zps_host_bucket *hb,
+                                const zps_host_part *p)
+{
+    uint64_t all = h->n >= 64 ? UINT64_MAX : (1ull << h->n) - 1;
+    uint64_t expected = hb->expected + ((hb->seen & 1u) ? 0 : p->piece);
+    if (hb->flushed || (hb->seen | 1u) != all || hb->in + p->samples != expected) {
+        return false;
+    }
+    uint64_t lo = p->offset, hi = (uint64_t)p->offset + p->samples, sum = p->samples;
+    for (int k = 0; k < hb->n; k++) {
+        const zps_host_part *q = &hb->parts[k];
+        lo = q->offset < lo ? q->offset : lo;
+        hi = (uint64_t)q->offset + q->samples > hi ? (uint64_t)q->offset + q->samples : hi;
+        sum += q->samples;
+    }
+    return hi - lo == sum; // disjoint parts (s_add_part drops overlaps) that leave no gap
+}
+
 // The leader's own part: its values copied (the caller's gradient moves on
-// before the sum is pushed, when a member is late).
+// before the sum is pushed, when a member is late), or read in place when
+// it completes the bucket.
 static zps_err s_add_own(zps_client *c, int i, const zps_piece *p, uint64_t lo, uint64_t hi,
                          const float *grad, float loss, float compute_ms)
 {
@@ -704,14 +741,20 @@ static zps_err s_add_own(zps_client *c, int i, const zps_piece *p, uint64_t lo, 
                       (unsigned long long)hi, i);
         return ZPS_EINVAL;
     }
-    if (zmq_msg_init_size(&part.m.frames[0], bytes) != 0) {
-        zps_log_error("out of memory copying a push for the host (%zu bytes)", bytes);
-        return ZPS_ENOMEM;
-    }
+    s_lead_step(c, c->cur_step);
+    const zps_host_bucket *hb = s_bucket(c, i, b);
     part.m.n_frames = 1;
     part.m.payload_bytes = bytes;
-    zps_dtype_from_f32(c->dtype, grad + lo, zmq_msg_data(&part.m.frames[0]), hi - lo);
-    s_lead_step(c, c->cur_step);
+    if (hb && c->dtype == ZPS_DTYPE_F32 && s_completes_one_run(&c->host, hb, &part)) {
+        // Summed now, and nothing keeps the frame after: read in place.
+        ZPS_ASSERT(zmq_msg_init_data(&part.m.frames[0], (void *)(grad + lo), bytes, NULL, NULL) ==
+                   0);
+    } else if (zmq_msg_init_size(&part.m.frames[0], bytes) != 0) {
+        zps_log_error("out of memory copying a push for the host (%zu bytes)", bytes);
+        return ZPS_ENOMEM;
+    } else {
+        zps_dtype_from_f32(c->dtype, grad + lo, zmq_msg_data(&part.m.frames[0]), hi - lo);
+    }
     return s_add_part(c, i, b, &part);
 }
 
