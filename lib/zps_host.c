@@ -234,6 +234,10 @@ zps_err zps_host_take_group(zps_client *c, uint32_t gen, const Zps__HostGroup *g
 {
     zps_host *h = &c->host;
     int me = s_find_me(c, g);
+    int n = me >= 0 && g ? (int)g->n_members : 0;
+    if (gen == h->gen && n == h->n && (n == 0 || h->me == me)) {
+        return ZPS_OK; // the same plan told again (slices handed over): the same group
+    }
     if (g && g->n_members > 0 && me < 0) {
         zps_log_warn("plan %u: a host group that does not hold this worker in rank order "
                      "(%zu members): pushing for myself", gen, g->n_members);
@@ -243,7 +247,7 @@ zps_err zps_host_take_group(zps_client *c, uint32_t gen, const Zps__HostGroup *g
         s_flush_all(c); // what the old group gave: pushed as it is
     }
     h->gen = gen;
-    h->n = me >= 0 && g ? (int)g->n_members : 0;
+    h->n = n;
     h->me = me < 0 ? 0 : me;
     h->direct = false;
     for (int k = 0; k < h->n; k++) {
@@ -461,8 +465,11 @@ static zps_err s_mean(zps_dtype dtype, const zps_host_part *parts, int n, size_t
             len = left < len ? left : len;
         }
         uint8_t *dst = s_at(out, esize, e, &left);
-        s_mean_chunk(dtype, parts, n, total, e, len < left ? len : left, dst);
         len = len < left ? len : left;
+        if (len == 0) {
+            return ZPS_EPROTO; // a part shorter than its bucket: checked on arrival, never here
+        }
+        s_mean_chunk(dtype, parts, n, total, e, len, dst);
     }
     return ZPS_OK;
 }
