@@ -38,7 +38,10 @@ usage: sudo bench/diloco.sh [options]
                    sync,ddp,h10,h50,h10-int8,h50-int8,slow-h10,slow-auto,
                    slow-h50,slow-auto50)
   -r RATE          every host's link, both ways (default 100mbit)
-  -w W             workers (default 4; 1 shard host besides them)
+  -w W             workers, each on a host of its own with a shard beside it,
+                   as a user would deploy them (default 4)
+  --shard-host     zps's shards instead on one host of their own: every
+                   worker's gradient crosses that host's one link
   --target A       the test accuracy to reach (default 0.85)
   --steps S        the schedule's length in global batches: cosine decays
                    over it; a multiple of every H (default 4500)
@@ -64,11 +67,12 @@ die() {
 abs() { case $1 in /*) echo "$1" ;; *) echo "$cwd/$1" ;; esac; }
 outdir='' md='' only=sync,ddp,h10,h50,h10-int8,h50-int8,slow-h10,slow-auto,slow-h50,slow-auto50
 rate=100mbit workers=4 target=0.85 steps=4500 max_epochs=5 min_epochs=2 slow_epochs=1 bound=1500
-repeats=1 keep_logs=0 report=''
+repeats=1 keep_logs=0 report='' shard_host=0
 while [ $# -gt 0 ]; do
     case $1 in
     -h | --help) usage; exit 0 ;;
     --keep-logs) keep_logs=1; shift ;;
+    --shard-host) shard_host=1; shift ;;
     -o | --md | --report | --only | -r | -w | --target | --steps | --max-epochs | --min-epochs | --slow-epochs | --bound | --repeats)
         [ $# -ge 2 ] || die "$1 needs a value"
         case $1 in
@@ -171,7 +175,7 @@ now() { date +%s.%N; }
 # The bytes every host of the cluster sent so far: the rx_bytes of the
 # hub's veth ports (each host's link, seen from the bridge).
 hub_bytes() {
-    ip netns exec "$1" sh -c 'cat /sys/class/net/[sw][0-9]*/statistics/rx_bytes' 2>/dev/null |
+    ip netns exec "$1" sh -c 'cat /sys/class/net/[swh][0-9]*/statistics/rx_bytes' 2>/dev/null |
         awk '{s += $1} END {printf "%.0f\n", s}'
 }
 
@@ -331,9 +335,17 @@ run_case() {
     if [ "$c" = ddp ]; then
         cluster "$tag" 1 "$max" w0.log '' -s 0 -w "$workers" -r "$rate" \
             -x "PYTHONPATH=$here/python exec bash $here/bench/diloco-host.sh ddp $here/bench/ddp_fmnist.py --init $run/init.bin --steps $steps --global-batch 128 --target $target"
-    else
+    elif [ "$shard_host" = 1 ]; then
         cluster "$tag" "$min" "$max" metrics.jsonl s0 -s 1 -w "$workers" -r "$rate" \
             -x "exec bash $here/bench/diloco-host.sh zps $here/bin $run/$tag/metrics.jsonl $slow ${job[*]} ${flags[*]}"
+    else
+        # A shard on every worker's host (netns-cluster's own zps layout:
+        # shard I on host hI, the coordinator on h0, its metrics log
+        # $run/$tag/metrics.jsonl); worker 0 slowed as SLOWDOWNS says.
+        local slowed=()
+        if [ "$slow" != - ]; then slowed=(-f "0=--slowdown $slow"); fi
+        cluster "$tag" "$min" "$max" metrics.jsonl h0 -s "$workers" -H "$workers" -g 1 -c \
+            -r "$rate" "${slowed[@]}" -- "${job[@]:2}" "${flags[@]}"
     fi
 }
 
@@ -368,8 +380,8 @@ round_s() {
 
 rev=$(git rev-parse --short HEAD 2>/dev/null || echo unknown)
 git diff --quiet HEAD 2>/dev/null || rev="$rev+changes"
-header="zps bench/diloco.sh: $(date -u +%Y-%m-%dT%H:%MZ), commit $rev, $(nproc) cores, load $(cut -d' ' -f1-3 /proc/loadavg) at the start; $workers workers + 1 shard host, every link $rate (tc tbf), target $target, cosine over $steps steps, median of $repeats run(s)"
-command="bench/diloco.sh --only $only -r $rate -w $workers --target $target --steps $steps --repeats $repeats"
+header="zps bench/diloco.sh: $(date -u +%Y-%m-%dT%H:%MZ), commit $rev, $(nproc) cores, load $(cut -d' ' -f1-3 /proc/loadavg) at the start; $workers workers, $(if [ "$shard_host" = 1 ]; then echo "1 shard host"; else echo "a shard on each worker's host"; fi), every link $rate (tc tbf), target $target, cosine over $steps steps, median of $repeats run(s)"
+command="bench/diloco.sh --only $only -r $rate -w $workers --target $target --steps $steps --repeats $repeats$(if [ "$shard_host" = 1 ]; then echo " --shard-host"; fi)"
 if [ -n "$report" ]; then
     header=$(cat "$run/header")
     command=$(cat "$run/command")

@@ -19,6 +19,8 @@
 #                    (wK.bin; hIwJ.bin with -H) (default run/netns)
 #     -t SECONDS     bound on the whole run (default 300)
 #     -W FLAGS       extra flags for every worker (one string)
+#     -f K=FLAGS     extra flags for worker K alone (0-based; with -H worker J of
+#                    host I is I*G+J), e.g. -f 0=--slowdown 2; repeatable
 #     -S FLAGS       extra flags for every shard (one string; SERVER-FLAGS go to
 #                    shard 0 only, which passes the job on)
 #     -x CMD         instead of zps, run CMD on every host (benchmarks); it sees
@@ -42,10 +44,11 @@ set -euo pipefail
 here=$(cd "$(dirname "$0")/.." && pwd)
 bin=${ZPS_BIN_DIR:-$here/bin}
 
-usage() { sed -n '2,40p' "$0" | sed 's/^# \{0,1\}//'; exit 2; }
+usage() { sed -n '2,42p' "$0" | sed 's/^# \{0,1\}//'; exit 2; }
 die() { echo "netns-cluster: $*" >&2; exit 2; }
 
 shards=1 workers=2 rate='' out=run/netns bound=300 wflags='' sflags='' exec_cmd=''
+declare -A kflags=()
 nhosts='' per_host=1 colocate=0 wset=0
 limits=()
 while [ $# -gt 0 ]; do
@@ -60,6 +63,7 @@ while [ $# -gt 0 ]; do
     -o) out=$2; shift 2 ;;
     -t) bound=$2; shift 2 ;;
     -W) wflags=$2; shift 2 ;;
+    -f) kflags[${2%%=*}]=${2#*=}; shift 2 ;;
     -S) sflags=$2; shift 2 ;;
     -x) exec_cmd=$2; shift 2 ;;
     --) shift; break ;;
@@ -173,15 +177,16 @@ run_zps() {
   if [ -n "$nhosts" ]; then
     for i in $(seq 0 $((nhosts - 1))); do
       for j in $(seq 0 $((per_host - 1))); do
-        # shellcheck disable=SC2086 # wflags is a list of flags
+        # shellcheck disable=SC2086 # wflags and kflags are lists of flags
         on "h$i" "h${i}w$j" "$bin/zps-worker" --coordinator "$coord" \
-          --save-params "$out/h${i}w$j.bin" $wflags
+          --save-params "$out/h${i}w$j.bin" $wflags ${kflags[$((i * per_host + j))]:-}
       done
     done
   else
     for k in $(seq 0 $((workers - 1))); do
-      # shellcheck disable=SC2086 # wflags is a list of flags
-      on "w$k" "w$k" "$bin/zps-worker" --coordinator "$coord" --save-params "$out/w$k.bin" $wflags
+      # shellcheck disable=SC2086 # wflags and kflags are lists of flags
+      on "w$k" "w$k" "$bin/zps-worker" --coordinator "$coord" --save-params "$out/w$k.bin" \
+        $wflags ${kflags[$k]:-}
     done
   fi
 }
