@@ -106,7 +106,7 @@ void zps_coord_try_recover(zps_coord *c, zps_outbox *out, bool deadline_passed)
 // The key a shard listens with, if it says (40 characters of Z85): workers
 // connect to it with that key instead of shard 0's. And its host, which a
 // worker's host leader compares with its own.
-static void s_take_public_key(zps_coord *c, zps_coord_peer *sp, const Zps__Register *r)
+static void s_take_key_and_host(zps_coord *c, zps_coord_peer *sp, const Zps__Register *r)
 {
     zps_coord_take_boot_id(c, sp->boot_id, r->boot_id, "a shard's REGISTER");
     size_t len = r->public_key ? strlen(r->public_key) : 0;
@@ -124,7 +124,7 @@ static zps_err s_shard_restarted(zps_coord *c, zps_outbox *out, zps_wire_msg *m,
     zps_wire_route_close(&sp->route);
     zps_wire_route_copy(&sp->route, &m->route);
     snprintf(sp->endpoint, sizeof sp->endpoint, "%s", r->endpoint);
-    s_take_public_key(c, sp, r);
+    s_take_key_and_host(c, sp, r);
     sp->ready = false;
     zps_log_warn("shard %u at %s restarted%s; assigning its range again", r->index, sp->endpoint,
                  r->resume ? " from its checkpoint" : " without --resume");
@@ -150,7 +150,7 @@ zps_err zps_coord_on_register(zps_coord *c, zps_outbox *out, zps_wire_msg *m)
         if (c->state == ZPS_COORD_RECOVERING && !sp->registered) {
             zps_wire_route_copy(&sp->route, &m->route);
             snprintf(sp->endpoint, sizeof sp->endpoint, "%s", r->endpoint);
-            s_take_public_key(c, sp, r);
+            s_take_key_and_host(c, sp, r);
             sp->registered = sp->ready = true;
             zps_log_info("shard %u at %s is back", r->index, sp->endpoint);
             zps_coord_try_recover(c, out, false);
@@ -171,7 +171,7 @@ zps_err zps_coord_on_register(zps_coord *c, zps_outbox *out, zps_wire_msg *m)
     }
     sp->registered = true;
     snprintf(sp->endpoint, sizeof sp->endpoint, "%s", r->endpoint);
-    s_take_public_key(c, sp, r);
+    s_take_key_and_host(c, sp, r);
     zps_wire_route_copy(&sp->route, &m->route);
     zps_log_info("shard %u at %s registered: [%llu, %llu) (%u of %u shards)", r->index,
                  sp->endpoint, (unsigned long long)sp->lo, (unsigned long long)sp->hi,
