@@ -102,13 +102,17 @@ zps_err zps_conn_await(zps_conn *n, void *sock, const char *what, const char *en
     }
 }
 
-zps_err zps_conn_send(zps_conn *n, int shard, Zps__Header *h, const void *payload, size_t bytes,
-                      zps_wire_ref *ref)
+// What every send to a shard does around the send: this member's identity
+// on the header before, the count of gradient bytes or the log line after.
+static void s_identify(const zps_conn *n, Zps__Header *h)
 {
     h->job_id = n->job_id;
     h->rank = n->rank;
     h->member_id = n->member_id;
-    zps_err err = zps_wire_send(n->shards[shard].sock, NULL, h, payload, bytes, ref);
+}
+
+static zps_err s_sent(zps_conn *n, int shard, const Zps__Header *h, size_t bytes, zps_err err)
+{
     if (err == ZPS_OK && h->type == ZPS__MSG_TYPE__PUSH) {
         n->pushed_bytes += bytes;
     }
@@ -119,25 +123,24 @@ zps_err zps_conn_send(zps_conn *n, int shard, Zps__Header *h, const void *payloa
     return err;
 }
 
+zps_err zps_conn_send(zps_conn *n, int shard, Zps__Header *h, const void *payload, size_t bytes,
+                      zps_wire_ref *ref)
+{
+    s_identify(n, h);
+    zps_err err = zps_wire_send(n->shards[shard].sock, NULL, h, payload, bytes, ref);
+    return s_sent(n, shard, h, bytes, err);
+}
+
 zps_err zps_conn_send_frames(zps_conn *n, int shard, Zps__Header *h, zmq_msg_t *frames,
                              int n_frames)
 {
-    h->job_id = n->job_id;
-    h->rank = n->rank;
-    h->member_id = n->member_id;
+    s_identify(n, h);
     size_t bytes = 0;
     for (int f = 0; f < n_frames; f++) {
         bytes += zmq_msg_size(&frames[f]);
     }
     zps_err err = zps_wire_send_frames(n->shards[shard].sock, NULL, h, frames, n_frames);
-    if (err == ZPS_OK && h->type == ZPS__MSG_TYPE__PUSH) {
-        n->pushed_bytes += bytes;
-    }
-    if (err != ZPS_OK) {
-        zps_log_error("could not send %s to %s: %s", zps_wire_type_name(h->type),
-                      n->shards[shard].endpoint, zps_strerror(err));
-    }
-    return err;
+    return s_sent(n, shard, h, bytes, err);
 }
 
 static zps_err s_hello(zps_conn *n)
