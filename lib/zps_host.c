@@ -100,22 +100,33 @@ void zps_host_take_shards(zps_client *c, const Zps__Job *job)
 // ---------------------------------------------------------------------------
 // The group and its socket.
 
-// The directory of the host's sockets: this user's alone, so that only
-// its processes reach a leader (a follower's push is taken on that).
-static bool s_sock_dir(char *dir, size_t len)
+// Whether dir is, or now is, a directory of this user's alone.
+static bool s_private_dir(const char *dir)
 {
-    const char *run = getenv("XDG_RUNTIME_DIR");
-    if (run && run[0] == '/') {
-        snprintf(dir, len, "%s/zps", run);
-    } else {
-        snprintf(dir, len, "/tmp/zps-%u", (unsigned)getuid());
-    }
     struct stat st;
     if (mkdir(dir, 0700) != 0 && errno != EEXIST) {
         return false;
     }
     return lstat(dir, &st) == 0 && S_ISDIR(st.st_mode) && st.st_uid == getuid() &&
            (st.st_mode & 077) == 0;
+}
+
+// The directory of the host's sockets: this user's alone, so that only
+// its processes reach a leader (a follower's push is taken on that).
+// $XDG_RUNTIME_DIR/zps where that works, /tmp/zps-<uid> otherwise.
+static bool s_sock_dir(char *dir, size_t len)
+{
+    // A unix socket's path holds 107 bytes: the name after the directory
+    // takes about 24 of them.
+    const char *run = getenv("XDG_RUNTIME_DIR");
+    if (run && run[0] == '/' && strlen(run) <= 76) {
+        snprintf(dir, len, "%s/zps", run);
+        if (s_private_dir(dir)) {
+            return true;
+        }
+    }
+    snprintf(dir, len, "/tmp/zps-%u", (unsigned)getuid());
+    return s_private_dir(dir);
 }
 
 // A follower's DEALER to its leader: queueing nothing while not connected
