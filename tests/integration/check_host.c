@@ -42,6 +42,8 @@ static const char *s_host(int k)
 static void s_start_shards(zps_procs *ps, run *r)
 {
     char tag[64];
+    // A synchronous run's list ends at the NULL where --deterministic
+    // would stand, before --micro-batch.
     const char *sargs[] = {"--workers", "4", "--global-batch", "64", "--steps", r->steps,
                            "--seed", "3", "--shards", "2", "--model", MODEL, "--lr", "0.05",
                            "--worker-timeout-ms", "1500",
