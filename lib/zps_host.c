@@ -53,6 +53,12 @@ static void s_close(zps_host *h)
     if (h->sock) {
         zps_wire_close(&h->sock);
     }
+    // ZeroMQ leaves a bound ipc socket's file behind: the leader removes
+    // it (one of a leader killed stays in the user's directory).
+    if (h->bound && strncmp(h->endpoint, "ipc://", 6) == 0) {
+        (void)unlink(h->endpoint + 6); // already gone is as good
+    }
+    h->bound = false;
 }
 
 void zps_host_fini(zps_host *h)
@@ -180,6 +186,7 @@ static bool s_open(zps_client *c)
         return false;
     }
     h->sock_leader = leader;
+    h->bound = lead;
     if (lead) {
         zps_log_info("host group of %d (plan %u): leading at %s", h->n, h->gen, h->endpoint);
     } else {

@@ -60,6 +60,7 @@ typedef struct zps_host {
     void *sock;                          // owned: the leader's ROUTER, or a follower's DEALER to it
     void *mon;                           // owned: a follower's: events of sock (the leader gone)
     uint32_t sock_leader;                // the leader rank sock is of
+    bool bound;                          // sock is this leader's, bound at endpoint
     char endpoint[160];                  // its address (ipc://)
     bool off;                            // no socket here (logged): every worker pushes itself
     // The leader's: the step being summed, its buckets, who to pass parameters to.
