@@ -13,17 +13,20 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
-// ZPS_BOOT_ID, if set: letters, digits, '.', '_' and '-', at most
-// ZPS_SHM_BOOT_ID_LEN - 1 of them.
+bool zps_shm_boot_id_ok(const char *v)
+{
+    size_t len = v ? strlen(v) : 0;
+    return len > 0 && len < ZPS_SHM_BOOT_ID_LEN &&
+           strspn(v, "abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ0123456789._-") == len;
+}
+
+// ZPS_BOOT_ID, if set.
 static zps_err s_boot_id_override(const char *v, char out[ZPS_SHM_BOOT_ID_LEN])
 {
-    size_t len = strlen(v);
-    if (len == 0 || len >= ZPS_SHM_BOOT_ID_LEN || strspn(v, "abcdefghijklmnopqrstuvwxyz"
-                                                         "ABCDEFGHIJKLMNOPQRSTUVWXYZ"
-                                                         "0123456789._-") != len) {
+    if (!zps_shm_boot_id_ok(v)) {
         return ZPS_EINVAL;
     }
-    memcpy(out, v, len + 1);
+    memcpy(out, v, strlen(v) + 1);
     return ZPS_OK;
 }
 

@@ -47,6 +47,9 @@ typedef struct zps_shm_map {
 // network namespaces, tests); ZPS_EINVAL and "" if it is not 1 to 39 of
 // [A-Za-z0-9._-].
 zps_err zps_shm_boot_id(char out[ZPS_SHM_BOOT_ID_LEN]);
+// Whether v is a boot id as zps takes one from a peer or ZPS_BOOT_ID: 1 to
+// ZPS_SHM_BOOT_ID_LEN - 1 of [A-Za-z0-9._-] (a kernel's is 36 of them).
+bool zps_shm_boot_id_ok(const char *v);
 
 // Creates a segment of size bytes (> 0), zeroed, sealed against resizing.
 // ZPS_EIO or ZPS_ENOMEM on failure, with the reason in why; *seg is then

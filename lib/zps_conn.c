@@ -131,6 +131,16 @@ zps_err zps_conn_send(zps_conn *n, int shard, Zps__Header *h, const void *payloa
     return s_sent(n, shard, h, bytes, err);
 }
 
+int zps_conn_bucket_of(const zps_conn_shard *sc, uint64_t lo, uint64_t hi)
+{
+    for (int b = 0; b < sc->n_buckets; b++) {
+        if (sc->buckets[b].lo == lo && sc->buckets[b].hi == hi) {
+            return b;
+        }
+    }
+    return -1;
+}
+
 zps_err zps_conn_send_frames(zps_conn *n, int shard, Zps__Header *h, zmq_msg_t *frames,
                              int n_frames)
 {

@@ -97,6 +97,9 @@ zps_err zps_conn_await(zps_conn *n, void *sock, const char *what, const char *en
 zps_err zps_conn_send(zps_conn *n, int shard, Zps__Header *h, const void *payload, size_t bytes,
                       zps_wire_ref *ref);
 
+// The bucket of shard sc that is [lo, hi), or -1.
+int zps_conn_bucket_of(const zps_conn_shard *sc, uint64_t lo, uint64_t hi);
+
 // The same with payload frames of their own (zps_wire_send_frames: moved).
 zps_err zps_conn_send_frames(zps_conn *n, int shard, Zps__Header *h, zmq_msg_t *frames,
                              int n_frames);

@@ -492,6 +492,15 @@ static zps_err s_mean(zps_dtype dtype, const zps_host_part *parts, int n, size_t
     return ZPS_OK;
 }
 
+// out's frames become src's, shared (ZeroMQ counts the references), not copied.
+static void s_share_frames(zps_wire_msg *out, const zps_wire_msg *src)
+{
+    for (int f = 0; f < src->n_frames; f++, out->n_frames++) {
+        ZPS_ASSERT(zmq_msg_init(&out->frames[f]) == 0);
+        ZPS_ASSERT(zmq_msg_copy(&out->frames[f], (zmq_msg_t *)&src->frames[f]) == 0);
+    }
+}
+
 // Pushes parts [0, n) of shard i's bucket b, which adjoin: their mean, or
 // the one part's frames as they came (shared, not copied).
 static zps_err s_push_run(zps_client *c, int i, int b, const zps_host_part *parts, int n)
@@ -500,10 +509,7 @@ static zps_err s_push_run(zps_client *c, int i, int b, const zps_host_part *part
     zps_wire_msg out = {.n_frames = 0};
     zps_err err = ZPS_OK;
     if (n == 1) {
-        for (int f = 0; f < parts[0].m.n_frames; f++, out.n_frames++) {
-            ZPS_ASSERT(zmq_msg_init(&out.frames[f]) == 0);
-            ZPS_ASSERT(zmq_msg_copy(&out.frames[f], (zmq_msg_t *)&parts[0].m.frames[f]) == 0);
-        }
+        s_share_frames(&out, &parts[0].m);
     } else {
         err = s_mean(c->dtype, parts, n, bk->hi - bk->lo, &out);
     }
@@ -669,11 +675,16 @@ static void s_lead_step(zps_client *c, uint64_t step)
     h->first_ms = zps_clock_ms();
 }
 
+// The bits of every member of the group (bit k: member k).
+static uint64_t s_all_members(const zps_host *h)
+{
+    return h->n >= 64 ? UINT64_MAX : (1ull << h->n) - 1;
+}
+
 // Whether every member's piece is in for the bucket.
 static bool s_complete(const zps_host *h, const zps_host_bucket *hb)
 {
-    uint64_t all = h->n >= 64 ? UINT64_MAX : (1ull << h->n) - 1;
-    return hb->seen == all && hb->in == hb->expected;
+    return hb->seen == s_all_members(h) && hb->in == hb->expected;
 }
 
 // Takes part p (moved) for shard i's bucket b of the step being summed:
@@ -717,18 +728,6 @@ static zps_err s_add_part(zps_client *c, int i, int b, zps_host_part *p)
     return hb->flushed || s_complete(h, hb) ? s_flush(c, i, b) : ZPS_OK;
 }
 
-// The bucket of shard i that is [lo, hi), or -1.
-static int s_bucket_index(const zps_client *c, int i, uint64_t lo, uint64_t hi)
-{
-    const zps_conn_shard *sc = &c->conn.shards[i];
-    for (int b = 0; b < sc->n_buckets; b++) {
-        if (sc->buckets[b].lo == lo && sc->buckets[b].hi == hi) {
-            return b;
-        }
-    }
-    return -1;
-}
-
 // Whether own part p completes bucket hb, the parts then adjoining in one
 // run: it is then summed at once into frames of their own (or, in a
 // deterministic job, into nodes' values), and the caller's gradient it
@@ -736,9 +735,8 @@ static int s_bucket_index(const zps_client *c, int i, uint64_t lo, uint64_t hi)
 static bool s_completes_one_run(const zps_host *h, const zps_host_bucket *hb,
                                 const zps_host_part *p)
 {
-    uint64_t all = h->n >= 64 ? UINT64_MAX : (1ull << h->n) - 1;
     uint64_t expected = hb->expected + ((hb->seen & 1u) ? 0 : p->piece);
-    if (hb->flushed || (hb->seen | 1u) != all || hb->in + p->samples != expected) {
+    if (hb->flushed || (hb->seen | 1u) != s_all_members(h) || hb->in + p->samples != expected) {
         return false;
     }
     uint64_t lo = p->offset, hi = (uint64_t)p->offset + p->samples, sum = p->samples;
@@ -757,7 +755,7 @@ static bool s_completes_one_run(const zps_host *h, const zps_host_bucket *hb,
 static zps_err s_add_own(zps_client *c, int i, const zps_piece *p, uint64_t lo, uint64_t hi,
                          const float *grad, float loss, float compute_ms)
 {
-    int b = s_bucket_index(c, i, lo, hi);
+    int b = zps_conn_bucket_of(&c->conn.shards[i], lo, hi);
     size_t esize = zps_dtype_size(c->dtype), bytes = (hi - lo) * esize;
     zps_host_part part = {.member = 0, .offset = p->offset, .samples = p->count,
                           .piece = c->cur_work.count, .loss = loss, .compute_ms = compute_ms};
@@ -838,7 +836,8 @@ static bool s_part_ok(const zps_client *c, const Zps__Header *hd, int *b, char *
         return false;
     }
     if (hd->shard >= (uint32_t)c->conn.n_shards || !h->remote[hd->shard] ||
-        (*b = s_bucket_index(c, (int)hd->shard, hd->offset, hd->offset + hd->count)) < 0 ||
+        (*b = zps_conn_bucket_of(&c->conn.shards[hd->shard], hd->offset,
+                                 hd->offset + hd->count)) < 0 ||
         (int)hd->dtype != (int)c->dtype) {
         snprintf(why, len, "not a bucket of a shard on another host");
         return false;
@@ -917,10 +916,7 @@ zps_err zps_host_drain(zps_client *c)
 static void s_forward(void *sock, zmq_msg_t *route, const zps_wire_msg *m)
 {
     zps_wire_msg out = {.n_frames = 0};
-    for (int f = 0; f < m->n_frames; f++, out.n_frames++) {
-        ZPS_ASSERT(zmq_msg_init(&out.frames[f]) == 0);
-        ZPS_ASSERT(zmq_msg_copy(&out.frames[f], (zmq_msg_t *)&m->frames[f]) == 0);
-    }
+    s_share_frames(&out, m);
     if (zps_wire_send_frames(sock, route, m->hdr, out.frames, out.n_frames) != ZPS_OK) {
         zps_log_debug("host: parameters not passed on");
     }

@@ -141,11 +141,7 @@ static zps_err s_take_bucket(zps_client *c, int i, uint64_t step, zps_wire_msg *
                  zps_wire_type_name(h->type), (unsigned long long)h->step,
                  (unsigned long long)step);
     } else if (s_check_params(c, sc, m, why, sizeof why) == ZPS_OK) {
-        for (int k = 0; k < sc->n_buckets; k++) {
-            if (sc->buckets[k].lo == h->offset && sc->buckets[k].hi == h->offset + h->count) {
-                b = k;
-            }
-        }
+        b = zps_conn_bucket_of(sc, h->offset, h->offset + h->count);
         if (b >= 0 && zps_bucket_set_has(&sc->received, b)) {
             // A second answer (to a pull and a push both): the same values.
             return ZPS_OK;

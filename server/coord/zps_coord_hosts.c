@@ -9,10 +9,7 @@
 void zps_coord_take_boot_id(zps_coord *c, char out[ZPS_SHM_BOOT_ID_LEN], const char *v,
                             const char *who)
 {
-    size_t len = v ? strlen(v) : 0;
-    bool ok = len < ZPS_SHM_BOOT_ID_LEN &&
-              strspn(v ? v : "", "abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ"
-                                 "0123456789._-") == len;
+    bool ok = !v || !v[0] || zps_shm_boot_id_ok(v); // none said: unknown, not bad
     snprintf(out, ZPS_SHM_BOOT_ID_LEN, "%s", ok && v ? v : "");
     if (!ok && !c->bad_boot_id_logged) {
         // Unknown is safe (no group, pushes to every shard): said once,
