@@ -3,7 +3,8 @@
 # time and bytes on the wire to reach a test accuracy (0.85) on
 # Fashion-MNIST over slow links, for synchronous zps, PyTorch DDP (gloo)
 # and DiLoCo (zps-server --mode diloco) with H inner steps, fp32 and int8
-# pseudo-gradients; and, with one worker slowed 2x, fixed H against
+# pseudo-gradients, whole or a fragment at a time (--fragments 4, Streaming
+# DiLoCo); and, with one worker slowed 2x, fixed H against
 # --inner-steps auto (seconds per outer round). Every host is a network
 # namespace of deploy/netns-cluster.sh with every link limited by tc tbf
 # (100 Mbit/s, both ways); the job is zps's default MLP 784-512-512-10,
@@ -13,7 +14,8 @@
 #   sudo bench/diloco.sh [-o DIR] [--md FILE] [--only LIST] [options]
 #
 # Cases (--only, a comma list; default all): sync, ddp, h10, h50, h10-int8,
-# h50-int8, slow-h10, slow-auto (auto:10), slow-h50, slow-auto50. The DiLoCo cases are skipped, and the
+# h50-int8, h10-f4, h10-f4-int8 (--fragments 4), slow-h10, slow-auto
+# (auto:10), slow-h50, slow-auto50. The DiLoCo cases are skipped, and the
 # table says so, while bin/zps-server has no --mode.
 #
 # A run stops at the first evaluation (zps: every epoch's end, the
@@ -35,8 +37,8 @@ usage: sudo bench/diloco.sh [options]
                    the run directory)
   --md FILE        the table as Markdown to FILE as well
   --only LIST      cases, in the order to run them, e.g. sync,h10 (default
-                   sync,ddp,h10,h50,h10-int8,h50-int8,slow-h10,slow-auto,
-                   slow-h50,slow-auto50)
+                   sync,ddp,h10,h50,h10-int8,h50-int8,h10-f4,h10-f4-int8,
+                   slow-h10,slow-auto,slow-h50,slow-auto50)
   -r RATE          every host's link, both ways (default 100mbit)
   -w W             workers, each on a host of its own with a shard beside it,
                    as a user would deploy them (default 4)
@@ -65,7 +67,7 @@ die() {
 }
 
 abs() { case $1 in /*) echo "$1" ;; *) echo "$cwd/$1" ;; esac; }
-outdir='' md='' only=sync,ddp,h10,h50,h10-int8,h50-int8,slow-h10,slow-auto,slow-h50,slow-auto50
+outdir='' md='' only=sync,ddp,h10,h50,h10-int8,h50-int8,h10-f4,h10-f4-int8,slow-h10,slow-auto,slow-h50,slow-auto50
 rate=100mbit workers=4 target=0.85 steps=4500 max_epochs=5 min_epochs=2 slow_epochs=1 bound=1500
 repeats=1 keep_logs=0 report='' shard_host=0
 while [ $# -gt 0 ]; do
@@ -95,7 +97,7 @@ while [ $# -gt 0 ]; do
     *) die "unknown option $1 (--help lists them)" ;;
     esac
 done
-all_cases=(sync ddp h10 h50 h10-int8 h50-int8 slow-h10 slow-auto slow-h50 slow-auto50)
+all_cases=(sync ddp h10 h50 h10-int8 h50-int8 h10-f4 h10-f4-int8 slow-h10 slow-auto slow-h50 slow-auto50)
 IFS=, read -r -a cases <<<"$only"
 for c in "${cases[@]}"; do
     [[ " ${all_cases[*]} " == *" $c "* ]] || die "--only: no case '$c' (${all_cases[*]})"
@@ -212,9 +214,10 @@ set_epochs() {
     mv "$run/$1.evals.new" "$run/$1.evals"
 }
 # case_h CASE: the global batches of a step line (1; DiLoCo: H, the fastest
-# worker's inner steps with auto).
+# worker's inner steps with auto; with 4 fragments H / 4 on average).
 case_h() {
     case $1 in
+    *-f4*) echo 2.5 ;;
     *50*) echo 50 ;;
     h* | slow-*) echo 10 ;;
     *) echo 1 ;;
@@ -300,6 +303,8 @@ case_flags() {
     h50) echo "--mode diloco --inner-steps 50 --compress none" ;;
     h10-int8) echo "--mode diloco --inner-steps 10 --compress int8" ;;
     h50-int8) echo "--mode diloco --inner-steps 50 --compress int8" ;;
+    h10-f4) echo "--mode diloco --inner-steps 10 --fragments 4 --compress none" ;;
+    h10-f4-int8) echo "--mode diloco --inner-steps 10 --fragments 4 --compress int8" ;;
     slow-h10) echo "--mode diloco --inner-steps 10 --compress none" ;;
     slow-auto) echo "--mode diloco --inner-steps auto --compress none" ;;
     slow-h50) echo "--mode diloco --inner-steps 50 --compress none" ;;
@@ -314,6 +319,8 @@ case_name() {
     h50) echo "DiLoCo H=50, fp32" ;;
     h10-int8) echo "DiLoCo H=10, int8" ;;
     h50-int8) echo "DiLoCo H=50, int8" ;;
+    h10-f4) echo "DiLoCo H=10, 4 fragments, fp32" ;;
+    h10-f4-int8) echo "DiLoCo H=10, 4 fragments, int8" ;;
     slow-h10) echo "DiLoCo H=10, worker 0 slowed 2x" ;;
     slow-auto) echo "DiLoCo --inner-steps auto, worker 0 slowed 2x" ;;
     slow-h50) echo "DiLoCo H=50, worker 0 slowed 2x" ;;
@@ -454,7 +461,7 @@ if ran sync; then
     sync_t=$(fig sync 1)
     sync_b=$(fig sync 2)
 fi
-for c in sync ddp h10 h50 h10-int8 h50-int8; do
+for c in sync ddp h10 h50 h10-int8 h50-int8 h10-f4 h10-f4-int8; do
     wants "$c" || continue
     name=$(case_name "$c")
     if [ -n "${skip[$c]:-}" ]; then
@@ -497,20 +504,34 @@ for c in sync ddp h10 h50 h10-int8 h50-int8; do
         ;;
     esac
 done
+# Fragments: the payload bytes one worker pushes in one exchange (the
+# metrics log's largest "bytes"), with 4 fragments against the whole model.
+push_max() {
+    sed -n 's/.*"bytes": *\([0-9]*\).*/\1/p' "$run/$1/metrics.jsonl" 2>/dev/null | sort -g | tail -n 1
+}
+for k in "" -int8; do
+    if ! { ran "h10$k" && ran "h10-f4$k"; }; then continue; fi
+    whole=$(push_max "h10$k-1") part=$(push_max "h10-f4$k-1")
+    if [ -z "$whole" ] || [ -z "$part" ]; then continue; fi
+    ratio=$(awk -v a="$part" -v b="$whole" 'BEGIN {printf "%.3f", a / b}')
+    row "largest exchange: H=10$k, 4 fragments against whole" \
+        "$(awk -v a="$part" -v b="$whole" 'BEGIN {printf "%.2f MB against %.2f MB", a / 1e6, b / 1e6}') pushed by a worker at once" "-" "$ratio" \
+        "≤ 0.3" "$(awk -v r="$ratio" 'BEGIN {print (r <= 0.3) ? "met" : "not met"}')"
+done
 # int8 against fp32: the accuracy at the last epoch both runs evaluated.
-for h in 10 50; do
+for h in 10 50 10-f4; do
     if ! { ran "h$h" && ran "h$h-int8"; }; then continue; fi
     d=$(awk 'NR == FNR {a[$3] = $4; next}
         ($3 in a) {e = $3; d = $4 - a[$3]; m = (d < 0 ? -d : d) > m ? (d < 0 ? -d : d) : m; k++}
         END {if (e != "") printf "%.4f %s %.4f %.4f %.4f %d\n", d, e, a[e], a[e] + d, m, k}' \
         "$run/h$h-1.evals" "$run/h$h-int8-1.evals")
     if [ -z "$d" ]; then
-        row "DiLoCo H=$h, int8 against fp32" "no epoch evaluated by both" "-" "-" "within 0.005" "-"
+        row "DiLoCo H=${h/-f4/, 4 fragments}, int8 against fp32" "no epoch evaluated by both" "-" "-" "within 0.005" "-"
         continue
     fi
     read -r diff ep fa ia dmax k <<<"$d"
     ok=$(awk -v d="$diff" 'BEGIN {print (d >= -0.005 && d <= 0.005) ? "met" : "not met"}')
-    row "DiLoCo H=$h, int8 against fp32" "after $ep epochs: int8 $ia, fp32 $fa" "-" \
+    row "DiLoCo H=${h/-f4/, 4 fragments}, int8 against fp32" "after $ep epochs: int8 $ia, fp32 $fa" "-" \
         "$diff (int8 - fp32); largest difference over the $k epochs both evaluated: $dmax" \
         "within 0.005 (0.5 points) at the last" "$ok"
 done

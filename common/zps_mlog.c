@@ -21,6 +21,7 @@ static const char *const s_names[ZPS_MLOG_N_KEYS] = {
     [ZPS_MLOG_INNER_SAMPLES] = "inner_samples",
     [ZPS_MLOG_DELTA_NORM] = "delta_norm",
     [ZPS_MLOG_BYTES] = "bytes",
+    [ZPS_MLOG_FRAGMENT] = "fragment",
 };
 
 const char *zps_mlog_name(zps_mlog_key k)

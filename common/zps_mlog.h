@@ -41,6 +41,7 @@ typedef enum zps_mlog_key {
     ZPS_MLOG_DELTA_NORM,    // worker row, diloco: the norm of its pseudo-gradient
     ZPS_MLOG_BYTES,         // worker row, diloco: payload bytes it pushed in the round
     ZPS_MLOG_GRAD_NORM,     // step, --clip-grad-norm: the global gradient norm, before clipping
+    ZPS_MLOG_FRAGMENT,      // worker row, diloco --fragments: the fragment its pushes carried
     ZPS_MLOG_N_KEYS
 } zps_mlog_key;
 

@@ -47,7 +47,44 @@ zps_err zps_outer_mode_check(const zps_outer_mode *mode)
     bool steps_ok = mode->inner_steps >= 1 && mode->inner_steps <= ZPS_OUTER_MAX_INNER_STEPS;
     bool compress_ok = mode->compress == 0 || mode->compress == ZPS_QUANT_INT8 ||
                        mode->compress == ZPS_QUANT_E3M0;
-    return steps_ok && compress_ok ? ZPS_OK : ZPS_EINVAL;
+    uint32_t f = zps_outer_fragments(mode);
+    bool fragments_ok = f <= ZPS_OUTER_MAX_FRAGMENTS && f <= mode->inner_steps;
+    return steps_ok && compress_ok && fragments_ok ? ZPS_OK : ZPS_EINVAL;
+}
+
+// Where fragment f of [lo, hi) begins.
+static uint64_t s_fragment_lo(uint32_t f_count, uint64_t lo, uint64_t hi, uint32_t f)
+{
+    return lo + (hi - lo) * f / f_count;
+}
+
+uint32_t zps_outer_fragment_at(const zps_outer_mode *mode, uint64_t lo, uint64_t hi, uint64_t x)
+{
+    uint32_t n = zps_outer_fragments(mode), f = 0;
+    while (f + 1 < n && s_fragment_lo(n, lo, hi, f + 1) <= x) {
+        f++;
+    }
+    return f;
+}
+
+int zps_outer_cut_buckets(const zps_outer_mode *mode, uint64_t lo, uint64_t hi,
+                          const zps_bucket *in, int n_in, zps_bucket *out, int max)
+{
+    uint32_t n = zps_outer_fragments(mode);
+    int k = 0;
+    for (int i = 0; i < n_in; i++) {
+        for (uint64_t at = in[i].lo; at < in[i].hi;) {
+            uint32_t f = zps_outer_fragment_at(mode, lo, hi, at);
+            uint64_t end = f + 1 < n ? s_fragment_lo(n, lo, hi, f + 1) : hi;
+            end = end < in[i].hi ? end : in[i].hi;
+            if (k == max) {
+                return -1;
+            }
+            out[k++] = (zps_bucket){at, end};
+            at = end;
+        }
+    }
+    return k;
 }
 
 zps_optim_cfg zps_outer_optim(const zps_outer_cfg *cfg)

@@ -25,6 +25,7 @@
 #include <stddef.h>
 
 #include "zps_err.h"
+#include "zps_model.h"
 #include "zps_optim.h"
 
 // The defaults, DiLoCo's (Douillard et al., 2023).
@@ -49,14 +50,60 @@ typedef struct zps_outer_mode {
     bool auto_steps;      // --inner-steps auto: each member's in proportion to its speed
     int compress;         // a zps_quant_kind for the pushes; 0: fp32
     zps_outer_cfg outer;  // the shards' optimizer
+    // --fragments F (0 or 1: none; Streaming DiLoCo): every shard's range
+    // is cut into F fragments of equal bytes, and a round of H inner steps
+    // is F of the job's steps, step f of a round ending at inner step
+    // (f + 1) * H / F (rounded down), after which fragment f alone is
+    // exchanged. Each fragment is thus exchanged once per H inner steps,
+    // fragment f at inner steps offset by f * H / F, and the network
+    // carries one fragment at a time (docs/diloco.md, "Fragments").
+    uint32_t fragments;
 } zps_outer_mode;
 
 #define ZPS_OUTER_MAX_INNER_STEPS (1u << 20) // --inner-steps' bound
+#define ZPS_OUTER_MAX_FRAGMENTS 64           // --fragments' bound
 
 // Whether a mode that came from the coordinator is one this build runs:
-// H in [1, ZPS_OUTER_MAX_INNER_STEPS], compress 0 or a zps_quant_kind.
+// H in [1, ZPS_OUTER_MAX_INNER_STEPS], compress 0 or a zps_quant_kind,
+// fragments at most ZPS_OUTER_MAX_FRAGMENTS and H.
 // ZPS_EINVAL, unlogged, otherwise.
 zps_err zps_outer_mode_check(const zps_outer_mode *mode);
+
+// F, at least 1.
+static inline uint32_t zps_outer_fragments(const zps_outer_mode *mode)
+{
+    return mode->fragments > 1 ? mode->fragments : 1;
+}
+
+// The first global batch of the job's step t: t * H, or with fragments
+// (t / F) * H + (t mod F) * H / F.
+static inline uint64_t zps_outer_step_batch(const zps_outer_mode *mode, uint64_t t)
+{
+    uint64_t f = zps_outer_fragments(mode), h = mode->inner_steps;
+    return t / f * h + t % f * h / f;
+}
+
+// The global batches of step t: H, or about H / F with fragments.
+static inline uint32_t zps_outer_step_batches(const zps_outer_mode *mode, uint64_t t)
+{
+    return (uint32_t)(zps_outer_step_batch(mode, t + 1) - zps_outer_step_batch(mode, t));
+}
+
+// The fragment exchanged at the end of step t.
+static inline uint32_t zps_outer_fragment_of_step(const zps_outer_mode *mode, uint64_t t)
+{
+    return (uint32_t)(t % zps_outer_fragments(mode));
+}
+
+// The fragment of element x of the range [lo, hi): f where
+// lo + (hi - lo) * f / F <= x < lo + (hi - lo) * (f + 1) / F.
+uint32_t zps_outer_fragment_at(const zps_outer_mode *mode, uint64_t lo, uint64_t hi, uint64_t x);
+
+// The buckets in[0..n_in) of the range [lo, hi), cut where a fragment
+// ends, into out (at most max; with one fragment, the same buckets).
+// Returns how many, or -1 if more than max.
+int zps_outer_cut_buckets(const zps_outer_mode *mode, uint64_t lo, uint64_t hi,
+                          const zps_bucket *in, int n_in, zps_bucket *out, int max);
 
 // Whether cfg is usable: lr >= 0 and finite, momentum in [0, 1) (torch
 // takes any momentum >= 0, but from 1 on the buffer grows without bound).

@@ -116,6 +116,7 @@ void zps_client_destroy(zps_client **cp)
     zps_conn_fini(&c->conn); // then ZeroMQ lets go of the caller's gradient
     free(c->wire);
     zps_round_fini(&c->round);
+    free(c->local);
     zps_micro_fini(&c->micro);
     zps_sampler_fini(&c->sampler);
     zps_decl_fini(&c->decl);

@@ -152,6 +152,13 @@ struct zps_client {
     uint32_t inner_taken;                          // the work id zps_inner_done took last
     double inner_loss;                             // the round's inner losses, summed
     double round_ms;                               // the round's compute, summed
+    uint32_t pushed_inner;                         // inner steps the pseudo-gradient pushed covers
+    // --fragments F: each fragment's inner steps and compute since it was
+    // last exchanged (what its pseudo-gradient covers), and the worker's
+    // own parameters, kept aside while the global ones are evaluated.
+    uint32_t frag_inner[ZPS_OUTER_MAX_FRAGMENTS];
+    double frag_ms[ZPS_OUTER_MAX_FRAGMENTS];
+    float *local;                                  // owned, F > 1: n_params floats
     // --deterministic: the piece's micro-batches summed in the tree's order.
     zps_micro micro;
     // One push per host: this worker's group and, leading it, the sums.
@@ -243,5 +250,20 @@ zps_err zps_host_due(zps_client *c, double now);
 // zps_diloco.c: the round of --mode diloco.
 zps_err zps_diloco_take_mode(zps_client *c, const Zps__Job *job);
 int zps_diloco_hand_out(zps_client *c, zps_work *out);
+// --fragments: the buckets of shard i the wait for `after`'s parameters
+// of `step` does not wait for (none but with fragments, after a step).
+zps_bucket_set zps_diloco_not_awaited(const zps_client *c, int i, zps_client_after after,
+                                      uint64_t step);
+// The parameters of the wait that ended (`after`) are in: theta_sync takes
+// them, of every fragment or of the one exchanged.
+void zps_diloco_params_in(zps_client *c, zps_client_after after);
+// The evaluation's pieces are handed out with the global parameters, those
+// of the last exchange of every fragment (zps_diloco_eval_begin), and the
+// worker's own come back after (zps_diloco_eval_end); the job ends with the
+// global ones (zps_diloco_finish), the same bits on every worker. All three
+// do nothing without fragments, whose parameters are the global ones.
+void zps_diloco_eval_begin(zps_client *c);
+void zps_diloco_eval_end(zps_client *c);
+void zps_diloco_finish(zps_client *c);
 
 #endif

@@ -12,11 +12,73 @@
 #include "common/zps_log.h"
 #include "common/zps_wire.h"
 
-// A diloco job's round: its ranges are the pushes of zps_push_bucket, a
-// bucket cut to each shard, in the same order.
+// With fragments, each shard's buckets are cut where a fragment ends, as
+// the shard cuts its own (server/shard/zps_shard.c).
+static zps_err s_cut_shard_buckets(zps_client *c)
+{
+    for (int i = 0; zps_outer_fragments(&c->mode) > 1 && i < c->conn.n_shards; i++) {
+        zps_conn_shard *sc = &c->conn.shards[i];
+        zps_bucket whole[ZPS_MODEL_MAX_BUCKETS];
+        memcpy(whole, sc->buckets, (size_t)sc->n_buckets * sizeof *whole);
+        int n = zps_outer_cut_buckets(&c->mode, sc->lo, sc->hi, whole, sc->n_buckets,
+                                      sc->buckets, ZPS_MODEL_MAX_BUCKETS);
+        if (n < 0) {
+            zps_log_error("shard %d: its buckets cut into %u fragments are more than %d", i,
+                          c->mode.fragments, ZPS_MODEL_MAX_BUCKETS);
+            return ZPS_EPROTO;
+        }
+        sc->n_buckets = n;
+    }
+    return ZPS_OK;
+}
+
+// The round's ranges, the pushes of zps_push_bucket: a bucket cut to each
+// shard (and there, with fragments, to each fragment), in the same order.
+static zps_err s_round_init(zps_client *c)
+{
+    int nb = zps_model_n_buckets(&c->model), n = 0;
+    size_t max = (size_t)nb * ZPS_CONN_MAX_SHARDS * zps_outer_fragments(&c->mode);
+    uint64_t *lo = malloc(max * sizeof *lo), *hi = malloc(max * sizeof *hi);
+    uint8_t *frag = malloc(max);
+    zps_err err = lo && hi && frag ? ZPS_OK : ZPS_ENOMEM;
+    for (int b = 0; err == ZPS_OK && b < nb; b++) {
+        uint64_t blo, bhi;
+        zps_model_bucket(&c->model, b, &blo, &bhi);
+        for (int i = 0; i < c->conn.n_shards; i++) {
+            const zps_conn_shard *sc = &c->conn.shards[i];
+            zps_bucket cut = {blo > sc->lo ? blo : sc->lo, bhi < sc->hi ? bhi : sc->hi};
+            zps_bucket out[ZPS_OUTER_MAX_FRAGMENTS];
+            int k = cut.lo < cut.hi ? zps_outer_cut_buckets(&c->mode, sc->lo, sc->hi, &cut, 1,
+                                                            out, ZPS_OUTER_MAX_FRAGMENTS)
+                                    : 0;
+            for (int j = 0; j < k; j++, n++) {
+                lo[n] = out[j].lo;
+                hi[n] = out[j].hi;
+                frag[n] = (uint8_t)zps_outer_fragment_at(&c->mode, sc->lo, sc->hi, out[j].lo);
+            }
+        }
+    }
+    if (err == ZPS_OK) {
+        err = zps_round_init(&c->round, c->model.n_params, c->mode.compress, lo, hi, frag, n);
+    }
+    if (err == ZPS_OK && zps_outer_fragments(&c->mode) > 1 &&
+        !(c->local = malloc(c->model.n_params * sizeof(float)))) {
+        zps_log_error("diloco: cannot allocate %zu floats for the worker's own parameters",
+                      c->model.n_params);
+        err = ZPS_ENOMEM;
+    }
+    free(lo);
+    free(hi);
+    free(frag);
+    return err;
+}
+
+// A diloco job's mode, inner optimizer and round.
 zps_err zps_diloco_take_mode(zps_client *c, const Zps__Job *job)
 {
     zps_round_fini(&c->round);
+    free(c->local);
+    c->local = NULL;
     memset(&c->mode, 0, sizeof c->mode);
     memset(&c->inner, 0, sizeof c->inner);
     if (!job->outer) {
@@ -24,7 +86,8 @@ zps_err zps_diloco_take_mode(zps_client *c, const Zps__Job *job)
     }
     c->mode = (zps_outer_mode){.diloco = true, .inner_steps = job->outer->inner_steps,
                                .auto_steps = job->outer->auto_steps,
-                               .compress = (int)job->outer->compress};
+                               .compress = (int)job->outer->compress,
+                               .fragments = job->outer->fragments};
     if (zps_outer_mode_check(&c->mode) != ZPS_OK || c->dtype != ZPS_DTYPE_F32) {
         zps_log_error("the coordinator sent a diloco mode this library cannot run");
         return ZPS_EPROTO;
@@ -40,31 +103,20 @@ zps_err zps_diloco_take_mode(zps_client *c, const Zps__Job *job)
             .kind = (zps_optim_kind)o->kind, .lr = o->lr, .momentum = o->momentum,
             .nesterov = o->nesterov, .weight_decay = o->weight_decay, .beta1 = o->beta1,
             .beta2 = o->beta2, .eps = o->eps, .schedule = (zps_lr_schedule)o->schedule,
-            .warmup_steps = o->warmup_steps, .total_steps = c->total_steps * c->mode.inner_steps,
+            .warmup_steps = o->warmup_steps,
+            .total_steps = zps_outer_step_batch(&c->mode, c->total_steps),
             .step_size = o->step_size, .gamma = o->gamma};
     }
-    int nb = zps_model_n_buckets(&c->model), n = 0;
-    uint64_t *lo = malloc(((size_t)nb + ZPS_CONN_MAX_SHARDS) * sizeof *lo);
-    uint64_t *hi = malloc(((size_t)nb + ZPS_CONN_MAX_SHARDS) * sizeof *hi);
-    zps_err err = lo && hi ? ZPS_OK : ZPS_ENOMEM;
-    for (int b = 0; err == ZPS_OK && b < nb; b++) {
-        uint64_t blo, bhi;
-        zps_model_bucket(&c->model, b, &blo, &bhi);
-        for (int i = 0; i < c->conn.n_shards; i++) {
-            uint64_t l = blo > c->conn.shards[i].lo ? blo : c->conn.shards[i].lo;
-            uint64_t r = bhi < c->conn.shards[i].hi ? bhi : c->conn.shards[i].hi;
-            if (l < r) {
-                lo[n] = l;
-                hi[n++] = r;
-            }
-        }
-    }
-    if (err == ZPS_OK) {
-        err = zps_round_init(&c->round, c->model.n_params, c->mode.compress, lo, hi, n);
-    }
-    free(lo);
-    free(hi);
-    return err;
+    zps_err err = s_cut_shard_buckets(c);
+    return err == ZPS_OK ? s_round_init(c) : err;
+}
+
+// The fragment step t exchanges, as zps_round_begin and zps_round_delta
+// take it: ZPS_ROUND_ALL without fragments (every range, in one pass).
+static int s_fragment(const zps_client *c, uint64_t t)
+{
+    return zps_outer_fragments(&c->mode) > 1 ? (int)zps_outer_fragment_of_step(&c->mode, t)
+                                             : ZPS_ROUND_ALL;
 }
 
 // --mode diloco: a round's own slice is handed out as inner steps, one per
@@ -72,13 +124,17 @@ zps_err zps_diloco_take_mode(zps_client *c, const Zps__Job *job)
 // member that left) is pushed at once as missing (inner steps 0), since
 // its member's inner steps died with it.
 
-// The inner steps this worker takes in round t: its slice's, or the job's H.
+// The inner steps this worker takes in step t: its slice's share of the
+// step's global batches, H_i of H (H_i: its slice's per round, or H), at
+// least 1; without fragments, H_i.
 static uint32_t s_inner_steps(const zps_client *c, uint64_t t)
 {
     const zps_plan_gen *g = zps_plans_at(&c->schedule.plans, t);
     const zps_plan_slice *own = g ? zps_plan_find(&g->plan, c->conn.rank) : NULL;
-    uint32_t h = own && own->inner_steps ? own->inner_steps : c->mode.inner_steps;
-    return h < c->mode.inner_steps ? h : c->mode.inner_steps;
+    uint64_t H = c->mode.inner_steps;
+    uint64_t h = own && own->inner_steps && own->inner_steps < H ? own->inner_steps : H;
+    h = h * zps_outer_step_batches(&c->mode, t) / H;
+    return h > 0 ? (uint32_t)h : 1;
 }
 
 // Whether piece p of round t is this worker's own slice in the plan.
@@ -95,8 +151,12 @@ static zps_err s_push_round(zps_client *c, uint64_t step, const zps_piece *p, ui
                             float loss, float compute_ms)
 {
     zps_conn_outer o = {.inner_steps = inner, .compress = (uint32_t)c->mode.compress,
-                        .delta_norm = (float)c->round.norm, .round_bytes = c->round.bytes};
+                        .delta_norm = (float)c->round.norm,
+                        .round_bytes = zps_round_bytes(&c->round, s_fragment(c, step))};
     for (int k = 0; k < c->round.n_ranges; k++) {
+        if (!zps_round_has(&c->round, k, s_fragment(c, step))) {
+            continue;
+        }
         uint64_t lo = c->round.lo[k], hi = c->round.hi[k];
         int i = 0;
         while (i < c->conn.n_shards - 1 && lo >= c->conn.shards[i].hi) {
@@ -137,7 +197,7 @@ static zps_err s_push_untrained(zps_client *c, uint64_t step, const zps_piece *p
     if (again) {
         zps_log_info("round %llu: the pseudo-gradient of [%u, %u) again",
                      (unsigned long long)step, p->offset, p->offset + p->count);
-        return s_push_round(c, step, p, c->inner_n, (float)(c->inner_loss / c->inner_n), 0);
+        return s_push_round(c, step, p, c->pushed_inner, (float)(c->inner_loss / c->inner_n), 0);
     }
     zps_log_warn("round %llu: slice [%u, %u) of a member that left is missing from the round "
                  "(pushed with no weight)", (unsigned long long)step, p->offset,
@@ -171,7 +231,7 @@ int zps_diloco_hand_out(zps_client *c, zps_work *out)
         return 0;
     }
     uint32_t h = c->inner_h++;
-    uint64_t batch = c->t * c->mode.inner_steps + h;
+    uint64_t batch = zps_outer_step_batch(&c->mode, c->t) + h;
     const uint32_t *idx = NULL;
     if (c->has_data &&
         !(idx = zps_sampler_slice(&c->sampler, batch, c->own.offset, c->own.count))) {
@@ -188,6 +248,23 @@ int zps_diloco_hand_out(zps_client *c, zps_work *out)
                       .count = c->own.count, .indices = idx, .inner = h,
                       .inner_steps = c->inner_n, .round = c->t};
     return ZPS_NEXT_WORK;
+}
+
+// The step's inner steps are done: every fragment has them, and the one
+// the step exchanges pushes all it has had since its last exchange
+// (pushed_inner); returns their compute time and starts that count over.
+static double s_count_fragment(zps_client *c)
+{
+    uint32_t f = zps_outer_fragment_of_step(&c->mode, c->t);
+    for (uint32_t g = 0; g < zps_outer_fragments(&c->mode); g++) {
+        c->frag_inner[g] += c->inner_n;
+        c->frag_ms[g] += c->round_ms;
+    }
+    double ms = c->frag_ms[f];
+    c->pushed_inner = c->frag_inner[f];
+    c->frag_inner[f] = 0;
+    c->frag_ms[f] = 0;
+    return ms;
 }
 
 zps_err zps_inner_done(zps_client *c, const zps_work *w, float loss)
@@ -210,18 +287,74 @@ zps_err zps_inner_done(zps_client *c, const zps_work *w, float loss)
     if (c->inner_h < c->inner_n) {
         return ZPS_OK;
     }
-    // The round's last inner step: its pseudo-gradient, once ZeroMQ has
-    // let go of the payloads of the pushes before.
+    // The step's last inner step: the pseudo-gradient of the fragment it
+    // exchanges (of every range, without fragments), once ZeroMQ has let go
+    // of the payloads of the pushes before.
+    double frag_ms = s_count_fragment(c);
     zps_err err = zps_wire_ref_wait(&c->grad_ref, c->timeout_ms);
     if (err == ZPS_OK) {
-        err = zps_round_delta(&c->round, c->params);
+        err = zps_round_delta(&c->round, c->params, s_fragment(c, c->t));
     }
     if (err == ZPS_OK) {
-        err = s_push_round(c, c->t, &c->own, c->inner_n, (float)(c->inner_loss / c->inner_n),
-                           (float)c->round_ms);
+        err = s_push_round(c, c->t, &c->own, c->pushed_inner,
+                           (float)(c->inner_loss / c->inner_n), (float)frag_ms);
     }
     c->round_pushed = true;
     s_note_done(c, c->t, &c->own);
     c->push_err = err;
     return err == ZPS_OK ? ZPS_OK : zps_client_fail(c, err);
+}
+
+zps_bucket_set zps_diloco_not_awaited(const zps_client *c, int i, zps_client_after after,
+                                      uint64_t step)
+{
+    zps_bucket_set idle = {0};
+    if (!c->mode.diloco || zps_outer_fragments(&c->mode) == 1 || after != ZPS_AFTER_STEP ||
+        step == 0) {
+        return idle;
+    }
+    const zps_conn_shard *sc = &c->conn.shards[i];
+    uint32_t f = zps_outer_fragment_of_step(&c->mode, step - 1);
+    for (int b = 0; b < sc->n_buckets; b++) {
+        if (zps_outer_fragment_at(&c->mode, sc->lo, sc->hi, sc->buckets[b].lo) != f) {
+            zps_bucket_set_add(&idle, b);
+        }
+    }
+    return idle;
+}
+
+void zps_diloco_params_in(zps_client *c, zps_client_after after)
+{
+    if (!c->mode.diloco) {
+        return;
+    }
+    if (after != ZPS_AFTER_STEP) {
+        // Joined, gone back or admitted anew: every fragment starts over here.
+        memset(c->frag_inner, 0, sizeof c->frag_inner);
+        memset(c->frag_ms, 0, sizeof c->frag_ms);
+    }
+    zps_round_begin(&c->round, c->params,
+                    after == ZPS_AFTER_STEP ? s_fragment(c, c->t) : ZPS_ROUND_ALL);
+}
+
+void zps_diloco_eval_begin(zps_client *c)
+{
+    if (c->local) {
+        memcpy(c->local, c->params, c->model.n_params * sizeof(float));
+        memcpy(c->params, c->round.sync, c->model.n_params * sizeof(float));
+    }
+}
+
+void zps_diloco_eval_end(zps_client *c)
+{
+    if (c->local) {
+        memcpy(c->params, c->local, c->model.n_params * sizeof(float));
+    }
+}
+
+void zps_diloco_finish(zps_client *c)
+{
+    if (c->local) {
+        memcpy(c->params, c->round.sync, c->model.n_params * sizeof(float));
+    }
 }

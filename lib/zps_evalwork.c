@@ -36,8 +36,11 @@ void zps_evalwork_plan(zps_client *c)
     // follows its share of the batch, and the pieces of a late slice carry
     // the evaluation of its owner, who may have been away then.
     // A diloco round is H global batches: its end may end an epoch.
-    uint64_t t = c->t, h = c->mode.diloco ? c->mode.inner_steps : 1, spe = c->steps_per_epoch;
-    bool epoch_end = (t + 1) * h / spe > t * h / spe;
+    // (With fragments, a step is a part of a round.)
+    uint64_t t = c->t, spe = c->steps_per_epoch;
+    uint64_t at = c->mode.diloco ? zps_outer_step_batch(&c->mode, t) : t;
+    uint64_t end = c->mode.diloco ? zps_outer_step_batch(&c->mode, t + 1) : t + 1;
+    bool epoch_end = end / spe > at / spe;
     c->n_eval = c->eval_pos = 0;
     if (c->has_data && (epoch_end || t + 1 == c->total_steps) && c->done_step == t) {
         uint64_t B = c->global_batch;
@@ -48,7 +51,10 @@ void zps_evalwork_plan(zps_client *c)
         }
         // The epoch that ended in the round (the later one, if two did), or
         // the job's last, still in progress.
-        c->eval_epoch = epoch_end ? (t + 1) * h / spe - 1 : ((t + 1) * h - 1) / spe;
+        c->eval_epoch = epoch_end ? end / spe - 1 : (end - 1) / spe;
+    }
+    if (c->n_eval > 0) {
+        zps_diloco_eval_begin(c);
     }
 }
 
@@ -60,6 +66,9 @@ int zps_evalwork_hand_out(zps_client *c, zps_work *out)
                           .epoch = c->eval_epoch, .offset = c->eval_lo[k],
                           .count = c->eval_hi[k] - c->eval_lo[k]};
         return ZPS_NEXT_EVAL;
+    }
+    if (c->n_eval > 0) {
+        zps_diloco_eval_end(c);
     }
     c->t++;
     c->phase = ZPS_PHASE_STEP;

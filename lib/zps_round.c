@@ -9,7 +9,7 @@
 #include "common/zps_outer.h"
 
 zps_err zps_round_init(zps_round *r, size_t n, int compress, const uint64_t *lo,
-                       const uint64_t *hi, int n_ranges)
+                       const uint64_t *hi, const uint8_t *frag, int n_ranges)
 {
     memset(r, 0, sizeof *r);
     r->n = n;
@@ -22,9 +22,10 @@ zps_err zps_round_init(zps_round *r, size_t n, int compress, const uint64_t *lo,
     r->delta = calloc(n, sizeof(float));
     r->lo = malloc(k * sizeof *r->lo);
     r->hi = malloc(k * sizeof *r->hi);
+    r->frag = calloc(k, sizeof *r->frag);
     r->at = malloc(k * sizeof *r->at);
     r->len = malloc(k * sizeof *r->len);
-    if (!r->sync || !r->delta || !r->lo || !r->hi || !r->at || !r->len) {
+    if (!r->sync || !r->delta || !r->lo || !r->hi || !r->frag || !r->at || !r->len) {
         zps_log_error("diloco: cannot allocate the round's %zu floats", n);
         return ZPS_ENOMEM;
     }
@@ -37,6 +38,7 @@ zps_err zps_round_init(zps_round *r, size_t n, int compress, const uint64_t *lo,
         }
         r->lo[i] = lo[i];
         r->hi[i] = hi[i];
+        r->frag[i] = frag ? frag[i] : 0;
         size_t size = (hi[i] - lo[i]) * sizeof(float);
         if (compress && zps_quant_size(compress, hi[i] - lo[i], ZPS_QUANT_BLOCK, &size) != ZPS_OK) {
             zps_log_error("diloco: compression %d is none this build knows", compress);
@@ -62,23 +64,52 @@ void zps_round_fini(zps_round *r)
     free(r->enc);
     free(r->lo);
     free(r->hi);
+    free(r->frag);
     free(r->at);
     free(r->len);
     zps_quant_ef_destroy(&r->ef);
     memset(r, 0, sizeof *r);
 }
 
-void zps_round_begin(zps_round *r, const float *params)
+bool zps_round_has(const zps_round *r, int k, int frag)
 {
-    memcpy(r->sync, params, r->n * sizeof(float));
+    return frag == ZPS_ROUND_ALL || r->frag[k] == frag;
 }
 
-zps_err zps_round_delta(zps_round *r, const float *params)
+void zps_round_begin(zps_round *r, const float *params, int frag)
 {
-    zps_outer_delta(r->sync, params, r->delta, r->n);
+    if (frag == ZPS_ROUND_ALL) {
+        memcpy(r->sync, params, r->n * sizeof(float));
+        return;
+    }
+    for (int k = 0; k < r->n_ranges; k++) {
+        if (r->frag[k] == frag) {
+            memcpy(r->sync + r->lo[k], params + r->lo[k], (r->hi[k] - r->lo[k]) * sizeof(float));
+        }
+    }
+}
+
+// The delta of [lo, hi); the sum of its squares.
+static double s_delta(zps_round *r, const float *params, size_t lo, size_t hi)
+{
+    zps_outer_delta(r->sync + lo, params + lo, r->delta + lo, hi - lo);
     double sum = 0;
-    for (size_t i = 0; i < r->n; i++) {
+    for (size_t i = lo; i < hi; i++) {
         sum += (double)r->delta[i] * r->delta[i];
+    }
+    return sum;
+}
+
+zps_err zps_round_delta(zps_round *r, const float *params, int frag)
+{
+    double sum = 0;
+    if (frag == ZPS_ROUND_ALL) {
+        sum = s_delta(r, params, 0, r->n);
+    }
+    for (int k = 0; frag != ZPS_ROUND_ALL && k < r->n_ranges; k++) {
+        if (r->frag[k] == frag) {
+            sum += s_delta(r, params, r->lo[k], r->hi[k]);
+        }
     }
     if (!isfinite(sum)) {
         zps_log_error("diloco: the pseudo-gradient is not finite (the inner steps diverged); "
@@ -87,6 +118,9 @@ zps_err zps_round_delta(zps_round *r, const float *params)
     }
     r->norm = sqrt(sum);
     for (int k = 0; r->compress && k < r->n_ranges; k++) {
+        if (!zps_round_has(r, k, frag)) {
+            continue;
+        }
         zps_err err = zps_quant_ef_encode(r->ef, r->lo[k], r->delta + r->lo[k],
                                           r->hi[k] - r->lo[k], r->enc + r->at[k], r->len[k]);
         if (err != ZPS_OK) {
@@ -96,6 +130,18 @@ zps_err zps_round_delta(zps_round *r, const float *params)
         }
     }
     return ZPS_OK;
+}
+
+uint64_t zps_round_bytes(const zps_round *r, int frag)
+{
+    if (frag == ZPS_ROUND_ALL) {
+        return r->bytes;
+    }
+    uint64_t bytes = 0;
+    for (int k = 0; k < r->n_ranges; k++) {
+        bytes += r->frag[k] == frag ? r->len[k] : 0;
+    }
+    return bytes;
 }
 
 void zps_round_payload(const zps_round *r, int k, const void **data, size_t *len)

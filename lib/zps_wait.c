@@ -340,7 +340,7 @@ zps_err zps_wait_run(zps_client *c)
     if (!c->wait_begun) {
         c->wait_begun = true;
         for (int i = 0; i < c->conn.n_shards; i++) {
-            c->conn.shards[i].received = (zps_bucket_set){0};
+            c->conn.shards[i].received = zps_diloco_not_awaited(c, i, c->after, step);
         }
         zps_wait_release_held(c); // of a wait that did not finish
         c->wait_start = zps_clock_ms();

@@ -138,6 +138,7 @@ static int s_wait_over(zps_client *c, zps_err err)
         c->training = true;
         c->train_start = zps_clock_ms();
     }
+    zps_diloco_params_in(c, c->after);
     if (c->after == ZPS_AFTER_JOIN) {
         c->t = c->wait_step;
         c->phase = ZPS_PHASE_STEP;
@@ -176,12 +177,12 @@ static int s_phase_new(zps_client *c)
 static int s_phase_step(zps_client *c)
 {
     if (c->t >= c->total_steps) {
+        zps_diloco_finish(c);
         s_log_timing(c, zps_clock_ms() - c->train_start);
         c->phase = ZPS_PHASE_DONE;
         return ZPS_NEXT_DONE;
     }
     if (c->mode.diloco) {
-        zps_round_begin(&c->round, c->params);
         c->round_pushed = false;
         c->inner_h = c->inner_n = 0;
     }

@@ -98,7 +98,8 @@ static zps_err s_assignment_cfg(zps_server *srv, const Zps__Job *job, zps_shard_
     if (job->outer) {
         cfg->mode = (zps_outer_mode){.diloco = true, .inner_steps = job->outer->inner_steps,
                                      .auto_steps = job->outer->auto_steps,
-                                     .compress = (int)job->outer->compress};
+                                     .compress = (int)job->outer->compress,
+                                     .fragments = job->outer->fragments};
         if (zps_outer_mode_check(&cfg->mode) != ZPS_OK || cfg->dtype != ZPS_DTYPE_F32) {
             zps_log_error("the coordinator sent a diloco mode this shard cannot use");
             return ZPS_EPROTO;

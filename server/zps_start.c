@@ -84,7 +84,15 @@ static int s_job_steps(zps_server *srv, uint32_t n_train, uint64_t *spe, char *w
                      o->global_batch, (unsigned long long)h);
             return 2;
         }
-        srv->total_steps /= h;
+        uint32_t f = zps_outer_fragments(&o->mode);
+        if (f > h || srv->model.n_params / o->shards < f) {
+            snprintf(why, len, f > h ? "--fragments %u: more than --inner-steps %llu"
+                                     : "--fragments %u: a shard's range is shorter than that",
+                     f, (unsigned long long)h);
+            return 2;
+        }
+        // A round is F steps (one per fragment) of H / F global batches.
+        srv->total_steps = srv->total_steps / h * f;
     }
     return 0;
 }
@@ -138,7 +146,7 @@ int zps_start_coordinator(zps_server *srv, uint32_t n_train, uint32_t n_test, ch
     zps_optim_cfg inner = o->optim;
     if (o->mode.diloco) {
         cfg.optim = zps_outer_optim(&o->mode.outer);
-        inner.total_steps = srv->total_steps * o->mode.inner_steps;
+        inner.total_steps = zps_outer_step_batch(&o->mode, srv->total_steps);
     }
     zps_model_shard_range(srv->model.n_params, 0, o->shards, &cfg.lo, &cfg.hi);
     cfg.shards = o->shards;

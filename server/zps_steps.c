@@ -115,6 +115,18 @@ static void s_note_pushers(zps_server *srv, const Zps__Header *h)
     }
 }
 
+// The fragment a counted diloco push carried, from the range it updated
+// (-1 without fragments).
+static int s_fragment_pushed(const zps_server *srv, const Zps__Header *h)
+{
+    const zps_outer_mode *mode = &srv->o->mode;
+    if (zps_outer_fragments(mode) == 1) {
+        return -1;
+    }
+    return (int)zps_outer_fragment_at(mode, zps_shard_lo(srv->shard), zps_shard_hi(srv->shard),
+                                      h->offset);
+}
+
 // A push, and what it means beyond the shard: its timing for the
 // coordinator, the step boundary, the bucket's update, the end of the
 // step; with --clip-grad-norm, the shard's part of the norm once its
@@ -133,7 +145,7 @@ void zps_steps_on_push(zps_server *srv, zps_wire_msg *m)
         s_note_pushers(srv, h);
         if (h->inner_steps > 0) {
             zps_coord_note_round(srv->coord, h->step, h->rank, h->inner_steps, h->delta_norm,
-                                 h->round_bytes);
+                                 h->round_bytes, s_fragment_pushed(srv, h));
         }
     }
     if (err == ZPS_OK && !was_due && zps_shard_norm_due(srv->shard, NULL)) {

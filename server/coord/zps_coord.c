@@ -204,14 +204,14 @@ void zps_coord_note_push(zps_coord *c, uint64_t step, uint32_t rank, uint32_t sa
 
 uint64_t zps_coord_epoch(const zps_coord *c, uint64_t step)
 {
-    uint64_t h = c->cfg.mode.diloco ? c->cfg.mode.inner_steps : 1;
-    return c->cfg.steps_per_epoch ? step * h / c->cfg.steps_per_epoch : 0;
+    uint64_t batch = c->cfg.mode.diloco ? zps_outer_step_batch(&c->cfg.mode, step) : step;
+    return c->cfg.steps_per_epoch ? batch / c->cfg.steps_per_epoch : 0;
 }
 
 void zps_coord_note_round(zps_coord *c, uint64_t step, uint32_t rank, uint32_t inner_steps,
-                          float delta_norm, uint64_t bytes)
+                          float delta_norm, uint64_t bytes, int fragment)
 {
-    zps_monitor_round(c->mon, step, rank, inner_steps, delta_norm, bytes);
+    zps_monitor_round(c->mon, step, rank, inner_steps, delta_norm, bytes, fragment);
 }
 
 bool zps_coord_diloco(const zps_coord *c)

@@ -185,9 +185,10 @@ bool zps_coord_take_rollback(zps_coord *c, uint64_t *step);
 // Records a member's push arriving at now_ms (lag, timings for status).
 void zps_coord_note_push(zps_coord *c, uint64_t step, uint32_t rank, uint32_t samples,
                          float compute_ms, double now_ms);
-// A diloco member's figures of round `step` (its push with inner steps).
+// A diloco member's figures of round `step` (its push with inner steps):
+// fragment is the one its pushes carried (-1: no fragments).
 void zps_coord_note_round(zps_coord *c, uint64_t step, uint32_t rank, uint32_t inner_steps,
-                          float delta_norm, uint64_t bytes);
+                          float delta_norm, uint64_t bytes, int fragment);
 // True for a --mode diloco job.
 bool zps_coord_diloco(const zps_coord *c);
 // Host and device of a rank, for log lines ("?" if unknown; borrowed).

@@ -37,6 +37,7 @@ typedef struct s_sample {
     uint32_t inner_steps;     // diloco: of the round (0: synchronous)
     float delta_norm;
     uint64_t bytes;
+    int32_t fragment;         // diloco --fragments: the one pushed (-1: none)
     bool held;                // the step waited for this rank, a slow one
 } s_sample;
 
@@ -48,6 +49,7 @@ typedef struct s_rank {
     uint32_t inner_steps;                // diloco: the round's figures
     float delta_norm;
     uint64_t bytes;
+    int32_t fragment;
     s_sample ring[ZPS_MONITOR_WINDOW];   // closed steps, newest at (n - 1) % WINDOW
     uint64_t n;                          // records ever closed
     bool straggler;
@@ -101,6 +103,7 @@ void zps_monitor_push(zps_monitor *m, uint64_t step, uint32_t rank, uint32_t sam
         r->inner_steps = 0;
         r->delta_norm = 0;
         r->bytes = 0;
+        r->fragment = -1;
     }
     // Every bucket push of a slice carries the same slice: count it once,
     // by its compute time growing (a new slice) or staying (another bucket).
@@ -112,13 +115,14 @@ void zps_monitor_push(zps_monitor *m, uint64_t step, uint32_t rank, uint32_t sam
 }
 
 void zps_monitor_round(zps_monitor *m, uint64_t step, uint32_t rank, uint32_t inner_steps,
-                       float delta_norm, uint64_t bytes)
+                       float delta_norm, uint64_t bytes, int fragment)
 {
     if (rank < m->n_ranks && m->ranks[rank].step == step) {
         s_rank *r = &m->ranks[rank];
         r->inner_steps = inner_steps;
         r->delta_norm = delta_norm;
         r->bytes = bytes;
+        r->fragment = fragment;
     }
 }
 
@@ -259,7 +263,7 @@ void zps_monitor_step_done(zps_monitor *m, uint64_t step, double step_ms, FILE *
             r->ring[r->n++ % ZPS_MONITOR_WINDOW] = (s_sample){
                 .lag_ms = (float)(r->last_ms - m->first_ms), .compute_ms = r->compute_ms,
                 .samples = r->samples, .inner_steps = r->inner_steps,
-                .delta_norm = r->delta_norm, .bytes = r->bytes};
+                .delta_norm = r->delta_norm, .bytes = r->bytes, .fragment = r->fragment};
             r->seen = step;
         }
     }
@@ -284,6 +288,9 @@ void zps_monitor_step_done(zps_monitor *m, uint64_t step, double step_ms, FILE *
                 zps_mlog_uint(json, false, ZPS_MLOG_INNER_SAMPLES, (uint64_t)s_trained(s));
                 zps_mlog_real(json, false, ZPS_MLOG_DELTA_NORM, s->delta_norm, 6);
                 zps_mlog_uint(json, false, ZPS_MLOG_BYTES, s->bytes);
+                if (s->fragment >= 0) {
+                    zps_mlog_uint(json, false, ZPS_MLOG_FRAGMENT, (uint64_t)s->fragment);
+                }
             }
             fputc('}', json);
             first = false;

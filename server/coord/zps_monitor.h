@@ -40,8 +40,10 @@ void zps_monitor_push(zps_monitor *m, uint64_t step, uint32_t rank, uint32_t sam
 // Diloco: what the worker of `rank` reported of round `step` with its
 // pushes (call after zps_monitor_push of them): throughput then counts
 // samples times inner steps.
+// (fragment: the one its pushes carried, -1 without fragments; in the
+// metrics log when >= 0.)
 void zps_monitor_round(zps_monitor *m, uint64_t step, uint32_t rank, uint32_t inner_steps,
-                       float delta_norm, uint64_t bytes);
+                       float delta_norm, uint64_t bytes, int fragment);
 // The step completed after step_ms: closes its record for every rank that
 // pushed, updates the straggler flags (logging each change) and, with
 // metrics, writes the step's per-worker record ("workers":[...]).

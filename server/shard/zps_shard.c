@@ -60,7 +60,8 @@ struct zps_shard {
                                                     // as sent (NULL for fp32: arr is sent)
     s_snapshot *retired[ZPS_SHARD_MAX_RETIRED];     // owned: old snapshots a peer still reads
     int n_buckets;                                  // buckets of the range
-    zps_bucket buckets[ZPS_MODEL_MAX_BUCKETS];      // in push order
+    zps_bucket buckets[ZPS_MODEL_MAX_BUCKETS];      // in push order (cut at fragment ends)
+    uint8_t fragment[ZPS_MODEL_MAX_BUCKETS];        // diloco --fragments: each bucket's
     uint32_t covered[ZPS_MODEL_MAX_BUCKETS];        // samples pushed for each bucket this step
     uint32_t weight[ZPS_MODEL_MAX_BUCKETS];         // and their weights (samples; diloco:
                                                     // samples * inner steps), the mean's divisor
@@ -226,6 +227,25 @@ static zps_err s_micro_new(zps_shard *s, const zps_shard_cfg *cfg)
 }
 
 // The step's slices: indexed by offset, their samples by bucket.
+// The range's buckets: the model's, cut where a diloco fragment ends.
+static zps_err s_buckets_new(zps_shard *s, const zps_shard_cfg *cfg)
+{
+    zps_bucket whole[ZPS_MODEL_MAX_BUCKETS];
+    int n = zps_model_range_buckets(cfg->model, s->lo, s->hi, whole);
+    s->n_buckets = zps_outer_cut_buckets(&s->mode, s->lo, s->hi, whole, n, s->buckets,
+                                         ZPS_MODEL_MAX_BUCKETS);
+    if (s->n_buckets < 0) {
+        zps_log_error("shard %u: %d buckets cut into %u fragments make more than %d",
+                      s->index, n, zps_outer_fragments(&s->mode), ZPS_MODEL_MAX_BUCKETS);
+        s->n_buckets = 0;
+        return ZPS_EINVAL;
+    }
+    for (int b = 0; b < s->n_buckets; b++) {
+        s->fragment[b] = (uint8_t)zps_outer_fragment_at(&s->mode, s->lo, s->hi, s->buckets[b].lo);
+    }
+    return ZPS_OK;
+}
+
 static zps_err s_slices_new(zps_shard *s)
 {
     s->slice_at = calloc(s->global_batch ? s->global_batch : 1, sizeof *s->slice_at);
@@ -255,8 +275,7 @@ zps_shard *zps_shard_new(const zps_shard_cfg *cfg)
     s->mode = cfg->mode;
     s->clip = cfg->mode.diloco ? 0.0f : cfg->clip_grad_norm;
     s->clip_coef = 1.0f; // a deterministic update without clipping: g times 1, g's bits
-    s->n_buckets = zps_model_range_buckets(cfg->model, s->lo, s->hi, s->buckets);
-    if (s_micro_new(s, cfg) != ZPS_OK) {
+    if (s_buckets_new(s, cfg) != ZPS_OK || s_micro_new(s, cfg) != ZPS_OK) {
         goto refused; // said why
     }
     s->arr[0] = s_snapshot_new(s->n * sizeof(float));
@@ -395,6 +414,31 @@ static int s_bucket_at(const zps_shard *s, uint64_t lo, uint64_t hi)
     return -1;
 }
 
+bool zps_shard_bucket_idle(const zps_shard *s, int b)
+{
+    return s->fragment[b] != zps_outer_fragment_of_step(&s->mode, s->step);
+}
+
+int zps_shard_n_step_buckets(const zps_shard *s)
+{
+    int n = 0;
+    for (int b = 0; b < s->n_buckets; b++) {
+        n += !zps_shard_bucket_idle(s, b);
+    }
+    return n;
+}
+
+// The step's first bucket, whose counted slices tile the batch once: the
+// loss and the samples of each rank are counted from it.
+static int s_lead_bucket(const zps_shard *s)
+{
+    int b = 0;
+    while (b < s->n_buckets - 1 && zps_shard_bucket_idle(s, b)) {
+        b++;
+    }
+    return b;
+}
+
 // The entry of slice [offset, +count), added if new. Each bucket tiles the
 // batch on its own: entries may overlap (a late slice and the pieces of it
 // handed to others), but for bucket b only disjoint ones count. NULL with
@@ -488,7 +532,7 @@ static void s_keep_broadcast(zps_shard *s, const zps_wire_msg *m)
 // The loss and the samples of a counted push of bucket b, from its rank.
 static void s_count_loss(zps_shard *s, const Zps__Header *h, int b, uint32_t weight)
 {
-    if (b == 0) {
+    if (b == s_lead_bucket(s)) {
         // The counted slices of one bucket tile the batch: each sample's
         // loss once, whatever pieces the batch came in.
         s->loss_sum += (double)weight * h->loss;
@@ -733,6 +777,13 @@ static zps_err s_check_where(const zps_shard *s, const Zps__Header *h, int *b,
                  (unsigned long long)h->offset, (unsigned long long)h->count);
         return ZPS_EPROTO;
     }
+    if (zps_shard_bucket_idle(s, *b)) {
+        snprintf(why, len, "[%llu, +%llu) is fragment %u, not exchanged at step %llu "
+                 "(fragment %u)", (unsigned long long)h->offset, (unsigned long long)h->count,
+                 s->fragment[*b], (unsigned long long)s->step,
+                 zps_outer_fragment_of_step(&s->mode, s->step));
+        return ZPS_EPROTO;
+    }
     return s->micro ? s_check_node(s, h, node, why, len) : ZPS_OK;
 }
 
@@ -855,7 +906,8 @@ zps_err zps_shard_push(zps_shard *s, const zps_wire_msg *m, int *ready, char *wh
 bool zps_shard_slice_done(const zps_shard *s, uint32_t offset, uint32_t count)
 {
     for (int b = 0; b < s->n_buckets; b++) {
-        if (zps_cover_count(&s->cover, b, offset, offset + count) < count) {
+        if (!zps_shard_bucket_idle(s, b) &&
+            zps_cover_count(&s->cover, b, offset, offset + count) < count) {
             return false;
         }
     }
@@ -1017,6 +1069,23 @@ static float s_lr(const zps_shard *s, int g, const zps_optim_cfg *cfg)
     return s->table[row * s->table_groups + (uint64_t)g];
 }
 
+// Diloco with fragments: the buckets of the fragments that the step does
+// not exchange keep their values into the next step's array, updated and
+// applied at once (their values go out to nobody: no one waits for them).
+static void s_carry_idle(zps_shard *s)
+{
+    for (int b = 0; b < s->n_buckets; b++) {
+        if (zps_shard_bucket_idle(s, b)) {
+            size_t first = s->buckets[b].lo - s->lo;
+            memcpy(s_next(s) + first, s_cur(s) + first,
+                   (s->buckets[b].hi - s->buckets[b].lo) * sizeof(float));
+            s->updated[b] = s->applied[b] = true;
+            s->n_updated++;
+            s->n_applied++;
+        }
+    }
+}
+
 static void s_update(zps_shard *s, int bucket, const zps_wire_msg *m, float weight, bool alone)
 {
     if (s->n_updated == 0) {
@@ -1024,6 +1093,7 @@ static void s_update(zps_shard *s, int bucket, const zps_wire_msg *m, float weig
         if (s->snap) {
             s_prepare(s, &s->snap, s->n * zps_dtype_size(s->dtype));
         }
+        s_carry_idle(s);
     }
     size_t first = s->buckets[bucket].lo - s->lo, len = s->buckets[bucket].hi - s->buckets[bucket].lo;
     if (s->weight[bucket] == 0) {

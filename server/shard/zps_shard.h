@@ -75,6 +75,12 @@ uint64_t zps_shard_hi(const zps_shard *s);
 // Steps completed: the step the shard accumulates now.
 uint64_t zps_shard_step(const zps_shard *s);
 int zps_shard_n_buckets(const zps_shard *s);
+// Diloco --fragments: whether bucket b is of a fragment the step in
+// progress does not exchange (pushes for it are refused; it keeps its
+// values, and is applied with the step's first update), and the buckets
+// the step does exchange (all of them without fragments).
+bool zps_shard_bucket_idle(const zps_shard *s, int b);
+int zps_shard_n_step_buckets(const zps_shard *s);
 
 // Plan generation `gen` holds from effective_step on (until a newer one
 // takes effect): pushes for those steps must carry gen and come from its

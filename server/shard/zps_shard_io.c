@@ -257,7 +257,7 @@ static void s_add_recipient(zps_shard_io *io, zps_wire_msg *m)
     r->pushed = true;
     uint64_t next = zps_shard_step(io->shard) + 1;
     for (int b = 0; b < zps_shard_n_buckets(io->shard); b++) {
-        if (zps_shard_applied(io->shard, b)) {
+        if (zps_shard_applied(io->shard, b) && !zps_shard_bucket_idle(io->shard, b)) {
             s_send_bucket(io, &r->route, b, next, true, r->shm_params);
         }
     }
@@ -276,7 +276,7 @@ static bool s_half_or_more(uint32_t in, uint32_t n)
 // for (the quorum, and who may help) needs no more.
 bool zps_shard_io_own_in(const zps_shard_io *io, uint32_t r)
 {
-    return io->ranks[r].own_in == (uint32_t)zps_shard_n_buckets(io->shard);
+    return io->ranks[r].own_in == (uint32_t)zps_shard_n_step_buckets(io->shard);
 }
 
 // Counts a counted push of [offset, +samples) from rank r toward its own
@@ -416,8 +416,10 @@ void zps_shard_io_on_init(zps_shard_io *io, zps_wire_msg *m)
 
 bool zps_shard_io_between_steps(const zps_shard_io *io)
 {
+    // (A bucket a diloco step does not exchange is applied with its first
+    // update: it says nothing of the step.)
     for (int b = 0; io->shard && b < zps_shard_n_buckets(io->shard); b++) {
-        if (zps_shard_applied(io->shard, b)) {
+        if (zps_shard_applied(io->shard, b) && !zps_shard_bucket_idle(io->shard, b)) {
             return false;
         }
     }

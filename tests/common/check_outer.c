@@ -268,6 +268,56 @@ START_TEST(test_outer_refuses_bad_settings_and_an_empty_round)
 }
 END_TEST
 
+// --fragments: the cuts tile the range, each fragment gets (hi - lo) / F
+// elements (one more at most), a bucket is cut only where a fragment ends,
+// and one fragment leaves the buckets as they are.
+START_TEST(test_outer_fragments_cut_the_range_into_equal_parts)
+{
+    zps_outer_mode one = {.diloco = true, .inner_steps = 12, .fragments = 1};
+    zps_outer_mode four = one;
+    four.fragments = 4;
+    // A range [100, 203) of 103 elements holding three buckets.
+    const zps_bucket in[3] = {{150, 203}, {100, 101}, {101, 150}};
+    zps_bucket out[16];
+    ck_assert_int_eq(zps_outer_cut_buckets(&one, 100, 203, in, 3, out, 16), 3);
+    ck_assert(memcmp(out, in, sizeof in) == 0);
+    int n = zps_outer_cut_buckets(&four, 100, 203, in, 3, out, 16);
+    ck_assert_int_eq(n, 6); // fragments start at 100, 125, 151, 177
+    uint64_t size[4] = {0}, covered = 0;
+    for (int k = 0; k < n; k++) {
+        uint32_t f = zps_outer_fragment_at(&four, 100, 203, out[k].lo);
+        ck_assert_uint_eq(zps_outer_fragment_at(&four, 100, 203, out[k].hi - 1), f);
+        size[f] += out[k].hi - out[k].lo;
+        covered += out[k].hi - out[k].lo;
+    }
+    ck_assert_uint_eq(covered, 103);
+    for (int f = 0; f < 4; f++) {
+        ck_assert_msg(size[f] == 25 || size[f] == 26, "fragment %d has %llu", f,
+                      (unsigned long long)size[f]);
+    }
+    ck_assert_int_eq(zps_outer_cut_buckets(&four, 100, 203, in, 3, out, 5), -1);
+    // F at most H, and within its bound.
+    ck_assert_int_eq(zps_outer_mode_check(&four), ZPS_OK);
+    four.fragments = 13;
+    ck_assert_int_eq(zps_outer_mode_check(&four), ZPS_EINVAL);
+    four.inner_steps = 10 * ZPS_OUTER_MAX_FRAGMENTS;
+    four.fragments = 2 * ZPS_OUTER_MAX_FRAGMENTS;
+    ck_assert_int_eq(zps_outer_mode_check(&four), ZPS_EINVAL);
+    ck_assert_uint_eq(zps_outer_step_batch(&one, 3), 36);
+    ck_assert_uint_eq(zps_outer_step_batches(&one, 3), 12);
+    // H = 10 in 4 steps: they end at inner steps 2, 5, 7 and 10 of a round.
+    four = one;
+    four.inner_steps = 10;
+    four.fragments = 4;
+    static const uint32_t len[8] = {2, 3, 2, 3, 2, 3, 2, 3};
+    for (uint64_t t = 0; t < 8; t++) {
+        ck_assert_uint_eq(zps_outer_step_batches(&four, t), len[t]);
+    }
+    ck_assert_uint_eq(zps_outer_step_batch(&four, 6), 15);
+    ck_assert_uint_eq(zps_outer_fragment_of_step(&four, 6), 2);
+}
+END_TEST
+
 Suite *zps_suite_outer(void)
 {
     Suite *s = suite_create("outer");
@@ -279,6 +329,7 @@ Suite *zps_suite_outer(void)
     tcase_add_test(tc, test_outer_h1_equals_synchronous_sgd);
     tcase_add_test(tc, test_outer_is_the_same_bits_however_the_vector_is_cut);
     tcase_add_test(tc, test_outer_refuses_bad_settings_and_an_empty_round);
+    tcase_add_test(tc, test_outer_fragments_cut_the_range_into_equal_parts);
     suite_add_tcase(s, tc);
     return s;
 }

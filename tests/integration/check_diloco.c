@@ -428,6 +428,114 @@ START_TEST(test_diloco_auto_gives_a_worker_slowed_3x_fewer_inner_steps)
 }
 END_TEST
 
+// --fragments 1 is plain DiLoCo: the same bits as a run without the flag.
+START_TEST(test_diloco_one_fragment_is_plain_diloco_bitwise)
+{
+    zps_procs ps;
+    zps_procs_init(&ps, "diloco-f1");
+    const char *const plain[] = {"--lr", "0.05", "--mode", "diloco", "--inner-steps", "4",
+                                 "--compress", "int8", NULL};
+    const char *const one[] = {"--lr", "0.05", "--mode", "diloco", "--inner-steps", "4",
+                               "--compress", "int8", "--fragments", "1", NULL};
+    s_run(&ps, "plain", 2, "40", plain);
+    s_run(&ps, "one", 2, "40", one);
+    s_check_aligned(&ps, "one", 2);
+    ck_assert_double_eq(zps_procs_params_diff(&ps, "plain-w0.bin", "one-w0.bin", s_n_params()),
+                        0);
+    ck_assert(!zps_procs_log_has(&ps, "one-metrics.jsonl", "\"fragment\""));
+    zps_procs_fini(&ps, false);
+}
+END_TEST
+
+// Checks the metrics log of a run of `steps` steps with F fragments: each
+// step's every worker row carries fragment step mod F, so each round of F
+// steps exchanged every fragment once, in offset order, each row about
+// 1/F of the bytes of the whole model (int8: 1 byte an element, plus the
+// scales).
+static void s_check_fragment_rows(zps_procs *ps, const char *metrics, uint64_t steps, int f,
+                                  int workers)
+{
+    json_t *log = zps_procs_mlog(ps, metrics);
+    uint64_t rows = 0, seen = 0, next = 0;
+    size_t i;
+    json_t *rec;
+    json_array_foreach(log, i, rec)
+    {
+        uint64_t step;
+        if (!zps_mlog_step(rec, &step)) {
+            continue;
+        }
+        ck_assert_uint_eq(step, next++); // every step, in order
+        for (int r = 0; r < workers; r++) {
+            json_t *w = zps_mlog_worker(rec, r);
+            ck_assert_msg(w && json_is_integer(json_object_get(w, "fragment")),
+                          "step %llu: no fragment for rank %d", (unsigned long long)step, r);
+            ck_assert_uint_eq((uint64_t)zps_mlog_num(w, "fragment"), step % (uint64_t)f);
+            double bytes = zps_mlog_num(w, "bytes");
+            ck_assert_msg(bytes > 0.9 * (double)s_n_params() / f &&
+                              bytes < 1.1 * (double)s_n_params() / f,
+                          "step %llu: %.0f bytes pushed", (unsigned long long)step, bytes);
+            rows++;
+        }
+        seen++;
+    }
+    json_decref(log);
+    ck_assert_uint_eq(seen, steps);
+    ck_assert_uint_eq(rows, steps * (uint64_t)workers);
+}
+
+// --fragments 4 over 2 shards, rounds of 8 inner steps in int8: a step is
+// 2 inner steps and exchanges one fragment (a quarter of each shard's
+// range), each fragment once per round in order; the workers end with the
+// same bits, the global parameters, and these are not plain DiLoCo's.
+START_TEST(test_diloco_four_fragments_are_exchanged_once_a_round_in_order)
+{
+    zps_procs ps;
+    zps_procs_init(&ps, "diloco-f4");
+    const char *const flags[] = {"--lr", "0.05", "--mode", "diloco", "--inner-steps", "8",
+                                 "--compress", "int8", "--fragments", "4", "--shards", "2",
+                                 NULL};
+    pid_t s0, s1, w[2];
+    char ep[256], shard1[64];
+    snprintf(ep, sizeof ep, "%s", s_start_server(&ps, "f4", &s0, "2", "64", flags));
+    snprintf(shard1, sizeof shard1, "tcp://127.0.0.1:%d", zps_free_port());
+    const char *args1[] = {"--shard", "1", "--shards", "2", "--coordinator", ep, "--listen",
+                           shard1, NULL};
+    s1 = zps_procs_start(&ps, "zps-server", "f4-shard1.log", args1);
+    for (int i = 0; i < 2; i++) {
+        w[i] = s_start_worker(&ps, ep, "f4", i);
+    }
+    for (int i = 0; i < 2; i++) {
+        ck_assert_int_eq(zps_procs_wait(&ps, w[i], RUN_TIMEOUT_MS), 0);
+    }
+    ck_assert_int_eq(zps_procs_wait(&ps, s1, 30000), 0);
+    ck_assert_int_eq(zps_procs_wait(&ps, s0, 30000), 0);
+    s_check_fragment_rows(&ps, "f4-metrics.jsonl", 32, 4, 2);
+    s_check_aligned(&ps, "f4", 2);
+    const char *const plain[] = {"--lr", "0.05", "--mode", "diloco", "--inner-steps", "8",
+                                 "--compress", "int8", NULL};
+    s_run(&ps, "plain", 2, "64", plain);
+    double d = zps_procs_params_diff(&ps, "plain-w0.bin", "f4-w0.bin", s_n_params());
+    fprintf(stderr, "4 fragments against plain diloco after 8 rounds: max |diff| = %.3g\n", d);
+    ck_assert_double_gt(d, 0);
+    zps_procs_fini(&ps, false);
+}
+END_TEST
+
+// --fragments more than --inner-steps: refused before anything starts.
+START_TEST(test_diloco_more_fragments_than_inner_steps_are_refused)
+{
+    zps_procs ps;
+    zps_procs_init(&ps, "diloco-f3");
+    const char *args[] = {"--listen", "tcp://127.0.0.1:0", "--workers", "1", "--mode", "diloco",
+                          "--inner-steps", "2", "--fragments", "3", NULL};
+    pid_t p = zps_procs_start(&ps, "zps-server", "f3.log", args);
+    ck_assert_int_eq(zps_procs_wait(&ps, p, 10000), 2);
+    ck_assert(zps_procs_log_has(&ps, "f3.log", "--fragments 3: more than --inner-steps 2"));
+    zps_procs_fini(&ps, false);
+}
+END_TEST
+
 Suite *zps_suite_diloco(void)
 {
     Suite *s = suite_create("diloco");
@@ -442,6 +550,9 @@ Suite *zps_suite_diloco(void)
     tcase_add_test(tc, test_diloco_shard_restarted_from_checkpoint_goes_back_to_its_round);
     tcase_add_test(tc, test_diloco_joining_worker_starts_from_the_current_round);
     tcase_add_test(tc, test_diloco_every_epoch_is_evaluated_when_rounds_straddle_epochs);
+    tcase_add_test(tc, test_diloco_one_fragment_is_plain_diloco_bitwise);
+    tcase_add_test(tc, test_diloco_four_fragments_are_exchanged_once_a_round_in_order);
+    tcase_add_test(tc, test_diloco_more_fragments_than_inner_steps_are_refused);
     suite_add_tcase(s, tc);
     return s;
 }

@@ -159,9 +159,9 @@ START_TEST(test_monitor_records_a_diloco_round_per_worker)
     zps_monitor *m = zps_monitor_new();
     ck_assert_ptr_nonnull(m);
     zps_monitor_push(m, 0, 0, 32, 100.0f, 1000.0);
-    zps_monitor_round(m, 0, 0, 10, 0.5f, 4096);
+    zps_monitor_round(m, 0, 0, 10, 0.5f, 4096, -1);
     zps_monitor_push(m, 0, 1, 32, 100.0f, 1010.0);
-    zps_monitor_round(m, 0, 1, 5, 0.25f, 4096);
+    zps_monitor_round(m, 0, 1, 5, 0.25f, 4096, -1);
     char *text = NULL;
     size_t len = 0;
     FILE *json = open_memstream(&text, &len);

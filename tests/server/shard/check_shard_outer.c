@@ -42,7 +42,10 @@ static void s_params(zps_shard *s, float *out)
     zps_shard_fx_params(s, 0, out);
 }
 
-// Rank r's push of delta[lo, hi) of round 0 with `inner` inner steps, its
+// The step s_push pushes for (round 0 but in the fragments' test).
+static uint64_t s_push_step;
+
+// Rank r's push of delta[lo, hi) of round s_push_step with `inner` inner steps, its
 // payload fp32 or encoded as `compress`; `corrupt` turns its first code into
 // one the encoder never makes.
 static zps_err s_push(zps_shard *s, uint32_t r, uint32_t inner, int compress, bool corrupt,
@@ -51,6 +54,7 @@ static zps_err s_push(zps_shard *s, uint32_t r, uint32_t inner, int compress, bo
     Zps__Header h;
     zps_wire_header_init(&h, ZPS__MSG_TYPE__PUSH);
     h.rank = r;
+    h.step = s_push_step;
     h.member_id = zps_shard_fx_id[r];
     h.samples = zps_shard_fx_count[r];
     h.batch_offset = zps_shard_fx_offset[r];
@@ -270,6 +274,64 @@ START_TEST(test_shard_outer_refusals_count_nothing)
 }
 END_TEST
 
+// --fragments 2 over the 7 parameters: fragment 0 is [0, 3), fragment 1
+// [3, 7), so bucket [0, 4) is cut in two. Step 0 exchanges fragment 0 and
+// step 1 fragment 1: a push of the other fragment is refused, the step
+// ends with its own buckets, and the other's parameters stay as they are.
+START_TEST(test_shard_outer_fragments_exchange_one_fragment_a_step)
+{
+    zps_model_spec model = zps_shard_fx_model();
+    zps_outer_cfg outer = {.lr = 1.0f, .momentum = 0.0f};
+    zps_shard_cfg cfg = {.index = 0, .lo = 0, .hi = N, .model = &model, .seed = 4,
+                         .global_batch = ZPS_SHARD_FX_BATCH, .dtype = ZPS_DTYPE_F32,
+                         .optim = zps_outer_optim(&outer),
+                         .mode = {.diloco = true, .inner_steps = H, .outer = outer,
+                                  .fragments = 2}};
+    zps_shard *s = zps_shard_new(&cfg);
+    ck_assert_ptr_nonnull(s);
+    zps_shard_fx_add_plan(s);
+    ck_assert_int_eq(zps_shard_n_buckets(s), 3); // [4, 7), [0, 3), [3, 4)
+    float theta[N], got[N], want[N];
+    s_params(s, theta);
+    static const uint64_t lo[2][2] = {{0, 0}, {4, 3}}, hi[2][2] = {{3, 0}, {7, 4}};
+    for (uint64_t step = 0; step < 2; step++) {
+        int other = 1 - (int)step, ready;
+        s_push_step = step;
+        ck_assert_int_eq(zps_shard_n_step_buckets(s), step == 0 ? 1 : 2);
+        ck_assert_int_eq(s_push(s, 0, 2, 0, false, s_da, lo[other][0], hi[other][0], &ready),
+                         ZPS_EPROTO);
+        for (uint32_t r = 0; r < 2; r++) {
+            for (int k = 0; k < 2 && hi[step][k] > 0; k++) {
+                ck_assert_int_eq(s_push(s, r, 2 + 2 * (uint32_t)step, 0, false,
+                                        r ? s_db : s_da, lo[step][k], hi[step][k], &ready),
+                                 ZPS_OK);
+                if (ready >= 0) {
+                    ck_assert(!zps_shard_bucket_idle(s, ready));
+                    zps_shard_apply(s, ready);
+                }
+            }
+        }
+        ck_assert(zps_shard_step_done(s));
+        zps_shard_end_step(s);
+        s_params(s, got);
+        // The fragment exchanged moved by the weighted mean; the other did not.
+        s_expect(theta, s_da, 10, s_db, 30, want);
+        for (int i = 0; i < N; i++) {
+            bool mine = step == 0 ? i < 3 : i >= 3;
+            if (mine) {
+                ck_assert_msg(fabs((double)got[i] - want[i]) <= 1e-6, "element %d", i);
+                theta[i] = got[i];
+            } else {
+                ck_assert_msg(got[i] == theta[i], "element %d moved in another fragment's step",
+                              i);
+            }
+        }
+    }
+    s_push_step = 0;
+    zps_shard_destroy(&s);
+}
+END_TEST
+
 Suite *zps_suite_shard_outer(void)
 {
     Suite *s = suite_create("shard_outer");
@@ -280,6 +342,7 @@ Suite *zps_suite_shard_outer(void)
     tcase_add_test(tc, test_shard_outer_counts_int8_pushes_as_they_decode);
     tcase_add_test(tc, test_shard_outer_counts_e3m0_pushes_as_they_decode);
     tcase_add_test(tc, test_shard_outer_refusals_count_nothing);
+    tcase_add_test(tc, test_shard_outer_fragments_exchange_one_fragment_a_step);
     suite_add_tcase(s, tc);
     return s;
 }
