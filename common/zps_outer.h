@@ -58,6 +58,12 @@ typedef struct zps_outer_mode {
     // fragment f at inner steps offset by f * H / F, and the network
     // carries one fragment at a time (docs/diloco.md, "Fragments").
     uint32_t fragments;
+    // --overlap: a worker does not wait for the parameters of the fragment
+    // it pushed; it takes the next step's inner steps, then merges them:
+    // the fragment becomes the shards' new values plus what it trained
+    // since the push. The delay is one step's inner steps, at most
+    // ceil(H / F) (docs/diloco.md, "Overlap").
+    bool overlap;
 } zps_outer_mode;
 
 #define ZPS_OUTER_MAX_INNER_STEPS (1u << 20) // --inner-steps' bound

@@ -117,6 +117,7 @@ void zps_client_destroy(zps_client **cp)
     free(c->wire);
     zps_round_fini(&c->round);
     free(c->local);
+    free(c->pushed_at);
     zps_micro_fini(&c->micro);
     zps_sampler_fini(&c->sampler);
     zps_decl_fini(&c->decl);

@@ -63,6 +63,7 @@ typedef enum zps_client_after {
     ZPS_AFTER_JOIN,       // the first parameters
     ZPS_AFTER_STEP,       // those after step t
     ZPS_AFTER_START_OVER, // those of rollback_to
+    ZPS_AFTER_OVERLAP,    // diloco --overlap: those of step t, owed since the push of t - 1
 } zps_client_after;
 
 struct zps_client {
@@ -149,6 +150,8 @@ struct zps_client {
     zps_piece own;                                 // this worker's slice of the round
     uint32_t inner_h, inner_n;                     // inner steps handed out, and to take
     bool round_pushed;                             // the round's pseudo-gradient is out
+    bool inner_done;                               // its last inner step ended (zps_inner_done)
+    uint64_t own_pushed;                           // the step whose own push went out last
     uint32_t inner_taken;                          // the work id zps_inner_done took last
     double inner_loss;                             // the round's inner losses, summed
     double round_ms;                               // the round's compute, summed
@@ -158,7 +161,16 @@ struct zps_client {
     // own parameters, kept aside while the global ones are evaluated.
     uint32_t frag_inner[ZPS_OUTER_MAX_FRAGMENTS];
     double frag_ms[ZPS_OUTER_MAX_FRAGMENTS];
-    float *local;                                  // owned, F > 1: n_params floats
+    float *local;                                  // owned, F > 1 or overlap: n_params floats
+    // --overlap: the parameters of step t are owed (the push of t - 1 did
+    // not wait for them), the values of each fragment when it was pushed,
+    // the pieces of step t to push as missing once the shards are at t,
+    // and the largest delay of a merge, in inner steps.
+    bool owed;
+    float *pushed_at;                              // owned, overlap: n_params floats
+    zps_piece deferred[ZPS_CLIENT_QUEUE];
+    int n_deferred;
+    uint32_t delay_max;
     // --deterministic: the piece's micro-batches summed in the tree's order.
     zps_micro micro;
     // One push per host: this worker's group and, leading it, the sums.
@@ -221,7 +233,7 @@ zps_err zps_due_run(zps_client *c, double now);
 // zps_evalwork.c: after step t, the evaluation to hand out (none if the
 // step ends no epoch nor the job); the next piece of it, ZPS_NEXT_EVAL, or
 // 0 with none left (on to the next step).
-void zps_evalwork_plan(zps_client *c);
+void zps_evalwork_plan(zps_client *c, uint64_t t);
 int zps_evalwork_hand_out(zps_client *c, zps_work *out);
 
 // zps_host.c: one push per host (lib/zps_host.h). The group of plan gen
@@ -250,6 +262,16 @@ zps_err zps_host_due(zps_client *c, double now);
 // zps_diloco.c: the round of --mode diloco.
 zps_err zps_diloco_take_mode(zps_client *c, const Zps__Job *job);
 int zps_diloco_hand_out(zps_client *c, zps_work *out);
+// The step's pseudo-gradient (of its fragment), pushed with this worker's
+// slice; with --overlap, then the pieces deferred.
+zps_err zps_diloco_push_own(zps_client *c);
+// --overlap: whether the job overlaps; before the wait for the owed
+// parameters, what the fragment of step t - 1 trained since its push is
+// kept aside (zps_diloco_params_in adds it to the new values); after it,
+// the pieces of step t deferred until the shards are at t go out.
+bool zps_diloco_overlaps(const zps_client *c);
+void zps_diloco_overlap_begin(zps_client *c);
+zps_err zps_diloco_push_deferred(zps_client *c);
 // --fragments: the buckets of shard i the wait for `after`'s parameters
 // of `step` does not wait for (none but with fragments, after a step).
 zps_bucket_set zps_diloco_not_awaited(const zps_client *c, int i, zps_client_after after,

@@ -61,8 +61,13 @@ static zps_err s_round_init(zps_client *c)
     if (err == ZPS_OK) {
         err = zps_round_init(&c->round, c->model.n_params, c->mode.compress, lo, hi, frag, n);
     }
-    if (err == ZPS_OK && zps_outer_fragments(&c->mode) > 1 &&
-        !(c->local = malloc(c->model.n_params * sizeof(float)))) {
+    // A worker's own parameters differ from the global ones between
+    // exchanges with fragments or overlap: they are kept aside while the
+    // global ones are evaluated, and overlap keeps each fragment's as pushed.
+    bool own = zps_outer_fragments(&c->mode) > 1 || c->mode.overlap;
+    if (err == ZPS_OK && own &&
+        (!(c->local = malloc(c->model.n_params * sizeof(float))) ||
+         (c->mode.overlap && !(c->pushed_at = malloc(c->model.n_params * sizeof(float)))))) {
         zps_log_error("diloco: cannot allocate %zu floats for the worker's own parameters",
                       c->model.n_params);
         err = ZPS_ENOMEM;
@@ -78,7 +83,11 @@ zps_err zps_diloco_take_mode(zps_client *c, const Zps__Job *job)
 {
     zps_round_fini(&c->round);
     free(c->local);
-    c->local = NULL;
+    free(c->pushed_at);
+    c->local = c->pushed_at = NULL;
+    c->owed = false;
+    c->n_deferred = 0;
+    c->own_pushed = UINT64_MAX;
     memset(&c->mode, 0, sizeof c->mode);
     memset(&c->inner, 0, sizeof c->inner);
     if (!job->outer) {
@@ -87,7 +96,8 @@ zps_err zps_diloco_take_mode(zps_client *c, const Zps__Job *job)
     c->mode = (zps_outer_mode){.diloco = true, .inner_steps = job->outer->inner_steps,
                                .auto_steps = job->outer->auto_steps,
                                .compress = (int)job->outer->compress,
-                               .fragments = job->outer->fragments};
+                               .fragments = job->outer->fragments,
+                               .overlap = job->outer->overlap};
     if (zps_outer_mode_check(&c->mode) != ZPS_OK || c->dtype != ZPS_DTYPE_F32) {
         zps_log_error("the coordinator sent a diloco mode this library cannot run");
         return ZPS_EPROTO;
@@ -193,7 +203,7 @@ static void s_note_done(zps_client *c, uint64_t t, const zps_piece *p)
 // (zeros before the first), which the shard reads as zeros.
 static zps_err s_push_untrained(zps_client *c, uint64_t step, const zps_piece *p)
 {
-    bool again = step == c->t && c->round_pushed && s_is_own(c, step, p);
+    bool again = step == c->own_pushed && s_is_own(c, step, p);
     if (again) {
         zps_log_info("round %llu: the pseudo-gradient of [%u, %u) again",
                      (unsigned long long)step, p->offset, p->offset + p->count);
@@ -220,6 +230,8 @@ int zps_diloco_hand_out(zps_client *c, zps_work *out)
             c->inner_h = 0;
             c->inner_loss = 0;
             c->round_ms = 0;
+        } else if (c->owed && step == c->t && c->n_deferred < ZPS_CLIENT_QUEUE) {
+            c->deferred[c->n_deferred++] = p; // --overlap: the shards may still be at t - 1
         } else {
             err = s_push_untrained(c, step, &p);
         }
@@ -253,6 +265,9 @@ int zps_diloco_hand_out(zps_client *c, zps_work *out)
 // The step's inner steps are done: every fragment has them, and the one
 // the step exchanges pushes all it has had since its last exchange
 // (pushed_inner); returns their compute time and starts that count over.
+// The count a push carries is at most H, the shards' bound (a fragment
+// may have trained more: with --overlap, steps whose slice moved go out
+// with the next exchange); its pseudo-gradient is all of it.
 static double s_count_fragment(zps_client *c)
 {
     uint32_t f = zps_outer_fragment_of_step(&c->mode, c->t);
@@ -261,7 +276,8 @@ static double s_count_fragment(zps_client *c)
         c->frag_ms[g] += c->round_ms;
     }
     double ms = c->frag_ms[f];
-    c->pushed_inner = c->frag_inner[f];
+    c->pushed_inner = c->frag_inner[f] < c->mode.inner_steps ? c->frag_inner[f]
+                                                             : c->mode.inner_steps;
     c->frag_inner[f] = 0;
     c->frag_ms[f] = 0;
     return ms;
@@ -287,30 +303,139 @@ zps_err zps_inner_done(zps_client *c, const zps_work *w, float loss)
     if (c->inner_h < c->inner_n) {
         return ZPS_OK;
     }
-    // The step's last inner step: the pseudo-gradient of the fragment it
-    // exchanges (of every range, without fragments), once ZeroMQ has let go
-    // of the payloads of the pushes before.
+    c->inner_done = true;
+    if (c->mode.overlap) {
+        return ZPS_OK; // pushed by the loop, once the owed parameters are merged
+    }
+    zps_err err = zps_diloco_push_own(c);
+    c->push_err = err;
+    return err == ZPS_OK ? ZPS_OK : zps_client_fail(c, err);
+}
+
+// --overlap: the step's inner steps began before its plan was known here.
+// If the plan in force now gives this worker another slice of step t (a
+// member left or joined), what it trained is not that slice's: the slice is
+// pushed as missing, and the inner steps stay in the fragments' own
+// values, to go out with their next exchange. True if so.
+static bool s_slice_moved(zps_client *c, zps_err *err)
+{
+    const zps_plan_gen *g = zps_plans_at(&c->schedule.plans, c->t);
+    const zps_plan_slice *now = g ? zps_plan_find(&g->plan, c->conn.rank) : NULL;
+    if (!c->mode.overlap || s_is_own(c, c->t, &c->own)) {
+        return false;
+    }
+    zps_log_warn("step %llu: the plan changed during its inner steps; they go out with the "
+                 "next exchange of each fragment", (unsigned long long)c->t);
+    for (uint32_t f = 0; f < zps_outer_fragments(&c->mode); f++) {
+        c->frag_inner[f] += c->inner_n;
+        c->frag_ms[f] += c->round_ms;
+    }
+    c->round_pushed = true;
+    *err = ZPS_OK;
+    if (now) {
+        zps_piece p = {.offset = now->offset, .count = now->count, .gen = g->gen};
+        s_note_done(c, c->t, &p);
+        *err = s_push_round(c, c->t, &p, 0, 0, 0);
+    }
+    return true;
+}
+
+zps_err zps_diloco_push_own(zps_client *c)
+{
+    zps_err err;
+    if (s_slice_moved(c, &err)) {
+        return err == ZPS_OK ? zps_diloco_push_deferred(c) : err;
+    }
+    // The pseudo-gradient of the fragment the step exchanges (of every
+    // range, without fragments), once ZeroMQ has let go of the payloads of
+    // the pushes before.
     double frag_ms = s_count_fragment(c);
-    zps_err err = zps_wire_ref_wait(&c->grad_ref, c->timeout_ms);
+    int f = s_fragment(c, c->t);
+    err = zps_wire_ref_wait(&c->grad_ref, c->timeout_ms);
     if (err == ZPS_OK) {
-        err = zps_round_delta(&c->round, c->params, s_fragment(c, c->t));
+        err = zps_round_delta(&c->round, c->params, f);
     }
     if (err == ZPS_OK) {
         err = s_push_round(c, c->t, &c->own, c->pushed_inner,
                            (float)(c->inner_loss / c->inner_n), (float)frag_ms);
     }
     c->round_pushed = true;
+    c->own_pushed = c->t;
     s_note_done(c, c->t, &c->own);
-    c->push_err = err;
-    return err == ZPS_OK ? ZPS_OK : zps_client_fail(c, err);
+    for (int k = 0; c->pushed_at && k < c->round.n_ranges; k++) {
+        if (zps_round_has(&c->round, k, f)) {
+            uint64_t lo = c->round.lo[k];
+            memcpy(c->pushed_at + lo, c->params + lo, (c->round.hi[k] - lo) * sizeof(float));
+        }
+    }
+    return err == ZPS_OK ? zps_diloco_push_deferred(c) : err;
+}
+
+bool zps_diloco_overlaps(const zps_client *c)
+{
+    return c->mode.diloco && c->mode.overlap;
+}
+
+zps_err zps_diloco_push_deferred(zps_client *c)
+{
+    zps_err err = ZPS_OK;
+    for (int i = 0; err == ZPS_OK && i < c->n_deferred; i++) {
+        err = s_push_untrained(c, c->t, &c->deferred[i]);
+    }
+    c->n_deferred = 0;
+    return err;
+}
+
+// The fragment whose parameters the overlap's wait at step t takes: that
+// of step t - 1 (every range without fragments).
+static int s_owed_fragment(const zps_client *c)
+{
+    return s_fragment(c, c->t - 1);
+}
+
+void zps_diloco_overlap_begin(zps_client *c)
+{
+    int f = s_owed_fragment(c);
+    for (int k = 0; k < c->round.n_ranges; k++) {
+        if (zps_round_has(&c->round, k, f)) {
+            for (uint64_t x = c->round.lo[k]; x < c->round.hi[k]; x++) {
+                c->local[x] = c->params[x] - c->pushed_at[x];
+            }
+        }
+    }
+}
+
+// --overlap: the owed parameters of fragment f are in params: they become
+// theta_sync, and the fragment trains on from them with what it trained
+// since its push.
+static void s_merge(zps_client *c)
+{
+    int f = s_owed_fragment(c);
+    zps_round_begin(&c->round, c->params, f);
+    for (int k = 0; k < c->round.n_ranges; k++) {
+        if (zps_round_has(&c->round, k, f)) {
+            for (uint64_t x = c->round.lo[k]; x < c->round.hi[k]; x++) {
+                c->params[x] += c->local[x];
+            }
+        }
+    }
+    // The delay: the inner steps trained between the push and the merge.
+    uint32_t delay = c->t < c->total_steps ? c->inner_n : 0;
+    if (delay > c->delay_max) {
+        c->delay_max = delay;
+        zps_log_info("overlap: step %llu's fragment merged %u inner steps after its push, the "
+                     "most so far (bound %u)", (unsigned long long)c->t - 1, delay,
+                     (c->mode.inner_steps + zps_outer_fragments(&c->mode) - 1) /
+                         zps_outer_fragments(&c->mode));
+    }
 }
 
 zps_bucket_set zps_diloco_not_awaited(const zps_client *c, int i, zps_client_after after,
                                       uint64_t step)
 {
     zps_bucket_set idle = {0};
-    if (!c->mode.diloco || zps_outer_fragments(&c->mode) == 1 || after != ZPS_AFTER_STEP ||
-        step == 0) {
+    if (!c->mode.diloco || zps_outer_fragments(&c->mode) == 1 || step == 0 ||
+        (after != ZPS_AFTER_STEP && after != ZPS_AFTER_OVERLAP)) {
         return idle;
     }
     const zps_conn_shard *sc = &c->conn.shards[i];
@@ -328,10 +453,18 @@ void zps_diloco_params_in(zps_client *c, zps_client_after after)
     if (!c->mode.diloco) {
         return;
     }
+    if (after == ZPS_AFTER_OVERLAP) {
+        s_merge(c);
+        c->owed = false;
+        return;
+    }
     if (after != ZPS_AFTER_STEP) {
         // Joined, gone back or admitted anew: every fragment starts over here.
         memset(c->frag_inner, 0, sizeof c->frag_inner);
         memset(c->frag_ms, 0, sizeof c->frag_ms);
+        c->owed = false;
+        c->n_deferred = 0;
+        c->own_pushed = UINT64_MAX;
     }
     zps_round_begin(&c->round, c->params,
                     after == ZPS_AFTER_STEP ? s_fragment(c, c->t) : ZPS_ROUND_ALL);

@@ -27,7 +27,7 @@ zps_err zps_eval_done(zps_client *c, const zps_work *w, uint32_t correct, double
     return err == ZPS_OK ? ZPS_OK : zps_client_fail(c, err);
 }
 
-void zps_evalwork_plan(zps_client *c)
+void zps_evalwork_plan(zps_client *c, uint64_t t)
 {
     // At an epoch's end (and the job's), the test set is
     // split as the step was: whoever computed samples [a, b) of the global
@@ -37,7 +37,7 @@ void zps_evalwork_plan(zps_client *c)
     // the evaluation of its owner, who may have been away then.
     // A diloco round is H global batches: its end may end an epoch.
     // (With fragments, a step is a part of a round.)
-    uint64_t t = c->t, spe = c->steps_per_epoch;
+    uint64_t spe = c->steps_per_epoch;
     uint64_t at = c->mode.diloco ? zps_outer_step_batch(&c->mode, t) : t;
     uint64_t end = c->mode.diloco ? zps_outer_step_batch(&c->mode, t + 1) : t + 1;
     bool epoch_end = end / spe > at / spe;
@@ -53,14 +53,14 @@ void zps_evalwork_plan(zps_client *c)
         // the job's last, still in progress.
         c->eval_epoch = epoch_end ? end / spe - 1 : (end - 1) / spe;
     }
-    if (c->n_eval > 0) {
-        zps_diloco_eval_begin(c);
-    }
 }
 
 int zps_evalwork_hand_out(zps_client *c, zps_work *out)
 {
     if (c->eval_pos < c->n_eval) {
+        if (c->eval_pos == 0) {
+            zps_diloco_eval_begin(c); // diloco: the global parameters are evaluated
+        }
         int k = c->eval_pos++;
         *out = (zps_work){.kind = ZPS_WORK_EVAL, .id = ++c->work_id, .step = c->t,
                           .epoch = c->eval_epoch, .offset = c->eval_lo[k],
@@ -70,6 +70,7 @@ int zps_evalwork_hand_out(zps_client *c, zps_work *out)
     if (c->n_eval > 0) {
         zps_diloco_eval_end(c);
     }
+    c->n_eval = c->eval_pos = 0;
     c->t++;
     c->phase = ZPS_PHASE_STEP;
     return 0;

@@ -123,7 +123,7 @@ static int s_wait_over(zps_client *c, zps_err err)
 {
     c->wait_begun = false;
     c->n_queue = c->queue_pos = 0;
-    if (c->after == ZPS_AFTER_STEP) {
+    if (c->after == ZPS_AFTER_STEP || c->after == ZPS_AFTER_OVERLAP) {
         c->sum_wait_ms += zps_clock_ms() - c->t2;
         c->timed_steps++;
     }
@@ -139,6 +139,18 @@ static int s_wait_over(zps_client *c, zps_err err)
         c->train_start = zps_clock_ms();
     }
     zps_diloco_params_in(c, c->after);
+    if (c->after == ZPS_AFTER_OVERLAP) {
+        // The fragment of step t - 1 is merged: its evaluation is due, and
+        // the shards being at t, the pieces of t may go out (the own one
+        // next, in the compute phase).
+        err = zps_diloco_push_deferred(c);
+        if (err != ZPS_OK) {
+            return zps_work_end(c, err);
+        }
+        zps_evalwork_plan(c, c->t - 1);
+        c->phase = c->t >= c->total_steps ? ZPS_PHASE_EVAL : ZPS_PHASE_COMPUTE;
+        return 0;
+    }
     if (c->after == ZPS_AFTER_JOIN) {
         c->t = c->wait_step;
         c->phase = ZPS_PHASE_STEP;
@@ -153,7 +165,7 @@ static int s_wait_over(zps_client *c, zps_err err)
         c->rejoined = false;
         return rejoined ? ZPS_NEXT_REJOINED : ZPS_NEXT_ROLLBACK;
     }
-    zps_evalwork_plan(c); // step t is over
+    zps_evalwork_plan(c, c->t); // step t is over
     c->phase = ZPS_PHASE_EVAL;
     return 0;
 }
@@ -174,8 +186,21 @@ static int s_phase_new(zps_client *c)
     return err != ZPS_OK ? zps_work_end(c, err) : 0;
 }
 
+// --overlap: waits for the parameters of step t, owed since the push of
+// step t - 1 (no PULL: that push asked for them).
+static int s_wait_owed(zps_client *c)
+{
+    zps_diloco_overlap_begin(c);
+    c->t2 = zps_clock_ms();
+    zps_err err = s_start_wait(c, c->t, ZPS_AFTER_OVERLAP, false);
+    return err != ZPS_OK ? s_wait_over(c, err) : 0;
+}
+
 static int s_phase_step(zps_client *c)
 {
+    if (c->t >= c->total_steps && c->owed) {
+        return s_wait_owed(c); // the last step's fragment
+    }
     if (c->t >= c->total_steps) {
         zps_diloco_finish(c);
         s_log_timing(c, zps_clock_ms() - c->train_start);
@@ -183,7 +208,7 @@ static int s_phase_step(zps_client *c)
         return ZPS_NEXT_DONE;
     }
     if (c->mode.diloco) {
-        c->round_pushed = false;
+        c->round_pushed = c->inner_done = false;
         c->inner_h = c->inner_n = 0;
     }
     c->n_queue = zps_schedule_take(&c->schedule, c->t, c->queue, ZPS_CLIENT_QUEUE);
@@ -212,10 +237,24 @@ static int s_phase_compute(zps_client *c, zps_work *out, zps_err *piece_err)
     if (c->mode.diloco && c->inner_h < c->inner_n) {
         return s_hand_out(c, out); // the round's inner steps go on
     }
-    if (c->mode.diloco && c->inner_n > 0 && !c->round_pushed) {
+    if (c->mode.diloco && c->inner_n > 0 && !c->inner_done) {
         zps_client_einval(c, "round %llu: its last inner step was handed out and never ended "
                           "with zps_inner_done", (unsigned long long)c->t);
         return zps_work_end(c, ZPS_EINVAL);
+    }
+    if (zps_diloco_overlaps(c) && c->owed) {
+        return s_wait_owed(c); // then back here
+    }
+    if (zps_diloco_overlaps(c) && c->inner_n > 0) {
+        // Pushed, and on to the next step without waiting: its parameters
+        // are owed, and taken at the end of the next step's inner steps.
+        zps_err err = zps_diloco_push_own(c);
+        if (err != ZPS_OK) {
+            return zps_work_end(c, err);
+        }
+        c->owed = true;
+        c->phase = ZPS_PHASE_EVAL; // planned at the last merge, if any
+        return 0;
     }
     // Nothing to compute (a member only from the next step on): ask.
     c->t2 = zps_clock_ms();

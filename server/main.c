@@ -261,6 +261,10 @@ static const zps_opts_row s_table[] = {
      .help = "diloco: pseudo-gradients pushed in int8 or 4 bits, error feedback on the worker",
      .offset = offsetof(s_flags, srv.mode.compress), .ctype = ZPS_OPTS_C_PARSER,
      .parse = s_parse_compress, .accepts = "none, int8 or e3m0"},
+    {.name = "overlap", .kind = ZPS_OPTS_SWITCH,
+     .help = "diloco: workers train on while a fragment is exchanged and merge its new values "
+             "one step later (a delay of at most H/F inner steps)",
+     .offset = offsetof(s_flags, srv.mode.overlap), .ctype = ZPS_OPTS_C_BOOL},
     {.name = "fragments", .kind = ZPS_OPTS_INT, .metavar = "F", .def = "1",
      .help = "diloco: exchange the parameters a fragment at a time, fragment f at inner steps "
              "offset by f*H/F (Streaming DiLoCo); at most H",
@@ -458,7 +462,7 @@ static bool s_check_pairs(const zps_server_opts *o)
 static bool s_check_mode(const zps_server_opts *o, const bool *given)
 {
     static const char *const own[] = {"inner-steps", "outer-lr", "outer-momentum", "compress",
-                                        "fragments"};
+                                        "fragments", "overlap"};
     for (size_t i = 0; !o->mode.diloco && i < sizeof own / sizeof own[0]; i++) {
         if (zps_opts_given(&s_prog, given, own[i])) {
             fprintf(stderr, "zps-server: --%s needs --mode diloco\n", own[i]);

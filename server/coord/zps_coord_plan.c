@@ -110,6 +110,7 @@ static Zps__Outer s_mode_to_wire(const zps_outer_mode *m)
     w.auto_steps = m->auto_steps;
     w.compress = (uint32_t)m->compress;
     w.fragments = zps_outer_fragments(m);
+    w.overlap = m->overlap;
     return w;
 }
 
@@ -228,11 +229,12 @@ void zps_coord_start_workers(zps_coord *c, zps_outbox *out)
                      c->cfg.global_batch / c->cfg.micro_batch, c->cfg.micro_batch);
     }
     if (c->cfg.mode.diloco) {
+        uint32_t f = zps_outer_fragments(&c->cfg.mode);
         zps_log_info("mode diloco: a round is %s%u inner steps of the workers' own optimizer "
-                     "in %u step(s), one fragment exchanged each; pseudo-gradients %s, outer "
+                     "in %u step(s), one fragment exchanged each%s; pseudo-gradients %s, outer "
                      "Nesterov lr %g momentum %g",
-                     c->cfg.mode.auto_steps ? "at most " : "", c->cfg.mode.inner_steps,
-                     zps_outer_fragments(&c->cfg.mode),
+                     c->cfg.mode.auto_steps ? "at most " : "", c->cfg.mode.inner_steps, f,
+                     c->cfg.mode.overlap ? ", merged one step later (overlap)" : "",
                      c->cfg.mode.compress ? zps_quant_name(c->cfg.mode.compress) : "fp32",
                      (double)c->cfg.mode.outer.lr, (double)c->cfg.mode.outer.momentum);
     }

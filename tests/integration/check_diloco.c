@@ -522,6 +522,123 @@ START_TEST(test_diloco_four_fragments_are_exchanged_once_a_round_in_order)
 }
 END_TEST
 
+// Starts shard 1 of 2 beside shard 0 at ep (args: extra flags, NULL-ended).
+static pid_t s_start_shard1(zps_procs *ps, const char *ep, const char *log, char *listen,
+                            size_t len, const char *const *extra)
+{
+    if (!listen[0]) {
+        snprintf(listen, len, "tcp://127.0.0.1:%d", zps_free_port());
+    }
+    const char *args[16] = {"--shard", "1", "--shards", "2", "--coordinator", ep, "--listen",
+                            listen};
+    size_t n = 8;
+    for (size_t i = 0; extra[i]; i++) {
+        ck_assert_uint_lt(n + 1, sizeof args / sizeof args[0]);
+        args[n++] = extra[i];
+    }
+    args[n] = NULL;
+    return zps_procs_start(ps, "zps-server", log, args);
+}
+
+// The largest merge delay a worker's log reports (--overlap), and its bound.
+static int s_worst_delay(zps_procs *ps, const char *log, int *bound)
+{
+    FILE *f = fopen(zps_procs_path(ps, log), "r");
+    ck_assert_ptr_nonnull(f);
+    char line[1024];
+    int worst = -1;
+    while (fgets(line, sizeof line, f)) {
+        const char *at = strstr(line, "fragment merged ");
+        int d, b;
+        if (at && sscanf(at, "fragment merged %d inner steps after its push, the most so far "
+                              "(bound %d)", &d, &b) == 2) {
+            worst = d > worst ? d : worst;
+            *bound = b;
+        }
+    }
+    fclose(f);
+    return worst;
+}
+
+// --overlap with 4 fragments of a round of 10 (steps of 2, 3, 2, 3 inner
+// steps) over 2 shards: each fragment's new values are merged one step
+// after its push, so a merge comes 2 or 3 inner steps late and never more
+// than ceil(10 / 4) = 3; every fragment still goes out once a round in
+// order, and the workers end on the same bits.
+START_TEST(test_diloco_overlap_merges_within_its_bound_and_workers_agree)
+{
+    zps_procs ps;
+    zps_procs_init(&ps, "diloco-overlap");
+    const char *const flags[] = {"--lr", "0.05", "--mode", "diloco", "--inner-steps", "10",
+                                 "--compress", "int8", "--fragments", "4", "--overlap",
+                                 "--shards", "2", NULL};
+    const char *const none[] = {NULL};
+    pid_t s0, s1, w[2];
+    char ep[256], shard1[64] = "";
+    snprintf(ep, sizeof ep, "%s", s_start_server(&ps, "ov", &s0, "2", "80", flags));
+    s1 = s_start_shard1(&ps, ep, "ov-shard1.log", shard1, sizeof shard1, none);
+    for (int i = 0; i < 2; i++) {
+        w[i] = s_start_worker(&ps, ep, "ov", i);
+    }
+    for (int i = 0; i < 2; i++) {
+        ck_assert_int_eq(zps_procs_wait(&ps, w[i], RUN_TIMEOUT_MS), 0);
+    }
+    ck_assert_int_eq(zps_procs_wait(&ps, s1, 30000), 0);
+    ck_assert_int_eq(zps_procs_wait(&ps, s0, 30000), 0);
+    s_check_fragment_rows(&ps, "ov-metrics.jsonl", 32, 4, 2);
+    s_check_aligned(&ps, "ov", 2);
+    for (int i = 0; i < 2; i++) {
+        char log[32];
+        snprintf(log, sizeof log, "ov-w%d.log", i);
+        int bound = 0, worst = s_worst_delay(&ps, log, &bound);
+        fprintf(stderr, "overlap: worker %d merged at worst %d inner steps late (bound %d)\n", i,
+                worst, bound);
+        ck_assert_int_eq(bound, 3);
+        ck_assert_msg(worst >= 2 && worst <= bound, "worker %d: delay %d", i, worst);
+    }
+    zps_procs_fini(&ps, false);
+}
+END_TEST
+
+// --overlap through failures: a worker SIGKILLed in the middle of the run
+// and shard 1 killed and restarted from its checkpoint; the run completes
+// and the survivors end on the same bits.
+START_TEST(test_diloco_overlap_survives_a_killed_worker_and_a_restarted_shard)
+{
+    zps_procs ps;
+    zps_procs_init(&ps, "diloco-overlap-fail");
+    char ck0[512], ck1[512];
+    snprintf(ck0, sizeof ck0, "%s", zps_procs_path(&ps, "ck0"));
+    snprintf(ck1, sizeof ck1, "%s", zps_procs_path(&ps, "ck1"));
+    const char *const flags[] = {"--lr", "0.05", "--mode", "diloco", "--inner-steps", "8",
+                                 "--fragments", "4", "--overlap", "--shards", "2",
+                                 "--checkpoint-every", "4", "--checkpoint-dir", ck0, NULL};
+    const char *const first[] = {"--checkpoint-dir", ck1, NULL};
+    const char *const again[] = {"--checkpoint-dir", ck1, "--resume", NULL};
+    pid_t s0, s1, w[3];
+    char ep[256], shard1[64] = "";
+    snprintf(ep, sizeof ep, "%s", s_start_server(&ps, "ovf", &s0, "3", "480", flags));
+    s1 = s_start_shard1(&ps, ep, "ovf-shard1.log", shard1, sizeof shard1, first);
+    for (int i = 0; i < 3; i++) {
+        w[i] = s_start_worker(&ps, ep, "ovf", i);
+    }
+    zps_procs_wait_step(ep, 12, 60000);
+    ck_assert_int_eq(kill(w[1], SIGKILL), 0);
+    ck_assert_int_eq(zps_procs_wait(&ps, w[1], 5000), -1);
+    zps_procs_wait_step(ep, 40, 60000);
+    ck_assert_int_eq(kill(s1, SIGKILL), 0);
+    zps_procs_wait(&ps, s1, 5000);
+    s1 = s_start_shard1(&ps, ep, "ovf-shard1.log", shard1, sizeof shard1, again);
+    ck_assert_int_eq(zps_procs_wait(&ps, w[0], RUN_TIMEOUT_MS), 0);
+    ck_assert_int_eq(zps_procs_wait(&ps, w[2], RUN_TIMEOUT_MS), 0);
+    ck_assert_int_eq(zps_procs_wait(&ps, s1, 30000), 0);
+    ck_assert_int_eq(zps_procs_wait(&ps, s0, 30000), 0);
+    ck_assert_msg(zps_procs_log_has(&ps, "ovf.log", "rolls back to it"), "no rollback");
+    ck_assert_double_eq(zps_procs_params_diff(&ps, "ovf-w0.bin", "ovf-w2.bin", s_n_params()), 0);
+    zps_procs_fini(&ps, false);
+}
+END_TEST
+
 // --fragments more than --inner-steps: refused before anything starts.
 START_TEST(test_diloco_more_fragments_than_inner_steps_are_refused)
 {
@@ -553,6 +670,8 @@ Suite *zps_suite_diloco(void)
     tcase_add_test(tc, test_diloco_one_fragment_is_plain_diloco_bitwise);
     tcase_add_test(tc, test_diloco_four_fragments_are_exchanged_once_a_round_in_order);
     tcase_add_test(tc, test_diloco_more_fragments_than_inner_steps_are_refused);
+    tcase_add_test(tc, test_diloco_overlap_merges_within_its_bound_and_workers_agree);
+    tcase_add_test(tc, test_diloco_overlap_survives_a_killed_worker_and_a_restarted_shard);
     suite_add_tcase(s, tc);
     return s;
 }
