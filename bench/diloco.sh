@@ -14,8 +14,9 @@
 #   sudo bench/diloco.sh [-o DIR] [--md FILE] [--only LIST] [options]
 #
 # Cases (--only, a comma list; default all): sync, ddp, h10, h50, h10-int8,
-# h50-int8, h10-f4, h10-f4-int8 (--fragments 4), slow-h10, slow-auto
-# (auto:10), slow-h50, slow-auto50. The DiLoCo cases are skipped, and the
+# h50-int8, h10-f4, h10-f4-int8 (--fragments 4), h10-f4-ov, h10-f4-ov-int8
+# (and --overlap), slow-h10, slow-auto (auto:10), slow-h50, slow-auto50,
+# slow-h10-f4-ov, slow-auto-f4-ov. The DiLoCo cases are skipped, and the
 # table says so, while bin/zps-server has no --mode.
 #
 # A run stops at the first evaluation (zps: every epoch's end, the
@@ -38,7 +39,8 @@ usage: sudo bench/diloco.sh [options]
   --md FILE        the table as Markdown to FILE as well
   --only LIST      cases, in the order to run them, e.g. sync,h10 (default
                    sync,ddp,h10,h50,h10-int8,h50-int8,h10-f4,h10-f4-int8,
-                   slow-h10,slow-auto,slow-h50,slow-auto50)
+                   h10-f4-ov,h10-f4-ov-int8,slow-h10,slow-auto,slow-h50,
+                   slow-auto50,slow-h10-f4-ov,slow-auto-f4-ov)
   -r RATE          every host's link, both ways (default 100mbit)
   -w W             workers, each on a host of its own with a shard beside it,
                    as a user would deploy them (default 4)
@@ -67,7 +69,7 @@ die() {
 }
 
 abs() { case $1 in /*) echo "$1" ;; *) echo "$cwd/$1" ;; esac; }
-outdir='' md='' only=sync,ddp,h10,h50,h10-int8,h50-int8,h10-f4,h10-f4-int8,slow-h10,slow-auto,slow-h50,slow-auto50
+outdir='' md='' only=sync,ddp,h10,h50,h10-int8,h50-int8,h10-f4,h10-f4-int8,h10-f4-ov,h10-f4-ov-int8,slow-h10,slow-auto,slow-h50,slow-auto50,slow-h10-f4-ov,slow-auto-f4-ov
 rate=100mbit workers=4 target=0.85 steps=4500 max_epochs=5 min_epochs=2 slow_epochs=1 bound=1500
 repeats=1 keep_logs=0 report='' shard_host=0
 while [ $# -gt 0 ]; do
@@ -97,7 +99,8 @@ while [ $# -gt 0 ]; do
     *) die "unknown option $1 (--help lists them)" ;;
     esac
 done
-all_cases=(sync ddp h10 h50 h10-int8 h50-int8 h10-f4 h10-f4-int8 slow-h10 slow-auto slow-h50 slow-auto50)
+all_cases=(sync ddp h10 h50 h10-int8 h50-int8 h10-f4 h10-f4-int8 h10-f4-ov h10-f4-ov-int8
+    slow-h10 slow-auto slow-h50 slow-auto50 slow-h10-f4-ov slow-auto-f4-ov)
 IFS=, read -r -a cases <<<"$only"
 for c in "${cases[@]}"; do
     [[ " ${all_cases[*]} " == *" $c "* ]] || die "--only: no case '$c' (${all_cases[*]})"
@@ -305,6 +308,10 @@ case_flags() {
     h50-int8) echo "--mode diloco --inner-steps 50 --compress int8" ;;
     h10-f4) echo "--mode diloco --inner-steps 10 --fragments 4 --compress none" ;;
     h10-f4-int8) echo "--mode diloco --inner-steps 10 --fragments 4 --compress int8" ;;
+    h10-f4-ov) echo "--mode diloco --inner-steps 10 --fragments 4 --overlap --compress none" ;;
+    h10-f4-ov-int8) echo "--mode diloco --inner-steps 10 --fragments 4 --overlap --compress int8" ;;
+    slow-h10-f4-ov) echo "--mode diloco --inner-steps 10 --fragments 4 --overlap --compress none" ;;
+    slow-auto-f4-ov) echo "--mode diloco --inner-steps auto --fragments 4 --overlap --compress none" ;;
     slow-h10) echo "--mode diloco --inner-steps 10 --compress none" ;;
     slow-auto) echo "--mode diloco --inner-steps auto --compress none" ;;
     slow-h50) echo "--mode diloco --inner-steps 50 --compress none" ;;
@@ -321,6 +328,10 @@ case_name() {
     h50-int8) echo "DiLoCo H=50, int8" ;;
     h10-f4) echo "DiLoCo H=10, 4 fragments, fp32" ;;
     h10-f4-int8) echo "DiLoCo H=10, 4 fragments, int8" ;;
+    h10-f4-ov) echo "DiLoCo H=10, 4 fragments, overlap, fp32" ;;
+    h10-f4-ov-int8) echo "DiLoCo H=10, 4 fragments, overlap, int8" ;;
+    slow-h10-f4-ov) echo "DiLoCo H=10, 4 fragments, overlap, worker 0 slowed 2x" ;;
+    slow-auto-f4-ov) echo "DiLoCo auto, 4 fragments, overlap, worker 0 slowed 2x" ;;
     slow-h10) echo "DiLoCo H=10, worker 0 slowed 2x" ;;
     slow-auto) echo "DiLoCo --inner-steps auto, worker 0 slowed 2x" ;;
     slow-h50) echo "DiLoCo H=50, worker 0 slowed 2x" ;;
@@ -461,7 +472,7 @@ if ran sync; then
     sync_t=$(fig sync 1)
     sync_b=$(fig sync 2)
 fi
-for c in sync ddp h10 h50 h10-int8 h50-int8 h10-f4 h10-f4-int8; do
+for c in sync ddp h10 h50 h10-int8 h50-int8 h10-f4 h10-f4-int8 h10-f4-ov h10-f4-ov-int8; do
     wants "$c" || continue
     name=$(case_name "$c")
     if [ -n "${skip[$c]:-}" ]; then
@@ -504,6 +515,11 @@ for c in sync ddp h10 h50 h10-int8 h50-int8 h10-f4 h10-f4-int8; do
         ;;
     esac
 done
+# fname 10-f4-ov: "10, 4 fragments, overlap", for the rows.
+fname() {
+    local n=${1/-f4/, 4 fragments}
+    echo "${n/-ov/, overlap}"
+}
 # Fragments: the payload bytes one worker pushes in one exchange (the
 # metrics log's largest "bytes"), with 4 fragments against the whole model.
 push_max() {
@@ -519,28 +535,29 @@ for k in "" -int8; do
         "≤ 0.3" "$(awk -v r="$ratio" 'BEGIN {print (r <= 0.3) ? "met" : "not met"}')"
 done
 # int8 against fp32: the accuracy at the last epoch both runs evaluated.
-for h in 10 50 10-f4; do
+for h in 10 50 10-f4 10-f4-ov; do
     if ! { ran "h$h" && ran "h$h-int8"; }; then continue; fi
     d=$(awk 'NR == FNR {a[$3] = $4; next}
         ($3 in a) {e = $3; d = $4 - a[$3]; m = (d < 0 ? -d : d) > m ? (d < 0 ? -d : d) : m; k++}
         END {if (e != "") printf "%.4f %s %.4f %.4f %.4f %d\n", d, e, a[e], a[e] + d, m, k}' \
         "$run/h$h-1.evals" "$run/h$h-int8-1.evals")
     if [ -z "$d" ]; then
-        row "DiLoCo H=${h/-f4/, 4 fragments}, int8 against fp32" "no epoch evaluated by both" "-" "-" "within 0.005" "-"
+        row "DiLoCo H=$(fname "$h"), int8 against fp32" "no epoch evaluated by both" "-" "-" "within 0.005" "-"
         continue
     fi
     read -r diff ep fa ia dmax k <<<"$d"
     ok=$(awk -v d="$diff" 'BEGIN {print (d >= -0.005 && d <= 0.005) ? "met" : "not met"}')
-    row "DiLoCo H=${h/-f4/, 4 fragments}, int8 against fp32" "after $ep epochs: int8 $ia, fp32 $fa" "-" \
+    row "DiLoCo H=$(fname "$h"), int8 against fp32" "after $ep epochs: int8 $ia, fp32 $fa" "-" \
         "$diff (int8 - fp32); largest difference over the $k epochs both evaluated: $dmax" \
         "within 0.005 (0.5 points) at the last" "$ok"
 done
-# The slowed worker: seconds per outer round, auto against fixed H.
-for h in 10 50; do
-    fx=slow-h$h au=slow-auto$([ "$h" = 10 ] || echo "$h")
+# The slowed worker: seconds per outer round (with fragments, per step: a
+# quarter round), auto against fixed H.
+for h in 10 50 10-f4-ov; do
+    fx=slow-h$h au=slow-auto${h#10}
     wants "$fx" || wants "$au" || continue
     if ! { ran "$fx" && ran "$au"; }; then
-        row "worker 0 slowed 2x: auto against H=$h" "SKIPPED: ${skip[$fx]:-${skip[$au]:-not both asked for}}" "-" "-" "≥ 1.5 ×" "-"
+        row "worker 0 slowed 2x: auto against H=$(fname "$h")" "SKIPPED: ${skip[$fx]:-${skip[$au]:-not both asked for}}" "-" "-" "≥ 1.5 ×" "-"
         continue
     fi
     fs=() as=()
@@ -552,10 +569,10 @@ for h in 10 50; do
     am=$(printf '%s\n' "${as[@]}" | median)
     if [ -n "$fm" ] && [ -n "$am" ]; then
         sp=$(awk -v a="$fm" -v b="$am" 'BEGIN {printf "%.2f", a / b}')
-        row "worker 0 slowed 2x: auto against H=$h" "auto $(awk -v v="$am" 'BEGIN {printf "%.3f", v}') s/round, H=$h $(awk -v v="$fm" 'BEGIN {printf "%.3f", v}') s/round" \
+        row "worker 0 slowed 2x: auto against H=$(fname "$h")" "auto $(awk -v v="$am" 'BEGIN {printf "%.3f", v}') s/round, H=$(fname "$h") $(awk -v v="$fm" 'BEGIN {printf "%.3f", v}') s/round" \
             "$sp × faster per round" "-" "≥ 1.5 ×" "$(awk -v s="$sp" 'BEGIN {print (s >= 1.5) ? "met" : "not met"}')"
     else
-        row "worker 0 slowed 2x: auto against H=$h" "FAILED: no step lines" "-" "-" "≥ 1.5 ×" "-"
+        row "worker 0 slowed 2x: auto against H=$(fname "$h")" "FAILED: no step lines" "-" "-" "≥ 1.5 ×" "-"
     fi
     for c in "$fx" "$au"; do
         t=$(fig "$c" 1)
