@@ -2,7 +2,12 @@
  * round's own slice is handed out as inner steps, one per global batch;
  * every other piece of the round (a slice handed over by a member that
  * left) is pushed at once as missing (inner steps 0), since its member's
- * inner steps died with it. The round's buffers are zps_round.c's. */
+ * inner steps died with it. The round's buffers are zps_round.c's.
+ *
+ * With --fragments a step is a part of a round and pushes one fragment;
+ * with --overlap the push of step t waits for the parameters of step t,
+ * taken after step t's inner steps, and merges them into what the
+ * fragment trained since (docs/diloco.md). */
 #include "lib/zps_client_int.h"
 
 #include <stdlib.h>
@@ -37,7 +42,9 @@ static zps_err s_cut_shard_buckets(zps_client *c)
 static zps_err s_round_init(zps_client *c)
 {
     int nb = zps_model_n_buckets(&c->model), n = 0;
-    size_t max = (size_t)nb * ZPS_CONN_MAX_SHARDS * zps_outer_fragments(&c->mode);
+    // A bucket cut to the shards makes at most one range more per shard
+    // boundary, and each cut of a fragment one more again.
+    size_t max = (size_t)nb + (size_t)c->conn.n_shards * zps_outer_fragments(&c->mode);
     uint64_t *lo = malloc(max * sizeof *lo), *hi = malloc(max * sizeof *hi);
     uint8_t *frag = malloc(max);
     zps_err err = lo && hi && frag ? ZPS_OK : ZPS_ENOMEM;
@@ -313,15 +320,21 @@ zps_err zps_inner_done(zps_client *c, const zps_work *w, float loss)
 }
 
 // --overlap: the step's inner steps began before its plan was known here.
-// If the plan in force now gives this worker another slice of step t (a
-// member left or joined), what it trained is not that slice's: the slice is
-// pushed as missing, and the inner steps stay in the fragments' own
-// values, to go out with their next exchange. True if so.
+// A new plan that keeps this worker's slice (new inner step counts of
+// auto) only renews the generation the push carries. If it gives this
+// worker another slice of step t (a member left or joined), what it
+// trained is not that slice's: the slice is pushed as missing, and the
+// inner steps stay in the fragments' own values, to go out with their
+// next exchange. True if so.
 static bool s_slice_moved(zps_client *c, zps_err *err)
 {
     const zps_plan_gen *g = zps_plans_at(&c->schedule.plans, c->t);
     const zps_plan_slice *now = g ? zps_plan_find(&g->plan, c->conn.rank) : NULL;
     if (!c->mode.overlap || s_is_own(c, c->t, &c->own)) {
+        return false;
+    }
+    if (now && now->offset == c->own.offset && now->count == c->own.count) {
+        c->own.gen = g->gen;
         return false;
     }
     zps_log_warn("step %llu: the plan changed during its inner steps; they go out with the "

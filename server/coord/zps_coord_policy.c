@@ -44,13 +44,14 @@ static void s_proportional(uint32_t B, const double *w, uint32_t n, uint32_t *ou
     }
 }
 
-// --inner-steps auto: every few rounds, each member's inner steps from its
-// measured speed, in inner steps per second (zps_dyl_steps: the fastest
-// takes H); a member not measured yet takes H. A change re-plans at the
-// next round's boundary, so a round's inner steps are fixed in its plan.
+// --inner-steps auto: every few rounds (of F steps with --fragments), each
+// member's inner steps from its measured speed, in inner steps per second
+// (zps_dyl_steps: the fastest takes H); a member not measured yet takes H.
+// A change re-plans at the next step's boundary, so a step's inner steps
+// are fixed in its plan.
 static void s_adapt_inner_steps(zps_coord *c)
 {
-    if (c->steps_done % ZPS_COORD_DYL_EVERY != 0) {
+    if (c->steps_done % (ZPS_COORD_DYL_EVERY * zps_outer_fragments(&c->cfg.mode)) != 0) {
         return;
     }
     double speed[ZPS_MAX_MEMBERS];

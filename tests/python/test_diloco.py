@@ -9,7 +9,9 @@ shards' outer step makes the next round's parameters.
   training is chaotic, and a last-bit difference grows (see docs/pytorch.md).
 - Every worker ends a round with the same bits: two torch workers with
   AdamW and int8 pseudo-gradients, and a C zps-worker (the server's
-  --optimizer as its inner one) beside a torch worker (its own).
+  --optimizer as its inner one) beside a torch worker (its own); with
+  --fragments and --overlap, the job ends on the global model, the same
+  bits in every worker.
 - The refusals: a diloco job without an optimizer, a synchronous one with
   one, an optimizer over tensors that are not the model's.
 """
@@ -118,6 +120,27 @@ def test_two_torch_workers_with_adamw_and_int8_end_with_the_same_bits(procs):
     moved = float(np.abs(w0 - np.fromfile(init, dtype=np.float32)).max())
     print(f"2 torch workers, AdamW, H=4, int8, 5 rounds: moved {moved:.3g}")
     assert w0.size == 54314
+    assert np.array_equal(w0, w1)
+    assert moved > 1e-2
+
+
+def test_two_torch_workers_with_fragments_and_overlap_end_on_the_same_global_model(procs):
+    # --fragments 2 --overlap: each worker's fragments are at different
+    # points between exchanges, and the job ends on the global model, the
+    # same bits in both torch models.
+    s = procs.server("--model", "external", "--global-batch", "64", "--steps", "24",
+                     "--workers", "2", "--lr-schedule", "constant",
+                     *diloco("--inner-steps", "4", "--fragments", "2", "--overlap"))
+    init = os.path.join(procs.tmp, "init.params")
+    adamw = ["--diloco", "--optimizer", "adamw", "--lr", "0.001"]
+    a = procs.torch_worker("w0", s.endpoint, *adamw, "--save-init", init, *save_arg(procs, "w0"))
+    b = procs.torch_worker("w1", s.endpoint, *adamw, *save_arg(procs, "w1"))
+    procs.ok(a, 180)
+    procs.ok(b, 180)
+    procs.ok(s, 30)
+    w0, w1 = params(procs, "w0"), params(procs, "w1")
+    moved = float(np.abs(w0 - np.fromfile(init, dtype=np.float32)).max())
+    print(f"2 torch workers, AdamW, H=4, 2 fragments, overlap, 6 rounds: moved {moved:.3g}")
     assert np.array_equal(w0, w1)
     assert moved > 1e-2
 
