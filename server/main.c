@@ -261,15 +261,15 @@ static const zps_opts_row s_table[] = {
      .help = "diloco: pseudo-gradients pushed in int8 or 4 bits, error feedback on the worker",
      .offset = offsetof(s_flags, srv.mode.compress), .ctype = ZPS_OPTS_C_PARSER,
      .parse = s_parse_compress, .accepts = "none, int8 or e3m0"},
-    {.name = "overlap", .kind = ZPS_OPTS_SWITCH,
-     .help = "diloco: workers train on while a fragment is exchanged and merge its new values "
-             "one step later (a delay of at most H/F inner steps)",
-     .offset = offsetof(s_flags, srv.mode.overlap), .ctype = ZPS_OPTS_C_BOOL},
     {.name = "fragments", .kind = ZPS_OPTS_INT, .metavar = "F", .def = "1",
      .help = "diloco: exchange the parameters a fragment at a time, fragment f at inner steps "
              "offset by f*H/F (Streaming DiLoCo); at most H",
      .offset = offsetof(s_flags, srv.mode.fragments), .ctype = ZPS_OPTS_C_U32,
      .lo = 1, .hi = ZPS_OUTER_MAX_FRAGMENTS},
+    {.name = "overlap", .kind = ZPS_OPTS_SWITCH,
+     .help = "diloco: workers train on while a fragment is exchanged and merge its new values "
+             "one step later (a delay of at most ceil(H/F) inner steps)",
+     .offset = offsetof(s_flags, srv.mode.overlap), .ctype = ZPS_OPTS_C_BOOL},
     {.name = "seed", .kind = ZPS_OPTS_INT, .metavar = "N", .def = "0",
      .help = "initialisation and data order",
      .offset = offsetof(s_flags, srv.seed), .ctype = ZPS_OPTS_C_U64,
