@@ -105,10 +105,11 @@ def test_a_round_is_h_inner_steps_of_consecutive_global_batches(procs):
         at += p.numel()
 
 
-def test_two_torch_workers_with_adamw_and_int8_end_with_the_same_bits(procs):
-    s = procs.server("--model", "external", "--global-batch", "64", "--steps", "20",
-                     "--workers", "2", "--lr-schedule", "constant",
-                     *diloco("--inner-steps", "4", "--compress", "int8"))
+def two_adamw_workers(procs, steps, *mode):
+    """Two torch workers with AdamW in a diloco job of `steps` global batches:
+    their final parameters, and how far the first moved from the start."""
+    s = procs.server("--model", "external", "--global-batch", "64", "--steps", str(steps),
+                     "--workers", "2", "--lr-schedule", "constant", *diloco(*mode))
     init = os.path.join(procs.tmp, "init.params")
     adamw = ["--diloco", "--optimizer", "adamw", "--lr", "0.001"]
     a = procs.torch_worker("w0", s.endpoint, *adamw, "--save-init", init, *save_arg(procs, "w0"))
@@ -117,7 +118,11 @@ def test_two_torch_workers_with_adamw_and_int8_end_with_the_same_bits(procs):
     procs.ok(b, 180)
     procs.ok(s, 30)
     w0, w1 = params(procs, "w0"), params(procs, "w1")
-    moved = float(np.abs(w0 - np.fromfile(init, dtype=np.float32)).max())
+    return w0, w1, float(np.abs(w0 - np.fromfile(init, dtype=np.float32)).max())
+
+
+def test_two_torch_workers_with_adamw_and_int8_end_with_the_same_bits(procs):
+    w0, w1, moved = two_adamw_workers(procs, 20, "--inner-steps", "4", "--compress", "int8")
     print(f"2 torch workers, AdamW, H=4, int8, 5 rounds: moved {moved:.3g}")
     assert w0.size == 54314
     assert np.array_equal(w0, w1)
@@ -128,18 +133,8 @@ def test_two_torch_workers_with_fragments_and_overlap_end_on_the_same_global_mod
     # --fragments 2 --overlap: each worker's fragments are at different
     # points between exchanges, and the job ends on the global model, the
     # same bits in both torch models.
-    s = procs.server("--model", "external", "--global-batch", "64", "--steps", "24",
-                     "--workers", "2", "--lr-schedule", "constant",
-                     *diloco("--inner-steps", "4", "--fragments", "2", "--overlap"))
-    init = os.path.join(procs.tmp, "init.params")
-    adamw = ["--diloco", "--optimizer", "adamw", "--lr", "0.001"]
-    a = procs.torch_worker("w0", s.endpoint, *adamw, "--save-init", init, *save_arg(procs, "w0"))
-    b = procs.torch_worker("w1", s.endpoint, *adamw, *save_arg(procs, "w1"))
-    procs.ok(a, 180)
-    procs.ok(b, 180)
-    procs.ok(s, 30)
-    w0, w1 = params(procs, "w0"), params(procs, "w1")
-    moved = float(np.abs(w0 - np.fromfile(init, dtype=np.float32)).max())
+    w0, w1, moved = two_adamw_workers(procs, 24, "--inner-steps", "4", "--fragments", "2",
+                                      "--overlap")
     print(f"2 torch workers, AdamW, H=4, 2 fragments, overlap, 6 rounds: moved {moved:.3g}")
     assert np.array_equal(w0, w1)
     assert moved > 1e-2
