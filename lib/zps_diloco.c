@@ -319,6 +319,18 @@ zps_err zps_inner_done(zps_client *c, const zps_work *w, float loss)
     return err == ZPS_OK ? ZPS_OK : zps_client_fail(c, err);
 }
 
+// --overlap: fragment f's values as of its push (from, in its ranges),
+// which its merge measures what it trained since against.
+static void s_keep_pushed(zps_client *c, int f, const float *from)
+{
+    for (int k = 0; c->pushed_at && k < c->round.n_ranges; k++) {
+        if (zps_round_has(&c->round, k, f)) {
+            uint64_t lo = c->round.lo[k];
+            memcpy(c->pushed_at + lo, from + lo, (c->round.hi[k] - lo) * sizeof(float));
+        }
+    }
+}
+
 // --overlap: the step's inner steps began before its plan was known here.
 // A new plan that keeps this worker's slice (new inner step counts of
 // auto) only renews the generation the push carries. If it gives this
@@ -343,6 +355,9 @@ static bool s_slice_moved(zps_client *c, zps_err *err)
         c->frag_inner[f] += c->inner_n;
         c->frag_ms[f] += c->round_ms;
     }
+    // Nothing of the fragment went out: the merge of its owed values keeps
+    // all it trained since theta_sync, as if pushed at theta_sync.
+    s_keep_pushed(c, s_fragment(c, c->t), c->round.sync);
     c->round_pushed = true;
     *err = ZPS_OK;
     if (now) {
@@ -375,12 +390,7 @@ zps_err zps_diloco_push_own(zps_client *c)
     c->round_pushed = true;
     c->own_pushed = c->t;
     s_note_done(c, c->t, &c->own);
-    for (int k = 0; c->pushed_at && k < c->round.n_ranges; k++) {
-        if (zps_round_has(&c->round, k, f)) {
-            uint64_t lo = c->round.lo[k];
-            memcpy(c->pushed_at + lo, c->params + lo, (c->round.hi[k] - lo) * sizeof(float));
-        }
-    }
+    s_keep_pushed(c, f, c->params);
     return err == ZPS_OK ? zps_diloco_push_deferred(c) : err;
 }
 
