@@ -51,7 +51,8 @@ static void s_proportional(uint32_t B, const double *w, uint32_t n, uint32_t *ou
 // are fixed in its plan.
 static void s_adapt_inner_steps(zps_coord *c)
 {
-    if (c->steps_done % (ZPS_COORD_DYL_EVERY * zps_outer_fragments(&c->cfg.mode)) != 0) {
+    uint64_t every = (uint64_t)ZPS_COORD_DYL_EVERY * zps_outer_fragments(&c->cfg.mode);
+    if (c->steps_done % every != 0) {
         return;
     }
     double speed[ZPS_MAX_MEMBERS];
