@@ -10,6 +10,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <dirent.h>
 #include <arpa/inet.h>
 #include <netinet/in.h>
 #include <sys/prctl.h>
@@ -118,6 +119,44 @@ pid_t zps_procs_start(zps_procs *ps, const char *prog, const char *log, const ch
     return pid;
 }
 
+// The first line of /proc/PID/task/TID/NAME into out ("?" if unreadable).
+static void s_read_task(pid_t pid, const char *tid, const char *name, char *out, size_t len)
+{
+    char path[512];
+    snprintf(path, sizeof path, "/proc/%d/task/%s/%s", (int)pid, tid, name);
+    FILE *f = fopen(path, "r");
+    if (!f || !fgets(out, (int)len, f)) {
+        snprintf(out, len, "?");
+    }
+    out[strcspn(out, "\n")] = '\0';
+    if (f) {
+        fclose(f);
+    }
+}
+
+// Where each thread of a process that outlived its wait is blocked: its
+// name, kernel wait channel and system call (number, arguments, stack and
+// instruction pointers), so that a hang seen once can be placed.
+static void s_tell_where(pid_t pid)
+{
+    char path[64];
+    snprintf(path, sizeof path, "/proc/%d/task", (int)pid);
+    DIR *d = opendir(path);
+    for (struct dirent *e; d && (e = readdir(d));) {
+        if (e->d_name[0] == '.') {
+            continue;
+        }
+        char comm[64], wchan[64], sys[256];
+        s_read_task(pid, e->d_name, "comm", comm, sizeof comm);
+        s_read_task(pid, e->d_name, "wchan", wchan, sizeof wchan);
+        s_read_task(pid, e->d_name, "syscall", sys, sizeof sys);
+        fprintf(stderr, "  thread %s (%s): wchan %s, syscall %s\n", e->d_name, comm, wchan, sys);
+    }
+    if (d) {
+        closedir(d);
+    }
+}
+
 int zps_procs_wait(zps_procs *ps, pid_t pid, int timeout_ms)
 {
     double deadline = zps_clock_ms() + timeout_ms;
@@ -128,8 +167,9 @@ int zps_procs_wait(zps_procs *ps, pid_t pid, int timeout_ms)
             break;
         }
         if (zps_clock_ms() > deadline) {
-            fprintf(stderr, "pid %d still running after %d ms: killing it\n", (int)pid,
-                    timeout_ms);
+            fprintf(stderr, "pid %d still running after %d ms: killing it; its threads:\n",
+                    (int)pid, timeout_ms);
+            s_tell_where(pid);
             kill(pid, SIGKILL);
             waitpid(pid, NULL, 0);
             status = -1;
