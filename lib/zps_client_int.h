@@ -283,7 +283,8 @@ void zps_diloco_params_in(zps_client *c, zps_client_after after);
 // of the last exchange of every fragment (zps_diloco_eval_begin), and the
 // worker's own come back after (zps_diloco_eval_end); the job ends with the
 // global ones (zps_diloco_finish), the same bits on every worker. All three
-// do nothing without fragments, whose parameters are the global ones.
+// do nothing without fragments or overlap: the parameters are then the
+// global ones.
 void zps_diloco_eval_begin(zps_client *c);
 void zps_diloco_eval_end(zps_client *c);
 void zps_diloco_finish(zps_client *c);
