@@ -269,6 +269,15 @@ int zps_diloco_hand_out(zps_client *c, zps_work *out)
     return ZPS_NEXT_WORK;
 }
 
+// Every fragment has trained the step's inner steps, and their compute.
+static void s_add_step(zps_client *c)
+{
+    for (uint32_t g = 0; g < zps_outer_fragments(&c->mode); g++) {
+        c->frag_inner[g] += c->inner_n;
+        c->frag_ms[g] += c->round_ms;
+    }
+}
+
 // The step's inner steps are done: every fragment has them, and the one
 // the step exchanges pushes all it has had since its last exchange
 // (pushed_inner); returns their compute time and starts that count over.
@@ -278,10 +287,7 @@ int zps_diloco_hand_out(zps_client *c, zps_work *out)
 static double s_count_fragment(zps_client *c)
 {
     uint32_t f = zps_outer_fragment_of_step(&c->mode, c->t);
-    for (uint32_t g = 0; g < zps_outer_fragments(&c->mode); g++) {
-        c->frag_inner[g] += c->inner_n;
-        c->frag_ms[g] += c->round_ms;
-    }
+    s_add_step(c);
     double ms = c->frag_ms[f];
     c->pushed_inner = c->frag_inner[f] < c->mode.inner_steps ? c->frag_inner[f]
                                                              : c->mode.inner_steps;
@@ -351,10 +357,7 @@ static bool s_slice_moved(zps_client *c, zps_err *err)
     }
     zps_log_warn("step %llu: the plan changed during its inner steps; they go out with the "
                  "next exchange of each fragment", (unsigned long long)c->t);
-    for (uint32_t f = 0; f < zps_outer_fragments(&c->mode); f++) {
-        c->frag_inner[f] += c->inner_n;
-        c->frag_ms[f] += c->round_ms;
-    }
+    s_add_step(c);
     // Nothing of the fragment went out: the merge of its owed values keeps
     // all it trained since theta_sync, as if pushed at theta_sync.
     s_keep_pushed(c, s_fragment(c, c->t), c->round.sync);
