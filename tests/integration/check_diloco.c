@@ -62,6 +62,24 @@ static pid_t s_start_worker(zps_procs *ps, const char *endpoint, const char *tag
     return zps_procs_start(ps, "zps-worker", log, args);
 }
 
+// Starts shard 1 of 2 beside shard 0 at ep (args: extra flags, NULL-ended).
+static pid_t s_start_shard1(zps_procs *ps, const char *ep, const char *log, char *listen,
+                            size_t len, const char *const *extra)
+{
+    if (!listen[0]) {
+        snprintf(listen, len, "tcp://127.0.0.1:%d", zps_free_port());
+    }
+    const char *args[16] = {"--shard", "1", "--shards", "2", "--coordinator", ep, "--listen",
+                            listen};
+    size_t n = 8;
+    for (size_t i = 0; extra[i]; i++) {
+        ck_assert_uint_lt(n + 1, sizeof args / sizeof args[0]);
+        args[n++] = extra[i];
+    }
+    args[n] = NULL;
+    return zps_procs_start(ps, "zps-server", log, args);
+}
+
 // A whole run of `workers` workers; every process must succeed.
 static void s_run(zps_procs *ps, const char *tag, int workers, const char *steps,
                   const char *const *extra)
@@ -306,21 +324,19 @@ START_TEST(test_diloco_shard_restarted_from_checkpoint_goes_back_to_its_round)
                                 "--inner-steps", "5", "--shards", "2", "--checkpoint-every",
                                 "4", "--checkpoint-dir", ck0, "--worker-timeout-ms", "30000",
                                 NULL};
+    const char *const first[] = {"--checkpoint-dir", ck1, NULL};
+    const char *const again[] = {"--checkpoint-dir", ck1, "--resume", NULL};
     pid_t s0, s1, w[2];
     char ep[256];
     snprintf(ep, sizeof ep, "%s", s_start_server(&ps, "restart", &s0, "2", "100", more));
-    const char *args1[] = {"--shard", "1", "--shards", "2", "--coordinator", ep, "--listen",
-                           shard1, "--checkpoint-dir", ck1, NULL};
-    s1 = zps_procs_start(&ps, "zps-server", "shard1.log", args1);
+    s1 = s_start_shard1(&ps, ep, "shard1.log", shard1, sizeof shard1, first);
     for (int i = 0; i < 2; i++) {
         w[i] = s_start_worker(&ps, ep, "restart", i);
     }
     zps_procs_wait_step(ep, 10, 60000);
     ck_assert_int_eq(kill(s1, SIGKILL), 0);
     zps_procs_wait(&ps, s1, 5000);
-    const char *again[] = {"--shard", "1", "--shards", "2", "--coordinator", ep, "--listen",
-                           shard1, "--checkpoint-dir", ck1, "--resume", NULL};
-    s1 = zps_procs_start(&ps, "zps-server", "shard1.log", again);
+    s1 = s_start_shard1(&ps, ep, "shard1.log", shard1, sizeof shard1, again);
     for (int i = 0; i < 2; i++) {
         ck_assert_int_eq(zps_procs_wait(&ps, w[i], RUN_TIMEOUT_MS), 0);
     }
@@ -495,13 +511,11 @@ START_TEST(test_diloco_four_fragments_are_exchanged_once_a_round_in_order)
     const char *const flags[] = {"--lr", "0.05", "--mode", "diloco", "--inner-steps", "8",
                                  "--compress", "int8", "--fragments", "4", "--shards", "2",
                                  NULL};
+    const char *const none[] = {NULL};
     pid_t s0, s1, w[2];
-    char ep[256], shard1[64];
+    char ep[256], shard1[64] = "";
     snprintf(ep, sizeof ep, "%s", s_start_server(&ps, "f4", &s0, "2", "64", flags));
-    snprintf(shard1, sizeof shard1, "tcp://127.0.0.1:%d", zps_free_port());
-    const char *args1[] = {"--shard", "1", "--shards", "2", "--coordinator", ep, "--listen",
-                           shard1, NULL};
-    s1 = zps_procs_start(&ps, "zps-server", "f4-shard1.log", args1);
+    s1 = s_start_shard1(&ps, ep, "f4-shard1.log", shard1, sizeof shard1, none);
     for (int i = 0; i < 2; i++) {
         w[i] = s_start_worker(&ps, ep, "f4", i);
     }
@@ -521,24 +535,6 @@ START_TEST(test_diloco_four_fragments_are_exchanged_once_a_round_in_order)
     zps_procs_fini(&ps, false);
 }
 END_TEST
-
-// Starts shard 1 of 2 beside shard 0 at ep (args: extra flags, NULL-ended).
-static pid_t s_start_shard1(zps_procs *ps, const char *ep, const char *log, char *listen,
-                            size_t len, const char *const *extra)
-{
-    if (!listen[0]) {
-        snprintf(listen, len, "tcp://127.0.0.1:%d", zps_free_port());
-    }
-    const char *args[16] = {"--shard", "1", "--shards", "2", "--coordinator", ep, "--listen",
-                            listen};
-    size_t n = 8;
-    for (size_t i = 0; extra[i]; i++) {
-        ck_assert_uint_lt(n + 1, sizeof args / sizeof args[0]);
-        args[n++] = extra[i];
-    }
-    args[n] = NULL;
-    return zps_procs_start(ps, "zps-server", log, args);
-}
 
 // The largest merge delay a worker's log reports (--overlap), and its bound.
 static int s_worst_delay(zps_procs *ps, const char *log, int *bound)
