@@ -30,7 +30,17 @@
  *   swarm [--members 64,256,1024,4096] [--shards 1] [--warmup 10]
  *         [--steps 40] [--params 4096] [--samples 1] [--per-proc 512]
  *         [--timeout-s 600] [--worker-timeout-ms 60000] [--shm auto|off]
- *         [--keep]
+ *         [--hosts] [--heartbeat-ms 1000] [--keep]
+ *
+ * --hosts makes each member process a host of its own (a ZPS_BOOT_ID of
+ * its own, unlike the servers'): its members form a host group (at most
+ * 64, so --per-proc up to 64) whose leader sums their pushes and sends
+ * each shard one push per bucket (docs/choices.md "One push per host"), as
+ * a cluster of hosts with a few workers each does. Without it every
+ * member is on the servers' host and pushes for itself. --heartbeat-ms is
+ * the members' heartbeat interval: the coordinator takes N / interval
+ * beats a second, so per step they cost it in proportion to the step's
+ * length, which on a few cores grows with N itself.
  *
  * One table row per N (Markdown). A run that fails or passes its bound
  * prints what it knew (members joined, the step rank 0 reached) and keeps
@@ -83,8 +93,10 @@
 typedef struct sw_cfg {
     int members[SW_MAX_N], n_members;
     int shards, warmup, steps, params, samples, per_proc, timeout_s, worker_timeout_ms;
+    int heartbeat_ms;           // the members' heartbeat interval (libzps's 1000 by default)
     int global_batch;           // 0: N * samples
     bool keep, shm;
+    bool hosts;                 // --hosts: a member process is a host of its own
     bool sndbuf_auto;           // --sndbuf auto: a watcher thread a socket (default 0)
     char bin[512];
 } sw_cfg;
@@ -269,7 +281,8 @@ static void s_on_work(sw_member *m, zps_client *c, const zps_work *w)
 static bool s_member_run(sw_member *m, zps_client *c)
 {
     sw_shared *sh = m->p->sh;
-    if (zps_client_set_int(c, ZPS_OPT_SNDBUF, m->p->cfg->sndbuf_auto ? -1 : 0) != ZPS_OK ||
+    if (zps_client_set_int(c, ZPS_OPT_HEARTBEAT_MS, m->p->cfg->heartbeat_ms) != ZPS_OK ||
+        zps_client_set_int(c, ZPS_OPT_SNDBUF, m->p->cfg->sndbuf_auto ? -1 : 0) != ZPS_OK ||
         zps_client_set_int(c, ZPS_OPT_SHM, m->p->cfg->shm ? 1 : 0) != ZPS_OK ||
         zps_client_set_str(c, ZPS_OPT_DEVICE, "cpu (bench/swarm)") != ZPS_OK ||
         zps_connect(c) != ZPS_OK || zps_join(c) != ZPS_OK ||
@@ -526,6 +539,11 @@ static int s_fork_members(const sw_cfg *cfg, int n, sw_shared *sh, const char *e
         pids[i] = fork();
         if (pids[i] == 0) {
             prctl(PR_SET_PDEATHSIG, SIGKILL);
+            if (cfg->hosts) {
+                char boot_id[32]; // unlike the servers': their shards are on "another host"
+                snprintf(boot_id, sizeof boot_id, "swarm-host-%d", i);
+                (void)setenv("ZPS_BOOT_ID", boot_id, 1);
+            }
             sw_proc p = {.cfg = cfg, .sh = sh, .endpoint = ep, .grad = grad, .n = last - first};
             _exit(s_proc_main(&p, first));
         }
@@ -729,7 +747,7 @@ static int s_usage(void)
     fprintf(stderr, "usage: swarm [--members N,N,...] [--shards K] [--warmup W] [--steps S]\n"
                     "             [--params P] [--samples B | --global-batch B] [--per-proc M]\n"
                     "             [--timeout-s T] [--worker-timeout-ms MS] [--shm auto|off]\n"
-                    "             [--sndbuf 0|auto] [--keep]\n");
+                    "             [--sndbuf 0|auto] [--hosts] [--heartbeat-ms MS] [--keep]\n");
     return 2;
 }
 
@@ -770,7 +788,7 @@ static bool s_parse(int argc, char **argv, sw_cfg *cfg)
         {"steps", 1, NULL, 's'}, {"params", 1, NULL, 'P'}, {"samples", 1, NULL, 'b'},
         {"per-proc", 1, NULL, 'p'}, {"timeout-s", 1, NULL, 't'},
         {"worker-timeout-ms", 1, NULL, 'e'}, {"global-batch", 1, NULL, 'B'}, {"shm", 1, NULL, 'h'}, {"keep", 0, NULL, 'K'},
-        {"sndbuf", 1, NULL, 'S'},
+        {"sndbuf", 1, NULL, 'S'}, {"hosts", 0, NULL, 'H'}, {"heartbeat-ms", 1, NULL, 'r'},
         {NULL, 0, NULL, 0}};
     int opt;
     bool ok = true;
@@ -789,6 +807,8 @@ static bool s_parse(int argc, char **argv, sw_cfg *cfg)
         case 'h': ok = !strcmp(optarg, "auto") || !strcmp(optarg, "off");
                   cfg->shm = !strcmp(optarg, "auto"); break;
         case 'K': cfg->keep = true; break;
+        case 'H': cfg->hosts = true; break;
+        case 'r': ok = s_int(optarg, 10, 600000, &cfg->heartbeat_ms); break;
         case 'S': ok = !strcmp(optarg, "auto") || !strcmp(optarg, "0");
                   cfg->sndbuf_auto = !strcmp(optarg, "auto"); break;
         default: ok = false;
@@ -801,7 +821,8 @@ int main(int argc, char **argv)
 {
     sw_cfg cfg = {.members = {64, 256, 1024, 4096}, .n_members = 4, .shards = 1, .warmup = 10,
                   .steps = 40, .params = 4096, .samples = 1, .per_proc = 512,
-                  .timeout_s = 600, .worker_timeout_ms = 60000, .shm = true};
+                  .timeout_s = 600, .worker_timeout_ms = 60000, .heartbeat_ms = 1000,
+                  .shm = true};
     if (!s_parse(argc, argv, &cfg)) {
         return s_usage();
     }
@@ -816,15 +837,19 @@ int main(int argc, char **argv)
             return 2;
         }
     }
+    if (cfg.hosts && cfg.per_proc > 64) {
+        fprintf(stderr, "swarm: --hosts takes --per-proc up to 64, a host group's most\n");
+        return 2;
+    }
     long per_proc = most < cfg.per_proc ? most : cfg.per_proc;
     long need = (long)SW_FDS_PER_MEMBER * (per_proc > most / 2 ? per_proc : most / 2) + 256;
     s_raise_nofile(need);
     (void)signal(SIGPIPE, SIG_IGN);
     zps_set_log_level(ZPS_LOG_LEVEL_WARN);
     printf("bench/swarm: flat:%d, %d shard(s), global batch %d a member, warm-up %d steps, "
-           "%d measured, at most %d members a process, --shm %s\n",
+           "%d measured, at most %d members a process%s, --shm %s\n",
            cfg.params, cfg.shards, cfg.samples, cfg.warmup, cfg.steps, cfg.per_proc,
-           cfg.shm ? "auto" : "off");
+           cfg.hosts ? " (a host each: one push per host)" : "", cfg.shm ? "auto" : "off");
     s_print_head(&cfg);
     int failed = 0;
     for (int i = 0; i < cfg.n_members; i++) {

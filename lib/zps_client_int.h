@@ -252,11 +252,14 @@ void zps_host_relay(zps_client *c, int i, const zps_wire_msg *m);
 // Following: whether m, from the leader's socket, is a shard's PARAMS
 // passed on (for a shard elsewhere: the others come from the shards).
 bool zps_host_from_leader(const zps_client *c, const zps_wire_msg *m);
+// Following: takes m if it is the leader's HOST_ACK of the part handed to
+// it (a part taken is not the leader's to lose: no give-up timer after).
+bool zps_host_take_ack(zps_client *c, const zps_wire_msg *m);
 // Following: the leader's connection closed (its monitor said so): the
 // piece handed to it is computed again and pushed by this worker.
 void zps_host_on_event(zps_client *c);
 // While waiting: a leader pushes what it holds once a member is late, a
-// follower pushes its piece itself once its leader is silent.
+// follower pushes its piece itself once its leader has not taken it.
 zps_err zps_host_due(zps_client *c, double now);
 
 // zps_diloco.c: the round of --mode diloco.

@@ -267,6 +267,7 @@ zps_err zps_host_take_group(zps_client *c, uint32_t gen, const Zps__HostGroup *g
     h->gen = gen;
     h->n = n;
     h->me = me < 0 ? 0 : me;
+    memset(h->acked, 0, sizeof h->acked); // index k may be another member now
     h->direct = false;
     for (int k = 0; k < h->n; k++) {
         h->ranks[k] = g->members[k]->rank;
@@ -317,6 +318,7 @@ static zps_err s_send_to_leader(zps_client *c, int i, const zps_piece *p, uint64
     piece.samples = c->cur_work.count;
     piece.compute_ms = compute_ms;
     piece.loss = loss;
+    piece.handed_ms = c->host.sent == c->cur_step + 1 ? c->host.sent_ms : zps_clock_ms();
     h.n_host_pieces = 1;
     h.host_pieces = pieces;
     size_t esize = zps_dtype_size(c->dtype);
@@ -796,6 +798,7 @@ zps_err zps_host_push(zps_client *c, int i, const zps_piece *p, uint64_t lo, uin
             h->sent = c->cur_step + 1;
             h->sent_piece = c->cur_work;
             h->sent_ms = zps_clock_ms();
+            h->taken = false;
         }
         return ZPS_OK;
     }
@@ -857,6 +860,29 @@ static bool s_part_ok(const zps_client *c, const Zps__Header *hd, int *b, char *
     return true;
 }
 
+// Tells follower k that its part of `step` is in, once a step: from then
+// on the part is the leader's to push (or the leader's failure is seen as
+// any member's). Never waits: a follower gone loses nothing it needs.
+static void s_ack(zps_client *c, int k, uint64_t step)
+{
+    zps_host *h = &c->host;
+    if (h->acked[k] == step + 1) {
+        return;
+    }
+    Zps__Header a;
+    zps_wire_header_init(&a, ZPS__MSG_TYPE__HOST_ACK);
+    a.job_id = c->conn.job_id;
+    a.rank = h->ranks[k];
+    a.step = step;
+    a.generation = h->gen;
+    if (zps_wire_send_frames(h->sock, &h->route[k], &a, NULL, 0) == ZPS_OK) {
+        h->acked[k] = step + 1;
+    } else {
+        zps_log_debug("host: rank %u not told its part of step %llu is in", h->ranks[k],
+                      (unsigned long long)step);
+    }
+}
+
 // A follower's part, checked, taken (m moved) for the step it is of: an
 // older step's is dropped (its bucket was pushed without it, and the
 // follower pushes it itself when nothing comes back).
@@ -877,6 +903,16 @@ static void s_take_part(zps_client *c, zps_wire_msg *m)
                       (unsigned long long)hd->step);
         return;
     }
+    // Taken this late, the follower may have pushed its piece itself (it
+    // does after ZPS_HOST_GIVE_UP_MIN_MS at least without HOST_ACK): a sum
+    // with it would then be refused as partly counted, losing the other
+    // members' pieces with it. Left to the follower, unanswered.
+    double age = zps_clock_ms() - hd->host_pieces[0]->handed_ms;
+    if (age >= ZPS_HOST_TAKE_MAX_MS) {
+        zps_log_info("host: rank %u's part of step %llu waited %.1f s to be taken: left to it",
+                     hd->rank, (unsigned long long)hd->step, age / 1e3);
+        return;
+    }
     int k = s_member_of(h, hd->rank);
     if (h->has_route[k]) {
         zps_wire_route_close(&h->route[k]);
@@ -884,6 +920,7 @@ static void s_take_part(zps_client *c, zps_wire_msg *m)
     zps_wire_route_copy(&h->route[k], &m->route);
     h->has_route[k] = true;
     s_lead_step(c, hd->step);
+    s_ack(c, k, hd->step);
     const Zps__HostPiece *pc = hd->host_pieces[0];
     zps_host_part part = {.member = (uint32_t)k, .offset = hd->batch_offset,
                           .samples = hd->samples, .piece = pc->samples, .loss = pc->loss,
@@ -958,6 +995,20 @@ void zps_host_on_event(zps_client *c)
     }
 }
 
+bool zps_host_take_ack(zps_client *c, const zps_wire_msg *m)
+{
+    zps_host *h = &c->host;
+    if (!m->hdr || m->hdr->type != ZPS__MSG_TYPE__HOST_ACK) {
+        return false;
+    }
+    if (h->n >= 2 && h->me > 0 && h->sent == m->hdr->step + 1 &&
+        m->hdr->job_id == c->conn.job_id && m->hdr->rank == c->conn.rank &&
+        m->hdr->generation == h->gen) {
+        h->taken = true;
+    }
+    return true; // an ack of an older part or group changes nothing
+}
+
 bool zps_host_from_leader(const zps_client *c, const zps_wire_msg *m)
 {
     const zps_host *h = &c->host;
@@ -995,10 +1046,10 @@ zps_err zps_host_due(zps_client *c, double now)
         return err;
     }
     double give_up = 6 * usual > ZPS_HOST_GIVE_UP_MIN_MS ? 6 * usual : ZPS_HOST_GIVE_UP_MIN_MS;
-    if (h->sent && h->sent == c->wait_step && c->phase == ZPS_PHASE_WAIT &&
+    if (h->sent && !h->taken && h->sent == c->wait_step && c->phase == ZPS_PHASE_WAIT &&
         now - h->sent_ms >= give_up && !s_remote_in(c)) {
         char why[96];
-        snprintf(why, sizeof why, "nothing back from my leader (rank %u) for %.1f s",
+        snprintf(why, sizeof why, "my leader (rank %u) did not take my part for %.1f s",
                  h->ranks[0], (now - h->sent_ms) / 1e3);
         s_give_up(c, why);
     }

@@ -9,10 +9,15 @@
  * would add) and pushes once for them, naming each member's piece so the
  * shard credits it; the shard answers the leader with the parameters,
  * which the leader passes on to its followers: one push and one pull per
- * host and shard. A leader that goes silent is a member failure like any
- * other: a follower that got nothing back for a while computes its piece
- * again and pushes it itself, as it does a push refused "not yet", and the
- * shards count the first copy of every sample.
+ * host and shard. The leader says HOST_ACK to a follower once it holds
+ * the follower's part of a step. A leader that goes silent is a member
+ * failure like any other: a follower whose part the leader did not take
+ * for a while (or whose leader's connection closed, or whose next plan
+ * names another leader) computes its piece again and pushes it itself, as
+ * it does a push refused "not yet", and the shards count the first copy
+ * of every sample. Once its part is taken a follower waits as any worker
+ * does: a step slow for others (thousands of members starting, a
+ * straggler on another host) is not the leader's failure.
  *
  * The state lives in the client (lib/zps_client_int.h); its calls are
  * there, with the loop's other rooms. */
@@ -30,6 +35,10 @@
 
 #define ZPS_HOST_FLUSH_MIN_MS 2000.0   // a leader pushes what it has after this at least
 #define ZPS_HOST_GIVE_UP_MIN_MS 6000.0 // a follower pushes itself after this at least
+// A leader takes no follower's part older than this: half the least
+// give-up, so a part it takes is answered (HOST_ACK) before its follower
+// could give up on it.
+#define ZPS_HOST_TAKE_MAX_MS (ZPS_HOST_GIVE_UP_MIN_MS / 2)
 
 // One member's push that the leader holds: a bucket's values for a part
 // of the batch (the member's piece, or a node of it in a deterministic job).
@@ -70,10 +79,12 @@ typedef struct zps_host {
     zps_host_bucket *buckets[ZPS_CONN_MAX_SHARDS]; // owned: each shard's n_buckets
     zmq_msg_t route[ZPS_HOST_GROUP_MAX]; // each follower's routing id
     bool has_route[ZPS_HOST_GROUP_MAX];
+    uint64_t acked[ZPS_HOST_GROUP_MAX];  // 1 + the step each follower was last told is in
     // A follower's: the piece it handed to the leader.
     uint64_t sent;                       // 1 + its step (0: none waiting)
     zps_piece sent_piece;
     double sent_ms;
+    bool taken;                          // the leader said HOST_ACK for it
     bool direct;                         // gave up on the leader: pushes itself until a new group
 } zps_host;
 

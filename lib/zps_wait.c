@@ -261,7 +261,7 @@ static zps_err s_take_host(zps_client *c, uint64_t step)
     while ((err == ZPS_OK || err == ZPS_ETIMEDOUT) && zmq_poll(&item, 1, 0) > 0) {
         zps_wire_msg m;
         err = zps_wire_recv(c->host.sock, false, &m);
-        if (err == ZPS_OK && zps_host_from_leader(c, &m)) {
+        if (err == ZPS_OK && !zps_host_take_ack(c, &m) && zps_host_from_leader(c, &m)) {
             err = s_take_message(c, (int)m.hdr->shard, step, &m);
         }
         zps_wire_msg_fini(&m);

@@ -98,14 +98,22 @@ void zps_late_warn_stall(const zps_shard_io *io, const zps_coord *coord, double 
         const zps_plan_slice *sl = &plan->slices[i];
         missing += !zps_shard_slice_done(io->shard, sl->offset, sl->count);
     }
-    for (uint32_t i = 0; i < plan->n; i++) {
+    uint64_t step = zps_shard_step(io->shard);
+    double waited_s = (now - step_start_ms) / 1e3;
+    uint32_t named = 0;
+    for (uint32_t i = 0; i < plan->n && named < ZPS_LATE_WARN_RANKS; i++) {
         const zps_plan_slice *sl = &plan->slices[i];
         if (!zps_shard_slice_done(io->shard, sl->offset, sl->count)) {
             zps_log_warn("step %llu: waiting %.1f s for rank %u (%s, %s): %u of %u slices missing",
-                         (unsigned long long)zps_shard_step(io->shard),
-                         (now - step_start_ms) / 1e3, sl->rank,
+                         (unsigned long long)step, waited_s, sl->rank,
                          coord ? zps_coord_member_host(coord, sl->rank) : "?",
                          coord ? zps_coord_member_device(coord, sl->rank) : "?", missing, plan->n);
+            named++;
         }
+    }
+    if (missing > named) {
+        zps_log_warn("step %llu: waiting %.1f s for %u more ranks (zps-ctl status --all lists "
+                     "every member)",
+                     (unsigned long long)step, waited_s, missing - named);
     }
 }

@@ -21,7 +21,11 @@ void zps_late_speculate(zps_shard_io *io, zps_coord *coord, zps_outbox *out, dou
 void zps_late_speculate_ahead(zps_shard_io *io, zps_coord *coord, zps_outbox *out, double after,
                               uint64_t step, uint64_t total_steps);
 // zps_late_warn_stall logs a line for each slice the step in progress
-// still misses (host and device from the coordinator, if there is one).
+// still misses (host and device from the coordinator, if there is one), the
+// first ZPS_LATE_WARN_RANKS of them, and one line counting the rest: a
+// line for each of thousands of members, every few seconds, kept the loop
+// writing the log instead of answering them (bench/swarm at 4096).
+#define ZPS_LATE_WARN_RANKS 8
 void zps_late_warn_stall(const zps_shard_io *io, const zps_coord *coord, double step_start_ms,
                          double now);
 

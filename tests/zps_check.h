@@ -28,6 +28,7 @@ Suite *zps_suite_tree(void);
 
 // server/
 Suite *zps_suite_msgtab(void);
+Suite *zps_suite_late(void);
 Suite *zps_suite_timers(void);
 
 // server/coord/

@@ -5,7 +5,9 @@
  * push for their followers or every worker pushes itself, and the leaders
  * send fewer bytes than the workers did; a synchronous job ends within
  * round-off of the same job without aggregation; a leader SIGKILLed
- * mid-run: the job completes and the survivors hold the same bits. Real
+ * mid-run: the job completes and the survivors hold the same bits; a step
+ * slow for another host's reason does not make a follower whose part its
+ * leader took push for itself. Real
  * processes on loopback, every wait bounded, killed by pid at the end. */
 #include <signal.h>
 #include <stdio.h>
@@ -28,6 +30,9 @@ typedef struct run {
     bool aggregate;
     bool deterministic;
     const char *steps;
+    const char *stall_ms; // workers 0..stalled-1 (host a) pause this long every step
+    int stalled;
+    bool w0_first;        // worker 0 is admitted before the others start: rank 0, host a's leader
     pid_t shard[2];
     pid_t w[WORKERS];
     char ep[256];
@@ -63,6 +68,18 @@ static void s_start_shards(zps_procs *ps, run *r)
     }
 }
 
+// Waits up to 30 s for the run's log `name` (after its tag and a dash) to say `text`.
+static void s_wait_log(const zps_procs *ps, const run *r, const char *name, const char *text)
+{
+    char log[64];
+    snprintf(log, sizeof log, "%s-%s", r->tag, name);
+    for (int tries = 0; tries < 300 && !zps_procs_log_has(ps, log, text); tries++) {
+        struct timespec ts = {0, 100000000L};
+        nanosleep(&ts, NULL);
+    }
+    ck_assert_msg(zps_procs_log_has(ps, log, text), "%s never said \"%s\"", log, text);
+}
+
 static void s_start(zps_procs *ps, run *r)
 {
     s_start_shards(ps, r);
@@ -70,11 +87,16 @@ static void s_start(zps_procs *ps, run *r)
         char out[64], log[64];
         snprintf(out, sizeof out, "%s-w%d.bin", r->tag, k);
         snprintf(log, sizeof log, "%s-w%d.log", r->tag, k);
+        bool stall = k < r->stalled;
         const char *wargs[] = {"--coordinator", r->ep, "--save-params", zps_procs_path(ps, out),
                                "--cache-dir", ZPS_TEST_CACHE, "--timeout-ms", "30000",
-                               "--heartbeat-ms", "100", NULL};
+                               "--heartbeat-ms", "100", stall ? "--stall-prob" : NULL, "1",
+                               "--stall-ms", r->stall_ms, NULL};
         ck_assert_int_eq(setenv("ZPS_BOOT_ID", s_host(k / 2), 1), 0);
         r->w[k] = zps_procs_start(ps, "zps-worker", log, wargs);
+        if (k == 0 && r->w0_first) {
+            s_wait_log(ps, r, "s0.log", "admitted as rank 0");
+        }
     }
     ck_assert_int_eq(unsetenv("ZPS_BOOT_ID"), 0);
 }
@@ -244,6 +266,64 @@ START_TEST(test_host_leader_killed_mid_run_job_completes_and_survivors_agree)
 }
 END_TEST
 
+// The lines of host b's workers (2 and 3) that say `text`.
+static int s_host_b_lines(const zps_procs *ps, const run *r, const char *text)
+{
+    int n = 0;
+    for (int k = 2; k < WORKERS; k++) {
+        char log[64];
+        snprintf(log, sizeof log, "%s-w%d.log", r->tag, k);
+        n += zps_procs_log_count(ps, log, text);
+    }
+    return n;
+}
+
+// Both workers of host a pause 7 s every step (their heartbeats go on:
+// not evicted), longer than a follower's least wait for its leader (6 s)
+// while nothing is known of the steps' length. Host b's follower handed
+// its part to its leader, which took it (HOST_ACK) and pushed it: the step
+// is slow for another host's reason, so the follower waits instead of
+// computing and pushing its piece again. The job completes, all agreeing.
+START_TEST(test_host_follower_waits_out_a_step_slow_elsewhere_once_its_part_is_taken)
+{
+    zps_procs ps;
+    zps_procs_init(&ps, "host-slow");
+    size_t n = s_n_params();
+    run r = {.tag = "slow", .aggregate = true, .deterministic = false, .steps = "2",
+             .stall_ms = "7000", .stalled = 2};
+    s_train(&ps, &r);
+    ck_assert_int_eq(s_group_lines(&ps, &r, "following"), 2);
+    ck_assert_int_eq(s_host_b_lines(&ps, &r, "did not take my part"), 0);
+    ck_assert_int_eq(s_host_b_lines(&ps, &r, "pushing it myself"), 0);
+    float *a = s_agreed(&ps, &r, n);
+    free(a);
+    zps_procs_fini(&ps, false);
+}
+END_TEST
+
+// Host a's leader (worker 0, admitted first: rank 0) pauses 7 s every
+// step: its follower gives up on it after 6 s and pushes its own piece.
+// The leader, back, finds the part too old to take (the follower's copy
+// may be counted already: a sum with it would be refused as partly
+// counted, and the leader's own piece lost with it) and pushes its own
+// alone. The job completes and every worker agrees.
+START_TEST(test_host_leader_slower_than_the_give_up_pushes_its_own_piece_alone)
+{
+    zps_procs ps;
+    zps_procs_init(&ps, "host-slowlead");
+    size_t n = s_n_params();
+    run r = {.tag = "lead", .aggregate = true, .deterministic = false, .steps = "2",
+             .stall_ms = "7000", .stalled = 1, .w0_first = true};
+    s_train(&ps, &r);
+    ck_assert(zps_procs_log_has(&ps, "lead-w0.log", "leading"));
+    ck_assert(zps_procs_log_has(&ps, "lead-w1.log", "did not take my part"));
+    ck_assert(zps_procs_log_has(&ps, "lead-w0.log", "waited"));
+    float *a = s_agreed(&ps, &r, n);
+    free(a);
+    zps_procs_fini(&ps, false);
+}
+END_TEST
+
 Suite *zps_suite_host(void)
 {
     Suite *s = suite_create("host");
@@ -252,6 +332,8 @@ Suite *zps_suite_host(void)
     tcase_add_test(tc, test_host_deterministic_run_has_the_bits_of_one_without_aggregation);
     tcase_add_test(tc, test_host_synchronous_run_within_round_off_of_one_without_aggregation);
     tcase_add_test(tc, test_host_leader_killed_mid_run_job_completes_and_survivors_agree);
+    tcase_add_test(tc, test_host_follower_waits_out_a_step_slow_elsewhere_once_its_part_is_taken);
+    tcase_add_test(tc, test_host_leader_slower_than_the_give_up_pushes_its_own_piece_alone);
     suite_add_tcase(s, tc);
     return s;
 }
