@@ -885,7 +885,7 @@ static void s_ack(zps_client *c, int k, uint64_t step)
 
 // A follower's part, checked, taken (m moved) for the step it is of: an
 // older step's is dropped (its bucket was pushed without it, and the
-// follower pushes it itself when nothing comes back).
+// follower, not answered, pushes it itself).
 static void s_take_part(zps_client *c, zps_wire_msg *m)
 {
     zps_host *h = &c->host;
@@ -903,17 +903,19 @@ static void s_take_part(zps_client *c, zps_wire_msg *m)
                       (unsigned long long)hd->step);
         return;
     }
-    // Taken this late, the follower may have pushed its piece itself (it
-    // does after ZPS_HOST_GIVE_UP_MIN_MS at least without HOST_ACK): a sum
-    // with it would then be refused as partly counted, losing the other
-    // members' pieces with it. Left to the follower, unanswered.
+    // A first part taken this late: the follower may have pushed its piece
+    // itself (it does after ZPS_HOST_GIVE_UP_MIN_MS at least without
+    // HOST_ACK), and a sum with it would be refused as partly counted,
+    // losing the other members' pieces with it. Left to the follower,
+    // unanswered. Once answered for the step, every part is taken: that
+    // follower no longer gives up.
+    int k = s_member_of(h, hd->rank);
     double age = zps_clock_ms() - hd->host_pieces[0]->handed_ms;
-    if (age >= ZPS_HOST_TAKE_MAX_MS) {
+    if (h->acked[k] != hd->step + 1 && age >= ZPS_HOST_TAKE_MAX_MS) {
         zps_log_info("host: rank %u's part of step %llu waited %.1f s to be taken: left to it",
                      hd->rank, (unsigned long long)hd->step, age / 1e3);
         return;
     }
-    int k = s_member_of(h, hd->rank);
     if (h->has_route[k]) {
         zps_wire_route_close(&h->route[k]);
     }
