@@ -210,6 +210,14 @@ static void s_open_if_needed(zps_client *c)
     }
 }
 
+// How long a follower waits for its leader to take a step's part:
+// max(ZPS_HOST_GIVE_UP_MIN_MS, 6 usual steps), fixed at the step's first part.
+static double s_give_up_ms(const zps_client *c)
+{
+    double steps = 6 * c->usual_step_ms;
+    return steps > ZPS_HOST_GIVE_UP_MIN_MS ? steps : ZPS_HOST_GIVE_UP_MIN_MS;
+}
+
 // A follower whose piece went to a leader it no longer has, or that went
 // silent: the piece is computed again and pushed by this worker itself
 // (the shards keep the first copy of a sample if the leader's came after
@@ -295,7 +303,8 @@ static bool s_own_piece(const zps_client *c)
 // Part p of the piece handed out, [lo, hi) of grad, to the leader for
 // shard i: a PUSH as to the shard, naming the whole piece in host_pieces.
 static zps_err s_send_to_leader(zps_client *c, int i, const zps_piece *p, uint64_t lo,
-                                uint64_t hi, const float *grad, float loss, float compute_ms)
+                                uint64_t hi, const float *grad, float loss, float compute_ms,
+                                double take_by_ms)
 {
     Zps__Header h;
     zps_wire_header_init(&h, ZPS__MSG_TYPE__PUSH);
@@ -318,7 +327,7 @@ static zps_err s_send_to_leader(zps_client *c, int i, const zps_piece *p, uint64
     piece.samples = c->cur_work.count;
     piece.compute_ms = compute_ms;
     piece.loss = loss;
-    piece.handed_ms = c->host.sent == c->cur_step + 1 ? c->host.sent_ms : zps_clock_ms();
+    piece.take_by_ms = take_by_ms;
     h.n_host_pieces = 1;
     h.host_pieces = pieces;
     size_t esize = zps_dtype_size(c->dtype);
@@ -793,11 +802,18 @@ zps_err zps_host_push(zps_client *c, int i, const zps_piece *p, uint64_t lo, uin
         zps_err err = zps_host_drain(c);
         return err == ZPS_OK ? s_add_own(c, i, p, lo, hi, grad, loss, compute_ms) : err;
     }
-    if (group && s_send_to_leader(c, i, p, lo, hi, grad, loss, compute_ms) == ZPS_OK) {
-        if (h->sent != c->cur_step + 1) {
+    // The step's first part fixes when this follower gives up on it; the
+    // leader takes it only within half that time (HostPiece.take_by_ms).
+    bool first = h->sent != c->cur_step + 1;
+    double sent_ms = first ? zps_clock_ms() : h->sent_ms;
+    double give_up = first ? s_give_up_ms(c) : h->give_up_ms;
+    if (group && s_send_to_leader(c, i, p, lo, hi, grad, loss, compute_ms,
+                                  sent_ms + give_up / 2) == ZPS_OK) {
+        if (first) {
             h->sent = c->cur_step + 1;
             h->sent_piece = c->cur_work;
-            h->sent_ms = zps_clock_ms();
+            h->sent_ms = sent_ms;
+            h->give_up_ms = give_up;
             h->taken = false;
         }
         return ZPS_OK;
@@ -903,17 +919,17 @@ static void s_take_part(zps_client *c, zps_wire_msg *m)
                       (unsigned long long)hd->step);
         return;
     }
-    // A first part taken this late: the follower may have pushed its piece
-    // itself (it does after ZPS_HOST_GIVE_UP_MIN_MS at least without
-    // HOST_ACK), and a sum with it would be refused as partly counted,
+    // A first part taken past half the follower's give-up: the follower may
+    // have pushed its piece itself (it does when not answered by then), and
+    // a sum with it would be refused as partly counted,
     // losing the other members' pieces with it. Left to the follower,
     // unanswered. Once answered for the step, every part is taken: that
     // follower no longer gives up.
     int k = s_member_of(h, hd->rank);
-    double age = zps_clock_ms() - hd->host_pieces[0]->handed_ms;
-    if (h->acked[k] != hd->step + 1 && age >= ZPS_HOST_TAKE_MAX_MS) {
-        zps_log_info("host: rank %u's part of step %llu waited %.1f s to be taken: left to it",
-                     hd->rank, (unsigned long long)hd->step, age / 1e3);
+    double late = zps_clock_ms() - hd->host_pieces[0]->take_by_ms;
+    if (h->acked[k] != hd->step + 1 && late >= 0) {
+        zps_log_info("host: rank %u's part of step %llu came %.1f s past its time to be taken: "
+                     "left to it", hd->rank, (unsigned long long)hd->step, late / 1e3);
         return;
     }
     if (h->has_route[k]) {
@@ -1047,9 +1063,8 @@ zps_err zps_host_due(zps_client *c, double now)
         }
         return err;
     }
-    double give_up = 6 * usual > ZPS_HOST_GIVE_UP_MIN_MS ? 6 * usual : ZPS_HOST_GIVE_UP_MIN_MS;
     if (h->sent && !h->taken && h->sent == c->wait_step && c->phase == ZPS_PHASE_WAIT &&
-        now - h->sent_ms >= give_up && !s_remote_in(c)) {
+        now - h->sent_ms >= h->give_up_ms && !s_remote_in(c)) {
         char why[96];
         snprintf(why, sizeof why, "my leader (rank %u) did not take my part for %.1f s",
                  h->ranks[0], (now - h->sent_ms) / 1e3);

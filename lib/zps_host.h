@@ -35,10 +35,6 @@
 
 #define ZPS_HOST_FLUSH_MIN_MS 2000.0   // a leader pushes what it has after this at least
 #define ZPS_HOST_GIVE_UP_MIN_MS 6000.0 // a follower pushes itself after this at least
-// A leader takes no follower's part older than this: half the least
-// give-up, so a part it takes is answered (HOST_ACK) before its follower
-// could give up on it.
-#define ZPS_HOST_TAKE_MAX_MS (ZPS_HOST_GIVE_UP_MIN_MS / 2)
 
 // One member's push that the leader holds: a bucket's values for a part
 // of the batch (the member's piece, or a node of it in a deterministic job).
@@ -84,6 +80,7 @@ typedef struct zps_host {
     uint64_t sent;                       // 1 + its step (0: none waiting)
     zps_piece sent_piece;
     double sent_ms;
+    double give_up_ms;                   // gives up on it this long after sent_ms, if not taken
     bool taken;                          // the leader said HOST_ACK for it
     bool direct;                         // gave up on the leader: pushes itself until a new group
 } zps_host;

@@ -30,8 +30,7 @@ typedef struct run {
     bool aggregate;
     bool deterministic;
     const char *steps;
-    const char *stall_ms; // workers 0..stalled-1 (host a) pause this long every step
-    int stalled;
+    const char *stall_ms[WORKERS]; // worker k pauses this long every step (NULL: never)
     bool w0_first;        // worker 0 is admitted before the others start: rank 0, host a's leader
     pid_t shard[2];
     pid_t w[WORKERS];
@@ -87,11 +86,11 @@ static void s_start(zps_procs *ps, run *r)
         char out[64], log[64];
         snprintf(out, sizeof out, "%s-w%d.bin", r->tag, k);
         snprintf(log, sizeof log, "%s-w%d.log", r->tag, k);
-        bool stall = k < r->stalled;
+        bool stall = r->stall_ms[k] != NULL;
         const char *wargs[] = {"--coordinator", r->ep, "--save-params", zps_procs_path(ps, out),
                                "--cache-dir", ZPS_TEST_CACHE, "--timeout-ms", "30000",
                                "--heartbeat-ms", "100", stall ? "--stall-prob" : NULL, "1",
-                               "--stall-ms", r->stall_ms, NULL};
+                               "--stall-ms", r->stall_ms[k], NULL};
         ck_assert_int_eq(setenv("ZPS_BOOT_ID", s_host(k / 2), 1), 0);
         r->w[k] = zps_procs_start(ps, "zps-worker", log, wargs);
         if (k == 0 && r->w0_first) {
@@ -290,7 +289,7 @@ START_TEST(test_host_follower_waits_out_a_step_slow_elsewhere_once_its_part_is_t
     zps_procs_init(&ps, "host-slow");
     size_t n = s_n_params();
     run r = {.tag = "slow", .aggregate = true, .deterministic = false, .steps = "2",
-             .stall_ms = "7000", .stalled = 2};
+             .stall_ms = {"7000", "7000"}};
     s_train(&ps, &r);
     ck_assert_int_eq(s_group_lines(&ps, &r, "following"), 2);
     ck_assert_int_eq(s_host_b_lines(&ps, &r, "did not take my part"), 0);
@@ -302,22 +301,24 @@ START_TEST(test_host_follower_waits_out_a_step_slow_elsewhere_once_its_part_is_t
 END_TEST
 
 // Host a's leader (worker 0, admitted first: rank 0) pauses 7 s every
-// step: its follower gives up on it after 6 s and pushes its own piece.
-// The leader, back, finds the part too old to take (the follower's copy
-// may be counted already: a sum with it would be refused as partly
-// counted, and the leader's own piece lost with it) and pushes its own
-// alone. The job completes and every worker agrees.
+// step, its follower 0.5 s (so its part of step 0 comes while the leader
+// pauses). At step 0, while the steps' length is unknown, the follower
+// gives up after 6 s and pushes its own piece; the leader, back, finds the
+// part past its time to be taken (the follower's copy may be counted
+// already: a sum with it would be refused as partly counted, the leader's
+// own piece lost with it) and pushes its own alone. The job completes and
+// every worker agrees.
 START_TEST(test_host_leader_slower_than_the_give_up_pushes_its_own_piece_alone)
 {
     zps_procs ps;
     zps_procs_init(&ps, "host-slowlead");
     size_t n = s_n_params();
     run r = {.tag = "lead", .aggregate = true, .deterministic = false, .steps = "2",
-             .stall_ms = "7000", .stalled = 1, .w0_first = true};
+             .stall_ms = {"7000", "500"}, .w0_first = true};
     s_train(&ps, &r);
     ck_assert(zps_procs_log_has(&ps, "lead-w0.log", "leading"));
     ck_assert(zps_procs_log_has(&ps, "lead-w1.log", "did not take my part"));
-    ck_assert(zps_procs_log_has(&ps, "lead-w0.log", "waited"));
+    ck_assert(zps_procs_log_has(&ps, "lead-w0.log", "left to it"));
     float *a = s_agreed(&ps, &r, n);
     free(a);
     zps_procs_fini(&ps, false);
