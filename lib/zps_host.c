@@ -921,10 +921,9 @@ static void s_take_part(zps_client *c, zps_wire_msg *m)
     }
     // A first part taken past half the follower's give-up: the follower may
     // have pushed its piece itself (it does when not answered by then), and
-    // a sum with it would be refused as partly counted,
-    // losing the other members' pieces with it. Left to the follower,
-    // unanswered. Once answered for the step, every part is taken: that
-    // follower no longer gives up.
+    // a sum with it would be refused as partly counted, losing the other
+    // members' pieces with it. Left to the follower, unanswered. Once
+    // answered for the step, every part is taken: it no longer gives up.
     int k = s_member_of(h, hd->rank);
     double late = zps_clock_ms() - hd->host_pieces[0]->take_by_ms;
     if (h->acked[k] != hd->step + 1 && late >= 0) {

@@ -57,22 +57,26 @@ static pid_t s_start_worker(const zps_procs *ps, const char *endpoint, int i)
 }
 
 // Waits for every worker within the bound; how many exited 0. Those left
-// are killed.
+// are killed. Each worker is waited for by its pid: waitpid(-1) reaped
+// the server too when it exited before the last worker was reaped (it
+// exits with the job), and zps_procs_wait then waited 30 s for a child
+// that was gone (two failures of make test-long).
 static int s_wait_workers(pid_t *pids, int n, int timeout_ms)
 {
     double deadline = zps_clock_ms() + timeout_ms;
     int left = n, ok = 0;
     while (left > 0 && zps_clock_ms() < deadline) {
-        int status;
-        pid_t pid = waitpid(-1, &status, WNOHANG);
-        for (int i = 0; pid > 0 && i < n; i++) {
-            if (pids[i] == pid) {
+        int reaped = 0;
+        for (int i = 0; i < n; i++) {
+            int status;
+            if (pids[i] > 0 && waitpid(pids[i], &status, WNOHANG) == pids[i]) {
                 ok += WIFEXITED(status) && WEXITSTATUS(status) == 0;
                 pids[i] = 0;
                 left--;
+                reaped++;
             }
         }
-        if (pid <= 0) {
+        if (reaped == 0) {
             struct timespec ts = {0, 20 * 1000 * 1000};
             nanosleep(&ts, NULL);
         }
