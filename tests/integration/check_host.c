@@ -67,18 +67,6 @@ static void s_start_shards(zps_procs *ps, run *r)
     }
 }
 
-// Waits up to 30 s for the run's log `name` (after its tag and a dash) to say `text`.
-static void s_wait_log(const zps_procs *ps, const run *r, const char *name, const char *text)
-{
-    char log[64];
-    snprintf(log, sizeof log, "%s-%s", r->tag, name);
-    for (int tries = 0; tries < 300 && !zps_procs_log_has(ps, log, text); tries++) {
-        struct timespec ts = {0, 100000000L};
-        nanosleep(&ts, NULL);
-    }
-    ck_assert_msg(zps_procs_log_has(ps, log, text), "%s never said \"%s\"", log, text);
-}
-
 static void s_start(zps_procs *ps, run *r)
 {
     s_start_shards(ps, r);
@@ -94,7 +82,9 @@ static void s_start(zps_procs *ps, run *r)
         ck_assert_int_eq(setenv("ZPS_BOOT_ID", s_host(k / 2), 1), 0);
         r->w[k] = zps_procs_start(ps, "zps-worker", log, wargs);
         if (k == 0 && r->w0_first) {
-            s_wait_log(ps, r, "s0.log", "admitted as rank 0");
+            char s0[64];
+            snprintf(s0, sizeof s0, "%s-s0.log", r->tag);
+            zps_procs_wait_log(ps, s0, "admitted as rank 0", 30000);
         }
     }
     ck_assert_int_eq(unsetenv("ZPS_BOOT_ID"), 0);
@@ -163,11 +153,11 @@ static double s_pushed_mib(const zps_procs *ps, const run *r)
     return sum;
 }
 
-// The lines "host group" of a run's workers that say `text`.
-static int s_group_lines(const zps_procs *ps, const run *r, const char *text)
+// The lines of a run's workers from `first` on that say `text`.
+static int s_lines_from(const zps_procs *ps, const run *r, int first, const char *text)
 {
     int n = 0;
-    for (int k = 0; k < WORKERS; k++) {
+    for (int k = first; k < WORKERS; k++) {
         char log[64];
         snprintf(log, sizeof log, "%s-w%d.log", r->tag, k);
         n += zps_procs_log_count(ps, log, text);
@@ -194,9 +184,9 @@ static void s_check_against_plain(bool deterministic)
                  .steps = "30"};
     s_train(&ps, &agg);
     s_train(&ps, &plain);
-    ck_assert_int_eq(s_group_lines(&ps, &agg, "host group of 2 (plan 1): leading"), 2);
-    ck_assert_int_eq(s_group_lines(&ps, &agg, "host group of 2 (plan 1): following"), 2);
-    ck_assert_int_eq(s_group_lines(&ps, &plain, "host group"), 0);
+    ck_assert_int_eq(s_lines_from(&ps, &agg, 0, "host group of 2 (plan 1): leading"), 2);
+    ck_assert_int_eq(s_lines_from(&ps, &agg, 0, "host group of 2 (plan 1): following"), 2);
+    ck_assert_int_eq(s_lines_from(&ps, &plain, 0, "host group"), 0);
     float *a = s_agreed(&ps, &agg, n), *b = s_agreed(&ps, &plain, n);
     double d = zps_max_abs_diff(a, b, n);
     double mib_agg = s_pushed_mib(&ps, &agg), mib_plain = s_pushed_mib(&ps, &plain);
@@ -265,18 +255,6 @@ START_TEST(test_host_leader_killed_mid_run_job_completes_and_survivors_agree)
 }
 END_TEST
 
-// The lines of host b's workers (2 and 3) that say `text`.
-static int s_host_b_lines(const zps_procs *ps, const run *r, const char *text)
-{
-    int n = 0;
-    for (int k = 2; k < WORKERS; k++) {
-        char log[64];
-        snprintf(log, sizeof log, "%s-w%d.log", r->tag, k);
-        n += zps_procs_log_count(ps, log, text);
-    }
-    return n;
-}
-
 // Both workers of host a pause 7 s every step (their heartbeats go on:
 // not evicted), longer than a follower's least wait for its leader (6 s)
 // while nothing is known of the steps' length. Host b's follower handed
@@ -291,9 +269,9 @@ START_TEST(test_host_follower_waits_out_a_step_slow_elsewhere_once_its_part_is_t
     run r = {.tag = "slow", .aggregate = true, .deterministic = false, .steps = "2",
              .stall_ms = {"7000", "7000"}};
     s_train(&ps, &r);
-    ck_assert_int_eq(s_group_lines(&ps, &r, "following"), 2);
-    ck_assert_int_eq(s_host_b_lines(&ps, &r, "did not take my part"), 0);
-    ck_assert_int_eq(s_host_b_lines(&ps, &r, "pushing it myself"), 0);
+    ck_assert_int_eq(s_lines_from(&ps, &r, 0, "following"), 2);
+    ck_assert_int_eq(s_lines_from(&ps, &r, 2, "did not take my part"), 0);
+    ck_assert_int_eq(s_lines_from(&ps, &r, 2, "pushing it myself"), 0);
     float *a = s_agreed(&ps, &r, n);
     free(a);
     zps_procs_fini(&ps, false);
