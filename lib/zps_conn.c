@@ -111,10 +111,16 @@ static void s_identify(const zps_conn *n, Zps__Header *h)
     h->member_id = n->member_id;
 }
 
+// A push to shard 0 is heard by the coordinator there as a heartbeat
+// (the server notes every push of a live member): the thread's next beat
+// waits an interval from it.
 static zps_err s_sent(zps_conn *n, int shard, const Zps__Header *h, size_t bytes, zps_err err)
 {
     if (err == ZPS_OK && h->type == ZPS__MSG_TYPE__PUSH) {
         n->pushed_bytes += bytes;
+        if (shard == 0) {
+            zps_heartbeat_heard(n->heartbeat);
+        }
     }
     if (err != ZPS_OK) {
         zps_log_error("could not send %s to %s: %s", zps_wire_type_name(h->type),

@@ -7,37 +7,59 @@
 #include <stdlib.h>
 #include <time.h>
 
+#include "common/zps_clock.h"
 #include "common/zps_log.h"
 #include "common/zps_wire.h"
 
 struct zps_heartbeat {
     pthread_t thread;       // the beating thread
     void *sock;             // owned by the thread: DEALER to the coordinator
-    pthread_mutex_t mu;     // guards stop
+    pthread_mutex_t mu;     // guards stop and heard_ms
     pthread_cond_t wake;    // signalled by zps_heartbeat_stop (on the monotonic clock)
     bool stop;              // set by zps_heartbeat_stop
+    double heard_ms;        // zps_heartbeat_heard's last time (0: never)
     uint64_t job_id;        // carried by every beat
     uint32_t rank;
     uint64_t member_id;
     int interval_ms;
 };
 
-// Sleeps one interval, or less when stopped; whether to stop. The thread
-// sleeps on a condition, not in short naps: a process holding thousands
-// of clients (bench/swarm) would otherwise wake thousands of times each
-// nap for nothing.
-static bool s_wait(zps_heartbeat *hb)
+bool zps_heartbeat_due(double now_ms, double beat_ms, double heard_ms, int interval_ms)
+{
+    double last = heard_ms > beat_ms ? heard_ms : beat_ms;
+    return now_ms - last >= interval_ms;
+}
+
+static struct timespec s_deadline(double ms_from_now)
 {
     struct timespec until;
     clock_gettime(CLOCK_MONOTONIC, &until);
-    until.tv_sec += hb->interval_ms / 1000;
-    until.tv_nsec += (long)(hb->interval_ms % 1000) * 1000000L;
+    long long ns = (long long)(ms_from_now * 1e6);
+    until.tv_sec += (time_t)(ns / 1000000000LL);
+    until.tv_nsec += (long)(ns % 1000000000LL);
     if (until.tv_nsec >= 1000000000L) {
         until.tv_sec++;
         until.tv_nsec -= 1000000000L;
     }
+    return until;
+}
+
+// Sleeps until a beat is due (an interval after the last beat or the last
+// message the coordinator heard from this member otherwise, whichever is
+// later), or less when stopped; whether to stop. The thread sleeps on a
+// condition, not in short naps: a process holding thousands of clients
+// (bench/swarm) would otherwise wake thousands of times each nap for
+// nothing. A message heard while it sleeps moves its next wake, not this
+// one: it wakes, finds the beat not due and sleeps on.
+static bool s_wait(zps_heartbeat *hb, double beat_ms)
+{
     pthread_mutex_lock(&hb->mu);
-    while (!hb->stop && pthread_cond_timedwait(&hb->wake, &hb->mu, &until) != ETIMEDOUT) {
+    double now = zps_clock_ms();
+    while (!hb->stop && !zps_heartbeat_due(now, beat_ms, hb->heard_ms, hb->interval_ms)) {
+        double last = hb->heard_ms > beat_ms ? hb->heard_ms : beat_ms;
+        struct timespec until = s_deadline(last + hb->interval_ms - now);
+        (void)pthread_cond_timedwait(&hb->wake, &hb->mu, &until);
+        now = zps_clock_ms();
     }
     bool stop = hb->stop;
     pthread_mutex_unlock(&hb->mu);
@@ -52,10 +74,12 @@ static void *s_run(void *arg)
     h.job_id = hb->job_id;
     h.rank = hb->rank;
     h.member_id = hb->member_id;
+    double beat_ms;
     do {
         // A beat that cannot go out now is not worth queueing: the next one follows.
         (void)zps_wire_send(hb->sock, NULL, &h, NULL, 0, NULL);
-    } while (!s_wait(hb));
+        beat_ms = zps_clock_ms();
+    } while (!s_wait(hb, beat_ms));
     int zero = 0;
     if (zmq_setsockopt(hb->sock, ZMQ_LINGER, &zero, sizeof zero) != 0) {
         zps_log_warn("heartbeat: ZMQ_LINGER: %s", zmq_strerror(errno)); // a BYE may linger
@@ -100,6 +124,16 @@ zps_heartbeat *zps_heartbeat_start(void *ctx, const char *endpoint, const zps_cu
         return NULL;
     }
     return hb;
+}
+
+void zps_heartbeat_heard(zps_heartbeat *hb)
+{
+    if (!hb) {
+        return;
+    }
+    pthread_mutex_lock(&hb->mu);
+    hb->heard_ms = zps_clock_ms();
+    pthread_mutex_unlock(&hb->mu);
 }
 
 void zps_heartbeat_stop(zps_heartbeat **hbp)

@@ -1,11 +1,19 @@
 /* zps_heartbeat.h - tells the coordinator this worker is alive.
  *
- * A thread with its own DEALER socket sends HEARTBEAT every interval, so
- * a long compute step does not make a healthy worker look dead. It shares
- * nothing with the main thread but a stop flag. */
+ * A thread with its own DEALER socket sends HEARTBEAT when the coordinator
+ * has heard nothing else from this member for an interval, so a long
+ * compute step does not make a healthy worker look dead. What else counts
+ * is the main thread's to say (zps_heartbeat_heard): a push to shard 0,
+ * which the coordinator takes as a sign of life, or its part taken by its
+ * host's leader, whose push names it (docs/choices.md, "Thousands of
+ * members"). A member whose steps are shorter than the interval then
+ * beats not at all, and the coordinator of thousands of members does not
+ * read thousands of beats a second. It shares nothing with the main thread
+ * but a stop flag and that time. */
 #ifndef ZPS_HEARTBEAT_H
 #define ZPS_HEARTBEAT_H
 
+#include <stdbool.h>
 #include <stdint.h>
 
 #include "common/zps_curve.h"
@@ -17,6 +25,12 @@ typedef struct zps_heartbeat zps_heartbeat;
 zps_heartbeat *zps_heartbeat_start(void *ctx, const char *endpoint, const zps_curve *curve,
                                    uint64_t job_id, uint32_t rank, uint64_t member_id,
                                    int interval_ms);
+// The coordinator heard from this member now by other means: the next beat
+// is due an interval from now. NULL: nothing to do.
+void zps_heartbeat_heard(zps_heartbeat *hb);
+// Whether a beat is due at now_ms, the last having gone out at beat_ms and
+// the coordinator having heard otherwise at heard_ms.
+bool zps_heartbeat_due(double now_ms, double beat_ms, double heard_ms, int interval_ms);
 // Stops the thread (it wakes at once), waits for it and frees.
 void zps_heartbeat_stop(zps_heartbeat **hb);
 

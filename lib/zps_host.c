@@ -1022,6 +1022,11 @@ bool zps_host_take_ack(zps_client *c, const zps_wire_msg *m)
         m->hdr->job_id == c->conn.job_id && m->hdr->rank == c->conn.rank &&
         m->hdr->generation == h->gen) {
         h->taken = true;
+        // The leader's push to shard 0 will name this member's piece, which
+        // the coordinator there hears as a heartbeat from it.
+        if (h->remote[0]) {
+            zps_heartbeat_heard(c->conn.heartbeat);
+        }
     }
     return true; // an ack of an older part or group changes nothing
 }

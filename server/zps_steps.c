@@ -136,6 +136,11 @@ void zps_steps_on_push(zps_server *srv, zps_wire_msg *m)
     double quorum_ms = srv->io.quorum_ms;
     bool was_due = zps_shard_io_started(&srv->io) && zps_shard_norm_due(srv->shard, NULL);
     int ready;
+    if (srv->coord) {
+        // Counted or not (a duplicate, a stale generation), a push is a sign
+        // of life: its sender beats only when it has not pushed for a while.
+        (void)zps_coord_heard(srv->coord, m->hdr->rank, m->hdr->member_id);
+    }
     zps_err err = zps_shard_io_on_push(&srv->io, m, &ready);
     if (srv->io.quorum_ms != quorum_ms) {
         zps_timers_at(&srv->timers, srv->t_speculate, srv->io.quorum_ms); // the slices not in

@@ -21,7 +21,7 @@ int main(void)
         zps_suite_shard_groups, zps_suite_nodes, zps_suite_cover, zps_suite_shard_deterministic,
         zps_suite_shard_host,
         // lib/ (libzps)
-        zps_suite_client, zps_suite_sampler, zps_suite_round,
+        zps_suite_client, zps_suite_sampler, zps_suite_round, zps_suite_heartbeat,
         // worker/ (zps-worker)
         zps_suite_cpu, zps_suite_cuda,
     };

@@ -54,6 +54,7 @@ Suite *zps_suite_shard_deterministic(void);
 Suite *zps_suite_client(void);
 Suite *zps_suite_sampler(void);
 Suite *zps_suite_round(void);
+Suite *zps_suite_heartbeat(void);
 
 // worker/ (zps-worker)
 Suite *zps_suite_cpu(void);

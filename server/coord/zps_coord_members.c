@@ -57,16 +57,25 @@ zps_coord_member *zps_coord_member_at(zps_coord *c, uint32_t rank, uint64_t memb
     return zps_coord_member_ok(c, rank, member_id) ? &c->members[rank] : NULL;
 }
 
+bool zps_coord_heard(zps_coord *c, uint32_t rank, uint64_t member_id)
+{
+    zps_coord_member *mem = zps_coord_member_at(c, rank, member_id);
+    if (!mem || !zps_member_live(&mem->life)) {
+        return false;
+    }
+    mem->last_seen_ms = zps_coord_now(c);
+    return true;
+}
+
 // Heartbeats from a worker's main socket (flag 1) also say where its
 // replies go: after a coordinator restart that is how routes come back.
 // Every member beats every interval: found by its rank, not by a scan.
 zps_err zps_coord_on_heartbeat(zps_coord *c, zps_outbox *out, zps_wire_msg *m)
 {
-    zps_coord_member *mem = zps_coord_member_at(c, m->hdr->rank, m->hdr->member_id);
-    if (!mem || !zps_member_live(&mem->life)) {
+    if (!zps_coord_heard(c, m->hdr->rank, m->hdr->member_id)) {
         return ZPS_ENOENT;
     }
-    mem->last_seen_ms = zps_coord_now(c);
+    zps_coord_member *mem = &c->members[m->hdr->rank];
     if ((m->hdr->flags & 1u) && !mem->route_known) {
         zps_wire_route_close(&mem->route);
         zps_wire_route_copy(&mem->route, &m->route);
