@@ -311,8 +311,13 @@ Suite *zps_suite_host(void)
     tcase_add_test(tc, test_host_deterministic_run_has_the_bits_of_one_without_aggregation);
     tcase_add_test(tc, test_host_synchronous_run_within_round_off_of_one_without_aggregation);
     tcase_add_test(tc, test_host_leader_killed_mid_run_job_completes_and_survivors_agree);
-    tcase_add_test(tc, test_host_follower_waits_out_a_step_slow_elsewhere_once_its_part_is_taken);
-    tcase_add_test(tc, test_host_leader_slower_than_the_give_up_pushes_its_own_piece_alone);
     suite_add_tcase(s, tc);
+    // Steps of 7 s: about 35 s in all, make test-long's (docs/tests.md).
+    TCase *slow = tcase_create("slow");
+    tcase_set_timeout(slow, 300);
+    tcase_set_tags(slow, "long");
+    tcase_add_test(slow, test_host_follower_waits_out_a_step_slow_elsewhere_once_its_part_is_taken);
+    tcase_add_test(slow, test_host_leader_slower_than_the_give_up_pushes_its_own_piece_alone);
+    suite_add_tcase(s, slow);
     return s;
 }
