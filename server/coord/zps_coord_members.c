@@ -69,7 +69,8 @@ bool zps_coord_heard(zps_coord *c, uint32_t rank, uint64_t member_id)
 
 // Heartbeats from a worker's main socket (flag 1) also say where its
 // replies go: after a coordinator restart that is how routes come back.
-// Every member beats every interval: found by its rank, not by a scan.
+// A member beats when nothing else was heard from it for an interval
+// (zps_coord_heard): found by its rank, not by a scan.
 zps_err zps_coord_on_heartbeat(zps_coord *c, zps_outbox *out, zps_wire_msg *m)
 {
     if (!zps_coord_heard(c, m->hdr->rank, m->hdr->member_id)) {

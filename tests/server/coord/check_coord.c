@@ -753,6 +753,28 @@ START_TEST(test_coord_eviction_during_a_join_hands_the_piece_to_an_active_member
 }
 END_TEST
 
+// A member heard only through its pushes (the server calls
+// zps_coord_heard for each) never beats, and is not evicted; its peer,
+// heard by nothing (a push with another member id is nobody's), is.
+START_TEST(test_coord_a_member_heard_by_its_pushes_alone_is_not_evicted)
+{
+    mjob j;
+    s_start_two(&j);
+    double until = s_clock_now + 2 * TIMEOUT_MS;
+    while (s_clock_now < until) {
+        ck_assert(zps_coord_heard(j.c, j.rank[0], j.id[0]));
+        ck_assert(!zps_coord_heard(j.c, j.rank[1], j.id[1] ^ 1u));
+        s_clock_now += 10;
+        s_tick(&j);
+    }
+    ck_assert(zps_coord_heard(j.c, j.rank[0], j.id[0]));  // still a live member
+    ck_assert(!zps_coord_heard(j.c, j.rank[1], j.id[1])); // evicted: heard as nobody
+    uint32_t gen = 0;
+    ck_assert_uint_eq(s_extras_to(&j, 0, 5, &gen), MB / 2); // its slice of 5 went to rank 0
+    s_members_teardown(&j);
+}
+END_TEST
+
 START_TEST(test_coord_join_during_eviction_wakes_the_joiner_only_when_nobody_else_can)
 {
     mjob j;
@@ -1321,6 +1343,7 @@ Suite *zps_suite_coord(void)
     tcase_add_test(mc, test_coord_two_joins_within_a_step_make_one_plan_at_the_boundary);
     tcase_add_test(mc, test_coord_a_worker_is_sent_its_own_slice_only);
     tcase_add_test(mc, test_coord_eviction_during_a_join_hands_the_piece_to_an_active_member);
+    tcase_add_test(mc, test_coord_a_member_heard_by_its_pushes_alone_is_not_evicted);
     tcase_add_test(mc, test_coord_join_during_eviction_wakes_the_joiner_only_when_nobody_else_can);
     tcase_add_test(mc, test_coord_hello_whose_share_does_not_fit_is_refused_in_one_line_and_changes_nothing);
     tcase_add_test(mc, test_coord_hello_again_crossing_its_job_is_the_same_member_and_changes_nothing);
