@@ -312,7 +312,7 @@ Suite *zps_suite_host(void)
     tcase_add_test(tc, test_host_synchronous_run_within_round_off_of_one_without_aggregation);
     tcase_add_test(tc, test_host_leader_killed_mid_run_job_completes_and_survivors_agree);
     suite_add_tcase(s, tc);
-    // Steps of 7 s: about 35 s in all, make test-long's (docs/tests.md).
+    // Steps of 7 s: about a minute in all, make test-long's (docs/tests.md).
     TCase *slow = tcase_create("slow");
     tcase_set_timeout(slow, 300);
     tcase_set_tags(slow, "long");
