@@ -24,10 +24,16 @@ struct zps_heartbeat {
     int interval_ms;
 };
 
+// When the next beat is due: an interval after the later of the last beat
+// and the last time the coordinator heard from this member otherwise.
+static double s_next_ms(double beat_ms, double heard_ms, int interval_ms)
+{
+    return (heard_ms > beat_ms ? heard_ms : beat_ms) + interval_ms;
+}
+
 bool zps_heartbeat_due(double now_ms, double beat_ms, double heard_ms, int interval_ms)
 {
-    double last = heard_ms > beat_ms ? heard_ms : beat_ms;
-    return now_ms - last >= interval_ms;
+    return now_ms >= s_next_ms(beat_ms, heard_ms, interval_ms);
 }
 
 static struct timespec s_deadline(double ms_from_now)
@@ -56,8 +62,8 @@ static bool s_wait(zps_heartbeat *hb, double beat_ms)
     pthread_mutex_lock(&hb->mu);
     double now = zps_clock_ms();
     while (!hb->stop && !zps_heartbeat_due(now, beat_ms, hb->heard_ms, hb->interval_ms)) {
-        double last = hb->heard_ms > beat_ms ? hb->heard_ms : beat_ms;
-        struct timespec until = s_deadline(last + hb->interval_ms - now);
+        double next = s_next_ms(beat_ms, hb->heard_ms, hb->interval_ms);
+        struct timespec until = s_deadline(next - now);
         (void)pthread_cond_timedwait(&hb->wake, &hb->mu, &until);
         now = zps_clock_ms();
     }

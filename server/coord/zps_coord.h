@@ -184,7 +184,7 @@ bool zps_coord_take_rollback(zps_coord *c, uint64_t *step);
 
 // A live member with this rank and member id was heard from now (a
 // heartbeat, or any push it sends: pushes are its heartbeats while it
-// trains, docs/choices.md "Heartbeats"); false if there is none.
+// trains, docs/choices.md "Thousands of members"); false if there is none.
 bool zps_coord_heard(zps_coord *c, uint32_t rank, uint64_t member_id);
 // Records a member's push arriving at now_ms (lag, timings for status).
 void zps_coord_note_push(zps_coord *c, uint64_t step, uint32_t rank, uint32_t samples,
