@@ -46,6 +46,7 @@ Suite *zps_suite_shard_shm(void);
 Suite *zps_suite_shard_outer(void);
 Suite *zps_suite_shard_groups(void);
 Suite *zps_suite_shard_host(void);
+Suite *zps_suite_shard_io(void);
 Suite *zps_suite_nodes(void);
 Suite *zps_suite_cover(void);
 Suite *zps_suite_shard_deterministic(void);
