@@ -316,20 +316,27 @@ static void s_note_counted(zps_shard_io *io, const Zps__Header *h)
     }
 }
 
+// A shard has its first plan before any worker has its JOB, so a push
+// before it is one sent before a restart (of shard 0, or of this shard
+// with --resume) that reached the new process. Its step is rolled back:
+// dropped, as one lost with the old process or ahead of a restarted shard
+// (s_add_recipient); the rollback tells its sender where to go. Refused,
+// it would end the worker (ESTATE is final to it).
+static bool s_before_plan(const zps_shard_io *io, const zps_wire_msg *m)
+{
+    if (io->shard) {
+        return false;
+    }
+    zps_log_debug("rank %u's push of step %llu came before this restarted shard had a plan: "
+                  "dropped, the rollback tells it where to go", m->hdr->rank,
+                  (unsigned long long)m->hdr->step);
+    return true;
+}
+
 zps_err zps_shard_io_on_push(zps_shard_io *io, zps_wire_msg *m, int *ready)
 {
     *ready = -1;
-    if (!io->shard) {
-        // A shard has its first plan before any worker has its JOB, so a
-        // push before it is one sent before a restart (of shard 0, or of this
-        // shard with --resume) that reached the new process. Its step is
-        // rolled back: dropped, as one lost with the old process or ahead of
-        // a restarted shard (s_add_recipient); the rollback tells its
-        // sender where to go. Refused, it would end the worker (ESTATE is
-        // final to it).
-        zps_log_debug("rank %u's push of step %llu came before this restarted shard had a "
-                      "plan: dropped, the rollback tells it where to go", m->hdr->rank,
-                      (unsigned long long)m->hdr->step);
+    if (s_before_plan(io, m)) {
         return ZPS_ESTATE;
     }
     if (!s_check_member_msg(io, m)) {
