@@ -76,6 +76,8 @@ typedef struct zps_host {
     zmq_msg_t route[ZPS_HOST_GROUP_MAX]; // each follower's routing id
     bool has_route[ZPS_HOST_GROUP_MAX];
     uint64_t acked[ZPS_HOST_GROUP_MAX];  // 1 + the step each follower was last told is in
+    uint64_t absent;                     // members not waited for: none of their parts came
+                                         // before a step was pushed on the timer, and none since
     // A follower's: the piece it handed to the leader.
     uint64_t sent;                       // 1 + its step (0: none waiting)
     zps_piece sent_piece;

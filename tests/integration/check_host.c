@@ -284,8 +284,11 @@ END_TEST
 // gives up after 6 s and pushes its own piece; the leader, back, finds the
 // part past its time to be taken (the follower's copy may be counted
 // already: a sum with it would be refused as partly counted, the leader's
-// own piece lost with it) and pushes its own alone. The job completes and
-// every worker agrees.
+// own piece lost with it) and pushes its own alone. The follower, pushing
+// for itself until the next group, is not waited for after that one
+// step's flush: said once, at step 0 (waited for every step, each step
+// took 3 usual steps, and the usual step grew with them). The job
+// completes and every worker agrees.
 START_TEST(test_host_leader_slower_than_the_give_up_pushes_its_own_piece_alone)
 {
     zps_procs ps;
@@ -297,6 +300,7 @@ START_TEST(test_host_leader_slower_than_the_give_up_pushes_its_own_piece_alone)
     ck_assert(zps_procs_log_has(&ps, "lead-w0.log", "leading"));
     ck_assert(zps_procs_log_has(&ps, "lead-w1.log", "did not take my part"));
     ck_assert(zps_procs_log_has(&ps, "lead-w0.log", "left to it"));
+    ck_assert_int_eq(zps_procs_log_count(&ps, "lead-w0.log", "not waited for"), 1);
     float *a = s_agreed(&ps, &r, n);
     free(a);
     zps_procs_fini(&ps, false);
