@@ -41,6 +41,13 @@
 // first message (libzmq 4.3.4; the security tests show it), a cause not
 // found yet.
 #define ZPS_SERVER_RCVHWM 2
+// Connections the kernel holds for ZeroMQ to accept. Each member opens
+// three to shard 0 (its main socket, its heartbeat's, its questions') and
+// thousands start at once: ZeroMQ's default of 100 overflowed at 4096
+// members, the handshakes dropped were tried again after 1, 3, 7, 15... s,
+// and members left a coordinator that had not yet accepted them. The
+// kernel caps it at net.core.somaxconn (4096 by default).
+#define ZPS_SERVER_BACKLOG (3 * ZPS_MAX_MEMBERS)
 #define ZPS_SERVER_METRICS_BUF (1 << 16) // longer than a step record of every member
 #define ZPS_SERVER_STOP_GRACE_MS 3000.0 // after SIGTERM, for the step in progress to finish
 #define ZPS_SERVER_TICK_MS 50.0         // the coordinator's clock: evictions, waiting lines

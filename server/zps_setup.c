@@ -72,6 +72,11 @@ static void s_setup_shm(zps_server *srv)
 static int s_bind(zps_server *srv)
 {
     const zps_server_opts *o = srv->o;
+    int backlog = ZPS_SERVER_BACKLOG;
+    if (zmq_setsockopt(srv->sock, ZMQ_BACKLOG, &backlog, sizeof backlog) != 0) {
+        zps_log_error("zmq_setsockopt ZMQ_BACKLOG: %s", zmq_strerror(errno));
+        return 2;
+    }
     if (zmq_bind(srv->sock, o->listen) != 0) {
         zps_log_error("cannot bind %s: %s", o->listen, zmq_strerror(errno));
         fprintf(stderr, "HINT: another zps-server may hold the port; pick another --listen\n");
