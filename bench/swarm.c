@@ -419,13 +419,7 @@ static int s_proc_main(sw_proc *p, int first)
 // ---------------------------------------------------------------- the servers
 
 // Forks bin/zps-server with args (NULL-ended), its output to dir/log; the
-// child dies with the bench. It runs in a session of its own: where the
-// kernel groups the scheduling by session (autogroup, the default of
-// Debian's kernels), the servers then share the cores with the members as
-// one group against another, as on a cluster they would not share them at
-// all. In the bench's session, a server's one I/O thread got a share in
-// thousands of member threads: at 4096 members on 2 cores it got almost
-// none, and no step was ever done.
+// child dies with the bench.
 static pid_t s_spawn(const sw_cfg *cfg, const char *dir, const char *log, char **args)
 {
     char path[600], logpath[600];
@@ -436,7 +430,6 @@ static pid_t s_spawn(const sw_cfg *cfg, const char *dir, const char *log, char *
         return pid;
     }
     prctl(PR_SET_PDEATHSIG, SIGKILL);
-    (void)setsid();
     int fd = open(logpath, O_WRONLY | O_CREAT | O_APPEND, 0644);
     if (fd >= 0) {
         (void)dup2(fd, 1);
