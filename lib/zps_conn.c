@@ -503,6 +503,28 @@ static zps_err s_params_map(zps_conn *n, zps_conn_shard *sc, const Zps__Header *
     return ZPS_OK;
 }
 
+// A frame over the place of [offset, + bytes) in shard sc's staging
+// buffer, made once for its range: a fresh buffer for every bucket of
+// every step cost more in page faults than the copy itself (flat:16M on a
+// VM: 31 % of a worker's time in faults, docs/choices.md).
+static zps_err s_stage_bucket(zps_conn_shard *sc, uint64_t offset, size_t bytes, size_t esize,
+                              zmq_msg_t *frame)
+{
+    size_t range = (size_t)(sc->hi - sc->lo) * esize;
+    if (!sc->stage) {
+        sc->stage = malloc(range);
+        sc->stage_bytes = sc->stage ? range : 0;
+    }
+    size_t at = (size_t)(offset - sc->lo) * esize;
+    if (!sc->stage || at > sc->stage_bytes || bytes > sc->stage_bytes - at) {
+        // A range other than the one the buffer was made for: no job
+        // changes its ranges, but a buffer in use is never made again.
+        return zmq_msg_init_size(frame, bytes) == 0 ? ZPS_OK : ZPS_ENOMEM;
+    }
+    ZPS_ASSERT(zmq_msg_init_data(frame, (char *)sc->stage + at, bytes, NULL, NULL) == 0);
+    return ZPS_OK;
+}
+
 zps_err zps_conn_params_read(zps_conn *n, int i, uint32_t b, const Zps__Header *h, size_t esize,
                              zmq_msg_t *frame)
 {
@@ -514,7 +536,7 @@ zps_err zps_conn_params_read(zps_conn *n, int i, uint32_t b, const Zps__Header *
         err = ZPS_ERANGE;
     }
     size_t bytes = (size_t)(h->count * esize);
-    if (err == ZPS_OK && zmq_msg_init_size(frame, bytes) != 0) {
+    if (err == ZPS_OK && s_stage_bucket(sc, h->offset, bytes, esize, frame) != ZPS_OK) {
         snprintf(why, sizeof why, "no memory for %zu bytes", bytes);
         err = ZPS_ENOMEM;
     } else if (err == ZPS_OK) {
@@ -567,10 +589,13 @@ zps_err zps_conn_init(zps_conn *n, const char *coordinator)
     n->shm = ZPS_CONN_SHM_AUTO;
     n->sndbuf = ZPS_SNDBUF_AUTO;
     (void)zps_shm_boot_id(n->boot); // "" if unreadable: no shared memory
-    // Parameters through the shard's segment only when asked: measured
-    // slower than frames on the reference machine (docs/choices.md).
+    // Parameters through a same-host shard's segment unless turned off
+    // (docs/choices.md, "One pull per host").
     const char *params = getenv("ZPS_SHM_PARAMS");
-    n->params_frames = !params || strcmp(params, "on") != 0;
+    n->params_frames = params && strcmp(params, "off") == 0;
+    if (params && !n->params_frames && strcmp(params, "on") != 0) {
+        zps_log_warn("ZPS_SHM_PARAMS: '%s' is not on or off; on, the default", params);
+    }
     snprintf(n->shards[0].endpoint, sizeof n->shards[0].endpoint, "%s", coordinator);
     n->ctx = zmq_ctx_new();
     return n->ctx ? ZPS_OK : ZPS_ENOMEM;
@@ -594,6 +619,11 @@ void zps_conn_fini(zps_conn *n)
     if (n->ctx) {
         zmq_ctx_term(n->ctx); // flushes the BYE within the linger, releases the gradient's frames
         n->ctx = NULL;
+    }
+    for (int i = 0; i < ZPS_CONN_MAX_SHARDS; i++) {
+        free(n->shards[i].stage); // after every frame over it is gone
+        n->shards[i].stage = NULL;
+        n->shards[i].stage_bytes = 0;
     }
 }
 

@@ -39,6 +39,8 @@ typedef struct zps_conn_shard {
     uint64_t shm_step;                          // 1 + the step whose piece is in seg (0: none)
     zps_piece shm_piece;                        // that piece: the step's others go as frames
     zps_shm_map params;                         // owned: the shard's segment of parameters
+    void *stage;                                // owned: its buckets copied out, reused each step
+    size_t stage_bytes;                         // its size: the range in the wire dtype
     bool params_frames;                         // it failed: parameters as frames
     uint64_t params_pulled;                     // 1 + the step asked for again as frames
 } zps_conn_shard;
@@ -53,7 +55,7 @@ typedef struct zps_conn {
     int sndbuf;                                 // TCP send buffer, 0: the OS's, -1: auto
     int shm;                                    // ZPS_CONN_SHM_*
     char boot[ZPS_SHM_BOOT_ID_LEN];             // this host's boot id, for the shards to compare
-    bool params_frames;                         // unless ZPS_SHM_PARAMS=on: parameters as frames
+    bool params_frames;                         // ZPS_SHM_PARAMS=off: parameters as frames
     int heartbeat_ms;                           // heartbeat interval
     zps_curve curve;                            // CURVE keys, if on
     volatile sig_atomic_t stop;                 // set: every wait returns ZPS_ECLOSED
@@ -149,7 +151,9 @@ zps_err zps_conn_push_delta(zps_conn *n, int i, uint64_t step, const zps_piece *
 // Copies the bucket [h->offset, +h->count) of step h->step (elements of
 // esize bytes) that a PARAMS header of shard i names in the shard's
 // segment of parameters into frame (initialised here on ZPS_OK). The
-// segment is mapped at the first such header, checked as the shard checks
+// frame points into the shard's staging buffer, which lives until
+// zps_conn_fini: the caller lets go of it before the next step's read of
+// that bucket. The segment is mapped at the first such header, checked as the shard checks
 // a worker's (this host, this user, a sealed "zps-params" memfd, its size
 // bounded by the shard's range), and read under the bucket's seqlock.
 // ZPS_ESTALE: those values were written over (a step this worker is late

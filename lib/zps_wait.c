@@ -103,6 +103,11 @@ static bool s_read_shared(zps_client *c, int i, uint32_t b, zps_wire_msg *m)
         m->payload_bytes = m->hdr->count * esize;
         return true;
     }
+    // The slot moved on: most often the job went on without this worker
+    // (its slices handed on while it stalled), and a pull of a step the
+    // shard has passed is never answered. The coordinator says whether to
+    // catch up (zps_ask_where_is_job), as for later parameters as frames.
+    zps_due_ask_at(c, 0);
     zps_conn_shard *sc = &c->conn.shards[i];
     if (sc->params_pulled != m->hdr->step + 1) {
         sc->params_pulled = m->hdr->step + 1;

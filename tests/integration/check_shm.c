@@ -156,11 +156,10 @@ static void s_check_same_bits(const char *model, const char *dtype)
     ck_assert_int_eq(zps_model_parse(model ? model : "mlp:784-512-512-10", &spec), ZPS_OK);
     run shm = {.tag = "shm", .model = model, .dtype = dtype, .shm = "on"};
     run tcp = {.tag = "tcp", .model = model, .dtype = dtype, .shm = "off"};
-    // One pull per host is off by default (docs/choices.md): on here, in
-    // the workers' environment, which they inherit.
-    ck_assert_int_eq(setenv("ZPS_SHM_PARAMS", "on", 1), 0);
-    s_train(&ps, &shm);
+    // One pull per host is the default (docs/choices.md): no
+    // ZPS_SHM_PARAMS in the workers' environment, which they inherit.
     ck_assert_int_eq(unsetenv("ZPS_SHM_PARAMS"), 0);
+    s_train(&ps, &shm);
     s_train(&ps, &tcp);
     // Both shards took both workers' pushes through shared memory in the
     // one run, none in the other.
