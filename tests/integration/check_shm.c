@@ -247,6 +247,36 @@ START_TEST(test_shm_refused_falls_back_to_frames_bitwise)
 }
 END_TEST
 
+// ZPS_SHM_PARAMS=off in the workers' environment: pushes still through
+// shared memory, parameters back as frames, and the same bits as TCP.
+START_TEST(test_shm_params_off_takes_frames_bitwise)
+{
+    zps_procs ps;
+    zps_procs_init(&ps, "shm-poff");
+    zps_model_spec spec;
+    ck_assert_int_eq(zps_model_parse("flat:300000", &spec), ZPS_OK);
+    run poff = {.tag = "poff", .model = "flat:300000", .dtype = "fp32", .shm = "on"};
+    run tcp = {.tag = "tcp", .model = "flat:300000", .dtype = "fp32", .shm = "off"};
+    ck_assert_int_eq(setenv("ZPS_SHM_PARAMS", "off", 1), 0);
+    s_train(&ps, &poff);
+    ck_assert_int_eq(unsetenv("ZPS_SHM_PARAMS"), 0);
+    s_train(&ps, &tcp);
+    ck_assert_int_eq(zps_procs_log_count(&ps, "poff-s0.log", "pushes through shared memory"), 2);
+    ck_assert_int_eq(zps_procs_log_count(&ps, "poff-s1.log", "pushes through shared memory"), 2);
+    for (int i = 0; i < 2; i++) {
+        char log[32];
+        snprintf(log, sizeof log, "poff-w%d.log", i);
+        ck_assert_int_eq(zps_procs_log_count(&ps, log, "parameters through shared memory"), 0);
+    }
+    float *a = zps_procs_load_params(&ps, "poff-w0.bin", spec.n_params);
+    float *b = zps_procs_load_params(&ps, "tcp-w0.bin", spec.n_params);
+    ck_assert_msg(memcmp(a, b, spec.n_params * sizeof(float)) == 0, "frames back and TCP differ");
+    free(a);
+    free(b);
+    zps_procs_fini(&ps, false);
+}
+END_TEST
+
 // ---------------------------------------------------------------------------
 // (b) A worker SIGKILLed mid-run: its segment is mapped nowhere once the
 // shard noticed, and the job goes on as it does over TCP.
@@ -466,6 +496,7 @@ Suite *zps_suite_shm_jobs(void)
     tcase_add_test(tc, test_shm_flat_equals_tcp_bitwise);
     tcase_add_test(tc, test_shm_flat_bf16_equals_tcp_bitwise);
     tcase_add_test(tc, test_shm_refused_falls_back_to_frames_bitwise);
+    tcase_add_test(tc, test_shm_params_off_takes_frames_bitwise);
     tcase_add_test(tc, test_shm_killed_worker_leaves_no_segment);
     tcase_add_test(tc, test_shm_forged_header_is_refused_and_changes_nothing);
     suite_add_tcase(s, tc);
