@@ -152,10 +152,11 @@ zps_err zps_conn_push_delta(zps_conn *n, int i, uint64_t step, const zps_piece *
 // esize bytes) that a PARAMS header of shard i names in the shard's
 // segment of parameters into frame (initialised here on ZPS_OK). The
 // frame points into the shard's staging buffer, which lives until
-// zps_conn_fini: the caller lets go of it before the next step's read of
-// that bucket. The segment is mapped at the first such header, checked as the shard checks
-// a worker's (this host, this user, a sealed "zps-params" memfd, its size
-// bounded by the shard's range), and read under the bucket's seqlock.
+// zps_conn_fini: the caller lets go of it before the next read of that
+// bucket. The segment is mapped at the first such header, checked as the
+// shard checks a worker's (this host, this user, a sealed "zps-params"
+// memfd, its size bounded by the shard's range), and read under the
+// bucket's seqlock.
 // ZPS_ESTALE: those values were written over (a step this worker is late
 // for); any other refusal: this worker asks for frames from now on
 // (logged once). Either way the caller asks for the step again by PULL.
