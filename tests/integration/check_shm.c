@@ -217,6 +217,17 @@ START_TEST(test_shm_flat_bf16_equals_tcp_bitwise)
 }
 END_TEST
 
+// The parameters two runs saved, in files a and b, are the same bits.
+static void s_check_bits_equal(zps_procs *ps, const char *a_file, const char *b_file, size_t n)
+{
+    float *a = zps_procs_load_params(ps, a_file, n);
+    float *b = zps_procs_load_params(ps, b_file, n);
+    ck_assert_msg(memcmp(a, b, n * sizeof(float)) == 0, "%s and %s differ (max |diff| %.3g)",
+                  a_file, b_file, zps_max_abs_diff(a, b, n));
+    free(a);
+    free(b);
+}
+
 // Shards that refuse (--shm deny): each worker's first push to each is
 // refused once, computed again and sent as frames, and the run is the
 // TCP run, bit for bit.
@@ -238,11 +249,7 @@ START_TEST(test_shm_refused_falls_back_to_frames_bitwise)
     }
     ck_assert_int_eq(zps_procs_log_count(&ps, "deny-s0.log", "pushes through shared memory"), 0);
     ck_assert_int_eq(zps_procs_log_count(&ps, "deny-s1.log", "--shm deny on this shard"), 2);
-    float *a = zps_procs_load_params(&ps, "deny-w0.bin", spec.n_params);
-    float *b = zps_procs_load_params(&ps, "tcp-w0.bin", spec.n_params);
-    ck_assert_msg(memcmp(a, b, spec.n_params * sizeof(float)) == 0, "refused and TCP differ");
-    free(a);
-    free(b);
+    s_check_bits_equal(&ps, "deny-w0.bin", "tcp-w0.bin", spec.n_params);
     zps_procs_fini(&ps, false);
 }
 END_TEST
@@ -268,11 +275,7 @@ START_TEST(test_shm_params_off_takes_frames_bitwise)
         snprintf(log, sizeof log, "poff-w%d.log", i);
         ck_assert_int_eq(zps_procs_log_count(&ps, log, "parameters through shared memory"), 0);
     }
-    float *a = zps_procs_load_params(&ps, "poff-w0.bin", spec.n_params);
-    float *b = zps_procs_load_params(&ps, "tcp-w0.bin", spec.n_params);
-    ck_assert_msg(memcmp(a, b, spec.n_params * sizeof(float)) == 0, "frames back and TCP differ");
-    free(a);
-    free(b);
+    s_check_bits_equal(&ps, "poff-w0.bin", "tcp-w0.bin", spec.n_params);
     zps_procs_fini(&ps, false);
 }
 END_TEST
