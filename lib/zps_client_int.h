@@ -275,6 +275,11 @@ zps_err zps_diloco_push_own(zps_client *c);
 bool zps_diloco_overlaps(const zps_client *c);
 void zps_diloco_overlap_begin(zps_client *c);
 zps_err zps_diloco_push_deferred(zps_client *c);
+// --overlap, in the wait for step t's owed parameters (step: t): slices
+// of t handed meanwhile (a member left before pushing t - 1 to every
+// shard, and both its steps were handed) are deferred with the rest, to go
+// out once the shards are at t; the wait itself queues only those of t - 1.
+void zps_diloco_defer_handed(zps_client *c, uint64_t step);
 // --fragments: the buckets of shard i the wait for `after`'s parameters
 // of `step` does not wait for (none but with fragments, after a step).
 zps_bucket_set zps_diloco_not_awaited(const zps_client *c, int i, zps_client_after after,

@@ -412,6 +412,17 @@ zps_err zps_diloco_push_deferred(zps_client *c)
     return err;
 }
 
+void zps_diloco_defer_handed(zps_client *c, uint64_t step)
+{
+    // Only in that wait: a rollback's, which also starts at t, drops what
+    // is deferred, and its step takes its handed slices from the schedule.
+    if (c->mode.diloco && c->phase == ZPS_PHASE_WAIT && c->after == ZPS_AFTER_OVERLAP &&
+        step == c->t) {
+        c->n_deferred += zps_schedule_take_extras(&c->schedule, step, c->deferred + c->n_deferred,
+                                                  ZPS_CLIENT_QUEUE - c->n_deferred);
+    }
+}
+
 // The fragment whose parameters the overlap's wait at step t takes: that
 // of step t - 1 (every range without fragments).
 static int s_owed_fragment(const zps_client *c)

@@ -50,6 +50,7 @@ void zps_work_queue_extras(zps_client *c, uint64_t step)
     c->queue_step = step - 1;
     c->n_queue += zps_schedule_take_extras(&c->schedule, step - 1, c->queue + c->n_queue,
                                            ZPS_CLIENT_QUEUE - c->n_queue);
+    zps_diloco_defer_handed(c, step);
 }
 
 bool zps_work_queued(const zps_client *c)

@@ -108,9 +108,10 @@ static zps_err s_load(const char *dir, uint64_t step, Zps__JobState **out)
     return ZPS_OK;
 }
 
-// Member i as saved: live ones active from `step`, their routes unknown
-// until they call back.
-static void s_restore_member(zps_coord *c, uint32_t i, const Zps__Member *m, uint64_t step)
+// Member i as saved: live ones (all, with `all_live`) active from `step`,
+// their routes unknown until they call back.
+static void s_restore_member(zps_coord *c, uint32_t i, const Zps__Member *m, uint64_t step,
+                             bool all_live)
 {
     zps_coord_member *mem = &c->members[i];
     memset(mem, 0, sizeof *mem);
@@ -127,7 +128,7 @@ static void s_restore_member(zps_coord *c, uint32_t i, const Zps__Member *m, uin
     }
     mem->pid = m->pid;
     zps_coord_take_boot_id(c, mem->boot_id, m->boot_id, "a saved job state");
-    if (m->live) {
+    if (m->live || all_live) {
         zps_member_admit_active(&mem->life, step);
     } else {
         mem->life = (zps_member_life){.state = ZPS_MEMBER_GONE, .exit = ZPS_EXIT_EVICTED};
@@ -135,6 +136,28 @@ static void s_restore_member(zps_coord *c, uint32_t i, const Zps__Member *m, uin
     mem->has_job = true;
     mem->last_seen_ms = zps_coord_now(c);
     ZPS_ASSERT(zmq_msg_init(&mem->route) == 0); // unknown until its heartbeat
+}
+
+// The members as saved. A requeue stops every process at once: the
+// workers' BYEs may reach shard 0 before its own SIGTERM, and the state it
+// saves then has no live member, of whom no plan is made. Its members are
+// taken as live instead: they plan the step until workers come, and those
+// of before that do not call back are evicted, as in any resume.
+static void s_restore_members(zps_coord *c, const Zps__JobState *st, uint64_t step)
+{
+    c->n_members = (uint32_t)st->n_members;
+    bool none_live = true;
+    for (uint32_t i = 0; i < c->n_members; i++) {
+        none_live = none_live && !st->members[i]->live;
+    }
+    if (none_live && c->n_members > 0) {
+        zps_log_info("the job state of step %llu has no live member (they left as the job "
+                     "stopped): its %u members are planned until workers come",
+                     (unsigned long long)step, c->n_members);
+    }
+    for (uint32_t i = 0; i < c->n_members; i++) {
+        s_restore_member(c, i, st->members[i], step, none_live);
+    }
 }
 
 zps_err zps_coord_resume(zps_coord *c, const char *dir, uint64_t step)
@@ -154,10 +177,7 @@ zps_err zps_coord_resume(zps_coord *c, const char *dir, uint64_t step)
     // known to shards and workers under the next numbers: the plans of the
     // resumed run start well above them, so they supersede, never collide.
     c->gen = st->generation + ZPS_COORD_RESUME_GEN_GAP;
-    c->n_members = (uint32_t)st->n_members;
-    for (uint32_t i = 0; i < c->n_members; i++) {
-        s_restore_member(c, i, st->members[i], step);
-    }
+    s_restore_members(c, st, step);
     zps__job_state__free_unpacked(st, NULL);
     uint64_t tokens[ZPS_MAX_SHARDS] = {0};
     if (c->cfg.shards > 1 && zps_token_load_table(dir, tokens, c->cfg.shards) != ZPS_OK) {

@@ -635,6 +635,48 @@ START_TEST(test_diloco_overlap_survives_a_killed_worker_and_a_restarted_shard)
 }
 END_TEST
 
+// --overlap, a member killed while shard 1 is held (SIGSTOP): shard 0 is
+// at step t, shard 1 still at t - 1, so its slices of both steps are
+// handed to the survivor while the survivor waits for step t's owed
+// parameters, before its push of t. It pushes both as missing, the one of
+// t once the shards are at t, and the run completes.
+START_TEST(test_diloco_overlap_a_member_lost_between_shards_hands_both_steps_to_a_waiting_worker)
+{
+    zps_procs ps;
+    zps_procs_init(&ps, "diloco-overlap-held");
+    const char *const flags[] = {"--lr", "0.05", "--mode", "diloco", "--inner-steps", "8",
+                                 "--fragments", "4", "--overlap", "--shards", "2", NULL};
+    const char *const none[] = {NULL};
+    pid_t s0, s1, w[2];
+    char ep[256], shard1[64] = "";
+    snprintf(ep, sizeof ep, "%s", s_start_server(&ps, "held", &s0, "2", "160", flags));
+    s1 = s_start_shard1(&ps, ep, "held-shard1.log", shard1, sizeof shard1, none);
+    for (int i = 0; i < 2; i++) {
+        w[i] = s_start_worker(&ps, ep, "held", i);
+    }
+    zps_procs_wait_step(ep, 8, 60000);
+    ck_assert_int_eq(kill(s1, SIGSTOP), 0);
+    // Both workers push the step and block in the wait for the next one's
+    // parameters, which shard 1 holds back.
+    struct timespec ts = {1, 0};
+    nanosleep(&ts, NULL);
+    ck_assert_int_eq(kill(w[1], SIGKILL), 0);
+    ck_assert_int_eq(zps_procs_wait(&ps, w[1], 5000), -1);
+    // Evicted after 3 s of silence (--worker-timeout-ms 3000).
+    zps_procs_wait_log(&ps, "held.log", "evicted rank", 15000);
+    ts.tv_sec = 1;
+    nanosleep(&ts, NULL);
+    ck_assert_int_eq(kill(s1, SIGCONT), 0);
+    ck_assert_int_eq(zps_procs_wait(&ps, w[0], RUN_TIMEOUT_MS), 0);
+    ck_assert_int_eq(zps_procs_wait(&ps, s1, 30000), 0);
+    ck_assert_int_eq(zps_procs_wait(&ps, s0, 30000), 0);
+    int missing = zps_procs_log_count(&ps, "held-w0.log", "is missing from the round");
+    fprintf(stderr, "held: the killed worker's slices pushed as missing %d times\n", missing);
+    ck_assert_int_ge(missing, 2);
+    zps_procs_fini(&ps, false);
+}
+END_TEST
+
 // --fragments more than --inner-steps: refused before anything starts.
 START_TEST(test_diloco_more_fragments_than_inner_steps_are_refused)
 {
@@ -668,6 +710,8 @@ Suite *zps_suite_diloco(void)
     tcase_add_test(tc, test_diloco_more_fragments_than_inner_steps_are_refused);
     tcase_add_test(tc, test_diloco_overlap_merges_within_its_bound_and_workers_agree);
     tcase_add_test(tc, test_diloco_overlap_survives_a_killed_worker_and_a_restarted_shard);
+    tcase_add_test(tc,
+                   test_diloco_overlap_a_member_lost_between_shards_hands_both_steps_to_a_waiting_worker);
     suite_add_tcase(s, tc);
     return s;
 }

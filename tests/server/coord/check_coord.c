@@ -851,28 +851,33 @@ START_TEST(test_coord_hello_again_crossing_its_job_is_the_same_member_and_change
 }
 END_TEST
 
+// Worker i's BYE at `step` (stopped by its supervisor), on the
+// coordinator's side.
+static void s_bye_of(mjob *j, int i, uint64_t step)
+{
+    Zps__Header h;
+    zps_wire_header_init(&h, ZPS__MSG_TYPE__BYE);
+    h.rank = j->rank[i];
+    h.member_id = j->id[i];
+    h.step = step;
+    zps_wire_msg m = s_from(&j->w[i], &h);
+    ck_assert_int_eq(zps_coord_on_bye(j->c, &j->out, &m), ZPS_OK);
+    s_msg_done(&m);
+    s_members_post(j);
+}
+
 START_TEST(test_coord_bye_in_the_middle_hands_the_slice_on_and_replans_at_the_boundary)
 {
     mjob j;
     s_start_two(&j);
-    Zps__Header h;
-    zps_wire_header_init(&h, ZPS__MSG_TYPE__BYE);
-    h.rank = j.rank[1];
-    h.member_id = j.id[1];
-    h.step = 5;
-    zps_wire_msg m = s_from(&j.w[1], &h);
-    ck_assert_int_eq(zps_coord_on_bye(j.c, &j.out, &m), ZPS_OK);
-    s_msg_done(&m);
-    s_members_post(&j);
+    s_bye_of(&j, 1, 5);
     uint32_t gen = 0;
     ck_assert_uint_eq(s_extras_to(&j, 0, 5, &gen), MB / 2); // rank 1's half of step 5
     s_release(&j, 6);
     ck_assert_uint_eq(zps_coord_plan(j.c)->n, 1);
     ck_assert_uint_eq(zps_coord_plan(j.c)->slices[0].count, MB);
     // A second BYE from it changes nothing.
-    m = s_from(&j.w[1], &h);
-    ck_assert_int_eq(zps_coord_on_bye(j.c, &j.out, &m), ZPS_OK);
-    s_msg_done(&m);
+    s_bye_of(&j, 1, 5);
     ck_assert_uint_eq(j.out.n, 0);
     s_members_teardown(&j);
 }
@@ -1181,6 +1186,46 @@ START_TEST(test_coord_resumed_starts_new_workers_together_once_they_make_the_job
 }
 END_TEST
 
+// A requeue stops every process at once: the workers' BYEs may reach
+// shard 0 before its own SIGTERM, and the job state it saves then has no
+// live member. That state resumes all the same (its members planned until
+// workers come), and the new workers start at its step, in a plan of
+// their own.
+START_TEST(test_coord_resumed_from_a_state_every_member_had_left_starts_the_new_workers)
+{
+    char dir[64];
+    zps_tmpdir_make(dir, sizeof dir, "check-coord");
+    mjob j, r;
+    s_start_two(&j);
+    s_bye_of(&j, 0, 5);
+    s_bye_of(&j, 1, 5);
+    ck_assert_int_eq(zps_coord_save(j.c, dir, 5), ZPS_OK);
+    zps_coord_cfg cfg = s_members_cfg(2);
+    s_members_setup_cfg(&r, &cfg);
+    ck_assert_int_eq(zps_coord_resume(r.c, dir, 5), ZPS_OK);
+    ck_assert_uint_eq(zps_coord_at(r.c), ZPS_AT_RECOVERING);
+    ck_assert_int_eq(s_hello_share(&r, 2, 0), ZPS_OK);
+    ck_assert_uint_eq(zps_coord_at(r.c), ZPS_AT_RECOVERING); // one of two: it waits
+    ck_assert_int_eq(s_hello_share(&r, 3, 0), ZPS_OK);
+    ck_assert_uint_eq(zps_coord_at(r.c), ZPS_AT_TRAINING);
+    uint64_t step;
+    ck_assert(zps_coord_take_rollback(r.c, &step));
+    ck_assert_uint_eq(step, 5);
+    ck_assert_uint_eq(s_take_job_of(&r, 2), 5);
+    ck_assert_uint_eq(s_take_job_of(&r, 3), 5);
+    const zps_plan *p = zps_coord_plan(r.c);
+    ck_assert_ptr_nonnull(p);
+    ck_assert_uint_eq(p->n, 2);
+    ck_assert_uint_eq(p->slices[0].count + p->slices[1].count, MB);
+    for (uint32_t k = 0; k < p->n; k++) {
+        ck_assert(p->slices[k].rank == r.rank[2] || p->slices[k].rank == r.rank[3]);
+    }
+    s_members_teardown(&r);
+    s_members_teardown(&j);
+    ck_assert_int_eq(zps_tmpdir_remove(dir), 0);
+}
+END_TEST
+
 START_TEST(test_coord_resumed_evicts_a_worker_that_does_not_call_back_in_time)
 {
     char dir[64];
@@ -1363,6 +1408,7 @@ Suite *zps_suite_coord(void)
     tcase_add_test(rc, test_coord_resumed_rolls_everyone_back_once_every_worker_called_back);
     tcase_add_test(rc, test_coord_resumed_evicts_a_worker_that_does_not_call_back_in_time);
     tcase_add_test(rc, test_coord_resumed_starts_new_workers_together_once_they_make_the_jobs_workers);
+    tcase_add_test(rc, test_coord_resumed_from_a_state_every_member_had_left_starts_the_new_workers);
     tcase_add_test(rc, test_coord_resumed_run_figures_are_this_starts_and_the_jobs_start_is_kept);
     tcase_add_test(rc, test_coord_resumed_from_an_older_job_state_says_what_it_does_not_know);
     suite_add_tcase(s, rc);
