@@ -1157,29 +1157,38 @@ END_TEST
 // and once they make --workers every one starts at the restored step
 // together, in one plan of the job's shares, without waiting out the
 // members of before (who are evicted, having no share).
+// Two new workers (2 and 3) come to r, resumed at step 5: the first
+// waits, the second makes --workers, and both start at step 5 together,
+// in the job's even split of the two of them.
+static void s_new_workers_start_at_5(mjob *r)
+{
+    ck_assert_int_eq(s_hello_share(r, 2, 0), ZPS_OK);
+    ck_assert_uint_eq(zps_coord_at(r->c), ZPS_AT_RECOVERING); // one of two: it waits
+    ck_assert(!s_has_job_yet(r, 2));
+    ck_assert_int_eq(s_hello_share(r, 3, 0), ZPS_OK); // no clock moved: no timeout
+    ck_assert_uint_eq(zps_coord_at(r->c), ZPS_AT_TRAINING);
+    uint64_t step;
+    ck_assert(zps_coord_take_rollback(r->c, &step));
+    ck_assert_uint_eq(step, 5);
+    ck_assert_uint_eq(s_take_job_of(r, 2), 5); // both from the restored step
+    ck_assert_uint_eq(s_take_job_of(r, 3), 5);
+    const zps_plan *p = zps_coord_plan(r->c);
+    ck_assert_ptr_nonnull(p);
+    ck_assert_uint_eq(p->n, 2); // the two of them, the job's even split
+    ck_assert_uint_eq(p->slices[0].count, MB / 2);
+    ck_assert_uint_eq(p->slices[1].count, MB / 2);
+    for (uint32_t k = 0; k < p->n; k++) {
+        ck_assert(p->slices[k].rank == r->rank[2] || p->slices[k].rank == r->rank[3]);
+    }
+}
+
 START_TEST(test_coord_resumed_starts_new_workers_together_once_they_make_the_jobs_workers)
 {
     char dir[64];
     zps_tmpdir_make(dir, sizeof dir, "check-coord");
     mjob j, r;
     s_resumed_two(&j, &r, dir);
-    ck_assert_int_eq(s_hello_share(&r, 2, 0), ZPS_OK);
-    ck_assert_uint_eq(zps_coord_at(r.c), ZPS_AT_RECOVERING); // one of two: it waits
-    ck_assert(!s_has_job_yet(&r, 2));
-    ck_assert_int_eq(s_hello_share(&r, 3, 0), ZPS_OK); // no clock moved: no timeout
-    ck_assert_uint_eq(zps_coord_at(r.c), ZPS_AT_TRAINING);
-    uint64_t step;
-    ck_assert(zps_coord_take_rollback(r.c, &step));
-    ck_assert_uint_eq(step, 5);
-    ck_assert_uint_eq(s_take_job_of(&r, 2), 5); // both from the restored step
-    ck_assert_uint_eq(s_take_job_of(&r, 3), 5);
-    const zps_plan *p = zps_coord_plan(r.c);
-    ck_assert_uint_eq(p->n, 2); // the two of them, the job's even split
-    ck_assert_uint_eq(p->slices[0].count, MB / 2);
-    ck_assert_uint_eq(p->slices[1].count, MB / 2);
-    for (uint32_t k = 0; k < p->n; k++) {
-        ck_assert(p->slices[k].rank == r.rank[2] || p->slices[k].rank == r.rank[3]);
-    }
+    s_new_workers_start_at_5(&r);
     s_members_teardown(&r);
     s_members_teardown(&j);
     ck_assert_int_eq(zps_tmpdir_remove(dir), 0);
@@ -1204,22 +1213,7 @@ START_TEST(test_coord_resumed_from_a_state_every_member_had_left_starts_the_new_
     s_members_setup_cfg(&r, &cfg);
     ck_assert_int_eq(zps_coord_resume(r.c, dir, 5), ZPS_OK);
     ck_assert_uint_eq(zps_coord_at(r.c), ZPS_AT_RECOVERING);
-    ck_assert_int_eq(s_hello_share(&r, 2, 0), ZPS_OK);
-    ck_assert_uint_eq(zps_coord_at(r.c), ZPS_AT_RECOVERING); // one of two: it waits
-    ck_assert_int_eq(s_hello_share(&r, 3, 0), ZPS_OK);
-    ck_assert_uint_eq(zps_coord_at(r.c), ZPS_AT_TRAINING);
-    uint64_t step;
-    ck_assert(zps_coord_take_rollback(r.c, &step));
-    ck_assert_uint_eq(step, 5);
-    ck_assert_uint_eq(s_take_job_of(&r, 2), 5);
-    ck_assert_uint_eq(s_take_job_of(&r, 3), 5);
-    const zps_plan *p = zps_coord_plan(r.c);
-    ck_assert_ptr_nonnull(p);
-    ck_assert_uint_eq(p->n, 2);
-    ck_assert_uint_eq(p->slices[0].count + p->slices[1].count, MB);
-    for (uint32_t k = 0; k < p->n; k++) {
-        ck_assert(p->slices[k].rank == r.rank[2] || p->slices[k].rank == r.rank[3]);
-    }
+    s_new_workers_start_at_5(&r);
     s_members_teardown(&r);
     s_members_teardown(&j);
     ck_assert_int_eq(zps_tmpdir_remove(dir), 0);
