@@ -97,6 +97,11 @@ static inline void zps_bucket_set_add(zps_bucket_set *s, int b)
     s->bits[b / 64] |= 1ull << (b % 64);
 }
 
+static inline void zps_bucket_set_remove(zps_bucket_set *s, int b)
+{
+    s->bits[b / 64] &= ~(1ull << (b % 64));
+}
+
 static inline bool zps_bucket_set_has(const zps_bucket_set *s, int b)
 {
     return (s->bits[b / 64] >> (b % 64)) & 1u;

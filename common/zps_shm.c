@@ -262,9 +262,9 @@ void zps_shm_params_write(zps_shm_seg *seg, uint32_t slot, uint64_t step, uint64
     __atomic_store_n(&sl->seq, seq + 1, __ATOMIC_RELEASE); // even: after every byte
 }
 
-zps_err zps_shm_params_read(const zps_shm_map *map, uint32_t slot, uint64_t step,
+zps_err zps_shm_params_peek(const zps_shm_map *map, uint32_t slot, uint64_t step,
                             uint64_t offset, uint64_t count, uint64_t data_at, size_t bytes,
-                            void *dst, char *why, size_t why_len)
+                            const void **src, uint64_t *seq, char *why, size_t why_len)
 {
     if (!map->base || slot >= ZPS_SHM_PARAMS_SLOTS || map->size < ZPS_SHM_PARAMS_DATA ||
         data_at < ZPS_SHM_PARAMS_DATA || !zps_shm_span_ok(map->size, data_at, bytes)) {
@@ -274,22 +274,45 @@ zps_err zps_shm_params_read(const zps_shm_map *map, uint32_t slot, uint64_t step
     }
     const zps_shm_slot *sl =
         (const zps_shm_slot *)((const char *)map->base + (size_t)slot * ZPS_SHM_SLOT_BYTES);
-    uint64_t seq = __atomic_load_n(&sl->seq, __ATOMIC_ACQUIRE);
+    uint64_t s_seq = __atomic_load_n(&sl->seq, __ATOMIC_ACQUIRE);
     uint64_t s_step = __atomic_load_n(&sl->step, __ATOMIC_RELAXED);
     uint64_t s_offset = __atomic_load_n(&sl->offset, __ATOMIC_RELAXED);
     uint64_t s_count = __atomic_load_n(&sl->count, __ATOMIC_RELAXED);
-    if ((seq & 1) || s_step != step || s_offset != offset || s_count != count) {
+    if ((s_seq & 1) || s_step != step || s_offset != offset || s_count != count) {
         snprintf(why, why_len, "the segment holds [%llu, +%llu) of step %llu%s, not [%llu, "
                  "+%llu) of step %llu", (unsigned long long)s_offset,
                  (unsigned long long)s_count, (unsigned long long)s_step,
-                 seq & 1 ? " (being written)" : "", (unsigned long long)offset,
+                 s_seq & 1 ? " (being written)" : "", (unsigned long long)offset,
                  (unsigned long long)count, (unsigned long long)step);
         return ZPS_ESTALE;
     }
-    memcpy(dst, (const char *)map->base + data_at, bytes);
-    // Every byte copied is read before seq is read again.
+    *src = (const char *)map->base + data_at;
+    *seq = s_seq;
+    return ZPS_OK;
+}
+
+bool zps_shm_params_still(const zps_shm_map *map, uint32_t slot, uint64_t seq)
+{
+    const zps_shm_slot *sl =
+        (const zps_shm_slot *)((const char *)map->base + (size_t)slot * ZPS_SHM_SLOT_BYTES);
+    // Every byte the caller read is read before seq is read again.
     __atomic_thread_fence(__ATOMIC_ACQUIRE);
-    if (__atomic_load_n(&sl->seq, __ATOMIC_RELAXED) != seq) {
+    return __atomic_load_n(&sl->seq, __ATOMIC_RELAXED) == seq;
+}
+
+zps_err zps_shm_params_read(const zps_shm_map *map, uint32_t slot, uint64_t step,
+                            uint64_t offset, uint64_t count, uint64_t data_at, size_t bytes,
+                            void *dst, char *why, size_t why_len)
+{
+    const void *src;
+    uint64_t seq;
+    zps_err err = zps_shm_params_peek(map, slot, step, offset, count, data_at, bytes, &src, &seq,
+                                      why, why_len);
+    if (err != ZPS_OK) {
+        return err;
+    }
+    memcpy(dst, src, bytes);
+    if (!zps_shm_params_still(map, slot, seq)) {
         snprintf(why, why_len, "step %llu's values were written again while read",
                  (unsigned long long)step);
         return ZPS_ESTALE;

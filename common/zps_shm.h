@@ -119,4 +119,16 @@ zps_err zps_shm_params_read(const zps_shm_map *map, uint32_t slot, uint64_t step
                             uint64_t offset, uint64_t count, uint64_t data_at, size_t bytes,
                             void *dst, char *why, size_t why_len);
 
+// The values of slot in a peer's parameters, read in place: *src is where
+// its bytes at data_at lie in the mapping, if the slot holds bucket
+// [offset, offset + count) of step and is not being written; the checks
+// and errors are zps_shm_params_read's. *seq goes to zps_shm_params_still
+// once the caller read them: only then are they known to be whole.
+zps_err zps_shm_params_peek(const zps_shm_map *map, uint32_t slot, uint64_t step,
+                            uint64_t offset, uint64_t count, uint64_t data_at, size_t bytes,
+                            const void **src, uint64_t *seq, char *why, size_t why_len);
+// Whether slot was not written since zps_shm_params_peek gave seq: what was
+// read from its *src since is one step's values, whole.
+bool zps_shm_params_still(const zps_shm_map *map, uint32_t slot, uint64_t seq);
+
 #endif

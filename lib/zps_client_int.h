@@ -48,14 +48,18 @@ typedef enum zps_client_phase {
     ZPS_PHASE_OVER,       // ended: stopped, over, or failed
 } zps_client_phase;
 
-// A frame of the next step's parameters, kept as it came until all are
+// A bucket of the next step's parameters, kept as it came until all are
 // in: the current parameters stay whole until then (a slice of the step in
-// progress may be handed to this worker while it waits), and the frames
+// progress may be handed to this worker while it waits), and the buckets
 // are copied into them once, in one pass, rather than into a buffer of
-// their own and from there again.
+// their own and from there again. A bucket in a same-host shard's segment
+// is kept as where it lies there, and read in place in that pass.
 typedef struct zps_client_held {
-    zmq_msg_t frame;  // owned: the received frame
-    uint64_t offset;  // the parameter its first element is
+    zmq_msg_t frame;        // owned: the received frame (empty if shared)
+    uint64_t offset;        // the parameter its first element is
+    bool shared;            // in shard `shard`'s segment, as `in` says
+    int shard;
+    zps_conn_shared in;
 } zps_client_held;
 
 // What a wait for parameters was for.

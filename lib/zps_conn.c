@@ -469,7 +469,7 @@ zps_err zps_conn_push(zps_conn *n, int i, uint64_t step, const zps_piece *p, uin
 }
 
 // Maps the segment of parameters h names (kept if it is already), checked
-// as zps_conn_params_read says; the reason of a refusal in why.
+// as zps_conn_params_named says; the reason of a refusal in why.
 static zps_err s_params_map(zps_conn *n, zps_conn_shard *sc, const Zps__Header *h, size_t esize,
                             char *why, size_t why_len)
 {
@@ -503,30 +503,8 @@ static zps_err s_params_map(zps_conn *n, zps_conn_shard *sc, const Zps__Header *
     return ZPS_OK;
 }
 
-// A frame over the place of [offset, + bytes) in shard sc's staging
-// buffer, made once for its range: a fresh buffer for every bucket of
-// every step cost more in page faults than the copy itself (flat:16M on a
-// VM: 31 % of a worker's time in faults, docs/choices.md).
-static zps_err s_stage_bucket(zps_conn_shard *sc, uint64_t offset, size_t bytes, size_t esize,
-                              zmq_msg_t *frame)
-{
-    size_t range = (size_t)(sc->hi - sc->lo) * esize;
-    if (!sc->stage) {
-        sc->stage = malloc(range);
-        sc->stage_bytes = sc->stage ? range : 0;
-    }
-    size_t at = (size_t)(offset - sc->lo) * esize;
-    if (!sc->stage || at > sc->stage_bytes || bytes > sc->stage_bytes - at) {
-        // A range other than the one the buffer was made for: no job
-        // changes its ranges, but a buffer in use is never made again.
-        return zmq_msg_init_size(frame, bytes) == 0 ? ZPS_OK : ZPS_ENOMEM;
-    }
-    ZPS_ASSERT(zmq_msg_init_data(frame, (char *)sc->stage + at, bytes, NULL, NULL) == 0);
-    return ZPS_OK;
-}
-
-zps_err zps_conn_params_read(zps_conn *n, int i, uint32_t b, const Zps__Header *h, size_t esize,
-                             zmq_msg_t *frame)
+zps_err zps_conn_params_named(zps_conn *n, int i, uint32_t b, const Zps__Header *h,
+                              size_t esize, zps_conn_shared *out)
 {
     zps_conn_shard *sc = &n->shards[i];
     char why[200];
@@ -535,16 +513,14 @@ zps_err zps_conn_params_read(zps_conn *n, int i, uint32_t b, const Zps__Header *
         snprintf(why, sizeof why, "a bucket of %llu elements", (unsigned long long)h->count);
         err = ZPS_ERANGE;
     }
-    size_t bytes = (size_t)(h->count * esize);
-    if (err == ZPS_OK && s_stage_bucket(sc, h->offset, bytes, esize, frame) != ZPS_OK) {
-        snprintf(why, sizeof why, "no memory for %zu bytes", bytes);
-        err = ZPS_ENOMEM;
-    } else if (err == ZPS_OK) {
-        err = zps_shm_params_read(&sc->params, b, h->step, h->offset, h->count, h->shm_offset,
-                                  bytes, zmq_msg_data(frame), why, sizeof why);
-        if (err != ZPS_OK) {
-            (void)zmq_msg_close(frame); // fails only for a message never initialised
-        }
+    if (err == ZPS_OK) {
+        *out = (zps_conn_shared){.bucket = b, .step = h->step, .offset = h->offset,
+                                 .count = h->count, .data_at = h->shm_offset,
+                                 .bytes = (size_t)(h->count * esize), .pid = h->shm_pid,
+                                 .fd = h->shm_fd, .size = h->shm_size};
+        const void *src;
+        err = zps_shm_params_peek(&sc->params, b, out->step, out->offset, out->count,
+                                  out->data_at, out->bytes, &src, &out->seq, why, sizeof why);
     }
     if (err == ZPS_ESTALE) {
         zps_log_info("%s: %s; asking for frames", sc->endpoint, why);
@@ -555,6 +531,37 @@ zps_err zps_conn_params_read(zps_conn *n, int i, uint32_t b, const Zps__Header *
         zps_shm_map_fini(&sc->params);
     }
     return err;
+}
+
+const void *zps_conn_params_at(zps_conn *n, int i, const zps_conn_shared *s)
+{
+    zps_conn_shard *sc = &n->shards[i];
+    char why[200] = "";
+    const void *src = NULL;
+    uint64_t seq = 0;
+    if (!zps_shm_map_is(&sc->params, s->pid, s->fd, s->size)) {
+        snprintf(why, sizeof why, "the shard's segment changed (a shard restarted)");
+    } else if (zps_shm_params_peek(&sc->params, s->bucket, s->step, s->offset, s->count,
+                                   s->data_at, s->bytes, &src, &seq, why, sizeof why) == ZPS_OK &&
+               seq != s->seq) {
+        snprintf(why, sizeof why, "bucket %u of step %llu written again", s->bucket,
+                 (unsigned long long)s->step);
+    } else if (src) {
+        return src;
+    }
+    zps_log_info("%s: %s; asking for frames", sc->endpoint, why);
+    return NULL;
+}
+
+bool zps_conn_params_still(zps_conn *n, int i, const zps_conn_shared *s)
+{
+    zps_conn_shard *sc = &n->shards[i];
+    if (zps_shm_params_still(&sc->params, s->bucket, s->seq)) {
+        return true;
+    }
+    zps_log_info("%s: bucket %u of step %llu written over while read; asking for frames",
+                 sc->endpoint, s->bucket, (unsigned long long)s->step);
+    return false;
 }
 
 zps_err zps_conn_push_delta(zps_conn *n, int i, uint64_t step, const zps_piece *p, uint64_t lo,
@@ -619,11 +626,6 @@ void zps_conn_fini(zps_conn *n)
     if (n->ctx) {
         zmq_ctx_term(n->ctx); // flushes the BYE within the linger, releases the gradient's frames
         n->ctx = NULL;
-    }
-    for (int i = 0; i < ZPS_CONN_MAX_SHARDS; i++) {
-        free(n->shards[i].stage); // after every frame over it is gone
-        n->shards[i].stage = NULL;
-        n->shards[i].stage_bytes = 0;
     }
 }
 

@@ -39,8 +39,6 @@ typedef struct zps_conn_shard {
     uint64_t shm_step;                          // 1 + the step whose piece is in seg (0: none)
     zps_piece shm_piece;                        // that piece: the step's others go as frames
     zps_shm_map params;                         // owned: the shard's segment of parameters
-    void *stage;                                // owned: its buckets copied out, reused each step
-    size_t stage_bytes;                         // its size: the range in the wire dtype
     bool params_frames;                         // it failed: parameters as frames
     uint64_t params_pulled;                     // 1 + the step asked for again as frames
 } zps_conn_shard;
@@ -148,20 +146,37 @@ zps_err zps_conn_push_delta(zps_conn *n, int i, uint64_t step, const zps_piece *
                             const zps_conn_outer *o, float loss, float compute_ms,
                             zps_wire_ref *ref);
 
-// Copies the bucket [h->offset, +h->count) of step h->step (elements of
-// esize bytes) that a PARAMS header of shard i names in the shard's
-// segment of parameters into frame (initialised here on ZPS_OK). The
-// frame points into the shard's staging buffer, which lives until
-// zps_conn_fini: the caller lets go of it before the next read of that
-// bucket. The segment is mapped at the first such header, checked as the
-// shard checks a worker's (this host, this user, a sealed "zps-params"
-// memfd, its size bounded by the shard's range), and read under the
-// bucket's seqlock.
+// A bucket of parameters in a shard's segment, as a PARAMS header named it:
+// read in place once the step's parameters are all in.
+typedef struct zps_conn_shared {
+    uint32_t bucket;              // its slot
+    uint64_t step, offset, count; // what the slot holds
+    uint64_t data_at;             // where its values are in the segment
+    size_t bytes;                 // their size in the wire dtype
+    int64_t pid, fd;              // the segment, as the header named it
+    uint64_t size;
+    uint64_t seq;                 // the slot's sequence when the header came
+} zps_conn_shared;
+
+// Bucket b of step h->step (h->count elements of esize bytes), which a
+// PARAMS header of shard i names in the shard's segment of parameters,
+// found there whole and not being written: *out says where. The segment is
+// mapped at the first such header, checked as the shard checks a worker's
+// (this host, this user, a sealed "zps-params" memfd, its size bounded by
+// the shard's range).
 // ZPS_ESTALE: those values were written over (a step this worker is late
 // for); any other refusal: this worker asks for frames from now on
 // (logged once). Either way the caller asks for the step again by PULL.
-zps_err zps_conn_params_read(zps_conn *n, int i, uint32_t b, const Zps__Header *h, size_t esize,
-                             zmq_msg_t *frame);
+zps_err zps_conn_params_named(zps_conn *n, int i, uint32_t b, const Zps__Header *h,
+                              size_t esize, zps_conn_shared *out);
+// Where the values s names lie in shard i's segment, to be read in place,
+// if the segment is the one named and the slot was not written since: NULL
+// otherwise (logged; the caller asks for the step again). What is read
+// from there is whole if zps_conn_params_still says so afterwards.
+const void *zps_conn_params_at(zps_conn *n, int i, const zps_conn_shared *s);
+// Whether the slot of s was not written since it was named: false (logged)
+// if the shard wrote it again meanwhile.
+bool zps_conn_params_still(zps_conn *n, int i, const zps_conn_shared *s);
 
 // Shard i refused a push through shared memory (why, from its refusal):
 // its pushes go as frames from now on. Logged once.

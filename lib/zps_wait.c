@@ -22,31 +22,42 @@ void zps_wait_release_held(zps_client *c)
     c->n_held = 0;
 }
 
+// Room for n more buckets kept; ZPS_ENOMEM (logged) if there is none.
+static zps_err s_room(zps_client *c, int n)
+{
+    if (c->n_held + n <= c->cap_held) {
+        return ZPS_OK;
+    }
+    int cap = 2 * (c->n_held + n) + 16;
+    zps_client_held *more = malloc((size_t)cap * sizeof *more);
+    if (!more) {
+        zps_log_error("out of memory keeping the parameters received");
+        return ZPS_ENOMEM;
+    }
+    for (int i = 0; i < c->n_held; i++) {
+        more[i] = c->held[i]; // its frame moved below
+        ZPS_ASSERT(zmq_msg_init(&more[i].frame) == 0);
+        ZPS_ASSERT(zmq_msg_move(&more[i].frame, &c->held[i].frame) == 0);
+        ZPS_ASSERT(zmq_msg_close(&c->held[i].frame) == 0);
+    }
+    free(c->held);
+    c->held = more;
+    c->cap_held = cap;
+    return ZPS_OK;
+}
+
 // Keeps the frames of a checked PARAMS message of the parameters from
 // `offset` on (they leave m empty); ZPS_ENOMEM if there is no room.
 static zps_err s_hold(zps_client *c, zps_wire_msg *m, uint64_t offset)
 {
-    if (c->n_held + m->n_frames > c->cap_held) {
-        int cap = 2 * (c->n_held + m->n_frames) + 16;
-        zps_client_held *more = malloc((size_t)cap * sizeof *more);
-        if (!more) {
-            zps_log_error("out of memory keeping the parameters received");
-            return ZPS_ENOMEM;
-        }
-        for (int i = 0; i < c->n_held; i++) {
-            more[i].offset = c->held[i].offset;
-            ZPS_ASSERT(zmq_msg_init(&more[i].frame) == 0);
-            ZPS_ASSERT(zmq_msg_move(&more[i].frame, &c->held[i].frame) == 0);
-            ZPS_ASSERT(zmq_msg_close(&c->held[i].frame) == 0);
-        }
-        free(c->held);
-        c->held = more;
-        c->cap_held = cap;
+    zps_err err = s_room(c, m->n_frames);
+    if (err != ZPS_OK) {
+        return err;
     }
     size_t esize = zps_dtype_size(c->dtype);
     for (int f = 0; f < m->n_frames; f++) {
         zps_client_held *k = &c->held[c->n_held++];
-        k->offset = offset;
+        *k = (zps_client_held){.offset = offset};
         ZPS_ASSERT(zmq_msg_init(&k->frame) == 0);
         ZPS_ASSERT(zmq_msg_move(&k->frame, &m->frames[f]) == 0);
         offset += zmq_msg_size(&k->frame) / esize;
@@ -54,17 +65,109 @@ static zps_err s_hold(zps_client *c, zps_wire_msg *m, uint64_t offset)
     return ZPS_OK;
 }
 
-// The parameters received become the caller's, in one pass over the
-// frames kept; they are let go of.
-static void s_take_held(zps_client *c)
+// Keeps a bucket that lies in shard i's segment, to be read from there.
+static zps_err s_hold_shared(zps_client *c, int i, const zps_conn_shared *in)
 {
-    size_t esize = zps_dtype_size(c->dtype);
+    zps_err err = s_room(c, 1);
+    if (err == ZPS_OK) {
+        zps_client_held *k = &c->held[c->n_held++];
+        *k = (zps_client_held){.offset = in->offset, .shared = true, .shard = i, .in = *in};
+        ZPS_ASSERT(zmq_msg_init(&k->frame) == 0); // empty: released as the others
+    }
+    return err;
+}
+
+// The values of step `step` that shard i's segment was to hold cannot be
+// read from there: most often the job went on without this worker (its
+// slices handed on while it stalled), and a pull of a step the shard has
+// passed is never answered. The coordinator says whether to catch up
+// (zps_ask_where_is_job), as for later parameters as frames; the step is
+// also asked for again by PULL, once, as frames.
+static void s_ask_again(zps_client *c, int i, uint64_t step)
+{
+    zps_due_ask_at(c, 0);
+    zps_conn_shard *sc = &c->conn.shards[i];
+    if (sc->params_pulled != step + 1) {
+        sc->params_pulled = step + 1;
+        (void)zps_conn_pull(&c->conn, i, step); // a failure is logged; the wait is bounded
+    }
+}
+
+// Bucket k kept in a shard's segment is lost (written over): it is
+// received no more, and asked for again.
+static void s_lose_shared(zps_client *c, const zps_client_held *k)
+{
+    zps_conn_shard *sc = &c->conn.shards[k->shard];
+    zps_bucket_set_remove(&sc->received, (int)k->in.bucket);
+    sc->params_pulled = 0; // a pull of before may have been answered already
+    s_ask_again(c, k->shard, k->in.step);
+}
+
+// Whether every bucket kept in a shard's segment still lies there as its
+// header said; those that do not are let go of and asked for again.
+static bool s_shared_still_there(zps_client *c)
+{
+    int kept = 0;
+    bool all = true;
     for (int i = 0; i < c->n_held; i++) {
-        zmq_msg_t *frame = &c->held[i].frame;
-        zps_dtype_to_f32(c->dtype, zmq_msg_data(frame), c->params + c->held[i].offset,
-                         zmq_msg_size(frame) / esize);
+        zps_client_held *k = &c->held[i];
+        if (k->shared && !zps_conn_params_at(&c->conn, k->shard, &k->in)) {
+            s_lose_shared(c, k);
+            ZPS_ASSERT(zmq_msg_close(&k->frame) == 0);
+            all = false;
+            continue;
+        }
+        if (kept != i) {
+            c->held[kept] = *k; // an empty frame for a shared one: nothing to move
+            ZPS_ASSERT(zmq_msg_init(&c->held[kept].frame) == 0);
+            ZPS_ASSERT(zmq_msg_move(&c->held[kept].frame, &k->frame) == 0);
+            ZPS_ASSERT(zmq_msg_close(&k->frame) == 0);
+        }
+        kept++;
+    }
+    c->n_held = kept;
+    return all;
+}
+
+// One bucket kept into the caller's buffer: false if it lay in a shard's
+// segment and was written over while read (asked for again).
+static bool s_take_one(zps_client *c, zps_client_held *k, size_t esize)
+{
+    if (!k->shared) {
+        zps_dtype_to_f32(c->dtype, zmq_msg_data(&k->frame), c->params + k->offset,
+                         zmq_msg_size(&k->frame) / esize);
+        return true;
+    }
+    const void *src = zps_conn_params_at(&c->conn, k->shard, &k->in);
+    if (src) {
+        zps_dtype_to_f32(c->dtype, src, c->params + k->offset, k->in.count);
+    }
+    if (!src || !zps_conn_params_still(&c->conn, k->shard, &k->in)) {
+        s_lose_shared(c, k);
+        return false;
+    }
+    return true;
+}
+
+// The parameters received become the caller's, in one pass over the
+// buckets kept, which are let go of. False, with nothing written, if a
+// bucket kept in a shard's segment was written over since its header
+// came; false with the rest written if one was written over during the
+// pass (two steps' values in the caller's buffer, until the bucket asked
+// for again comes: the job went on without this worker, and what the
+// coordinator answers replaces them all). The wait then goes on.
+static bool s_take_held(zps_client *c)
+{
+    if (!s_shared_still_there(c)) {
+        return false;
+    }
+    size_t esize = zps_dtype_size(c->dtype);
+    bool whole = true;
+    for (int i = 0; i < c->n_held; i++) {
+        whole = s_take_one(c, &c->held[i], esize) && whole;
     }
     zps_wait_release_held(c);
+    return whole;
 }
 
 // Checks a PARAMS message's tensor against shard sc's range: in frames, or
@@ -92,27 +195,16 @@ static zps_err s_check_params(const zps_client *c, const zps_conn_shard *sc,
 }
 
 // Bucket b of a PARAMS message of shard i that names the shard's segment,
-// copied from there into m's one frame: true. False when it cannot be
-// (zps_conn_params_read says why): the step is asked for again by PULL,
-// once, and its frames come as from a shard without shared memory.
-static bool s_read_shared(zps_client *c, int i, uint32_t b, zps_wire_msg *m)
+// kept as where it lies there: true. False when it cannot be
+// (zps_conn_params_named says why): it is asked for again.
+static bool s_name_shared(zps_client *c, int i, uint32_t b, const zps_wire_msg *m,
+                          zps_conn_shared *in)
 {
     size_t esize = zps_dtype_size(c->dtype);
-    if (zps_conn_params_read(&c->conn, i, b, m->hdr, esize, &m->frames[0]) == ZPS_OK) {
-        m->n_frames = 1;
-        m->payload_bytes = m->hdr->count * esize;
+    if (zps_conn_params_named(&c->conn, i, b, m->hdr, esize, in) == ZPS_OK) {
         return true;
     }
-    // The slot moved on: most often the job went on without this worker
-    // (its slices handed on while it stalled), and a pull of a step the
-    // shard has passed is never answered. The coordinator says whether to
-    // catch up (zps_ask_where_is_job), as for later parameters as frames.
-    zps_due_ask_at(c, 0);
-    zps_conn_shard *sc = &c->conn.shards[i];
-    if (sc->params_pulled != m->hdr->step + 1) {
-        sc->params_pulled = m->hdr->step + 1;
-        (void)zps_conn_pull(&c->conn, i, m->hdr->step); // a failure is logged; the wait is bounded
-    }
+    s_ask_again(c, i, m->hdr->step);
     return false;
 }
 
@@ -160,10 +252,16 @@ static zps_err s_take_bucket(zps_client *c, int i, uint64_t step, zps_wire_msg *
         zps_log_error("%s sent bad parameters: %s", sc->endpoint, why);
         return ZPS_EPROTO;
     }
-    if (h->shm_size > 0 && !s_read_shared(c, i, (uint32_t)b, m)) {
-        return ZPS_OK; // asked again, as frames
+    zps_err err;
+    if (h->shm_size > 0) {
+        zps_conn_shared in;
+        if (!s_name_shared(c, i, (uint32_t)b, m, &in)) {
+            return ZPS_OK; // asked again, as frames
+        }
+        err = s_hold_shared(c, i, &in);
+    } else {
+        err = s_hold(c, m, h->offset);
     }
-    zps_err err = s_hold(c, m, h->offset);
     if (err != ZPS_OK) {
         return err;
     }
@@ -352,20 +450,21 @@ zps_err zps_wait_run(zps_client *c)
         zps_due_begin(c, c->wait_start);
         c->answered_ms = c->wait_start;
     }
-    while (!s_all_received(c) || zps_work_queued(c)) {
-        if (zps_work_queued(c)) {
-            return ZPS_OK;
+    do {
+        while (!s_all_received(c) || zps_work_queued(c)) {
+            if (zps_work_queued(c)) {
+                return ZPS_OK;
+            }
+            if (c->conn.stop) {
+                return ZPS_ECLOSED;
+            }
+            zps_err err = s_wait_once(c, step);
+            if (err != ZPS_OK) {
+                return err;
+            }
         }
-        if (c->conn.stop) {
-            return ZPS_ECLOSED;
-        }
-        zps_err err = s_wait_once(c, step);
-        if (err != ZPS_OK) {
-            return err;
-        }
-    }
+    } while (!s_take_held(c));
     zps_due_end(c);
-    s_take_held(c);
     zps_schedule_forget_before(&c->schedule, step);
     double now = zps_clock_ms();
     if (c->params_ms > 0) {

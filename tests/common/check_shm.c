@@ -221,6 +221,26 @@ static void *s_writer(void *arg)
     return NULL;
 }
 
+// The library's read: zps_shm_params_peek when the PARAMS header comes,
+// the copy once the step's parameters are all in (a pause here), then
+// zps_shm_params_still.
+static zps_err s_read_in_place(const zps_shm_map *map, uint64_t step, float *dst, char *why,
+                               size_t why_len)
+{
+    const void *src;
+    uint64_t seq;
+    size_t bytes = RACE_FLOATS * sizeof(float);
+    zps_err err = zps_shm_params_peek(map, 3, step, 1000, RACE_FLOATS, ZPS_SHM_PARAMS_DATA, bytes,
+                                      &src, &seq, why, why_len);
+    if (err != ZPS_OK) {
+        return err;
+    }
+    struct timespec pause = {0, 10000};
+    nanosleep(&pause, NULL);
+    memcpy(dst, src, bytes);
+    return zps_shm_params_still(map, 3, seq) ? ZPS_OK : ZPS_ESTALE;
+}
+
 // A worker reads while the shard writes the next step: whatever it gets
 // back as ZPS_OK is one step's values whole, never two steps mixed.
 START_TEST(test_shm_params_reader_never_sees_mixed_steps)
@@ -241,8 +261,13 @@ START_TEST(test_shm_params_reader_never_sees_mixed_steps)
         (const zps_shm_slot *)((const char *)map.base + 3 * ZPS_SHM_SLOT_BYTES);
     while (!__atomic_load_n(&r.done, __ATOMIC_ACQUIRE)) {
         uint64_t step = __atomic_load_n(&slot->step, __ATOMIC_RELAXED); // what a PARAMS names
-        zps_err err = zps_shm_params_read(&map, 3, step, 1000, RACE_FLOATS, ZPS_SHM_PARAMS_DATA,
-                                          RACE_FLOATS * sizeof(float), dst, why, sizeof why);
+        // Every other read as the library reads: named when the header
+        // comes, copied from the segment later, then checked again.
+        zps_err err = (ok + stale) % 2 ? s_read_in_place(&map, step, dst, why, sizeof why)
+                                       : zps_shm_params_read(&map, 3, step, 1000, RACE_FLOATS,
+                                                             ZPS_SHM_PARAMS_DATA,
+                                                             RACE_FLOATS * sizeof(float), dst,
+                                                             why, sizeof why);
         if (err == ZPS_ESTALE) {
             stale++;
             continue;
@@ -302,6 +327,21 @@ START_TEST(test_shm_params_checks)
                                          sizeof why), ZPS_ERANGE);
     ck_assert_int_eq(zps_shm_params_read(&map, 0, 7, 16, 8, UINT64_MAX - 4, sizeof out, out, why,
                                          sizeof why), ZPS_ERANGE);
+    // Read in place: whole only while the slot is not written again.
+    const void *src;
+    uint64_t seq;
+    ck_assert_int_eq(zps_shm_params_peek(&map, 0, 7, 16, 8, at, sizeof out, &src, &seq, why,
+                                         sizeof why), ZPS_OK);
+    ck_assert_mem_eq(src, v, sizeof v);
+    ck_assert(zps_shm_params_still(&map, 0, seq));
+    zps_shm_params_write(&seg, 0, 8, 16, 8, at, v, sizeof v);
+    ck_assert(!zps_shm_params_still(&map, 0, seq));
+    ck_assert_int_eq(zps_shm_params_peek(&map, 0, 7, 16, 8, at, sizeof out, &src, &seq, why,
+                                         sizeof why), ZPS_ESTALE); // step 8's now
+    ((zps_shm_slot *)seg.base)->seq++; // odd: the shard is writing
+    ck_assert_int_eq(zps_shm_params_peek(&map, 0, 8, 16, 8, at, sizeof out, &src, &seq, why,
+                                         sizeof why), ZPS_ESTALE);
+    ck_assert_ptr_nonnull(strstr(why, "being written"));
     // F_SEAL_FUTURE_WRITE: no peer maps it writable or writes to it.
     char path[64];
     snprintf(path, sizeof path, "/proc/self/fd/%d", seg.fd);
