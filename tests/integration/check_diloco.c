@@ -80,6 +80,30 @@ static pid_t s_start_shard1(zps_procs *ps, const char *ep, const char *log, char
     return zps_procs_start(ps, "zps-server", log, args);
 }
 
+// A job of shard 0 (the coordinator, with `flags`), shard 1 (with
+// `shard1`, its log TAG-shard1.log) and `workers` workers, all started.
+typedef struct s_two_shards {
+    pid_t s0, s1, w[3];
+    char ep[256];     // shard 0's endpoint
+    char listen1[64]; // shard 1's, kept for a restart
+} s_two_shards;
+
+static void s_start_two_shards(zps_procs *ps, s_two_shards *j, const char *tag, int workers,
+                               const char *steps, const char *const *flags,
+                               const char *const *shard1)
+{
+    char count[8], log[64];
+    ck_assert_int_le(workers, 3);
+    snprintf(count, sizeof count, "%d", workers);
+    snprintf(log, sizeof log, "%s-shard1.log", tag);
+    *j = (s_two_shards){.s0 = -1};
+    snprintf(j->ep, sizeof j->ep, "%s", s_start_server(ps, tag, &j->s0, count, steps, flags));
+    j->s1 = s_start_shard1(ps, j->ep, log, j->listen1, sizeof j->listen1, shard1);
+    for (int i = 0; i < workers; i++) {
+        j->w[i] = s_start_worker(ps, j->ep, tag, i);
+    }
+}
+
 // A whole run of `workers` workers; every process must succeed.
 static void s_run(zps_procs *ps, const char *tag, int workers, const char *steps,
                   const char *const *extra)
@@ -569,18 +593,13 @@ START_TEST(test_diloco_overlap_merges_within_its_bound_and_workers_agree)
                                  "--compress", "int8", "--fragments", "4", "--overlap",
                                  "--shards", "2", NULL};
     const char *const none[] = {NULL};
-    pid_t s0, s1, w[2];
-    char ep[256], shard1[64] = "";
-    snprintf(ep, sizeof ep, "%s", s_start_server(&ps, "ov", &s0, "2", "80", flags));
-    s1 = s_start_shard1(&ps, ep, "ov-shard1.log", shard1, sizeof shard1, none);
+    s_two_shards j;
+    s_start_two_shards(&ps, &j, "ov", 2, "80", flags, none);
     for (int i = 0; i < 2; i++) {
-        w[i] = s_start_worker(&ps, ep, "ov", i);
+        ck_assert_int_eq(zps_procs_wait(&ps, j.w[i], RUN_TIMEOUT_MS), 0);
     }
-    for (int i = 0; i < 2; i++) {
-        ck_assert_int_eq(zps_procs_wait(&ps, w[i], RUN_TIMEOUT_MS), 0);
-    }
-    ck_assert_int_eq(zps_procs_wait(&ps, s1, 30000), 0);
-    ck_assert_int_eq(zps_procs_wait(&ps, s0, 30000), 0);
+    ck_assert_int_eq(zps_procs_wait(&ps, j.s1, 30000), 0);
+    ck_assert_int_eq(zps_procs_wait(&ps, j.s0, 30000), 0);
     s_check_fragment_rows(&ps, "ov-metrics.jsonl", 32, 4, 2);
     s_check_aligned(&ps, "ov", 2);
     for (int i = 0; i < 2; i++) {
@@ -611,24 +630,19 @@ START_TEST(test_diloco_overlap_survives_a_killed_worker_and_a_restarted_shard)
                                  "--checkpoint-every", "4", "--checkpoint-dir", ck0, NULL};
     const char *const first[] = {"--checkpoint-dir", ck1, NULL};
     const char *const again[] = {"--checkpoint-dir", ck1, "--resume", NULL};
-    pid_t s0, s1, w[3];
-    char ep[256], shard1[64] = "";
-    snprintf(ep, sizeof ep, "%s", s_start_server(&ps, "ovf", &s0, "3", "480", flags));
-    s1 = s_start_shard1(&ps, ep, "ovf-shard1.log", shard1, sizeof shard1, first);
-    for (int i = 0; i < 3; i++) {
-        w[i] = s_start_worker(&ps, ep, "ovf", i);
-    }
-    zps_procs_wait_step(ep, 12, 60000);
-    ck_assert_int_eq(kill(w[1], SIGKILL), 0);
-    ck_assert_int_eq(zps_procs_wait(&ps, w[1], 5000), -1);
-    zps_procs_wait_step(ep, 40, 60000);
-    ck_assert_int_eq(kill(s1, SIGKILL), 0);
-    zps_procs_wait(&ps, s1, 5000);
-    s1 = s_start_shard1(&ps, ep, "ovf-shard1.log", shard1, sizeof shard1, again);
-    ck_assert_int_eq(zps_procs_wait(&ps, w[0], RUN_TIMEOUT_MS), 0);
-    ck_assert_int_eq(zps_procs_wait(&ps, w[2], RUN_TIMEOUT_MS), 0);
-    ck_assert_int_eq(zps_procs_wait(&ps, s1, 30000), 0);
-    ck_assert_int_eq(zps_procs_wait(&ps, s0, 30000), 0);
+    s_two_shards j;
+    s_start_two_shards(&ps, &j, "ovf", 3, "480", flags, first);
+    zps_procs_wait_step(j.ep, 12, 60000);
+    ck_assert_int_eq(kill(j.w[1], SIGKILL), 0);
+    ck_assert_int_eq(zps_procs_wait(&ps, j.w[1], 5000), -1);
+    zps_procs_wait_step(j.ep, 40, 60000);
+    ck_assert_int_eq(kill(j.s1, SIGKILL), 0);
+    zps_procs_wait(&ps, j.s1, 5000);
+    j.s1 = s_start_shard1(&ps, j.ep, "ovf-shard1.log", j.listen1, sizeof j.listen1, again);
+    ck_assert_int_eq(zps_procs_wait(&ps, j.w[0], RUN_TIMEOUT_MS), 0);
+    ck_assert_int_eq(zps_procs_wait(&ps, j.w[2], RUN_TIMEOUT_MS), 0);
+    ck_assert_int_eq(zps_procs_wait(&ps, j.s1, 30000), 0);
+    ck_assert_int_eq(zps_procs_wait(&ps, j.s0, 30000), 0);
     ck_assert_msg(zps_procs_log_has(&ps, "ovf.log", "rolls back to it"), "no rollback");
     ck_assert_double_eq(zps_procs_params_diff(&ps, "ovf-w0.bin", "ovf-w2.bin", s_n_params()), 0);
     zps_procs_fini(&ps, false);
@@ -647,29 +661,24 @@ START_TEST(test_diloco_overlap_a_member_lost_between_shards_hands_both_steps_to_
     const char *const flags[] = {"--lr", "0.05", "--mode", "diloco", "--inner-steps", "8",
                                  "--fragments", "4", "--overlap", "--shards", "2", NULL};
     const char *const none[] = {NULL};
-    pid_t s0, s1, w[2];
-    char ep[256], shard1[64] = "";
-    snprintf(ep, sizeof ep, "%s", s_start_server(&ps, "held", &s0, "2", "160", flags));
-    s1 = s_start_shard1(&ps, ep, "held-shard1.log", shard1, sizeof shard1, none);
-    for (int i = 0; i < 2; i++) {
-        w[i] = s_start_worker(&ps, ep, "held", i);
-    }
-    zps_procs_wait_step(ep, 8, 60000);
-    ck_assert_int_eq(kill(s1, SIGSTOP), 0);
+    s_two_shards j;
+    s_start_two_shards(&ps, &j, "held", 2, "160", flags, none);
+    zps_procs_wait_step(j.ep, 8, 60000);
+    ck_assert_int_eq(kill(j.s1, SIGSTOP), 0);
     // Both workers push the step and block in the wait for the next one's
     // parameters, which shard 1 holds back.
     struct timespec ts = {1, 0};
     nanosleep(&ts, NULL);
-    ck_assert_int_eq(kill(w[1], SIGKILL), 0);
-    ck_assert_int_eq(zps_procs_wait(&ps, w[1], 5000), -1);
+    ck_assert_int_eq(kill(j.w[1], SIGKILL), 0);
+    ck_assert_int_eq(zps_procs_wait(&ps, j.w[1], 5000), -1);
     // Evicted after 3 s of silence (--worker-timeout-ms 3000).
     zps_procs_wait_log(&ps, "held.log", "evicted rank", 15000);
     ts.tv_sec = 1;
     nanosleep(&ts, NULL);
-    ck_assert_int_eq(kill(s1, SIGCONT), 0);
-    ck_assert_int_eq(zps_procs_wait(&ps, w[0], RUN_TIMEOUT_MS), 0);
-    ck_assert_int_eq(zps_procs_wait(&ps, s1, 30000), 0);
-    ck_assert_int_eq(zps_procs_wait(&ps, s0, 30000), 0);
+    ck_assert_int_eq(kill(j.s1, SIGCONT), 0);
+    ck_assert_int_eq(zps_procs_wait(&ps, j.w[0], RUN_TIMEOUT_MS), 0);
+    ck_assert_int_eq(zps_procs_wait(&ps, j.s1, 30000), 0);
+    ck_assert_int_eq(zps_procs_wait(&ps, j.s0, 30000), 0);
     int missing = zps_procs_log_count(&ps, "held-w0.log", "is missing from the round");
     fprintf(stderr, "held: the killed worker's slices pushed as missing %d times\n", missing);
     ck_assert_int_ge(missing, 2);
