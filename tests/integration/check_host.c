@@ -241,7 +241,10 @@ START_TEST(test_host_leader_killed_mid_run_job_completes_and_survivors_agree)
     zps_procs ps;
     zps_procs_init(&ps, "host-kill");
     size_t n = s_n_params();
-    run r = {.tag = "kill", .aggregate = true, .deterministic = false, .steps = "60"};
+    // A pause of 40 ms every step: 60 steps of this model take 80 ms on a
+    // fast machine, over before a poll of the coordinator sees step 15.
+    run r = {.tag = "kill", .aggregate = true, .deterministic = false, .steps = "60",
+             .stall_ms = {"40", "40", "40", "40"}};
     s_start(&ps, &r);
     int leader = s_leader_of_b(&ps, &r);
     zps_procs_wait_step(r.ep, 15, 60000);
