@@ -92,7 +92,7 @@ static void s_start_two_shards(zps_procs *ps, s_two_shards *j, const char *tag, 
                                const char *steps, const char *const *flags,
                                const char *const *shard1)
 {
-    char count[8], log[64];
+    char count[12], log[64];
     ck_assert_int_le(workers, 3);
     snprintf(count, sizeof count, "%d", workers);
     snprintf(log, sizeof log, "%s-shard1.log", tag);
