@@ -284,6 +284,71 @@ static void s_dtype_axpy_mean(zps_dtype d, float scale, const void *src,
 }
 
 #undef S_MEAN
+
+// Two pushes at once, the earlier one first: the bits of zps_dtype_axpy_set
+// of (k1, s1) followed by zps_dtype_axpy (or zps_dtype_axpy_mean) of
+// (k2, s2), with no accumulator between them.
+#define S_LOOP2(D, EXPR)                        \
+    for (size_t i = 0; i < n; i++) {            \
+        double a = 0.0 + k1 * (double)s_elem((D), s1, i); \
+        float x = s_elem((D), s2, i);           \
+        out[i] = (EXPR);                        \
+    }
+
+#define S_SET2(D) S_LOOP2(D, a + k2 * (double)x)
+
+ZPS_DTYPE_CLONES
+static void s_dtype_axpy2_set(zps_dtype d, float scale1, const void *src1, float scale2,
+                              const void *src2, double *restrict out, size_t n)
+{
+    const unsigned char *s1 = (const unsigned char *)src1, *s2 = (const unsigned char *)src2;
+    const double k1 = scale1, k2 = scale2;
+    switch (d) {
+    case ZPS_DTYPE_F32:
+        S_SET2(ZPS_DTYPE_F32)
+        return;
+    case ZPS_DTYPE_BF16:
+        S_SET2(ZPS_DTYPE_BF16)
+        return;
+    case ZPS_DTYPE_F16:
+        S_SET2(ZPS_DTYPE_F16)
+        return;
+    }
+    ZPS_ASSERT(!"axpy2_set: invalid dtype");
+}
+
+// As S_MEAN with an accumulator, the division by a power of two a product.
+#define S_MEAN2(D)                                          \
+    if (pow2) {                                             \
+        S_LOOP2(D, (float)((a + k2 * (double)x) * inv))     \
+    } else {                                                \
+        S_LOOP2(D, (float)((a + k2 * (double)x) / t))       \
+    }
+
+ZPS_DTYPE_CLONES
+static void s_dtype_axpy2_mean(zps_dtype d, float scale1, const void *src1, float scale2,
+                               const void *src2, uint32_t total, float *restrict out, size_t n)
+{
+    const unsigned char *s1 = (const unsigned char *)src1, *s2 = (const unsigned char *)src2;
+    const double k1 = scale1, k2 = scale2, t = (double)total, inv = 1.0 / t;
+    const bool pow2 = total != 0 && (total & (total - 1)) == 0;
+    switch (d) {
+    case ZPS_DTYPE_F32:
+        S_MEAN2(ZPS_DTYPE_F32)
+        return;
+    case ZPS_DTYPE_BF16:
+        S_MEAN2(ZPS_DTYPE_BF16)
+        return;
+    case ZPS_DTYPE_F16:
+        S_MEAN2(ZPS_DTYPE_F16)
+        return;
+    }
+    ZPS_ASSERT(!"axpy2_mean: invalid dtype");
+}
+
+#undef S_MEAN2
+#undef S_SET2
+#undef S_LOOP2
 #undef S_LOOP
 
 // ---------------------------------------------------------------- public entry points
@@ -312,4 +377,16 @@ void zps_dtype_axpy_mean(zps_dtype d, float scale, const void *src, const double
                          uint32_t total, float *out, size_t n)
 {
     s_dtype_axpy_mean(d, scale, src, acc, total, out, n);
+}
+
+void zps_dtype_axpy2_set(zps_dtype d, float scale1, const void *src1, float scale2,
+                         const void *src2, double *dst, size_t n)
+{
+    s_dtype_axpy2_set(d, scale1, src1, scale2, src2, dst, n);
+}
+
+void zps_dtype_axpy2_mean(zps_dtype d, float scale1, const void *src1, float scale2,
+                          const void *src2, uint32_t total, float *out, size_t n)
+{
+    s_dtype_axpy2_mean(d, scale1, src1, scale2, src2, total, out, n);
 }

@@ -180,4 +180,16 @@ void zps_dtype_axpy_set(zps_dtype d, float scale, const void *src, double *dst, 
 void zps_dtype_axpy_mean(zps_dtype d, float scale, const void *src, const double *acc,
                          uint32_t total, float *out, size_t n);
 
+// A bucket's first two pushes in one pass, (scale1, src1) the earlier:
+// dst[i] = (0.0 + scale1 * src1[i]) + scale2 * src2[i], the bits of
+// zps_dtype_axpy_set of the first followed by zps_dtype_axpy of the second.
+void zps_dtype_axpy2_set(zps_dtype d, float scale1, const void *src1, float scale2,
+                         const void *src2, double *dst, size_t n);
+
+// The same two when the second completes the bucket: out[i] is
+// zps_dtype_axpy_mean's of the second over an accumulator that holds the
+// first, with no accumulator written or read.
+void zps_dtype_axpy2_mean(zps_dtype d, float scale1, const void *src1, float scale2,
+                          const void *src2, uint32_t total, float *out, size_t n);
+
 #endif

@@ -482,6 +482,33 @@ void zps_wire_copy_payload(const zps_wire_msg *m, void *dst)
     }
 }
 
+void zps_wire_cursor_init(zps_wire_cursor *c, const zmq_msg_t *frames, int n_frames,
+                          size_t esize)
+{
+    *c = (zps_wire_cursor){.frames = frames, .n_frames = n_frames, .esize = esize};
+}
+
+static size_t s_cursor_len(const zps_wire_cursor *c)
+{
+    return zmq_msg_size((zmq_msg_t *)&c->frames[c->f]) / c->esize;
+}
+
+const uint8_t *zps_wire_cursor_at(zps_wire_cursor *c, size_t i, size_t *len)
+{
+    if (i < c->at) {
+        c->f = 0;
+        c->at = 0;
+    }
+    while (c->f < c->n_frames - 1 && i >= c->at + s_cursor_len(c)) {
+        c->at += s_cursor_len(c);
+        c->f++;
+    }
+    size_t left = c->at + s_cursor_len(c) - i;
+    ZPS_ASSERT(i < c->at + s_cursor_len(c));
+    *len = *len < left ? *len : left;
+    return (const uint8_t *)zmq_msg_data((zmq_msg_t *)&c->frames[c->f]) + (i - c->at) * c->esize;
+}
+
 // Above the largest frame, so that frames never get a mapping of their
 // own; and free memory kept at the top of a heap up to many steps' worth
 // of frames. Setting either also stops glibc's own adjustment of both.

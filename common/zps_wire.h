@@ -140,6 +140,23 @@ zps_err zps_wire_check_tensor(const zps_wire_msg *m, int dtype, uint64_t lo, uin
 // Copies the payload of a checked tensor message to dst (payload_bytes).
 void zps_wire_copy_payload(const zps_wire_msg *m, void *dst);
 
+// Reads a tensor's payload frames as one array of elements of esize bytes
+// (each frame holds whole elements), its frames where they lie.
+typedef struct zps_wire_cursor {
+    const zmq_msg_t *frames; // borrowed
+    int n_frames;
+    size_t esize;
+    int f;                   // the frame of the last element asked for
+    size_t at;               // the element frames[f] starts at
+} zps_wire_cursor;
+
+void zps_wire_cursor_init(zps_wire_cursor *c, const zmq_msg_t *frames, int n_frames,
+                          size_t esize);
+// Where element i lies; *len (at most, on entry) becomes the elements from
+// i on that lie in the same frame, at least one (i must lie in a frame).
+// Fastest when i only grows from call to call.
+const uint8_t *zps_wire_cursor_at(zps_wire_cursor *c, size_t i, size_t *len);
+
 // The message type's name for log lines ("PUSH"; "unknown" if none).
 const char *zps_wire_type_name(int type);
 

@@ -13,6 +13,7 @@
 #include "common/zps_quant.h"
 #include "common/zps_ckpt.h"
 #include "server/shard/zps_cover.h"
+#include "server/shard/zps_kept.h"
 #include "server/shard/zps_nodes.h"
 #include "server/shard/zps_pool.h"
 
@@ -63,6 +64,8 @@ struct zps_shard {
     zps_bucket buckets[ZPS_MODEL_MAX_BUCKETS];      // in push order (cut at fragment ends)
     uint8_t fragment[ZPS_MODEL_MAX_BUCKETS];        // diloco --fragments: each bucket's
     uint32_t covered[ZPS_MODEL_MAX_BUCKETS];        // samples pushed for each bucket this step
+    zps_kept kept[ZPS_MODEL_MAX_BUCKETS];           // a bucket's first push, not in acc yet:
+                                                    // its next push adds both in one pass
     uint32_t weight[ZPS_MODEL_MAX_BUCKETS];         // and their weights (samples; diloco:
                                                     // samples * inner steps), the mean's divisor
     bool updated[ZPS_MODEL_MAX_BUCKETS];            // bucket's numbers updated this step
@@ -324,6 +327,9 @@ void zps_shard_destroy(zps_shard **sp)
         return;
     }
     // The owner closes its sockets first, so ZeroMQ has released every frame.
+    for (int b = 0; b < ZPS_MODEL_MAX_BUCKETS; b++) {
+        zps_kept_drop(&s->kept[b]);
+    }
     s_snapshot_free(&s->snap);
     zps_plans_fini(&s->plans);
     free(s->slice_at);
@@ -476,42 +482,75 @@ static s_slice *s_slice_for(zps_shard *s, uint32_t offset, uint32_t count, int b
 // One push being added to the accumulator, for the threads.
 typedef struct s_push_job {
     zps_shard *s;
-    const zps_wire_msg *m;
+    const zmq_msg_t *frames; // borrowed: the push's
+    int n_frames;
+    size_t at;               // its first element in the range
     float samples;
-    bool first;     // the bucket's first push this step: acc is set, not added to
+    bool first;           // the bucket's first push this step: acc is set, not added to
+    const zps_kept *kept; // or the first is this kept one: acc is set to both
 } s_push_job;
 
 // acc[lo, hi) of the push's range += samples * its elements [lo, hi)
-// (or = 0.0 + samples * them, for the first), which lie in one or more of
-// its frames.
+// (or = 0.0 + samples * them, for the first; or the kept push's and then
+// these), which lie in one or more of its frames.
 static void s_accumulate_range(void *arg, size_t lo, size_t hi, int thread)
 {
     (void)thread;
     const s_push_job *j = arg;
-    double *acc = j->s->acc + (j->m->hdr->offset - j->s->lo);
-    size_t esize = zps_dtype_size(j->s->dtype), at = 0;
-    for (int f = 0; f < j->m->n_frames && at < hi; f++) {
-        zmq_msg_t *frame = (zmq_msg_t *)&j->m->frames[f];
-        size_t len = zmq_msg_size(frame) / esize;
-        size_t from = lo > at ? lo - at : 0, to = hi < at + len ? hi - at : len;
-        const uint8_t *src = (const uint8_t *)zmq_msg_data(frame) + from * esize;
-        if (from < to && j->first) {
-            zps_dtype_axpy_set(j->s->dtype, j->samples, src, acc + at + from, to - from);
-        } else if (from < to) {
-            zps_dtype_axpy(j->s->dtype, j->samples, src, acc + at + from, to - from);
+    double *acc = j->s->acc + j->at;
+    size_t esize = zps_dtype_size(j->s->dtype);
+    zps_wire_cursor push, kept;
+    zps_wire_cursor_init(&push, j->frames, j->n_frames, esize);
+    if (j->kept) {
+        zps_wire_cursor_init(&kept, j->kept->frames, j->kept->n_frames, esize);
+    }
+    for (size_t i = lo, n; i < hi; i += n) {
+        n = hi - i; // cut where either push's frame ends
+        const uint8_t *first = j->kept ? zps_wire_cursor_at(&kept, i, &n) : NULL;
+        const uint8_t *src = zps_wire_cursor_at(&push, i, &n);
+        if (j->kept) {
+            zps_dtype_axpy2_set(j->s->dtype, j->kept->weight, first, j->samples, src, acc + i, n);
+        } else if (j->first) {
+            zps_dtype_axpy_set(j->s->dtype, j->samples, src, acc + i, n);
+        } else {
+            zps_dtype_axpy(j->s->dtype, j->samples, src, acc + i, n);
         }
-        at += len;
     }
 }
 
-static void s_accumulate(zps_shard *s, const zps_wire_msg *m, float samples, bool first)
+static void s_accumulate(zps_shard *s, const zps_wire_msg *m, float samples, bool first,
+                         const zps_kept *kept)
 {
-    s_push_job j = {.s = s, .m = m, .samples = samples, .first = first};
+    s_push_job j = {.s = s, .frames = m->frames, .n_frames = m->n_frames,
+                    .at = m->hdr->offset - s->lo, .samples = samples, .first = first,
+                    .kept = kept};
     zps_pool_for(s->pool, m->payload_bytes / zps_dtype_size(s->dtype), 1, s_accumulate_range,
                  &j);
 }
 
-static void s_update(zps_shard *s, int bucket, const zps_wire_msg *m, float weight, bool alone);
+// Bucket b's kept push into the accumulator, as the first it is, and
+// dropped: its frames are no longer read.
+static void s_settle(zps_shard *s, int b)
+{
+    zps_kept *k = &s->kept[b];
+    if (!zps_kept_has(k)) {
+        return;
+    }
+    s_push_job j = {.s = s, .frames = k->frames, .n_frames = k->n_frames,
+                    .at = s->buckets[b].lo - s->lo, .samples = k->weight, .first = true};
+    zps_pool_for(s->pool, s->buckets[b].hi - s->buckets[b].lo, 1, s_accumulate_range, &j);
+    zps_kept_drop(k);
+}
+
+void zps_shard_settle(zps_shard *s)
+{
+    for (int b = 0; b < s->n_buckets; b++) {
+        s_settle(s, b);
+    }
+}
+
+static void s_update(zps_shard *s, int bucket, const zps_wire_msg *m, float weight, bool alone,
+                     const zps_kept *kept);
 static void s_complete(zps_shard *s, int b);
 static void s_update_kept(zps_shard *s, int b);
 
@@ -554,7 +593,11 @@ static void s_count_loss(zps_shard *s, const Zps__Header *h, int b, uint32_t wei
 // (the slices of a bucket are disjoint parts of the batch, so the covered
 // samples reach B exactly with its last push). With clipping the last push
 // is only added too: the update waits for the norm (s_complete).
-static void s_count(zps_shard *s, const zps_wire_msg *m, int b, uint32_t weight)
+// A bucket's first push that does not complete it is kept, unread, when
+// keep allows (its frames stay as they are until the shard drops them):
+// the next push reads both in one pass, and the accumulator is never
+// written for the first alone.
+static void s_count(zps_shard *s, const zps_wire_msg *m, int b, uint32_t weight, bool keep)
 {
     const Zps__Header *h = m->hdr;
     bool first = s->covered[b] == 0;
@@ -563,12 +606,19 @@ static void s_count(zps_shard *s, const zps_wire_msg *m, int b, uint32_t weight)
     }
     s->covered[b] += h->samples;
     s->weight[b] += weight;
-    if (s->covered[b] == s->global_batch && !s->clip) {
-        s_update(s, b, m, (float)weight, first);
+    bool last = s->covered[b] == s->global_batch;
+    const zps_kept *kept = zps_kept_has(&s->kept[b]) ? &s->kept[b] : NULL;
+    if (first && !last && keep && zps_kept_take(&s->kept[b], m, (float)weight)) {
+        // Counted, not read yet.
+    } else if (last && !s->clip) {
+        s_update(s, b, m, (float)weight, first, kept);
     } else {
-        s_accumulate(s, m, (float)weight, first);
+        s_accumulate(s, m, (float)weight, first, kept);
     }
-    if (s->covered[b] == s->global_batch && s->clip) {
+    if (kept) {
+        zps_kept_drop(&s->kept[b]);
+    }
+    if (last && s->clip) {
         s_complete(s, b);
     }
     s_count_loss(s, h, b, weight);
@@ -693,7 +743,7 @@ static void s_count_decoded(zps_shard *s, const zps_wire_msg *m, int b, uint32_t
     view.payload_bytes = m->hdr->count * sizeof(float);
     zmq_msg_init_data(&view.frames[0], s->decoded + (m->hdr->offset - s->lo),
                       view.payload_bytes, NULL, NULL);
-    s_count(s, &view, b, weight);
+    s_count(s, &view, b, weight, false); // the next push overwrites s->decoded
     zmq_msg_close(&view.frames[0]);
 }
 
@@ -844,7 +894,7 @@ static zps_err s_count_push(zps_shard *s, const zps_wire_msg *m, int b, zps_tree
     if (s_decodes(s, h)) {
         s_count_decoded(s, m, b, weight);
     } else {
-        s_count(s, m, b, weight);
+        s_count(s, m, b, weight, true);
     }
     return ZPS_OK;
 }
@@ -963,6 +1013,7 @@ typedef struct s_update_job {
     float weight;          // the push's weight
     uint32_t total;        // the weights of the bucket's pushes this step, the push's too
     bool alone;            // the bucket's only push this step: acc holds none
+    const zps_kept *kept;  // or the bucket's other push, kept: acc holds none either
     float lr;
 } s_update_job;
 
@@ -1016,16 +1067,22 @@ static void s_step_segments(zps_shard *s, size_t at, size_t len, const float *gr
 }
 
 // Elements [at, at + len) of the range, src the push's elements there (in
-// the wire dtype): the push added to the others and averaged, the
-// parameters updated into the next step's array (which is what is sent
-// with an fp32 wire; the snapshot otherwise). The bits of
-// accumulating the push first and averaging after: zps_dtype_axpy_mean.
-static void s_update_block(const s_update_job *j, const uint8_t *src, size_t at, size_t len,
-                           float *grad)
+// the wire dtype), first the kept push's or NULL: the push added to the
+// others and averaged, the parameters updated into the next step's array
+// (which is what is sent with an fp32 wire; the snapshot otherwise). The
+// bits of accumulating the push first and averaging after:
+// zps_dtype_axpy_mean, zps_dtype_axpy2_mean.
+static void s_update_block(const s_update_job *j, const uint8_t *first, const uint8_t *src,
+                           size_t at, size_t len, float *grad)
 {
     zps_shard *s = j->s;
-    zps_dtype_axpy_mean(s->dtype, j->weight, src, j->alone ? NULL : s->acc + at, j->total,
-                        grad, len);
+    if (first) {
+        zps_dtype_axpy2_mean(s->dtype, j->kept->weight, first, j->weight, src, j->total, grad,
+                             len);
+    } else {
+        zps_dtype_axpy_mean(s->dtype, j->weight, src, j->alone ? NULL : s->acc + at, j->total,
+                            grad, len);
+    }
     if (s->groups.n_segs == 0) {
         s_step(s, &s->optim, j->lr, at, len, grad);
     } else {
@@ -1038,23 +1095,24 @@ static void s_update_block(const s_update_job *j, const uint8_t *src, size_t at,
 }
 
 // Elements [lo, hi) of the bucket, which lie in one or more of the push's
-// frames: block by block, so that each element crosses the memory bus
-// once for all of it (the accumulator is read, never written back).
+// frames (and the kept push's): block by block, so that each element
+// crosses the memory bus once for all of it (the accumulator is read,
+// never written back).
 static void s_update_range(void *arg, size_t lo, size_t hi, int thread)
 {
     const s_update_job *j = arg;
-    size_t esize = zps_dtype_size(j->s->dtype), at = 0;
+    size_t esize = zps_dtype_size(j->s->dtype);
     float *grad = j->s->grad + (size_t)thread * ZPS_SHARD_BLOCK;
-    for (int f = 0; f < j->m->n_frames && at < hi; f++) {
-        zmq_msg_t *frame = (zmq_msg_t *)&j->m->frames[f];
-        size_t len = zmq_msg_size(frame) / esize;
-        const uint8_t *data = zmq_msg_data(frame);
-        size_t from = lo > at ? lo : at, to = hi < at + len ? hi : at + len;
-        for (size_t i = from; i < to; i += ZPS_SHARD_BLOCK) {
-            size_t n = to - i < ZPS_SHARD_BLOCK ? to - i : ZPS_SHARD_BLOCK;
-            s_update_block(j, data + (i - at) * esize, j->first + i, n, grad);
-        }
-        at += len;
+    zps_wire_cursor push, kept;
+    zps_wire_cursor_init(&push, j->m->frames, j->m->n_frames, esize);
+    if (j->kept) {
+        zps_wire_cursor_init(&kept, j->kept->frames, j->kept->n_frames, esize);
+    }
+    for (size_t i = lo, n; i < hi; i += n) {
+        n = hi - i < ZPS_SHARD_BLOCK ? hi - i : ZPS_SHARD_BLOCK; // and where a frame ends
+        const uint8_t *first = j->kept ? zps_wire_cursor_at(&kept, i, &n) : NULL;
+        const uint8_t *src = zps_wire_cursor_at(&push, i, &n);
+        s_update_block(j, first, src, j->first + i, n, grad);
     }
 }
 
@@ -1086,7 +1144,8 @@ static void s_carry_idle(zps_shard *s)
     }
 }
 
-static void s_update(zps_shard *s, int bucket, const zps_wire_msg *m, float weight, bool alone)
+static void s_update(zps_shard *s, int bucket, const zps_wire_msg *m, float weight, bool alone,
+                     const zps_kept *kept)
 {
     if (s->n_updated == 0) {
         s_prepare(s, &s->arr[(s->step + 1) & 1], s->n * sizeof(float));
@@ -1102,7 +1161,7 @@ static void s_update(zps_shard *s, int bucket, const zps_wire_msg *m, float weig
         memcpy(s_next(s) + first, s_cur(s) + first, len * sizeof(float));
     } else {
         s_update_job j = {.s = s, .m = m, .first = first, .weight = weight,
-                          .total = s->weight[bucket], .alone = alone,
+                          .total = s->weight[bucket], .alone = alone, .kept = kept,
                           .lr = s_lr(s, 0, &s->optim)};
         for (int g = 0; g < s->groups.n; g++) {
             s->lrs[g] = s_lr(s, g, &s->groups.cfg[g]);
@@ -1308,6 +1367,9 @@ static void s_clip_forget(zps_shard *s)
 // checkpoint replaces it.
 static void s_forget_step(zps_shard *s)
 {
+    for (int b = 0; b < ZPS_MODEL_MAX_BUCKETS; b++) {
+        zps_kept_drop(&s->kept[b]);
+    }
     memset(s->covered, 0, sizeof s->covered);
     memset(s->weight, 0, sizeof s->weight);
     s->loss_weight = 0;

@@ -112,10 +112,19 @@ uint32_t zps_shard_generation(const zps_shard *s);
 // the shard has not reached (it restarted; a rollback follows), returns
 // ZPS_EDUP and is dropped. On success *ready is the bucket this push
 // completed, or -1. The push that completes a bucket updates it, in one
-// pass with its own frames (read in place: m must stay valid for the
-// call only); zps_shard_apply then says its new values may go out.
+// pass with its own frames (read in place); zps_shard_apply then says its
+// new values may go out. A bucket's first push that does not complete it
+// is kept unread: the shard takes references to m's frames (zmq_msg_copy)
+// and reads them with the bucket's next push. m itself need stay valid for
+// the call only, but the bytes of a frame that is a view of someone else's
+// memory must not change until its free function runs (the shard's last
+// reference closed) or zps_shard_settle returned.
 zps_err zps_shard_push(zps_shard *s, const zps_wire_msg *m, int *ready, char *why,
                        size_t why_len);
+// Reads every kept push now (into the accumulator, as each bucket's first)
+// and drops the shard's references to its frames: before memory that a
+// kept view reads goes away (a worker's segment unmapped).
+void zps_shard_settle(zps_shard *s);
 
 // Marks a ready bucket (updated by the push that completed it) as
 // applied: zps_shard_applied turns true, and once every bucket is applied

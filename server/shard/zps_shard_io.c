@@ -343,6 +343,9 @@ zps_err zps_shard_io_on_push(zps_shard_io *io, zps_wire_msg *m, int *ready)
         return ZPS_ESTATE;
     }
     char why[256];
+    if (zps_shard_shm_replaces(&io->shm, m->hdr->rank, m->hdr)) {
+        zps_shard_settle(io->shard); // it may keep views of the mapping replaced
+    }
     // Twice the range in fp32 bounds a worker's segment (one per step parity).
     uint64_t seg_max = 2 * (zps_shard_hi(io->shard) - zps_shard_lo(io->shard)) * sizeof(float);
     zps_err err = zps_shard_shm_view(&io->shm, m->hdr->rank, seg_max, io->dtype, m, why,
@@ -351,18 +354,14 @@ zps_err zps_shard_io_on_push(zps_shard_io *io, zps_wire_msg *m, int *ready)
         s_refuse(io, m, err, why); // nothing counted, nothing mapped anew
         return err;
     }
-    // A push through shared memory: its pages are dropped once it is
-    // counted, copied to be held, or refused (docs/choices.md).
+    // A push through shared memory: its pages are dropped once it is read
+    // (by the shard, at once or with the bucket's next push), copied to be
+    // held, or refused (docs/choices.md): when the view's last reference
+    // goes.
     bool via_shm = m->hdr->shm_size > 0;
-    uint32_t rank = m->hdr->rank; // m is moved away if held
-    uint64_t shm_offset = m->hdr->shm_size ? m->hdr->shm_offset : 0;
-    uint64_t shm_bytes = m->hdr->shm_size ? m->payload_bytes : 0;
     err = zps_shard_push(io->shard, m, ready, why, sizeof why);
     if (err == ZPS_EAGAIN) {
         s_hold(io, m, why);
-    }
-    zps_shard_shm_release(&io->shm, rank, shm_offset, shm_bytes);
-    if (err == ZPS_EAGAIN) {
         return err;
     }
     if (err != ZPS_OK && err != ZPS_EDUP) {
@@ -458,7 +457,9 @@ void zps_shard_io_end_step(zps_shard_io *io)
     }
     io->n_in = 0;
     io->quorum_ms = 0;
-    zps_shard_shm_sweep(&io->shm); // the segments of workers gone go with them
+    // The segments of workers gone go with them (the shard keeps no push
+    // past its step's end: zps_shard_end_step dropped them).
+    zps_shard_shm_sweep(&io->shm);
 }
 
 void zps_shard_io_forget_step(zps_shard_io *io)
@@ -483,7 +484,12 @@ void zps_shard_io_forget_step(zps_shard_io *io)
 
 void zps_shard_io_plan_added(zps_shard_io *io)
 {
-    zps_shard_shm_sweep(&io->shm); // a plan without a worker: it may be gone
+    // A plan without a worker: it may be gone. Mid-step, the shard may
+    // keep a view of its segment.
+    if (io->shard && zps_shard_shm_gone(&io->shm)) {
+        zps_shard_settle(io->shard);
+    }
+    zps_shard_shm_sweep(&io->shm);
     io->replay_held = io->n_held > 0; // from the loop, not from inside a push's handling
 }
 

@@ -87,6 +87,30 @@ static zps_err s_mapping(zps_shard_shm *t, uint32_t rank, const Zps__Header *h,
     return ZPS_OK;
 }
 
+bool zps_shard_shm_replaces(const zps_shard_shm *t, uint32_t rank, const Zps__Header *h)
+{
+    const zps_shm_map *map = rank < ZPS_MAX_MEMBERS ? &t->maps[rank] : NULL;
+    return h->shm_size > 0 && map && map->base &&
+           !zps_shm_map_is(map, h->shm_pid, h->shm_fd, h->shm_size);
+}
+
+// What a view's free function needs to drop its pages.
+typedef struct s_view {
+    zps_shard_shm *t; // borrowed: outlives every view (the io owns both)
+    uint32_t rank;
+    uint64_t offset, bytes;
+} s_view;
+
+// ZeroMQ's free function of a view, run when its last reference is closed:
+// the push was read (or copied, or refused), so its pages may go.
+static void s_view_free(void *data, void *hint)
+{
+    (void)data;
+    s_view *v = hint;
+    zps_shard_shm_release(v->t, v->rank, v->offset, v->bytes);
+    free(v);
+}
+
 zps_err zps_shard_shm_view(zps_shard_shm *t, uint32_t rank, uint64_t range_bytes,
                            zps_dtype dtype, zps_wire_msg *m, char *why, size_t why_len)
 {
@@ -113,9 +137,17 @@ zps_err zps_shard_shm_view(zps_shard_shm *t, uint32_t rank, uint64_t range_bytes
         return ZPS_ERANGE;
     }
     size_t bytes = (size_t)(h->count * esize);
-    // A view, freed by nobody (no free function): the mapping outlives it.
-    (void)zmq_msg_init_data(&m->frames[0], (char *)map->base + h->shm_offset, bytes, NULL,
-                            NULL);
+    // A view: its free function drops its pages once whoever holds it last
+    // (this push's handling, or the shard keeping it) is done with it. The
+    // mapping outlives it: it is not replaced or swept before the shard
+    // settled (zps_shard_io.c). With no memory for that, the pages stay
+    // until a later push of the same span drops them.
+    s_view *v = malloc(sizeof *v);
+    if (v) {
+        *v = (s_view){.t = t, .rank = rank, .offset = h->shm_offset, .bytes = bytes};
+    }
+    (void)zmq_msg_init_data(&m->frames[0], (char *)map->base + h->shm_offset, bytes,
+                            v ? s_view_free : NULL, v);
     m->n_frames = 1;
     m->payload_bytes = bytes;
     t->pushes++;
@@ -156,6 +188,16 @@ void zps_shard_shm_release(zps_shard_shm *t, uint32_t rank, uint64_t offset, uin
     uint64_t hi = (offset + bytes + page - 1) / page * page;
     hi = hi < map->size ? hi : map->size;
     (void)madvise((char *)map->base + lo, (size_t)(hi - lo), MADV_DONTNEED); // advice only
+}
+
+bool zps_shard_shm_gone(const zps_shard_shm *t)
+{
+    for (uint32_t r = 0; r < ZPS_MAX_MEMBERS; r++) {
+        if (t->maps[r].base && !zps_shm_map_alive(&t->maps[r])) {
+            return true;
+        }
+    }
+    return false;
 }
 
 void zps_shard_shm_sweep(zps_shard_shm *t)

@@ -43,9 +43,15 @@ void zps_shard_shm_init(zps_shard_shm *t, bool allow, bool curve);
 // Unmaps every segment. Safe on zeroed memory.
 void zps_shard_shm_fini(zps_shard_shm *t);
 
+// Whether a PUSH of rank with header h would replace rank's mapping (a
+// segment of another process, or another one): what was read through the
+// old one must be settled first (zps_shard_settle).
+bool zps_shard_shm_replaces(const zps_shard_shm *t, uint32_t rank, const Zps__Header *h);
 // For a PUSH of rank (< ZPS_MAX_MEMBERS) whose header names a segment
 // (shm_size > 0): makes m's payload a view of its tensor in the mapping,
 // valid while the mapping is, so the shard reads it as it reads frames.
+// The view's pages are released (zps_shard_shm_release) when its last
+// reference is closed: the shard may keep one (zps_kept.h).
 // range_bytes bounds the segment (twice the shard's range in fp32). A push
 // without shm_size is left alone (ZPS_OK). Refused with the reason in why
 // and nothing changed: ZPS_EAGAIN (shared memory not possible: send frames)
@@ -85,6 +91,8 @@ bool zps_shard_shm_params_name(zps_shard_shm *t, int b, uint64_t step, Zps__Head
 // The parameters changed without an update (a restore): nothing in the
 // segment is named again before it is written again.
 void zps_shard_shm_params_forget(zps_shard_shm *t);
+// Whether the creator of a mapped segment is gone (the next sweep unmaps it).
+bool zps_shard_shm_gone(const zps_shard_shm *t);
 // Unmaps the segments of processes that are gone.
 void zps_shard_shm_sweep(zps_shard_shm *t);
 // Segments mapped now.

@@ -535,6 +535,50 @@ START_TEST(test_dtype_axpy_mean_matches_axpy_then_divide)
 }
 END_TEST
 
+// A bucket's first two pushes read in one pass (the first kept unread:
+// server/shard/zps_kept.h) give the bits of the first set into the
+// accumulator and the second added (axpy2_set) or averaged (axpy2_mean),
+// for totals that are powers of two or not, the sources off alignment.
+START_TEST(test_dtype_axpy2_matches_set_then_axpy)
+{
+    static const zps_dtype types[] = {ZPS_DTYPE_F32, ZPS_DTYPE_BF16, ZPS_DTYPE_F16};
+    static const uint32_t totals[] = {3, 8, 40, 128, 1000, 16777217u};
+    uint32_t bits[BULK_N];
+    double *acc = malloc(BULK_N * sizeof(double)), *got = malloc(BULK_N * sizeof(double));
+    float *mean = malloc(BULK_N * sizeof(float)), *want = malloc(BULK_N * sizeof(float));
+    unsigned char *a = malloc(BULK_N * 4 + 1), *b = malloc(BULK_N * 4 + 3);
+    ck_assert(acc && got && mean && want && a && b);
+    zps_rng r;
+    zps_rng_seed(&r, 47, 0);
+    for (size_t t = 0; t < 3; t++) {
+        zps_dtype d = types[t];
+        for (size_t ti = 0; ti < sizeof totals / sizeof totals[0]; ti++) {
+            uint32_t total = totals[ti];
+            float k1 = (float)(total / 3 ? total / 3 : 1), k2 = (float)(total - total / 3 - 1);
+            s_fill(&r, bits, BULK_N, false);
+            zps_dtype_from_f32(d, (const float *)(void *)bits, a + 1, BULK_N);
+            s_fill(&r, bits, BULK_N, false);
+            zps_dtype_from_f32(d, (const float *)(void *)bits, b + 3, BULK_N);
+            zps_dtype_axpy_set(d, k1, a + 1, acc, BULK_N);
+            zps_dtype_axpy_mean(d, k2, b + 3, acc, total, want, BULK_N);
+            zps_dtype_axpy(d, k2, b + 3, acc, BULK_N);
+            zps_dtype_axpy2_set(d, k1, a + 1, k2, b + 3, got, BULK_N);
+            zps_dtype_axpy2_mean(d, k1, a + 1, k2, b + 3, total, mean, BULK_N);
+            ck_assert_msg(memcmp(acc, got, BULK_N * sizeof(double)) == 0, "%s set, total %u",
+                          zps_dtype_name(d), total);
+            ck_assert_msg(memcmp(mean, want, BULK_N * sizeof(float)) == 0, "%s mean, total %u",
+                          zps_dtype_name(d), total);
+        }
+    }
+    free(b);
+    free(a);
+    free(want);
+    free(mean);
+    free(got);
+    free(acc);
+}
+END_TEST
+
 // An unchecked dtype reaching the bulk functions is a bug: they abort.
 START_TEST(test_dtype_bulk_aborts_on_invalid_dtype)
 {
@@ -564,6 +608,7 @@ Suite *zps_suite_dtype(void)
     tcase_add_test(tc, test_dtype_bulk_matches_scalar_unaligned);
     tcase_add_test(tc, test_dtype_axpy_matches_reference);
     tcase_add_test(tc, test_dtype_axpy_mean_matches_axpy_then_divide);
+    tcase_add_test(tc, test_dtype_axpy2_matches_set_then_axpy);
     tcase_add_test_raise_signal(tc, test_dtype_bulk_aborts_on_invalid_dtype, SIGABRT);
     suite_add_tcase(s, tc);
     return s;

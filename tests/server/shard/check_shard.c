@@ -650,9 +650,9 @@ END_TEST
 #define THREADS_P 300001u
 
 // Rank r's push of bucket [off, off + count) at `step`, in frames of at most
-// 30000 elements, the values drawn from (r, step, off).
+// frame elements, the values drawn from (r, step, off).
 static zps_wire_msg s_push_frames(uint32_t rank, uint64_t step, uint64_t off, uint64_t count,
-                                  zps_dtype dtype, float *vals)
+                                  zps_dtype dtype, uint64_t frame, float *vals)
 {
     uint64_t st = 0x9e3779b97f4a7c15ull ^ (rank * 1000003ull + step * 7919ull + off);
     for (uint64_t i = 0; i < count; i++) {
@@ -665,8 +665,8 @@ static zps_wire_msg s_push_frames(uint32_t rank, uint64_t step, uint64_t off, ui
     zmq_msg_close(&m.frames[0]);
     size_t esize = zps_dtype_size(dtype);
     m.n_frames = 0;
-    for (uint64_t at = 0; at < count; at += 30000) {
-        uint64_t len = count - at < 30000 ? count - at : 30000;
+    for (uint64_t at = 0; at < count; at += frame) {
+        uint64_t len = count - at < frame ? count - at : frame;
         zmq_msg_init_size(&m.frames[m.n_frames], len * esize);
         zps_dtype_from_f32(dtype, vals + at, zmq_msg_data(&m.frames[m.n_frames]), len);
         m.n_frames++;
@@ -674,14 +674,26 @@ static zps_wire_msg s_push_frames(uint32_t rank, uint64_t step, uint64_t off, ui
     return m;
 }
 
-// Three steps of both ranks pushing every bucket into a shard of `threads`;
-// its parameters, as sent, into out (THREADS_P elements of the dtype).
-static void s_train_threads(const zps_model_spec *model, int threads, zps_optim_kind kind,
-                            zps_dtype dtype, uint8_t *out)
+// How s_train feeds a shard: its threads and update, the rank that pushes
+// each bucket first, each rank's frame length, and whether the shard reads
+// the first push at once (zps_shard_settle) instead of keeping it.
+typedef struct s_train_how {
+    int threads;
+    zps_optim_kind kind;
+    zps_dtype dtype;
+    uint32_t first;
+    uint64_t frame[2];
+    bool settle;
+} s_train_how;
+
+// Three steps of both ranks pushing every bucket into a shard; its
+// parameters, as sent, into out (THREADS_P elements of the dtype).
+static void s_train(const zps_model_spec *model, const s_train_how *how, uint8_t *out)
 {
     zps_shard_cfg cfg = {.index = 0, .lo = 0, .hi = THREADS_P, .model = model, .seed = 4,
-                         .global_batch = ZPS_SHARD_FX_BATCH, .dtype = dtype, .threads = threads,
-                         .optim = {.kind = kind, .lr = 0.01f, .momentum = 0.9f,
+                         .global_batch = ZPS_SHARD_FX_BATCH, .dtype = how->dtype,
+                         .threads = how->threads,
+                         .optim = {.kind = how->kind, .lr = 0.01f, .momentum = 0.9f,
                                    .weight_decay = 0.01f, .beta1 = 0.9f, .beta2 = 0.999f,
                                    .eps = 1e-8f, .schedule = ZPS_LR_CONSTANT}};
     zps_shard *s = zps_shard_new(&cfg);
@@ -695,18 +707,23 @@ static void s_train_threads(const zps_model_spec *model, int threads, zps_optim_
             zps_wire_ref *ref;
             zps_shard_bucket_params(s, b, &data, &off, &count, &ref);
             int ready = -1;
-            for (uint32_t r = 0; r < 2; r++) {
-                zps_wire_msg m = s_push_frames(r, step, off, count, dtype, vals);
+            for (uint32_t k = 0; k < 2; k++) {
+                uint32_t r = k == 0 ? how->first : 1 - how->first;
+                zps_wire_msg m = s_push_frames(r, step, off, count, how->dtype,
+                                               how->frame[r], vals);
                 char why[256] = "";
                 ck_assert_int_eq(zps_shard_push(s, &m, &ready, why, sizeof why), ZPS_OK);
-                zps_wire_msg_fini(&m);
+                zps_wire_msg_fini(&m); // the shard keeps references of its own
+                if (k == 0 && how->settle) {
+                    zps_shard_settle(s);
+                }
             }
             ck_assert_int_eq(ready, b);
             zps_shard_apply(s, ready);
         }
         zps_shard_end_step(s);
     }
-    size_t esize = zps_dtype_size(dtype);
+    size_t esize = zps_dtype_size(how->dtype);
     for (int b = 0; b < zps_shard_n_buckets(s); b++) {
         const void *data;
         uint64_t off, count;
@@ -715,6 +732,14 @@ static void s_train_threads(const zps_model_spec *model, int threads, zps_optim_
         memcpy(out + off * esize, data, count * esize);
     }
     zps_shard_destroy(&s);
+}
+
+static void s_train_threads(const zps_model_spec *model, int threads, zps_optim_kind kind,
+                            zps_dtype dtype, uint8_t *out)
+{
+    s_train_how how = {.threads = threads, .kind = kind, .dtype = dtype,
+                       .frame = {30000, 30000}};
+    s_train(model, &how, out);
 }
 
 START_TEST(test_shard_threads_give_the_same_bits_for_any_number)
@@ -743,6 +768,112 @@ START_TEST(test_shard_threads_give_the_same_bits_for_any_number)
 }
 END_TEST
 
+// A bucket's first push is kept unread and read with the second in one
+// pass: the parameters are those of reading it at once (the shard settled
+// after each first push), bit for bit, whichever rank comes first and
+// wherever each push's frames end.
+START_TEST(test_shard_kept_first_push_gives_the_bits_of_one_read_at_once)
+{
+    zps_model_spec model;
+    ck_assert_int_eq(zps_model_parse("flat:300001", &model), ZPS_OK);
+    const struct {
+        zps_optim_kind kind;
+        zps_dtype dtype;
+    } cases[] = {{ZPS_OPTIM_SGD, ZPS_DTYPE_F32}, {ZPS_OPTIM_ADAMW, ZPS_DTYPE_F32},
+                 {ZPS_OPTIM_SGD, ZPS_DTYPE_BF16}, {ZPS_OPTIM_SGD, ZPS_DTYPE_F16}};
+    static uint8_t at_once[THREADS_P * 4], kept[THREADS_P * 4];
+    for (size_t c = 0; c < sizeof cases / sizeof cases[0]; c++) {
+        size_t bytes = THREADS_P * zps_dtype_size(cases[c].dtype);
+        s_train_how how = {.threads = 1, .kind = cases[c].kind, .dtype = cases[c].dtype,
+                           .frame = {30000, 30000}, .settle = true};
+        s_train(&model, &how, at_once);
+        const s_train_how ways[] = {
+            {.threads = 1, .frame = {30000, 30000}},
+            {.threads = 1, .first = 1, .frame = {30000, 17000}},
+            {.threads = 3, .first = 0, .frame = {7001, 30000}},
+        };
+        for (size_t w = 0; w < sizeof ways / sizeof ways[0]; w++) {
+            s_train_how way = ways[w];
+            way.kind = cases[c].kind;
+            way.dtype = cases[c].dtype;
+            memset(kept, 0xa5, sizeof kept);
+            s_train(&model, &way, kept);
+            ck_assert_msg(memcmp(at_once, kept, bytes) == 0,
+                          "case %zu, way %zu: kept differs from read at once", c, w);
+        }
+    }
+}
+END_TEST
+
+static int s_frees;
+
+static void s_count_free(void *data, void *hint)
+{
+    (void)data;
+    (void)hint;
+    s_frees++;
+}
+
+// rank's push of bucket b at step 0 as a view of vals (shared memory's
+// way): a frame of memory the shard does not own, with a free function.
+static zps_err s_feed_view(zps_shard *s, uint32_t rank, int b, float *vals, int *ready)
+{
+    const void *data;
+    uint64_t off, count;
+    zps_wire_ref *ref;
+    zps_shard_bucket_params(s, b, &data, &off, &count, &ref);
+    zps_wire_msg m = s_push(rank, rank ? 22 : 11, 0, rank ? 30 : 10, off, vals, count,
+                            ZPS_DTYPE_F32);
+    zmq_msg_close(&m.frames[0]);
+    zmq_msg_init_data(&m.frames[0], vals, count * sizeof(float), s_count_free, NULL);
+    char why[256] = "";
+    zps_err err = zps_shard_push(s, &m, ready, why, sizeof why);
+    zps_wire_msg_fini(&m);
+    return err;
+}
+
+// A view's free function says when its memory is no longer read: a kept
+// view's only once the shard read it (with the next push, or settled) or
+// dropped it (the shard gone), never while the shard may still read it.
+START_TEST(test_shard_kept_view_is_freed_once_read_or_dropped)
+{
+    zps_model_spec model = zps_shard_fx_model();
+    float init[HI - LO];
+    zps_model_init_range(&model, 4, LO, HI, init);
+    const float g0[3] = {-4, 8, 2}, g1[3] = {4, 0, 2};
+    int ready;
+    for (int way = 0; way < 3; way++) {
+        zps_shard *s = s_shard(&model, ZPS_DTYPE_F32, 0);
+        float view[3] = {g0[0], g0[1], g0[2]};
+        s_frees = 0;
+        ck_assert_int_eq(s_feed_view(s, 0, 0, view, &ready), ZPS_OK);
+        ck_assert_int_eq(ready, -1);
+        ck_assert_int_eq(s_frees, 0); // kept: the push's handling is over, the view is not
+        if (way == 2) {
+            zps_shard_destroy(&s);
+            ck_assert_int_eq(s_frees, 1);
+            continue;
+        }
+        if (way == 1) {
+            zps_shard_settle(s);
+            ck_assert_int_eq(s_frees, 1);
+            memset(view, 0x7f, sizeof view); // read already: its owner may reuse it
+        }
+        ck_assert_int_eq(s_feed(s, 1, 22, 0, 30, 4, g1, 3, &ready), ZPS_OK);
+        ck_assert_int_eq(ready, 0);
+        ck_assert_int_eq(s_frees, 1);
+        zps_shard_apply(s, 0);
+        const float *v;
+        ck_assert_int_eq(zps_shard_bucket_at(s, 0, 1, &v), ZPS_OK);
+        for (int i = 0; i < 3; i++) {
+            float g = (10 * g0[i] + 30 * g1[i]) / 40;
+            ck_assert_float_eq_tol(v[i], init[2 + i] - 0.5f * g, 1e-6f);
+        }
+        zps_shard_destroy(&s);
+    }
+}
+END_TEST
+
 Suite *zps_suite_shard(void)
 {
     Suite *s = suite_create("shard");
@@ -757,6 +888,8 @@ Suite *zps_suite_shard(void)
     tcase_add_test(tc, test_shard_waits_for_initial_values_then_serves_them);
     tcase_add_test(tc, test_shard_adamw_restored_from_checkpoint_continues_bitwise);
     tcase_add_test(tc, test_shard_threads_give_the_same_bits_for_any_number);
+    tcase_add_test(tc, test_shard_kept_first_push_gives_the_bits_of_one_read_at_once);
+    tcase_add_test(tc, test_shard_kept_view_is_freed_once_read_or_dropped);
     tcase_add_test(tc, test_shard_clip_waits_for_the_norm_and_updates_on_coef_times_g);
     tcase_add_test(tc, test_shard_clip_threads_give_the_same_bits);
     suite_add_tcase(s, tc);
