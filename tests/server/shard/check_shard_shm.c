@@ -192,6 +192,33 @@ START_TEST(test_shard_shm_own_copies)
 }
 END_TEST
 
+// Whether a push would replace its rank's mapping, which the io asks
+// before the shard may read a kept view of the old one again: only a
+// segment other than the one mapped for that rank does.
+START_TEST(test_shard_shm_replaces_only_another_segment_of_a_mapped_rank)
+{
+    Zps__Header h;
+    zps_wire_msg m;
+    char why[256];
+    s_push(&h, &m, 0, 4);
+    ck_assert(!zps_shard_shm_replaces(&s_t, 3, &h)); // nothing mapped yet
+    ck_assert_int_eq(s_view(&m, why), ZPS_OK);
+    s_close(&m);
+    ck_assert(!zps_shard_shm_replaces(&s_t, 3, &h)); // the same segment
+    ck_assert(!zps_shard_shm_replaces(&s_t, 4, &h)); // another rank, unmapped
+    zps_shm_seg other;
+    ck_assert_int_eq(zps_shm_seg_create(&other, SEG_BYTES, why, sizeof why), ZPS_OK);
+    h.shm_fd = (uint32_t)other.fd;
+    ck_assert(zps_shard_shm_replaces(&s_t, 3, &h));
+    h.shm_fd = (uint32_t)s_seg.fd;
+    h.shm_size = SEG_BYTES - 4;
+    ck_assert(zps_shard_shm_replaces(&s_t, 3, &h)); // named with another size
+    h.shm_size = 0;
+    ck_assert(!zps_shard_shm_replaces(&s_t, 3, &h)); // frames
+    zps_shm_seg_fini(&other);
+}
+END_TEST
+
 // A worker SIGKILLed: the sweep unmaps its segment.
 START_TEST(test_shard_shm_sweep_unmaps_the_dead)
 {
@@ -216,12 +243,15 @@ START_TEST(test_shard_shm_sweep_unmaps_the_dead)
     h.shm_fd = (uint32_t)fd;
     ck_assert_int_eq(s_view(&m, why), ZPS_OK);
     s_close(&m);
+    ck_assert(!zps_shard_shm_gone(&s_t));
     zps_shard_shm_sweep(&s_t);
     ck_assert_int_eq(zps_shard_shm_mapped(&s_t), 1);
     kill(child, SIGKILL);
     ck_assert_int_eq(waitpid(child, NULL, 0), child);
+    ck_assert(zps_shard_shm_gone(&s_t)); // what the io settles the shard on first
     zps_shard_shm_sweep(&s_t);
     ck_assert_int_eq(zps_shard_shm_mapped(&s_t), 0);
+    ck_assert(!zps_shard_shm_gone(&s_t));
     close(p[0]);
     close(p[1]);
 }
@@ -238,6 +268,7 @@ Suite *zps_suite_shard_shm(void)
     tcase_add_test(tc, test_shard_shm_refuses_segments_it_cannot_take);
     tcase_add_test(tc, test_shard_shm_deny);
     tcase_add_test(tc, test_shard_shm_own_copies);
+    tcase_add_test(tc, test_shard_shm_replaces_only_another_segment_of_a_mapped_rank);
     tcase_add_test(tc, test_shard_shm_sweep_unmaps_the_dead);
     suite_add_tcase(s, tc);
     return s;
