@@ -146,13 +146,19 @@ START_TEST(test_daemon_bad_switch_value_fails_with_one_line)
 }
 END_TEST
 
-static pid_t s_worker(zps_procs *ps, const char *ep, const char *name)
+// A worker saving its parameters as name.bin; stall_ms, if not NULL, the
+// pause it takes every step.
+static pid_t s_worker(zps_procs *ps, const char *ep, const char *name, const char *stall_ms)
 {
     char out[64], log[64];
     snprintf(out, sizeof out, "%s.bin", name);
     snprintf(log, sizeof log, "%s.log", name);
-    const char *args[] = {"--coordinator", ep, "--save-params", zps_procs_path(ps, out),
-                          "--cache-dir", ZPS_TEST_CACHE, "--heartbeat-ms", "100", NULL};
+    const char *args[13] = {"--coordinator", ep, "--save-params", zps_procs_path(ps, out),
+                            "--cache-dir", ZPS_TEST_CACHE, "--heartbeat-ms", "100"};
+    if (stall_ms) {
+        const char *stall[] = {"--stall-prob", "1", "--stall-ms", stall_ms};
+        memcpy(args + 8, stall, sizeof stall); // args[12] stays NULL
+    }
     return zps_procs_start(ps, "zps-worker", log, args);
 }
 
@@ -177,12 +183,14 @@ START_TEST(test_daemon_sigterm_checkpoints_and_restarted_job_ends_equal)
     pid_t s;
     char ep[256];
     snprintf(ep, sizeof ep, "%s", zps_procs_start_server(&ps, "ref", &s, ref_args, 10000));
-    pid_t r = s_worker(&ps, ep, "ref");
+    pid_t r = s_worker(&ps, ep, "ref", NULL);
     ck_assert_int_eq(zps_procs_wait(&ps, r, 120000), 0);
     ck_assert_int_eq(zps_procs_wait(&ps, s, 30000), 0);
 
     snprintf(ep, sizeof ep, "%s", zps_procs_start_server(&ps, "server", &s, args, 10000));
-    pid_t w0 = s_worker(&ps, ep, "w0"), w1 = s_worker(&ps, ep, "w1");
+    // 20 ms a step: step 30 comes at about 0.6 s and SIGTERM lands mid-run,
+    // where a fast machine ran the 80 steps within the poll's reach.
+    pid_t w0 = s_worker(&ps, ep, "w0", "20"), w1 = s_worker(&ps, ep, "w1", "20");
     zps_procs_wait_step(ep, 30, 60000);
     ck_assert_int_eq(kill(s, SIGTERM), 0);
     ck_assert_int_eq(zps_procs_wait(&ps, s, 10000), 0);
@@ -198,7 +206,7 @@ START_TEST(test_daemon_sigterm_checkpoints_and_restarted_job_ends_equal)
     // the recovery wait joins and trains the rest of the job alone.
     args[sizeof args / sizeof args[0] - 2] = "--resume";
     snprintf(ep, sizeof ep, "%s", zps_procs_start_server(&ps, "again", &s, args, 10000));
-    w0 = s_worker(&ps, ep, "a0");
+    w0 = s_worker(&ps, ep, "a0", NULL);
     ck_assert_int_eq(zps_procs_wait(&ps, w0, 120000), 0);
     ck_assert_int_eq(zps_procs_wait(&ps, s, 30000), 0);
     ck_assert_msg(zps_procs_log_has(&ps, "again.log", "resumed at step"), "the job did not resume");
