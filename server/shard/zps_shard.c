@@ -552,7 +552,7 @@ void zps_shard_settle(zps_shard *s)
 static void s_update(zps_shard *s, int bucket, const zps_wire_msg *m, float weight, bool alone,
                      const zps_kept *kept);
 static void s_complete(zps_shard *s, int b);
-static void s_update_kept(zps_shard *s, int b);
+static void s_update_from_mean(zps_shard *s, int b);
 
 // A push of the slice holding sample 0 (batch offset 0): its values are
 // the broadcast buffers' new ones (DDP's rank 0), kept until the update.
@@ -661,7 +661,7 @@ static zps_err s_count_node(zps_shard *s, const zps_wire_msg *m, int b, zps_tree
         ZPS_ASSERT(zps_nodes_root(s->nodes, b) != NULL);
         s_complete(s, b);
         if (!s->clip) {
-            s_update_kept(s, b);
+            s_update_from_mean(s, b);
         }
     }
     s_count_loss(s, m->hdr, b, m->hdr->samples);
@@ -1325,8 +1325,8 @@ zps_err zps_shard_clip(zps_shard *s, uint64_t step, float norm)
     return ZPS_OK;
 }
 
-// Bucket b updated from its kept mean gradient (clipg) times clip_coef.
-static void s_update_kept(zps_shard *s, int b)
+// Bucket b updated from its mean gradient in clipg times clip_coef.
+static void s_update_from_mean(zps_shard *s, int b)
 {
     if (s->n_updated == 0 && !s->clip_taken) {
         s_prepare(s, &s->arr[(s->step + 1) & 1], s->n * sizeof(float));
@@ -1350,7 +1350,7 @@ int zps_shard_clip_next(zps_shard *s)
         return -1;
     }
     int b = s->next_clip++;
-    s_update_kept(s, b);
+    s_update_from_mean(s, b);
     return b;
 }
 

@@ -142,12 +142,17 @@ zps_err zps_shard_shm_view(zps_shard_shm *t, uint32_t rank, uint64_t range_bytes
     // mapping outlives it: it is not replaced or swept before the shard
     // settled (zps_shard_io.c). With no memory for that, the pages stay
     // until a later push of the same span drops them.
+    char *data = (char *)map->base + h->shm_offset;
     s_view *v = malloc(sizeof *v);
     if (v) {
         *v = (s_view){.t = t, .rank = rank, .offset = h->shm_offset, .bytes = bytes};
     }
-    (void)zmq_msg_init_data(&m->frames[0], (char *)map->base + h->shm_offset, bytes,
-                            v ? s_view_free : NULL, v);
+    // With a free function ZeroMQ allocates a reference count, which may
+    // fail; without one it cannot.
+    if (!v || zmq_msg_init_data(&m->frames[0], data, bytes, s_view_free, v) != 0) {
+        free(v);
+        (void)zmq_msg_init_data(&m->frames[0], data, bytes, NULL, NULL);
+    }
     m->n_frames = 1;
     m->payload_bytes = bytes;
     t->pushes++;
