@@ -742,25 +742,29 @@ static void s_train_threads(const zps_model_spec *model, int threads, zps_optim_
     s_train(model, &how, out);
 }
 
+// The updates and wire dtypes that the bitwise tests below go through.
+typedef struct s_case {
+    zps_optim_kind kind;
+    zps_dtype dtype;
+} s_case;
+
+static const s_case s_cases[] = {{ZPS_OPTIM_SGD, ZPS_DTYPE_F32}, {ZPS_OPTIM_ADAMW, ZPS_DTYPE_F32},
+               {ZPS_OPTIM_SGD, ZPS_DTYPE_BF16}, {ZPS_OPTIM_SGD, ZPS_DTYPE_F16}};
+
 START_TEST(test_shard_threads_give_the_same_bits_for_any_number)
 {
     zps_model_spec model;
     ck_assert_int_eq(zps_model_parse("flat:300001", &model), ZPS_OK);
-    const struct {
-        zps_optim_kind kind;
-        zps_dtype dtype;
-    } cases[] = {{ZPS_OPTIM_SGD, ZPS_DTYPE_F32}, {ZPS_OPTIM_ADAMW, ZPS_DTYPE_F32},
-                 {ZPS_OPTIM_SGD, ZPS_DTYPE_BF16}};
     static uint8_t one[THREADS_P * 4], many[THREADS_P * 4], init[THREADS_P * 4];
-    for (size_t c = 0; c < sizeof cases / sizeof cases[0]; c++) {
-        size_t bytes = THREADS_P * zps_dtype_size(cases[c].dtype);
-        s_train_threads(&model, 1, cases[c].kind, cases[c].dtype, one);
+    for (size_t c = 0; c < sizeof s_cases / sizeof s_cases[0]; c++) {
+        size_t bytes = THREADS_P * zps_dtype_size(s_cases[c].dtype);
+        s_train_threads(&model, 1, s_cases[c].kind, s_cases[c].dtype, one);
         zps_model_init_range(&model, 4, 0, THREADS_P, (float *)init);
         ck_assert(memcmp(one, init, bytes) != 0); // the steps moved them
         const int threads[] = {2, 3, 7};
         for (int t = 0; t < 3; t++) {
             memset(many, 0xa5, sizeof many);
-            s_train_threads(&model, threads[t], cases[c].kind, cases[c].dtype, many);
+            s_train_threads(&model, threads[t], s_cases[c].kind, s_cases[c].dtype, many);
             ck_assert_msg(memcmp(one, many, bytes) == 0, "case %zu: %d threads differ from one",
                           c, threads[t]);
         }
@@ -776,15 +780,10 @@ START_TEST(test_shard_kept_first_push_gives_the_bits_of_one_read_at_once)
 {
     zps_model_spec model;
     ck_assert_int_eq(zps_model_parse("flat:300001", &model), ZPS_OK);
-    const struct {
-        zps_optim_kind kind;
-        zps_dtype dtype;
-    } cases[] = {{ZPS_OPTIM_SGD, ZPS_DTYPE_F32}, {ZPS_OPTIM_ADAMW, ZPS_DTYPE_F32},
-                 {ZPS_OPTIM_SGD, ZPS_DTYPE_BF16}, {ZPS_OPTIM_SGD, ZPS_DTYPE_F16}};
     static uint8_t at_once[THREADS_P * 4], kept[THREADS_P * 4];
-    for (size_t c = 0; c < sizeof cases / sizeof cases[0]; c++) {
-        size_t bytes = THREADS_P * zps_dtype_size(cases[c].dtype);
-        s_train_how how = {.threads = 1, .kind = cases[c].kind, .dtype = cases[c].dtype,
+    for (size_t c = 0; c < sizeof s_cases / sizeof s_cases[0]; c++) {
+        size_t bytes = THREADS_P * zps_dtype_size(s_cases[c].dtype);
+        s_train_how how = {.threads = 1, .kind = s_cases[c].kind, .dtype = s_cases[c].dtype,
                            .frame = {30000, 30000}, .settle = true};
         s_train(&model, &how, at_once);
         const s_train_how ways[] = {
@@ -794,8 +793,8 @@ START_TEST(test_shard_kept_first_push_gives_the_bits_of_one_read_at_once)
         };
         for (size_t w = 0; w < sizeof ways / sizeof ways[0]; w++) {
             s_train_how way = ways[w];
-            way.kind = cases[c].kind;
-            way.dtype = cases[c].dtype;
+            way.kind = s_cases[c].kind;
+            way.dtype = s_cases[c].dtype;
             memset(kept, 0xa5, sizeof kept);
             s_train(&model, &way, kept);
             ck_assert_msg(memcmp(at_once, kept, bytes) == 0,
