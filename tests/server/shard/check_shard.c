@@ -748,8 +748,9 @@ typedef struct s_case {
     zps_dtype dtype;
 } s_case;
 
-static const s_case s_cases[] = {{ZPS_OPTIM_SGD, ZPS_DTYPE_F32}, {ZPS_OPTIM_ADAMW, ZPS_DTYPE_F32},
-               {ZPS_OPTIM_SGD, ZPS_DTYPE_BF16}, {ZPS_OPTIM_SGD, ZPS_DTYPE_F16}};
+static const s_case s_cases[] = {
+    {ZPS_OPTIM_SGD, ZPS_DTYPE_F32}, {ZPS_OPTIM_ADAMW, ZPS_DTYPE_F32},
+    {ZPS_OPTIM_SGD, ZPS_DTYPE_BF16}, {ZPS_OPTIM_SGD, ZPS_DTYPE_F16}};
 
 START_TEST(test_shard_threads_give_the_same_bits_for_any_number)
 {
