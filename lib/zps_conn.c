@@ -459,6 +459,7 @@ zps_err zps_conn_push(zps_conn *n, int i, uint64_t step, const zps_piece *p, uin
         h.shm_fd = (uint32_t)sc->seg.fd;
         h.shm_boot = n->boot;
         h.params_shm = !n->params_frames && !sc->params_frames;
+        h.params_whole = h.params_shm; // one notice a step (zps_wait.c)
         return zps_conn_send(n, i, &h, NULL, 0, NULL);
     }
     if (dtype != ZPS_DTYPE_F32) {

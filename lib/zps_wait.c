@@ -208,6 +208,43 @@ static bool s_name_shared(zps_client *c, int i, uint32_t b, const zps_wire_msg *
     return false;
 }
 
+// A PARAMS of shard i that names every bucket of its range in its segment
+// (shm_whole, one notice a step): each bucket not in yet is kept as if it
+// had been named alone; one that cannot be is asked for again.
+static zps_err s_take_whole(zps_client *c, int i, const zps_wire_msg *m)
+{
+    zps_conn_shard *sc = &c->conn.shards[i];
+    if (m->hdr->offset != sc->lo || m->hdr->count != sc->hi - sc->lo) {
+        zps_log_error("%s sent bad parameters: a whole step's notice of [%llu, +%llu), its "
+                      "range is [%llu, %llu)", sc->endpoint, (unsigned long long)m->hdr->offset,
+                      (unsigned long long)m->hdr->count, (unsigned long long)sc->lo,
+                      (unsigned long long)sc->hi);
+        return ZPS_EPROTO;
+    }
+    size_t esize = zps_dtype_size(c->dtype);
+    Zps__Header one = *m->hdr; // its strings borrowed
+    zps_wire_msg bucket = {.hdr = &one};
+    for (int b = 0; b < sc->n_buckets; b++) {
+        zps_conn_shared in;
+        if (zps_bucket_set_has(&sc->received, b)) {
+            continue;
+        }
+        one.offset = sc->buckets[b].lo;
+        one.count = sc->buckets[b].hi - sc->buckets[b].lo;
+        one.shm_offset = m->hdr->shm_offset + (one.offset - sc->lo) * esize;
+        if (!s_name_shared(c, i, (uint32_t)b, &bucket, &in)) {
+            return ZPS_OK; // asked again, as frames
+        }
+        zps_err err = s_hold_shared(c, i, &in);
+        if (err != ZPS_OK) {
+            return err;
+        }
+        zps_bucket_set_add(&sc->received, b);
+    }
+    c->retry_ms = ZPS_CLIENT_RETRY_MS;
+    return ZPS_OK;
+}
+
 // Checks a PARAMS message from shard i against what step `step` expects
 // and keeps its frames until the step's parameters are all in.
 static zps_err s_take_bucket(zps_client *c, int i, uint64_t step, zps_wire_msg *m)
@@ -237,6 +274,8 @@ static zps_err s_take_bucket(zps_client *c, int i, uint64_t step, zps_wire_msg *
         snprintf(why, sizeof why, "%s for step %llu, expected PARAMS for step %llu",
                  zps_wire_type_name(h->type), (unsigned long long)h->step,
                  (unsigned long long)step);
+    } else if (h->shm_whole && s_check_params(c, sc, m, why, sizeof why) == ZPS_OK) {
+        return s_take_whole(c, i, m);
     } else if (s_check_params(c, sc, m, why, sizeof why) == ZPS_OK) {
         b = zps_conn_bucket_of(sc, h->offset, h->offset + h->count);
         if (b >= 0 && zps_bucket_set_has(&sc->received, b)) {

@@ -107,7 +107,8 @@ struct zps_server {
 // configuration, 1 other); zps_setup_close undoes what was done.
 int zps_setup_open(zps_server *srv, const zps_shard_io_hooks *hooks);
 void zps_setup_close(zps_server *srv);
-// zps_setup_log_peak_rss logs the peak resident memory of the process.
+// zps_setup_log_peak_rss logs the peak resident memory of the process,
+// and how its parameters went out through its segment.
 void zps_setup_log_peak_rss(const zps_server *srv);
 
 // ---------------------------------------------------------------------------

@@ -183,6 +183,12 @@ void zps_setup_log_peak_rss(const zps_server *srv)
     if (getrusage(RUSAGE_SELF, &ru) == 0) {
         zps_log_info("shard %u: peak RSS %.1f MiB", srv->o->shard, ru.ru_maxrss / 1024.0);
     }
+    const zps_shard_shm *t = &srv->io.shm;
+    if (t->params_sent > 0) {
+        zps_log_info("shard %u: %llu notices of parameters in its segment, %llu of them for "
+                     "a whole step", srv->o->shard, (unsigned long long)t->params_sent,
+                     (unsigned long long)t->params_whole_sent);
+    }
 }
 
 // The metrics log. Line-buffered with room for a whole record, so that

@@ -103,6 +103,42 @@ static void s_send_bucket(zps_shard_io *io, zmq_msg_t *route, int b, uint64_t st
     }
 }
 
+// Whether rank r takes the step's parameters in one notice (shm_whole):
+// its first push of the step asked, and every bucket of the range is
+// exchanged this step (a diloco fragment's idle ones are never written
+// to the segment).
+static bool s_whole(const zps_shard_io *io, uint32_t r)
+{
+    return io->ranks[r].shm_whole &&
+           zps_shard_n_step_buckets(io->shard) == zps_shard_n_buckets(io->shard);
+}
+
+// Sends rank r the step's parameters, every bucket applied: one PARAMS
+// naming the whole range in the segment; bucket by bucket if the segment
+// does not hold them all.
+static void s_send_whole(zps_shard_io *io, uint32_t r, uint64_t step)
+{
+    Zps__Header h;
+    zps_wire_header_init(&h, ZPS__MSG_TYPE__PARAMS);
+    h.job_id = io->hooks.job_id(io->hooks.arg);
+    h.step = step;
+    h.shard = io->index;
+    h.dtype = (Zps__DType)io->dtype;
+    int n = zps_shard_n_buckets(io->shard);
+    if (!zps_shard_shm_params_name_all(&io->shm, n, step, zps_shard_lo(io->shard),
+                                       zps_shard_hi(io->shard), &h)) {
+        for (int b = 0; b < n; b++) {
+            s_send_bucket(io, &io->ranks[r].route, b, step, true, true);
+        }
+        return;
+    }
+    zps_err err = zps_wire_send(io->sock, &io->ranks[r].route, &h, NULL, 0, NULL);
+    if (err != ZPS_OK) {
+        zps_log_warn("could not send step %llu parameters: %s", (unsigned long long)step,
+                     zps_strerror(err));
+    }
+}
+
 // Sends bucket b's fp32 values (as of a step) converted to the wire dtype:
 // a copy, for values older than those the shard sends now.
 static void s_send_values(zps_shard_io *io, zmq_msg_t *route, int b, uint64_t step,
@@ -256,6 +292,12 @@ static void s_add_recipient(zps_shard_io *io, zps_wire_msg *m)
     }
     r->pushed = true;
     uint64_t next = zps_shard_step(io->shard) + 1;
+    if (s_whole(io, m->hdr->rank)) {
+        if (zps_shard_step_done(io->shard)) {
+            s_send_whole(io, m->hdr->rank, next);
+        }
+        return;
+    }
     for (int b = 0; b < zps_shard_n_buckets(io->shard); b++) {
         if (zps_shard_applied(io->shard, b) && !zps_shard_bucket_idle(io->shard, b)) {
             s_send_bucket(io, &r->route, b, next, true, r->shm_params);
@@ -379,6 +421,13 @@ zps_err zps_shard_io_on_push(zps_shard_io *io, zps_wire_msg *m, int *ready)
     io->ranks[m->hdr->rank].shm_params = zps_shard_shm_params_offer(
         &io->shm, via_shm, !m->hdr->params_shm, zps_shard_lo(io->shard),
         zps_shard_hi(io->shard), zps_dtype_size(io->dtype));
+    zps_shard_io_rank *r = &io->ranks[m->hdr->rank];
+    if (!r->pushed) {
+        // The step's way, fixed at its first push: a later piece of it (a
+        // slice handed on) may come as frames, and the buckets held back
+        // for the one notice must still reach it.
+        r->shm_whole = r->shm_params && m->hdr->params_whole;
+    }
     s_add_recipient(io, m);
     if (err == ZPS_OK) {
         s_note_counted(io, m->hdr);
@@ -397,8 +446,13 @@ void zps_shard_io_apply(zps_shard_io *io, int b)
         s_params_header(io, b, next, &h, &data, &ref);
         zps_shard_shm_params_put(&io->shm, b, next, h.offset, h.count, data);
     }
+    bool done = zps_shard_step_done(io->shard);
     for (uint32_t i = 0; i < io->n_ranks; i++) {
-        if (io->ranks[i].pushed) {
+        if (io->ranks[i].pushed && s_whole(io, i)) {
+            if (done) { // one notice for the whole step (docs/choices.md)
+                s_send_whole(io, i, next);
+            }
+        } else if (io->ranks[i].pushed) {
             s_send_bucket(io, &io->ranks[i].route, b, next, true, io->ranks[i].shm_params);
         }
     }

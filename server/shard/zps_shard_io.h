@@ -34,6 +34,7 @@ typedef struct zps_shard_io_rank {
     bool late_now;    // its slice was handed on this step (speculation)
     uint32_t own_in;  // buckets of its own slice counted this step
     bool shm_params;  // its last push came through shared memory: parameters too
+    bool shm_whole;   // this step: in one PARAMS once every bucket is in (params_whole)
 } zps_shard_io_rank;
 
 // A PULL for parameters not there yet: answered bucket by bucket as they are.

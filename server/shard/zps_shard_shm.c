@@ -295,6 +295,31 @@ bool zps_shard_shm_params_name(zps_shard_shm *t, int b, uint64_t step, Zps__Head
     return true;
 }
 
+bool zps_shard_shm_params_name_all(zps_shard_shm *t, int n_buckets, uint64_t step, uint64_t lo,
+                                   uint64_t hi, Zps__Header *h)
+{
+    if (!t->params.base || lo != t->params_lo || n_buckets > ZPS_SHM_PARAMS_SLOTS ||
+        !zps_shm_span_ok(t->params.size, ZPS_SHM_PARAMS_DATA, (hi - lo) * t->params_esize)) {
+        return false;
+    }
+    for (int b = 0; b < n_buckets; b++) {
+        if (t->written[b] != step + 1) {
+            return false;
+        }
+    }
+    h->offset = lo;
+    h->count = hi - lo;
+    h->shm_size = t->params.size;
+    h->shm_offset = ZPS_SHM_PARAMS_DATA;
+    h->shm_pid = (uint32_t)getpid();
+    h->shm_fd = (uint32_t)t->params.fd;
+    h->shm_boot = t->boot;
+    h->shm_whole = true;
+    t->params_sent++;
+    t->params_whole_sent++;
+    return true;
+}
+
 void zps_shard_shm_params_forget(zps_shard_shm *t)
 {
     memset(t->written, 0, sizeof t->written);

@@ -36,6 +36,7 @@ typedef struct zps_shard_shm {
     size_t params_esize;                  // bytes of an element there (the wire dtype)
     uint64_t written[ZPS_SHM_PARAMS_SLOTS]; // per bucket: 1 + the step of its values there
     uint64_t params_sent;                 // PARAMS that named the segment
+    uint64_t params_whole_sent;           // of them, for a whole step (shm_whole)
 } zps_shard_shm;
 
 // Ready, with the operator's choice; no mapping yet.
@@ -88,6 +89,11 @@ void zps_shard_shm_params_put(zps_shard_shm *t, int b, uint64_t step, uint64_t o
 // Names bucket b of step in the segment in h (a PARAMS header with its
 // offset and count), if the segment holds those values; false: frames.
 bool zps_shard_shm_params_name(zps_shard_shm *t, int b, uint64_t step, Zps__Header *h);
+// Names in h (a PARAMS header) the whole range [lo, hi), its n_buckets
+// buckets all written for step, with shm_whole set: one notice for them
+// all. False, with h untouched, unless every one is in the segment.
+bool zps_shard_shm_params_name_all(zps_shard_shm *t, int n_buckets, uint64_t step, uint64_t lo,
+                                   uint64_t hi, Zps__Header *h);
 // The parameters changed without an update (a restore): nothing in the
 // segment is named again before it is written again.
 void zps_shard_shm_params_forget(zps_shard_shm *t);

@@ -148,6 +148,27 @@ static void s_train(zps_procs *ps, const run *r)
     }
 }
 
+// What a shard's log says at its end of the parameters it named in its
+// segment: the notices, and those that named a whole step.
+static void s_notices(zps_procs *ps, const char *log, unsigned long long *notices,
+                      unsigned long long *whole)
+{
+    FILE *f = fopen(zps_procs_path(ps, log), "r");
+    ck_assert_ptr_nonnull(f);
+    char line[512];
+    while (fgets(line, sizeof line, f)) {
+        const char *at = strstr(line, ": ");
+        at = at ? strstr(at, "shard ") : NULL;
+        unsigned shard;
+        if (at && strstr(at, "notices of parameters") &&
+            sscanf(at, "shard %u: %llu notices of parameters in its segment, %llu of them", &shard,
+                   notices, whole) == 3) {
+            break;
+        }
+    }
+    fclose(f);
+}
+
 static void s_check_same_bits(const char *model, const char *dtype)
 {
     zps_procs ps;
@@ -174,6 +195,11 @@ static void s_check_same_bits(const char *model, const char *dtype)
         snprintf(log, sizeof log, "shm-s%d.log", k);
         ck_assert_int_eq(zps_procs_log_count(&ps, log, "parameters for the workers of this "
                                                        "host through shared memory"), 1);
+        // Each notice named a whole step's buckets: one a step and worker.
+        unsigned long long notices = 0, whole = 0;
+        s_notices(&ps, log, &notices, &whole);
+        ck_assert_uint_ge(notices, 2 * 29);
+        ck_assert_uint_eq(whole, notices);
         snprintf(log, sizeof log, "shm-w%d.log", k);
         ck_assert_int_eq(zps_procs_log_count(&ps, log, "parameters through shared memory ("), 2);
         ck_assert_int_eq(zps_procs_log_count(&ps, log, "frames from now on"), 0);

@@ -219,6 +219,33 @@ START_TEST(test_shard_shm_replaces_only_another_segment_of_a_mapped_rank)
 }
 END_TEST
 
+// A whole step's notice names the range only once every bucket of it is
+// in the segment for that step; then it names them all at once.
+START_TEST(test_shard_shm_names_a_whole_step_once_every_bucket_is_in)
+{
+    // Two buckets of 8 floats: [100, 108) and [108, 116).
+    ck_assert(zps_shard_shm_params_offer(&s_t, true, false, 100, 116, sizeof(float)));
+    float v[8] = {1, 2, 3, 4, 5, 6, 7, 8};
+    Zps__Header h;
+    zps_wire_header_init(&h, ZPS__MSG_TYPE__PARAMS);
+    ck_assert(!zps_shard_shm_params_name_all(&s_t, 2, 4, 100, 116, &h)); // nothing written
+    zps_shard_shm_params_put(&s_t, 0, 4, 108, 8, v); // bucket 0's values for step 4
+    ck_assert(!zps_shard_shm_params_name_all(&s_t, 2, 4, 100, 116, &h)); // bucket 1 missing
+    zps_shard_shm_params_put(&s_t, 1, 3, 100, 8, v);
+    ck_assert(!zps_shard_shm_params_name_all(&s_t, 2, 4, 100, 116, &h)); // of an older step
+    ck_assert_uint_eq(h.shm_size, 0);
+    zps_shard_shm_params_put(&s_t, 1, 4, 100, 8, v);
+    ck_assert(zps_shard_shm_params_name_all(&s_t, 2, 4, 100, 116, &h));
+    ck_assert(h.shm_whole);
+    ck_assert_uint_eq(h.offset, 100);
+    ck_assert_uint_eq(h.count, 16);
+    ck_assert_uint_eq(h.shm_offset, ZPS_SHM_PARAMS_DATA);
+    ck_assert_uint_eq(h.shm_size, s_t.params.size);
+    ck_assert_uint_eq(s_t.params_whole_sent, 1);
+    ck_assert(!zps_shard_shm_params_name_all(&s_t, 2, 5, 100, 116, &h)); // not yet step 5's
+}
+END_TEST
+
 // A worker SIGKILLed: the sweep unmaps its segment.
 START_TEST(test_shard_shm_sweep_unmaps_the_dead)
 {
@@ -269,6 +296,7 @@ Suite *zps_suite_shard_shm(void)
     tcase_add_test(tc, test_shard_shm_deny);
     tcase_add_test(tc, test_shard_shm_own_copies);
     tcase_add_test(tc, test_shard_shm_replaces_only_another_segment_of_a_mapped_rank);
+    tcase_add_test(tc, test_shard_shm_names_a_whole_step_once_every_bucket_is_in);
     tcase_add_test(tc, test_shard_shm_sweep_unmaps_the_dead);
     suite_add_tcase(s, tc);
     return s;
