@@ -68,16 +68,22 @@ bool zps_shard_io_started(const zps_shard_io *io)
 // ---------------------------------------------------------------------------
 // Parameters out.
 
-// The PARAMS header of bucket b for `step`; *data and *ref say where the
-// bucket's current wire values are.
-static void s_params_header(zps_shard_io *io, int b, uint64_t step, Zps__Header *h,
-                            const void **data, zps_wire_ref **ref)
+// A PARAMS header for `step`, its tensor not named yet.
+static void s_params_base(zps_shard_io *io, uint64_t step, Zps__Header *h)
 {
     zps_wire_header_init(h, ZPS__MSG_TYPE__PARAMS);
     h->job_id = io->hooks.job_id(io->hooks.arg);
     h->step = step;
     h->shard = io->index;
     h->dtype = (Zps__DType)io->dtype;
+}
+
+// The PARAMS header of bucket b for `step`; *data and *ref say where the
+// bucket's current wire values are.
+static void s_params_header(zps_shard_io *io, int b, uint64_t step, Zps__Header *h,
+                            const void **data, zps_wire_ref **ref)
+{
+    s_params_base(io, step, h);
     zps_shard_bucket_params(io->shard, b, data, &h->offset, &h->count, ref);
 }
 
@@ -119,11 +125,7 @@ static bool s_whole(const zps_shard_io *io, uint32_t r)
 static void s_send_whole(zps_shard_io *io, uint32_t r, uint64_t step)
 {
     Zps__Header h;
-    zps_wire_header_init(&h, ZPS__MSG_TYPE__PARAMS);
-    h.job_id = io->hooks.job_id(io->hooks.arg);
-    h.step = step;
-    h.shard = io->index;
-    h.dtype = (Zps__DType)io->dtype;
+    s_params_base(io, step, &h);
     int n = zps_shard_n_buckets(io->shard);
     if (!zps_shard_shm_params_name_all(&io->shm, n, step, zps_shard_lo(io->shard),
                                        zps_shard_hi(io->shard), &h)) {
