@@ -450,12 +450,17 @@ void zps_shard_io_apply(zps_shard_io *io, int b)
     }
     bool done = zps_shard_step_done(io->shard);
     for (uint32_t i = 0; i < io->n_ranks; i++) {
-        if (io->ranks[i].pushed && s_whole(io, i)) {
-            if (done) { // one notice for the whole step (docs/choices.md)
-                s_send_whole(io, i, next);
-            }
-        } else if (io->ranks[i].pushed) {
-            s_send_bucket(io, &io->ranks[i].route, b, next, true, io->ranks[i].shm_params);
+        zps_shard_io_rank *r = &io->ranks[i];
+        if (!r->pushed) {
+            continue;
+        }
+        if (!s_whole(io, i)) {
+            s_send_bucket(io, &r->route, b, next, true, r->shm_params);
+        } else if (done) { // one notice for the rest of the step (docs/choices.md)
+            s_send_whole(io, i, next);
+        } else if (!r->noticed) { // and the first bucket's own, as soon as it is in
+            s_send_bucket(io, &r->route, b, next, true, true);
+            r->noticed = true;
         }
     }
     s_serve_pullers(io);
@@ -508,6 +513,7 @@ void zps_shard_io_end_step(zps_shard_io *io)
 {
     for (uint32_t i = 0; i < io->n_ranks; i++) {
         io->ranks[i].pushed = false;
+        io->ranks[i].noticed = false;
         io->ranks[i].heard = false;
         io->ranks[i].own_in = 0;
     }

@@ -35,6 +35,7 @@ typedef struct zps_shard_io_rank {
     uint32_t own_in;  // buckets of its own slice counted this step
     bool shm_params;  // its last push came through shared memory: parameters too
     bool shm_whole;   // this step: in one PARAMS once every bucket is in (params_whole)
+    bool noticed;     // this step: a bucket's own notice went to it (the first applied)
 } zps_shard_io_rank;
 
 // A PULL for parameters not there yet: answered bucket by bucket as they are.

@@ -195,11 +195,13 @@ static void s_check_same_bits(const char *model, const char *dtype)
         snprintf(log, sizeof log, "shm-s%d.log", k);
         ck_assert_int_eq(zps_procs_log_count(&ps, log, "parameters for the workers of this "
                                                        "host through shared memory"), 1);
-        // Each notice named a whole step's buckets: one a step and worker.
+        // A notice a step and worker named the rest of the step's buckets,
+        // and at most one more its first bucket.
         unsigned long long notices = 0, whole = 0;
         s_notices(&ps, log, &notices, &whole);
-        ck_assert_uint_ge(notices, 2 * 29);
-        ck_assert_uint_eq(whole, notices);
+        fprintf(stderr, "%s: %llu notices, %llu of a whole step\n", log, notices, whole);
+        ck_assert_uint_ge(whole, 2 * 29);
+        ck_assert_uint_le(notices, 2 * whole);
         snprintf(log, sizeof log, "shm-w%d.log", k);
         ck_assert_int_eq(zps_procs_log_count(&ps, log, "parameters through shared memory ("), 2);
         ck_assert_int_eq(zps_procs_log_count(&ps, log, "frames from now on"), 0);
