@@ -274,9 +274,10 @@ static zps_err s_take_bucket(zps_client *c, int i, uint64_t step, zps_wire_msg *
         snprintf(why, sizeof why, "%s for step %llu, expected PARAMS for step %llu",
                  zps_wire_type_name(h->type), (unsigned long long)h->step,
                  (unsigned long long)step);
-    } else if (h->shm_whole && s_check_params(c, sc, m, why, sizeof why) == ZPS_OK) {
-        return s_take_whole(c, i, m);
     } else if (s_check_params(c, sc, m, why, sizeof why) == ZPS_OK) {
+        if (h->shm_whole) {
+            return s_take_whole(c, i, m);
+        }
         b = zps_conn_bucket_of(sc, h->offset, h->offset + h->count);
         if (b >= 0 && zps_bucket_set_has(&sc->received, b)) {
             // A second answer (to a pull and a push both): the same values.

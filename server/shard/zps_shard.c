@@ -320,6 +320,14 @@ refused:
     return NULL;
 }
 
+// Every kept push dropped unread: the step it was for is over or gone.
+static void s_drop_kept(zps_shard *s)
+{
+    for (int b = 0; b < ZPS_MODEL_MAX_BUCKETS; b++) {
+        zps_kept_drop(&s->kept[b]);
+    }
+}
+
 void zps_shard_destroy(zps_shard **sp)
 {
     zps_shard *s = *sp;
@@ -327,9 +335,7 @@ void zps_shard_destroy(zps_shard **sp)
         return;
     }
     // The owner closes its sockets first, so ZeroMQ has released every frame.
-    for (int b = 0; b < ZPS_MODEL_MAX_BUCKETS; b++) {
-        zps_kept_drop(&s->kept[b]);
-    }
+    s_drop_kept(s);
     s_snapshot_free(&s->snap);
     zps_plans_fini(&s->plans);
     free(s->slice_at);
@@ -1367,9 +1373,7 @@ static void s_clip_forget(zps_shard *s)
 // checkpoint replaces it.
 static void s_forget_step(zps_shard *s)
 {
-    for (int b = 0; b < ZPS_MODEL_MAX_BUCKETS; b++) {
-        zps_kept_drop(&s->kept[b]);
-    }
+    s_drop_kept(s);
     memset(s->covered, 0, sizeof s->covered);
     memset(s->weight, 0, sizeof s->weight);
     s->loss_weight = 0;
