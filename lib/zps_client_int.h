@@ -124,6 +124,7 @@ struct zps_client {
     uint64_t rollback_to;                          // step to start over from
     double params_ms;                              // when the current parameters were taken
     double usual_step_ms;                          // running mean of the time between those
+    double first_wait_ms;                          // how long the first parameters took
     uint64_t done_step;                            // the step of the slices below
     zps_piece done[ZPS_CLIENT_QUEUE];              // the slices computed of it, pieces too
     int n_done;

@@ -510,6 +510,8 @@ zps_err zps_wait_run(zps_client *c)
     if (c->params_ms > 0) {
         double d = now - c->params_ms;
         c->usual_step_ms = c->usual_step_ms > 0 ? 0.9 * c->usual_step_ms + 0.1 * d : d;
+    } else {
+        c->first_wait_ms = now - c->wait_start;
     }
     c->params_ms = now;
     return ZPS_OK;

@@ -7,8 +7,9 @@
  * round-off of the same job without aggregation; a leader SIGKILLed
  * mid-run: the job completes and the survivors hold the same bits; a step
  * slow for another host's reason does not make a follower whose part its
- * leader took push for itself. Real
- * processes on loopback, every wait bounded, killed by pid at the end. */
+ * leader took push for itself, nor does a leader slow at a step 0 whose
+ * parameters came late. Real processes on loopback, every wait bounded,
+ * killed by pid at the end. */
 #include <signal.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -22,6 +23,7 @@
 #define RUN_TIMEOUT_MS 120000
 #define MODEL "mlp:784-64-10"
 #define WORKERS 4
+#define TANH_MLP_PARAMS 2372 // examples/tanh_mlp.c's model: 64 x 32 + 64 + 4 x 64 + 4
 
 // One run of the job: its name, whether the leaders aggregate, whether it
 // is deterministic, its steps.
@@ -310,6 +312,70 @@ START_TEST(test_host_leader_slower_than_the_give_up_pushes_its_own_piece_alone)
 }
 END_TEST
 
+// As the test above, but the first parameters come 3 s after the job
+// starts, as they do when thousands of members start on a few cores: an
+// external job (examples/tanh_mlp.c, --sleep-ms a piece), whose shards
+// serve nothing until rank 0, host a's leader, sends the initial values,
+// and rank 0 stopped (SIGSTOP) until then (evicted after 10 s of silence,
+// not 1.5). Until a step is timed, the host's timers count steps of the
+// first parameters' wait: the follower waits 18 s for its leader, not 6,
+// and the leader, back from its 7 s, takes its part.
+START_TEST(test_host_follower_waits_longer_for_its_leader_when_the_first_parameters_came_late)
+{
+    zps_procs ps;
+    zps_procs_init(&ps, "host-late");
+    const char *sargs[] = {"--workers", "4", "--model", "external", "--steps", "2",
+                           "--global-batch", "64", "--lr", "0.1", "--shards", "2",
+                           "--worker-timeout-ms", "10000", "--host-aggregate", "on", NULL};
+    pid_t shard[2], w[WORKERS];
+    char ep[256];
+    ck_assert_int_eq(setenv("ZPS_BOOT_ID", s_host(0), 1), 0);
+    snprintf(ep, sizeof ep, "%s", zps_procs_start_server(&ps, "s0", &shard[0], sargs, 10000));
+    ck_assert_int_eq(setenv("ZPS_BOOT_ID", s_host(1), 1), 0);
+    const char *kargs[] = {"--shard", "1", "--shards", "2", "--coordinator", ep, NULL};
+    zps_procs_start_server(&ps, "s1", &shard[1], kargs, 10000);
+    for (int k = 0; k < WORKERS; k++) {
+        char out[32], log[32];
+        snprintf(out, sizeof out, "w%d.bin", k);
+        snprintf(log, sizeof log, "w%d.log", k);
+        const char *wargs[] = {"--coordinator", ep, "--save", zps_procs_path(&ps, out),
+                               "--sleep-ms", k == 0 ? "7000" : "500", NULL};
+        ck_assert_int_eq(setenv("ZPS_BOOT_ID", s_host(k / 2), 1), 0);
+        w[k] = zps_procs_start(&ps, "tanh_mlp", log, wargs);
+        if (k == 0) {
+            zps_procs_wait_log(&ps, "s0.log", "admitted as rank 0", 30000);
+            ck_assert_int_eq(kill(w[0], SIGSTOP), 0);
+        }
+    }
+    ck_assert_int_eq(unsetenv("ZPS_BOOT_ID"), 0);
+    zps_procs_wait_log(&ps, "s0.log", "4 workers, 2 shards", 30000);
+    struct timespec ts = {3, 0};
+    nanosleep(&ts, NULL);
+    ck_assert_int_eq(kill(w[0], SIGCONT), 0);
+    for (int k = 0; k < WORKERS; k++) {
+        ck_assert_msg(zps_procs_wait(&ps, w[k], RUN_TIMEOUT_MS) == 0, "worker %d", k);
+    }
+    for (int i = 0; i < 2; i++) {
+        ck_assert_msg(zps_procs_wait(&ps, shard[i], 30000) == 0, "shard %d", i);
+    }
+    ck_assert(zps_procs_log_has(&ps, "w0.log", "leading"));
+    ck_assert(zps_procs_log_has(&ps, "w1.log", "following"));
+    ck_assert_int_eq(zps_procs_log_count(&ps, "w1.log", "did not take my part"), 0);
+    ck_assert_int_eq(zps_procs_log_count(&ps, "w0.log", "left to it"), 0);
+    float *first = zps_procs_load_params(&ps, "w0.bin", TANH_MLP_PARAMS);
+    for (int k = 1; k < WORKERS; k++) {
+        char file[32];
+        snprintf(file, sizeof file, "w%d.bin", k);
+        float *p = zps_procs_load_params(&ps, file, TANH_MLP_PARAMS);
+        ck_assert_msg(memcmp(first, p, TANH_MLP_PARAMS * sizeof(float)) == 0,
+                      "worker %d differs", k);
+        free(p);
+    }
+    free(first);
+    zps_procs_fini(&ps, false);
+}
+END_TEST
+
 Suite *zps_suite_host(void)
 {
     Suite *s = suite_create("host");
@@ -319,12 +385,15 @@ Suite *zps_suite_host(void)
     tcase_add_test(tc, test_host_synchronous_run_within_round_off_of_one_without_aggregation);
     tcase_add_test(tc, test_host_leader_killed_mid_run_job_completes_and_survivors_agree);
     suite_add_tcase(s, tc);
-    // Steps of 7 s: about a minute in all, make test-long's (docs/tests.md).
+    // Steps of 7 s: about a minute and a half in all, make test-long's
+    // (docs/tests.md).
     TCase *slow = tcase_create("slow");
     tcase_set_timeout(slow, 300);
     tcase_set_tags(slow, "long");
     tcase_add_test(slow, test_host_follower_waits_out_a_step_slow_elsewhere_once_its_part_is_taken);
     tcase_add_test(slow, test_host_leader_slower_than_the_give_up_pushes_its_own_piece_alone);
+    tcase_add_test(slow,
+                   test_host_follower_waits_longer_for_its_leader_when_the_first_parameters_came_late);
     suite_add_tcase(s, slow);
     return s;
 }
