@@ -150,6 +150,24 @@ void zps_model_bucket(const zps_model_spec *m, int i, uint64_t *lo, uint64_t *hi
     *hi = ls->b_off + ls->out;
 }
 
+void zps_model_spread_order(int n, int *order)
+{
+    int bits = 0;
+    while ((1 << bits) < n) {
+        bits++;
+    }
+    int k = 0;
+    for (int x = 0; x < (1 << bits); x++) {
+        int r = 0;
+        for (int j = 0; j < bits; j++) {
+            r |= ((x >> j) & 1) << (bits - 1 - j);
+        }
+        if (r < n) {
+            order[k++] = r;
+        }
+    }
+}
+
 int zps_model_range_buckets(const zps_model_spec *m, uint64_t lo, uint64_t hi, zps_bucket *out)
 {
     int n = 0;

@@ -81,6 +81,14 @@ void zps_model_init_range(const zps_model_spec *m, uint64_t seed, uint64_t lo, u
 int zps_model_n_buckets(const zps_model_spec *m);
 // The range [*lo, *hi) of bucket i of the flat vector.
 void zps_model_bucket(const zps_model_spec *m, int i, uint64_t *lo, uint64_t *hi);
+// The order to push n (1..ZPS_MODEL_MAX_BUCKETS) buckets in when all are
+// final at once (a flat model, --no-overlap), into order[0..n): indices
+// bit-reversed, those past n skipped. Every prefix of it is spread evenly
+// over the vector, so every shard's contiguous range gets its share of
+// the pushes from the first on. In bucket order every worker's first
+// quarter went to one shard, whose link took it while the others idled
+// (docs/choices.md, "Pushes spread over the shards").
+void zps_model_spread_order(int n, int *order);
 
 typedef struct zps_bucket {
     uint64_t lo, hi; // a range of the flat vector

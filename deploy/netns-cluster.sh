@@ -29,6 +29,9 @@
 #                    each of h0..h(HOSTS-1) (no shard hosts), copy J on host I of
 #                    rank I*G+J, ZPS_NETNS_SIZE HOSTS*G, ZPS_NETNS_LOCAL_RANK J,
 #                    ZPS_NETNS_LOCAL_SIZE G, the master h0
+#     -u FILE        sample every host's link (bytes each way, every 2 ms) into
+#                    FILE while the run lasts; bench/link_use.py show FILE RATE
+#                    prints how busy each was
 #
 # Hosts are s0..s(S-1) at 10.77.0.10+I, w0..w(W-1) at 10.77.0.100+K and
 # h0..h(H-1) at 10.77.1.10+I (a /16). Every process gets ZPS_BOOT_ID, one
@@ -44,10 +47,10 @@ set -euo pipefail
 here=$(cd "$(dirname "$0")/.." && pwd)
 bin=${ZPS_BIN_DIR:-$here/bin}
 
-usage() { sed -n '2,42p' "$0" | sed 's/^# \{0,1\}//'; exit 2; }
+usage() { sed -n '2,45p' "$0" | sed 's/^# \{0,1\}//'; exit 2; }
 die() { echo "netns-cluster: $*" >&2; exit 2; }
 
-shards=1 workers=2 rate='' out=run/netns bound=300 wflags='' sflags='' exec_cmd=''
+shards=1 workers=2 rate='' out=run/netns bound=300 wflags='' sflags='' exec_cmd='' uses=''
 declare -A kflags=()
 nhosts='' per_host=1 colocate=0 wset=0
 limits=()
@@ -66,6 +69,7 @@ while [ $# -gt 0 ]; do
     -f) kflags[${2%%=*}]=${2#*=}; shift 2 ;;
     -S) sflags=$2; shift 2 ;;
     -x) exec_cmd=$2; shift 2 ;;
+    -u) uses=$2; shift 2 ;;
     --) shift; break ;;
     *) usage ;;
   esac
@@ -96,9 +100,11 @@ else
   for k in $(seq 0 $((workers - 1))); do hosts+=("w$k"); done
 fi
 pids=()
+sampler=''
 
 cleanup() {
   local p
+  if [ -n "$sampler" ]; then kill -TERM "$sampler" 2>/dev/null || true; wait "$sampler" || true; fi
   for p in "${pids[@]}"; do kill -KILL "$p" 2>/dev/null || true; done
   for p in "${pids[@]}"; do wait "$p" 2>/dev/null || true; done
   for h in "${hosts[@]}"; do ip netns del "$tag-$h" 2>/dev/null || true; done
@@ -229,6 +235,10 @@ wait_all() {
 }
 
 setup
+if [ -n "$uses" ]; then
+  ip netns exec "$hub" /usr/bin/python3 "$here/bench/link_use.py" sample "$uses" "${hosts[@]}" &
+  sampler=$!
+fi
 if [ -n "$exec_cmd" ]; then run_exec; else run_zps "$@"; fi
 if wait_all; then
   echo "netns-cluster: ${#hosts[@]} hosts done; logs in $out"

@@ -329,9 +329,12 @@ zps_err zps_backend_train_step(zps_backend *b, const float *x, const uint32_t *l
     if (b->cpu) {
         return zps_cpu_train_step(b->cpu, x, labels, n, loss);
     }
+    // A flat model's buckets are all final at once.
     *loss = 0.0f;
-    for (int i = 0; b->hook && i < zps_model_n_buckets(&b->spec); i++) {
-        b->hook(b->hook_arg, i);
+    int nb = zps_model_n_buckets(&b->spec), order[ZPS_MODEL_MAX_BUCKETS];
+    zps_model_spread_order(nb, order);
+    for (int i = 0; b->hook && i < nb; i++) {
+        b->hook(b->hook_arg, order[i]);
     }
     return ZPS_OK;
 }

@@ -1,5 +1,6 @@
 /* check_model.c - model spec parsing, layout and initialisation. */
 #include <math.h>
+#include <stdbool.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -89,6 +90,43 @@ START_TEST(test_model_flat_and_its_buckets)
 }
 END_TEST
 
+// How far the count of order[0..k) in each of s equal ranges of 0..n-1
+// strays from its even share, at worst over every k.
+static double s_worst_share(const int *order, int n, int s)
+{
+    double worst = 0;
+    int count[8] = {0};
+    for (int k = 1; k <= n; k++) {
+        for (int r = 0; r < s; r++) {
+            int lo = r * n / s, hi = (r + 1) * n / s;
+            count[r] += order[k - 1] >= lo && order[k - 1] < hi;
+            double off = fabs(count[r] - (double)k * (hi - lo) / n);
+            worst = off > worst ? off : worst;
+        }
+    }
+    return worst;
+}
+
+START_TEST(test_model_spread_order_gives_every_shard_its_share_from_the_first_push)
+{
+    int order[ZPS_MODEL_MAX_BUCKETS], in_order[ZPS_MODEL_MAX_BUCKETS];
+    for (int n = 1; n <= ZPS_MODEL_MAX_BUCKETS; n++) {
+        zps_model_spread_order(n, order);
+        bool seen[ZPS_MODEL_MAX_BUCKETS] = {false};
+        for (int k = 0; k < n; k++) {
+            ck_assert(order[k] >= 0 && order[k] < n && !seen[order[k]]);
+            seen[order[k]] = true;
+            in_order[k] = k;
+        }
+        for (int s = 2; s <= 8; s++) { // 2.87 buckets at worst over these
+            ck_assert_msg(s_worst_share(order, n, s) < 3.0, "%d buckets, %d shards", n, s);
+        }
+    }
+    // In bucket order the first quarter of 256 all go to one of 4 shards.
+    ck_assert_double_eq(s_worst_share(in_order, 256, 4), 48.0);
+}
+END_TEST
+
 START_TEST(test_model_buckets_are_layers_cut_at_shard_ranges)
 {
     zps_model_spec m;
@@ -141,6 +179,7 @@ Suite *zps_suite_model(void)
     tcase_add_test(tc, test_model_parse_refuses_bad_specs);
     tcase_add_test(tc, test_model_init_is_he_normal_and_deterministic);
     tcase_add_test(tc, test_model_flat_and_its_buckets);
+    tcase_add_test(tc, test_model_spread_order_gives_every_shard_its_share_from_the_first_push);
     tcase_add_test(tc, test_model_buckets_are_layers_cut_at_shard_ranges);
     tcase_add_test(tc, test_model_init_range_equals_slice_of_whole_init);
     suite_add_tcase(s, tc);
