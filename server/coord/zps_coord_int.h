@@ -40,6 +40,9 @@
 // After the last step, how long members get to send results and goodbyes.
 #define ZPS_COORD_END_GRACE_MS 60000.0
 
+// The longest between two looks for silent members (zps_coord_tick.c).
+#define ZPS_COORD_SILENT_SCAN_MS 1000.0
+
 // WAITING for workers and shards, ASSIGNING ranges to the other shards
 // (workers get the job once every shard serves), TRAINING, DONE.
 // RECOVERING: restarted from a checkpoint, waiting for shards and workers
@@ -138,6 +141,8 @@ struct zps_coord {
     uint64_t released;                  // the newest step whose parameters shard 0 began to send
     uint64_t shard_done[ZPS_MAX_SHARDS]; // steps each shard completed
     uint64_t evictions;                 // members evicted for silence
+    double next_silent_scan_ms;         // no member can fall silent past its timeout before
+                                        // this (0: look at the next tick)
     zps_monitor *mon;                   // owned: lag, stragglers, throughput
     double recover_deadline_ms;         // RECOVERING: when to go on without the missing
     bool rollback_pending;              // shard 0 must restore rollback_step

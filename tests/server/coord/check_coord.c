@@ -775,6 +775,35 @@ START_TEST(test_coord_a_member_heard_by_its_pushes_alone_is_not_evicted)
 }
 END_TEST
 
+// The tick looks for silent members only once one could be past its
+// timeout (zps_coord_tick.c): a member that falls silent later than the
+// last look foresaw is still evicted at the first tick past its own
+// timeout, its slice handed on.
+START_TEST(test_coord_a_member_is_evicted_at_the_first_tick_past_its_own_timeout)
+{
+    mjob j;
+    s_start_two(&j);
+    uint32_t gen = 0;
+    ck_assert_uint_eq(s_extras_to(&j, 0, 5, &gen), 0);
+    double last = 0, evicted = 0;
+    for (int t = 0; t < 100 && evicted == 0; t++) { // ticks 10 ms apart
+        s_beat_of(&j, 0);
+        if (t < 20) { // worker 1 beats for 200 ms, then falls silent
+            s_beat_of(&j, 1);
+            last = s_clock_now;
+        }
+        s_clock_now += 10;
+        s_tick(&j);
+        if (s_extras_to(&j, 0, 5, &gen) == MB / 2) {
+            evicted = s_clock_now;
+        }
+    }
+    ck_assert_double_gt(evicted - last, TIMEOUT_MS);
+    ck_assert_double_le(evicted - last, TIMEOUT_MS + 10);
+    s_members_teardown(&j);
+}
+END_TEST
+
 START_TEST(test_coord_join_during_eviction_wakes_the_joiner_only_when_nobody_else_can)
 {
     mjob j;
@@ -1383,6 +1412,7 @@ Suite *zps_suite_coord(void)
     tcase_add_test(mc, test_coord_a_worker_is_sent_its_own_slice_only);
     tcase_add_test(mc, test_coord_eviction_during_a_join_hands_the_piece_to_an_active_member);
     tcase_add_test(mc, test_coord_a_member_heard_by_its_pushes_alone_is_not_evicted);
+    tcase_add_test(mc, test_coord_a_member_is_evicted_at_the_first_tick_past_its_own_timeout);
     tcase_add_test(mc, test_coord_join_during_eviction_wakes_the_joiner_only_when_nobody_else_can);
     tcase_add_test(mc, test_coord_hello_whose_share_does_not_fit_is_refused_in_one_line_and_changes_nothing);
     tcase_add_test(mc, test_coord_hello_again_crossing_its_job_is_the_same_member_and_changes_nothing);
