@@ -249,9 +249,12 @@ static zps_err s_train_rows(zps_train *t, const zps_work *w, uint32_t row, uint3
     size_t dim = zps_model_inputs(&t->model);
     zps_err err = zps_backend_train_step(t->be, t->x ? t->x + (size_t)row * dim : NULL,
                                          t->labels ? t->labels + row : NULL, n, loss);
+    if (err != ZPS_OK || !t->opts.no_overlap || t->diloco) {
+        return err;
+    }
     int n_buckets = (int)zps_info_u64(t->c, ZPS_INFO_N_BUCKETS), order[ZPS_MODEL_MAX_BUCKETS];
     zps_model_spread_order(n_buckets, order);
-    for (int b = 0; err == ZPS_OK && t->opts.no_overlap && !t->diloco && b < n_buckets; b++) {
+    for (int b = 0; b < n_buckets; b++) {
         s_push(t, w, order[b]);
     }
     return err;
