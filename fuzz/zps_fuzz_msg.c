@@ -445,6 +445,7 @@ static bool s_open(s_world *w, uint8_t config, const zps_model_spec *model)
         .steps = ZPS_FUZZ_STEPS, .optimizer = "sgd",
         .optim = {.lr = 0.1f, .momentum = 0.9f, .schedule = ZPS_LR_CONSTANT},
         .seed = ZPS_FUZZ_SEED, .wire_dtype = zps_fuzz_dtype(config),
+        .threads = 1, // not auto: a pool of threads an input costs more than the input
         // No clock in the verdicts: nobody is evicted, nothing is late.
         .worker_timeout_ms = 1e12, .stall_warn_ms = 1e12,
     };

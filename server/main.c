@@ -16,6 +16,7 @@
 #include "common/zps_quant.h"
 #include "common/zps_sndbuf.h"
 #include "common/zps_wire.h"
+#include "server/shard/zps_pool.h"
 #include "server/zps_server.h"
 
 // What the flags set: the server's options, and the log's, which main
@@ -98,6 +99,21 @@ static bool s_parse_shm(const char *text, void *field)
         }
     }
     return false;
+}
+
+// --threads N|auto into the count, 0 for auto (zps_pool_auto_threads).
+static bool s_parse_threads(const char *text, void *field)
+{
+    long long n;
+    if (strcmp(text, "auto") == 0) {
+        *(int *)field = 0; // resolved once the flags are read
+        return true;
+    }
+    if (!zps_opts_read_int(text, 1, ZPS_POOL_MAX, &n)) {
+        return false;
+    }
+    *(int *)field = (int)n;
+    return true;
 }
 
 // --host-aggregate on|off into its negation: zeroed options mean on.
@@ -359,9 +375,11 @@ static const zps_opts_row s_table[] = {
              "except under CURVE (docs/choices.md)",
      .offset = offsetof(s_flags, srv.shm), .ctype = ZPS_OPTS_C_PARSER,
      .parse = s_parse_shm, .accepts = "auto, allow or deny"},
-    {.name = "threads", .kind = ZPS_OPTS_INT, .metavar = "N", .def = "1",
-     .help = "threads that share each bucket's accumulate and update (same bits for any N)",
-     .offset = offsetof(s_flags, srv.threads), .ctype = ZPS_OPTS_C_INT, .lo = 1, .hi = 64},
+    {.name = "threads", .kind = ZPS_OPTS_CUSTOM, .metavar = "N|auto", .def = "auto",
+     .help = "threads that share each large bucket's accumulate and update; auto: the cores "
+             "it may run on, at most 4 (same bits for any N)",
+     .offset = offsetof(s_flags, srv.threads), .ctype = ZPS_OPTS_C_PARSER,
+     .parse = s_parse_threads, .accepts = "an integer in 1..64, or auto"},
     {.name = "log-level", .kind = ZPS_OPTS_CUSTOM, .metavar = "LEVEL", .def = "info",
      .help = "debug, info, warn or error",
      .offset = offsetof(s_flags, log_level), .ctype = ZPS_OPTS_C_PARSER,
@@ -542,7 +560,7 @@ static int s_parse_flags(int argc, char **argv, s_flags *f)
             .wire_dtype = ZPS_DTYPE_F32,
             .worker_timeout_ms = 10000,
             .stall_warn_ms = 5000,
-            .threads = 1,
+            .threads = 0, // auto
             .mode = {.inner_steps = ZPS_OUTER_INNER_STEPS,
                      .outer = {.lr = ZPS_OUTER_LR, .momentum = ZPS_OUTER_MOMENTUM}},
         },

@@ -116,7 +116,7 @@ static zps_err s_assignment_cfg(zps_server *srv, const Zps__Job *job, zps_shard_
     }
     cfg->micro_batch = job->micro_batch;
     cfg->shards = srv->o->shards;
-    cfg->threads = srv->o->threads;
+    cfg->threads = srv->threads;
     return ZPS_OK;
 }
 

@@ -63,7 +63,8 @@ typedef struct zps_server_opts {
     const char *pid_file;       // for supervisors, or NULL
     int sndbuf;                 // TCP send buffer of the data socket (0: the OS's, -1: auto)
     int shm;                    // --shm: a zps_server_shm
-    int threads;                // threads of the shard's accumulate and update (1: the loop's only)
+    int threads;                // threads of the shard's accumulate and update (1: the loop's
+                                // only; 0: auto, zps_pool_auto_threads)
     float clip_grad_norm;       // shard 0: clip by the global gradient norm to this (0: off)
     bool deterministic;         // --deterministic: the same bits for any split (needs micro_batch)
     uint32_t micro_batch;       // --micro-batch M: shard 0's M, sent to all (0: off); shards > 0

@@ -138,7 +138,7 @@ int zps_start_coordinator(zps_server *srv, uint32_t n_train, uint32_t n_test, ch
     zps_shard_cfg cfg = {.index = 0, .model = &srv->model, .seed = o->seed,
                          .global_batch = o->global_batch, .dtype = o->wire_dtype,
                          .optim = o->optim, .await_init = srv->declared != NULL,
-                         .threads = o->threads, .mode = o->mode,
+                         .threads = srv->threads, .mode = o->mode,
                          .micro_batch = o->micro_batch};
     cfg.clip_grad_norm = s_clip_grad_norm(srv);
     cfg.optim.total_steps = srv->total_steps;

@@ -17,7 +17,7 @@ int main(void)
         // server/, server/coord/, server/shard/
         zps_suite_msgtab, zps_suite_late,
         zps_suite_coord, zps_suite_coord_hosts, zps_suite_status, zps_suite_member, zps_suite_monitor, zps_suite_outbox,
-        zps_suite_shard, zps_suite_ckpt, zps_suite_shard_shm, zps_suite_shard_outer,
+        zps_suite_shard, zps_suite_pool, zps_suite_ckpt, zps_suite_shard_shm, zps_suite_shard_outer,
         zps_suite_shard_groups, zps_suite_nodes, zps_suite_cover, zps_suite_shard_deterministic,
         zps_suite_shard_host, zps_suite_shard_io,
         // lib/ (libzps)

@@ -41,6 +41,7 @@ Suite *zps_suite_outbox(void);
 
 // server/shard/
 Suite *zps_suite_shard(void);
+Suite *zps_suite_pool(void);
 Suite *zps_suite_ckpt(void);
 Suite *zps_suite_shard_shm(void);
 Suite *zps_suite_shard_outer(void);

@@ -3,6 +3,7 @@
 
 #include <errno.h>
 #include <pthread.h>
+#include <sched.h>
 #include <stdbool.h>
 #include <stdint.h>
 #include <stdlib.h>
@@ -14,18 +15,26 @@
 // on: the ranges are finite work, and the result is needed).
 #define ZPS_POOL_WARN_S 10
 
+// Ranges a job is cut into per thread: enough that the threads that run
+// take the share of one that does not, few enough that taking one (a lock)
+// costs nothing beside it.
+#define ZPS_POOL_RANGES_PER_THREAD 4
+// No range is shorter than this many elements (but the last).
+#define ZPS_POOL_MIN_RANGE 4096
+
 struct zps_pool {
     int threads;               // the caller included
     pthread_t ids[ZPS_POOL_MAX];
     int started;               // threads started (threads - 1 when all went well)
     pthread_mutex_t mu;
     pthread_cond_t go, done;
-    uint64_t round;            // bumped for each job; a thread runs each round once
+    uint64_t round;            // bumped for each job
     bool stop;
     zps_pool_fn fn;            // the job of this round
     void *arg;
     size_t n, chunk;           // elements, and each range's length
-    int pending;               // ranges of this round not done yet
+    size_t ranges, next;       // the job's ranges, and the next one not taken
+    size_t finished;           // ranges done
 };
 
 typedef struct s_start {
@@ -33,12 +42,22 @@ typedef struct s_start {
     int thread;
 } s_start;
 
-static void s_run(zps_pool *p, int thread)
+// Takes and runs the round's ranges until none is left; called and
+// returns with mu held. A thread that comes late to a round, or wakes for
+// one that is over, finds none.
+static void s_work(zps_pool *p, int thread)
 {
-    size_t lo = (size_t)thread * p->chunk;
-    size_t hi = lo + p->chunk < p->n ? lo + p->chunk : p->n;
-    if (lo < hi) {
-        p->fn(p->arg, lo, hi, thread);
+    while (p->next < p->ranges) {
+        size_t lo = p->next++ * p->chunk;
+        size_t hi = lo + p->chunk < p->n ? lo + p->chunk : p->n;
+        zps_pool_fn fn = p->fn;
+        void *arg = p->arg;
+        pthread_mutex_unlock(&p->mu);
+        fn(arg, lo, hi, thread);
+        pthread_mutex_lock(&p->mu);
+        if (++p->finished == p->ranges) {
+            pthread_cond_signal(&p->done);
+        }
     }
 }
 
@@ -58,12 +77,7 @@ static void *s_main(void *v)
             break;
         }
         seen = p->round;
-        pthread_mutex_unlock(&p->mu);
-        s_run(p, thread);
-        pthread_mutex_lock(&p->mu);
-        if (--p->pending == 0) {
-            pthread_cond_signal(&p->done);
-        }
+        s_work(p, thread);
     }
     pthread_mutex_unlock(&p->mu);
     return NULL;
@@ -118,21 +132,27 @@ void zps_pool_destroy(zps_pool **pp)
     *pp = NULL;
 }
 
-// Waits for the other threads' ranges of this round, saying what it waits
-// for every ZPS_POOL_WARN_S.
+int zps_pool_auto_threads(void)
+{
+    cpu_set_t set;
+    int n = sched_getaffinity(0, sizeof set, &set) == 0 ? CPU_COUNT(&set) : 1;
+    return n < 1 ? 1 : n > ZPS_POOL_AUTO_MAX ? ZPS_POOL_AUTO_MAX : n;
+}
+
+// Waits for the ranges other threads took (all are taken by now), saying
+// what it waits for every ZPS_POOL_WARN_S; called with mu held.
 static void s_join(zps_pool *p)
 {
-    pthread_mutex_lock(&p->mu);
-    while (p->pending > 0) {
+    while (p->finished < p->ranges) {
         struct timespec until;
         clock_gettime(CLOCK_REALTIME, &until);
         until.tv_sec += ZPS_POOL_WARN_S;
         if (pthread_cond_timedwait(&p->done, &p->mu, &until) == ETIMEDOUT) {
-            zps_log_warn("shard threads: waiting %d s for %d of %d threads to finish their "
-                         "ranges", ZPS_POOL_WARN_S, p->pending, p->threads);
+            zps_log_warn("shard threads: waiting %d s for %zu of %zu ranges to be finished by "
+                         "the other threads", ZPS_POOL_WARN_S, p->ranges - p->finished,
+                         p->ranges);
         }
     }
-    pthread_mutex_unlock(&p->mu);
 }
 
 void zps_pool_for(zps_pool *p, size_t n, size_t align, zps_pool_fn fn, void *arg)
@@ -143,18 +163,21 @@ void zps_pool_for(zps_pool *p, size_t n, size_t align, zps_pool_fn fn, void *arg
         }
         return;
     }
-    int t = p->started + 1;
-    size_t chunk = (n + (size_t)t - 1) / (size_t)t;
+    size_t ranges = (size_t)(p->started + 1) * ZPS_POOL_RANGES_PER_THREAD;
+    size_t chunk = (n + ranges - 1) / ranges;
+    chunk = chunk < ZPS_POOL_MIN_RANGE ? ZPS_POOL_MIN_RANGE : chunk;
     chunk = (chunk + align - 1) / align * align;
     pthread_mutex_lock(&p->mu);
     p->fn = fn;
     p->arg = arg;
     p->n = n;
     p->chunk = chunk;
-    p->pending = p->started;
+    p->ranges = (n + chunk - 1) / chunk;
+    p->next = 0;
+    p->finished = 0;
     p->round++;
     pthread_cond_broadcast(&p->go);
-    pthread_mutex_unlock(&p->mu);
-    s_run(p, 0);
+    s_work(p, 0);
     s_join(p);
+    pthread_mutex_unlock(&p->mu);
 }

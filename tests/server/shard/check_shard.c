@@ -221,19 +221,21 @@ END_TEST
 
 // The clipped path's threads: the mean and the sum of squares split over
 // --threads give the same partial sum and, clipped, the same parameters.
+// An MLP whose first layer's bucket is large enough to be split.
+#define CLIP_P 160801u // mlp:400-400-1
 START_TEST(test_shard_clip_threads_give_the_same_bits)
 {
     zps_model_spec model;
-    ck_assert_int_eq(zps_model_parse("flat:131072", &model), ZPS_OK);
-    static float g0[131072], g1[131072];
-    for (size_t i = 0; i < 131072; i++) {
+    ck_assert_int_eq(zps_model_parse("mlp:400-400-1", &model), ZPS_OK);
+    static float g0[CLIP_P], g1[CLIP_P];
+    for (size_t i = 0; i < CLIP_P; i++) {
         g0[i] = (float)((int)(i % 97) - 48) * 0.01f;
         g1[i] = (float)((int)(i % 89) - 44) * 0.013f;
     }
     zps_sumsq part[2];
     float *p[2];
     for (int t = 0; t < 2; t++) {
-        zps_shard_cfg cfg = {.lo = 0, .hi = 131072, .model = &model, .seed = 4,
+        zps_shard_cfg cfg = {.lo = 0, .hi = CLIP_P, .model = &model, .seed = 4,
                              .global_batch = ZPS_SHARD_FX_BATCH, .dtype = ZPS_DTYPE_F32,
                              .optim = {.lr = 0.5f, .schedule = ZPS_LR_CONSTANT},
                              .threads = t ? 3 : 1, .clip_grad_norm = 1.0f};
@@ -245,12 +247,12 @@ START_TEST(test_shard_clip_threads_give_the_same_bits)
         ck_assert_int_eq(zps_shard_clip(s, 0, zps_sumsq_norm(&part[t])), ZPS_OK);
         while (zps_shard_clip_next(s) >= 0) {
         }
-        p[t] = malloc(131072 * sizeof(float));
+        p[t] = malloc(CLIP_P * sizeof(float));
         zps_shard_fx_params(s, 0, p[t]);
         zps_shard_destroy(&s);
     }
     ck_assert_mem_eq(part[0].limb, part[1].limb, sizeof part[0].limb);
-    ck_assert_mem_eq(p[0], p[1], 131072 * sizeof(float));
+    ck_assert_mem_eq(p[0], p[1], CLIP_P * sizeof(float));
     free(p[0]);
     free(p[1]);
 }
@@ -645,9 +647,11 @@ START_TEST(test_shard_adamw_restored_from_checkpoint_continues_bitwise)
 END_TEST
 
 // --threads: the same pushes give the same bits whatever the number of
-// threads. A flat model of 4 full buckets and a short one, each pushed in
-// frames of unequal length (a thread's range starts and ends inside frames).
-#define THREADS_P 300001u
+// threads. An MLP of a bucket large enough to be split over the threads
+// (zps_pool_for) and one that is not, each pushed in frames of unequal
+// length (a thread's range starts and ends inside frames).
+#define THREADS_MODEL "mlp:500-500-99"
+#define THREADS_P 300099u // 500 * 500 + 500 in the first layer's bucket, 500 * 99 + 99
 
 // Rank r's push of bucket [off, off + count) at `step`, in frames of at most
 // frame elements, the values drawn from (r, step, off).
@@ -699,7 +703,7 @@ static void s_train(const zps_model_spec *model, const s_train_how *how, uint8_t
     zps_shard *s = zps_shard_new(&cfg);
     ck_assert_ptr_nonnull(s);
     zps_shard_fx_add_plan(s);
-    static float vals[65536];
+    static float vals[THREADS_P];
     for (uint64_t step = 0; step < 3; step++) {
         for (int b = zps_shard_n_buckets(s) - 1; b >= 0; b--) {
             const void *data;
@@ -755,7 +759,7 @@ static const s_case s_cases[] = {
 START_TEST(test_shard_threads_give_the_same_bits_for_any_number)
 {
     zps_model_spec model;
-    ck_assert_int_eq(zps_model_parse("flat:300001", &model), ZPS_OK);
+    ck_assert_int_eq(zps_model_parse(THREADS_MODEL, &model), ZPS_OK);
     static uint8_t one[THREADS_P * 4], many[THREADS_P * 4], init[THREADS_P * 4];
     for (size_t c = 0; c < sizeof s_cases / sizeof s_cases[0]; c++) {
         size_t bytes = THREADS_P * zps_dtype_size(s_cases[c].dtype);
@@ -780,7 +784,7 @@ END_TEST
 START_TEST(test_shard_kept_first_push_gives_the_bits_of_one_read_at_once)
 {
     zps_model_spec model;
-    ck_assert_int_eq(zps_model_parse("flat:300001", &model), ZPS_OK);
+    ck_assert_int_eq(zps_model_parse(THREADS_MODEL, &model), ZPS_OK);
     static uint8_t at_once[THREADS_P * 4], kept[THREADS_P * 4];
     for (size_t c = 0; c < sizeof s_cases / sizeof s_cases[0]; c++) {
         size_t bytes = THREADS_P * zps_dtype_size(s_cases[c].dtype);

@@ -1,0 +1,146 @@
+/* check_pool.c - the shard's fork-join pool (server/shard/zps_pool.c): every
+ * element computed once, ranges cut where the caller asked, and a thread
+ * that does not run holds nobody up (the others take its ranges). */
+#include <check.h>
+#include <pthread.h>
+#include <stdatomic.h>
+#include <stdint.h>
+#include <stdlib.h>
+#include <time.h>
+
+#include "server/shard/zps_pool.h"
+#include "tests/zps_check.h"
+
+// Counts how often each element was computed, and checks each range's
+// start against the alignment asked for.
+typedef struct s_count_job {
+    _Atomic uint32_t *seen;
+    size_t align;
+    _Atomic int misaligned;
+    _Atomic int bad_thread;
+    int threads;
+} s_count_job;
+
+static void s_count(void *arg, size_t lo, size_t hi, int thread)
+{
+    s_count_job *j = arg;
+    if (lo % j->align != 0) {
+        j->misaligned++;
+    }
+    if (thread < 0 || thread >= j->threads) {
+        j->bad_thread++;
+    }
+    for (size_t i = lo; i < hi; i++) {
+        j->seen[i]++;
+    }
+}
+
+START_TEST(test_pool_computes_every_element_once_for_any_size_and_threads)
+{
+    const size_t sizes[] = {1, 1000, ZPS_POOL_MIN_SPLIT - 1, ZPS_POOL_MIN_SPLIT,
+                            ZPS_POOL_MIN_SPLIT + 1, 300001, 401920};
+    const size_t aligns[] = {1, 2048};
+    const int threads[] = {1, 2, 3, 7};
+    _Atomic uint32_t *seen = calloc(401920, sizeof *seen);
+    ck_assert_ptr_nonnull(seen);
+    for (size_t t = 0; t < sizeof threads / sizeof threads[0]; t++) {
+        zps_pool *p = zps_pool_new(threads[t]);
+        ck_assert_ptr_nonnull(p);
+        for (size_t n = 0; n < sizeof sizes / sizeof sizes[0]; n++) {
+            for (size_t a = 0; a < sizeof aligns / sizeof aligns[0]; a++) {
+                for (size_t i = 0; i < sizes[n]; i++) {
+                    seen[i] = 0;
+                }
+                s_count_job j = {.seen = seen, .align = aligns[a], .threads = threads[t]};
+                zps_pool_for(p, sizes[n], aligns[a], s_count, &j);
+                size_t wrong = 0;
+                for (size_t i = 0; i < sizes[n]; i++) {
+                    wrong += seen[i] != 1;
+                }
+                ck_assert_msg(wrong == 0, "%d threads, n %zu: %zu elements not computed once",
+                              threads[t], sizes[n], wrong);
+                ck_assert_int_eq(j.misaligned, 0);
+                ck_assert_int_eq(j.bad_thread, 0);
+            }
+        }
+        zps_pool_destroy(&p);
+        ck_assert_ptr_null(p);
+    }
+    free(seen);
+}
+END_TEST
+
+// A helper thread that stops in its first range until the caller has done
+// every other range (or 10 s pass): with ranges taken as threads come, the
+// caller gets there; had each thread its fixed share, it never would.
+typedef struct s_stall_job {
+    size_t ranges;             // in the job (as the caller counts them)
+    _Atomic size_t by_caller;  // ranges the caller ran
+    _Atomic int stalled;       // helpers that waited
+    _Atomic int timed_out;
+} s_stall_job;
+
+static void s_stall(void *arg, size_t lo, size_t hi, int thread)
+{
+    (void)lo;
+    (void)hi;
+    s_stall_job *j = arg;
+    if (thread == 0) {
+        j->by_caller++;
+        return;
+    }
+    j->stalled++;
+    struct timespec start, now, nap = {0, 1000000};
+    clock_gettime(CLOCK_MONOTONIC, &start);
+    while (j->by_caller < j->ranges - j->stalled) {
+        clock_gettime(CLOCK_MONOTONIC, &now);
+        if (now.tv_sec - start.tv_sec > 10) {
+            j->timed_out++;
+            return;
+        }
+        nanosleep(&nap, NULL);
+    }
+}
+
+static void s_ranges(void *arg, size_t lo, size_t hi, int thread)
+{
+    (void)lo;
+    (void)hi;
+    (void)thread;
+    (*(_Atomic size_t *)arg)++;
+}
+
+START_TEST(test_pool_caller_takes_the_ranges_of_a_thread_that_does_not_run)
+{
+    zps_pool *p = zps_pool_new(2);
+    ck_assert_ptr_nonnull(p);
+    size_t n = 1u << 20;
+    _Atomic size_t ranges = 0;
+    zps_pool_for(p, n, 1, s_ranges, &ranges);
+    ck_assert_uint_ge(ranges, 4); // a few a thread, for the others to take
+    s_stall_job j = {.ranges = ranges};
+    zps_pool_for(p, n, 1, s_stall, &j);
+    ck_assert_int_eq(j.timed_out, 0);
+    ck_assert_uint_ge(j.by_caller, j.ranges - 1);
+    zps_pool_destroy(&p);
+}
+END_TEST
+
+START_TEST(test_pool_auto_threads_is_between_one_and_its_cap)
+{
+    int n = zps_pool_auto_threads();
+    ck_assert_int_ge(n, 1);
+    ck_assert_int_le(n, ZPS_POOL_AUTO_MAX);
+}
+END_TEST
+
+Suite *zps_suite_pool(void)
+{
+    Suite *s = suite_create("pool");
+    TCase *tc = tcase_create("core");
+    tcase_add_test(tc, test_pool_computes_every_element_once_for_any_size_and_threads);
+    tcase_add_test(tc, test_pool_caller_takes_the_ranges_of_a_thread_that_does_not_run);
+    tcase_add_test(tc, test_pool_auto_threads_is_between_one_and_its_cap);
+    suite_add_tcase(s, tc);
+    return s;
+}
