@@ -2,7 +2,7 @@
  * element computed once, ranges cut where the caller asked, and a thread
  * that does not run holds nobody up (the others take its ranges). */
 #include <check.h>
-#include <pthread.h>
+#include <sched.h>
 #include <stdatomic.h>
 #include <stdint.h>
 #include <stdlib.h>
@@ -126,11 +126,24 @@ START_TEST(test_pool_caller_takes_the_ranges_of_a_thread_that_does_not_run)
 }
 END_TEST
 
-START_TEST(test_pool_auto_threads_is_between_one_and_its_cap)
+// auto counts the cores this process may run on (its affinity, as taskset
+// or a container's cpuset sets it), up to the cap.
+START_TEST(test_pool_auto_threads_counts_the_cores_it_may_run_on)
 {
+    cpu_set_t all, one;
+    ck_assert_int_eq(sched_getaffinity(0, sizeof all, &all), 0);
     int n = zps_pool_auto_threads();
-    ck_assert_int_ge(n, 1);
-    ck_assert_int_le(n, ZPS_POOL_AUTO_MAX);
+    int cores = CPU_COUNT(&all);
+    ck_assert_int_eq(n, cores < ZPS_POOL_AUTO_MAX ? cores : ZPS_POOL_AUTO_MAX);
+    int first = 0;
+    while (!CPU_ISSET(first, &all)) {
+        first++;
+    }
+    CPU_ZERO(&one);
+    CPU_SET(first, &one);
+    ck_assert_int_eq(sched_setaffinity(0, sizeof one, &one), 0);
+    ck_assert_int_eq(zps_pool_auto_threads(), 1);
+    ck_assert_int_eq(sched_setaffinity(0, sizeof all, &all), 0);
 }
 END_TEST
 
@@ -140,7 +153,7 @@ Suite *zps_suite_pool(void)
     TCase *tc = tcase_create("core");
     tcase_add_test(tc, test_pool_computes_every_element_once_for_any_size_and_threads);
     tcase_add_test(tc, test_pool_caller_takes_the_ranges_of_a_thread_that_does_not_run);
-    tcase_add_test(tc, test_pool_auto_threads_is_between_one_and_its_cap);
+    tcase_add_test(tc, test_pool_auto_threads_counts_the_cores_it_may_run_on);
     suite_add_tcase(s, tc);
     return s;
 }
