@@ -564,7 +564,7 @@ fi
 rev=$(git rev-parse --short HEAD 2>/dev/null || echo unknown)
 git diff --quiet HEAD 2>/dev/null || rev="$rev+changes"
 start=$SECONDS
-header="zps bench/all.sh: $(date -u +%Y-%m-%dT%H:%MZ), commit $rev, $(nproc) cores ($(grep -m1 'model name' /proc/cpuinfo | cut -d: -f2 | xargs)), load $(cut -d' ' -f1-3 /proc/loadavg) at the start; $([ "$quick" = 1 ] && echo "--quick, ")median of $repeats repeat(s); loopback TCP; torch $(timeout 120 "$py" -c 'import torch; print(torch.__version__)' 2>/dev/null || echo -); every process 1 thread unless its row says otherwise"
+header="zps bench/all.sh: $(date -u +%Y-%m-%dT%H:%MZ), commit $rev, $(nproc) cores ($(grep -m1 'model name' /proc/cpuinfo | cut -d: -f2 | xargs)), load $(cut -d' ' -f1-3 /proc/loadavg) at the start; $([ "$quick" = 1 ] && echo "--quick, ")median of $repeats repeat(s); loopback TCP; torch $(timeout 120 "$py" -c 'import torch; print(torch.__version__)' 2>/dev/null || echo -); every worker and PyTorch process 1 compute thread unless its row says otherwise, zps-server its default --threads auto"
 echo "$header"
 : >"$run/rows"
 if wants a; then case_a; fi
