@@ -106,7 +106,7 @@ static bool s_parse_threads(const char *text, void *field)
 {
     long long n;
     if (strcmp(text, "auto") == 0) {
-        *(int *)field = 0; // resolved once the flags are read
+        *(int *)field = 0; // zps_server_open resolves it
         return true;
     }
     if (!zps_opts_read_int(text, 1, ZPS_POOL_MAX, &n)) {

@@ -23,7 +23,6 @@
 #define ZPS_POOL_MIN_RANGE 4096
 
 struct zps_pool {
-    int threads;               // the caller included
     pthread_t ids[ZPS_POOL_MAX];
     int started;               // threads started (threads - 1 when all went well)
     pthread_mutex_t mu;
@@ -91,7 +90,6 @@ zps_pool *zps_pool_new(int threads)
         free(p);
         return NULL;
     }
-    p->threads = threads;
     pthread_mutex_init(&p->mu, NULL);
     pthread_cond_init(&p->go, NULL);
     pthread_cond_init(&p->done, NULL);
