@@ -69,6 +69,43 @@ zps_err zps_ask_take_late_job(zps_client *c, const Zps__Header *h)
     return err == ZPS_OK ? ZPS_EAGAIN : err;
 }
 
+// The job is over, and this worker waits for `step`'s parameters. If they
+// are the last ones and it is still a member, they exist and the shards
+// keep them while members are through: late (a large model on a slow link
+// streams them for seconds) or lost on the way (a host's leader that
+// stopped before passing them on). The shards missing are asked for them
+// again, once, and the wait goes on while buckets come, judged every
+// second (an answer may also follow another at once). ZPS_OK: wait on.
+// Otherwise the job went on without this worker: it leaves (ZPS_ECLOSED).
+static zps_err s_job_done(zps_client *c, const Zps__Status *st, uint64_t step, double now)
+{
+    uint64_t at = st->steps_done_all;
+    int in = zps_wait_received(c);
+    bool first = c->done_received < 0;
+    bool coming = first || now - c->done_ms < ZPS_CLIENT_ASK_EVERY_MS || in > c->done_received;
+    if (st->asker == ZPS__MEMBER_STATE__MEMBER_ACTIVE && at == step && coming) {
+        if (first) {
+            int asked = zps_wait_pull_missing(c, step);
+            zps_log_warn("the job is over at step %llu, whose parameters have not all come: "
+                         "waiting for them (%d shard(s) asked again)", (unsigned long long)step,
+                         asked);
+        }
+        if (first || now - c->done_ms >= ZPS_CLIENT_ASK_EVERY_MS) {
+            c->done_received = in;
+            c->done_ms = now;
+        }
+        // Asked again a second from now, not after the backed-off wait:
+        // nothing else comes of a job that is over.
+        c->ask_every_ms = ZPS_CLIENT_ASK_EVERY_MS;
+        zps_due_ask_at(c, now + ZPS_CLIENT_ASK_EVERY_MS);
+        return ZPS_OK;
+    }
+    zps_log_warn("the job is over (step %llu of %llu) without this worker's last step: "
+                 "leaving it", (unsigned long long)at, (unsigned long long)st->total_steps);
+    c->job_over = true;
+    return ZPS_ECLOSED;
+}
+
 // Waited long for `step`'s parameters: where is the job? The worker goes
 // on waiting while the job lives and it is a member; catches up when the
 // job went past the step without it; joins again when it was handed on
@@ -101,10 +138,7 @@ zps_err zps_ask_where_is_job(zps_client *c, uint64_t step)
     uint64_t at = st->steps_done_all; // a step is over once every shard completed it
     zps_err err = ZPS_OK;
     if (st->state && strcmp(st->state, "done") == 0) {
-        zps_log_warn("the job is over (step %llu of %llu) without this worker's last step: "
-                     "leaving it", (unsigned long long)at, (unsigned long long)st->total_steps);
-        c->job_over = true;
-        err = ZPS_ECLOSED;
+        err = s_job_done(c, st, step, now);
     } else if (st->asker == ZPS__MEMBER_STATE__MEMBER_GONE ||
                st->asker == ZPS__MEMBER_STATE__MEMBER_UNKNOWN) {
         zps_log_warn("rank %u was handed on by the coordinator (it is at step %llu): joining "

@@ -139,6 +139,8 @@ struct zps_client {
     double pull_again_ms[ZPS_CONN_MAX_SHARDS];     // when to send a refused PULL again (0: no)
     int retry_ms;                                  // the next "not yet" backoff
     double answered_ms;                            // the coordinator's last answer to that
+    int done_received;                             // buckets in when the job was last seen over
+    double done_ms;                                // then (done_received -1: not seen yet)
     double ask_every_ms;                           // the wait between asks, doubling (reset by
                                                    // each wait for parameters)
     bool rejoin;                                   // handed on by the coordinator: HELLO again
@@ -204,6 +206,8 @@ zps_err zps_job_take_plan(zps_client *c, Zps__Slice *const *slices, size_t n_sli
 // zps_wait.c: the parameter wait.
 zps_err zps_wait_run(zps_client *c);
 zps_err zps_wait_pull(zps_client *c, uint64_t step);
+int zps_wait_received(const zps_client *c);
+int zps_wait_pull_missing(zps_client *c, uint64_t step);
 zps_err zps_wait_send_init(zps_client *c);
 void zps_wait_release_held(zps_client *c);
 

@@ -315,6 +315,36 @@ static bool s_shard_received(const zps_conn_shard *sc)
     return zps_bucket_set_full(&sc->received, sc->n_buckets);
 }
 
+// The buckets of the awaited step in, from every shard.
+int zps_wait_received(const zps_client *c)
+{
+    int n = 0;
+    for (int i = 0; i < c->conn.n_shards; i++) {
+        const zps_conn_shard *sc = &c->conn.shards[i];
+        for (int b = 0; b < sc->n_buckets; b++) {
+            n += zps_bucket_set_has(&sc->received, b);
+        }
+    }
+    return n;
+}
+
+// The shards whose parameters of `step` exist (the coordinator has done
+// the step) but are not all here are asked for them again by PULL, as
+// frames, once a step; how many were.
+int zps_wait_pull_missing(zps_client *c, uint64_t step)
+{
+    int asked = 0;
+    for (int i = 0; i < c->conn.n_shards; i++) {
+        zps_conn_shard *sc = &c->conn.shards[i];
+        if (!s_shard_received(sc) && sc->params_pulled != step + 1) {
+            sc->params_pulled = step + 1;
+            (void)zps_conn_pull(&c->conn, i, step); // a failure is logged; the wait is bounded
+            asked++;
+        }
+    }
+    return asked;
+}
+
 static bool s_all_received(const zps_client *c)
 {
     for (int i = 0; i < c->conn.n_shards; i++) {
@@ -489,6 +519,7 @@ zps_err zps_wait_run(zps_client *c)
         c->wait_start = zps_clock_ms();
         zps_due_begin(c, c->wait_start);
         c->answered_ms = c->wait_start;
+        c->done_received = -1;
     }
     do {
         while (!s_all_received(c) || zps_work_queued(c)) {

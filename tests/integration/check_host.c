@@ -34,6 +34,7 @@ typedef struct run {
     const char *steps;
     const char *stall_ms[WORKERS]; // worker k pauses this long every step (NULL: never)
     bool w0_first;        // worker 0 is admitted before the others start: rank 0, host a's leader
+    bool quick_evict;     // --worker-timeout-ms 1500 (a worker is killed), else 10000
     pid_t shard[2];
     pid_t w[WORKERS];
     char ep[256];
@@ -52,7 +53,7 @@ static void s_start_shards(zps_procs *ps, run *r)
     // would stand, before --micro-batch.
     const char *sargs[] = {"--workers", "4", "--global-batch", "64", "--steps", r->steps,
                            "--seed", "3", "--shards", "2", "--model", MODEL, "--lr", "0.05",
-                           "--worker-timeout-ms", "1500",
+                           "--worker-timeout-ms", r->quick_evict ? "1500" : "10000",
                            "--host-aggregate", r->aggregate ? "on" : "off",
                            r->deterministic ? "--deterministic" : NULL, "--micro-batch", "8",
                            NULL};
@@ -246,7 +247,7 @@ START_TEST(test_host_leader_killed_mid_run_job_completes_and_survivors_agree)
     // A pause of 40 ms every step: 60 steps of this model take 80 ms on a
     // fast machine, over before a poll of the coordinator sees step 15.
     run r = {.tag = "kill", .aggregate = true, .deterministic = false, .steps = "60",
-             .stall_ms = {"40", "40", "40", "40"}};
+             .stall_ms = {"40", "40", "40", "40"}, .quick_evict = true};
     s_start(&ps, &r);
     int leader = s_leader_of_b(&ps, &r);
     zps_procs_wait_step(r.ep, 15, 60000);
@@ -255,6 +256,49 @@ START_TEST(test_host_leader_killed_mid_run_job_completes_and_survivors_agree)
     r.w[leader] = 0;
     s_wait_all(&ps, &r);
     float *a = s_agreed(&ps, &r, n);
+    free(a);
+    zps_procs_fini(&ps, false);
+}
+END_TEST
+
+// Host b's leader stopped (SIGSTOP) after pushing its host's parts of the
+// last step, before the shards' parameters come: host a's workers pause
+// 6 s in that step, and the follower has asked the coordinator twice
+// (after 1 and 3 s) when the leader stops. Its leader will not pass shard
+// 0's last parameters on, but the shards keep them: once the coordinator
+// says the job is over at the step the follower waits for, it asks shard
+// 0 for them and ends with the job's parameters, not without them. (The
+// leader, let go once the follower is through, finds shard 1 gone with
+// the segment its last values were in: it ends without them, exit 0.)
+START_TEST(test_host_follower_whose_leader_stopped_asks_the_shards_for_the_last_parameters)
+{
+    zps_procs ps;
+    zps_procs_init(&ps, "host-last");
+    size_t n = s_n_params();
+    run r = {.tag = "last", .aggregate = true, .deterministic = false, .steps = "1",
+             .stall_ms = {"6000", "6000"}};
+    s_start(&ps, &r);
+    int leader = s_leader_of_b(&ps, &r), follower = leader == 2 ? 3 : 2;
+    char log[64];
+    snprintf(log, sizeof log, "last-w%d.log", follower);
+    for (int tries = 0; zps_procs_log_count(&ps, log, "waiting for step 1 parameters") < 2;
+         tries++) {
+        ck_assert_msg(tries < 300, "the follower did not ask twice within 30 s");
+        struct timespec ts = {0, 100000000L};
+        nanosleep(&ts, NULL);
+    }
+    ck_assert_int_eq(kill(r.w[leader], SIGSTOP), 0);
+    int st = zps_procs_wait(&ps, r.w[follower], RUN_TIMEOUT_MS);
+    ck_assert_int_eq(kill(r.w[leader], SIGCONT), 0);
+    ck_assert_msg(st == 0, "the follower exited with %d", st);
+    pid_t waited = r.w[follower];
+    r.w[follower] = 0; // reaped: s_wait_all waits for the others
+    s_wait_all(&ps, &r);
+    r.w[follower] = waited;
+    r.w[leader] = 0;
+    ck_assert_int_eq(zps_procs_log_count(&ps, log, "pushing it myself"), 0);
+    ck_assert(zps_procs_log_has(&ps, log, "waiting for them (1 shard(s) asked again)"));
+    float *a = s_agreed(&ps, &r, n); // the follower's among them
     free(a);
     zps_procs_fini(&ps, false);
 }
@@ -384,6 +428,8 @@ Suite *zps_suite_host(void)
     tcase_add_test(tc, test_host_deterministic_run_has_the_bits_of_one_without_aggregation);
     tcase_add_test(tc, test_host_synchronous_run_within_round_off_of_one_without_aggregation);
     tcase_add_test(tc, test_host_leader_killed_mid_run_job_completes_and_survivors_agree);
+    tcase_add_test(tc,
+                   test_host_follower_whose_leader_stopped_asks_the_shards_for_the_last_parameters);
     suite_add_tcase(s, tc);
     // Steps of 7 s: about a minute and a half in all, make test-long's
     // (docs/tests.md).

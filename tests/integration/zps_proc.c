@@ -21,9 +21,47 @@
 
 #include "common/zps_clock.h"
 
-// A failed ck_assert exits the test's process at once: this kills what the
-// test started on the way out (and PR_SET_PDEATHSIG covers a SIGKILLed test).
+// A test that returns or calls exit() kills what it started on the way
+// out; a failed ck_assert ends the test's process with _exit, and
+// PR_SET_PDEATHSIG kills its children then.
 static zps_procs *s_current;
+
+// The runner's list of the scratch directories its tests made (one line
+// each, appended by the forked tests): those left at the end are failed
+// tests', whose logs zps_procs_end_run prints.
+static char s_made_list[256];
+
+// The last lines of every log a failed test leaves: the directory is
+// gone with the machine when CI fails, and its output is all that stays.
+#define ZPS_PROC_TAIL_LINES 12
+static void s_print_tails(const char *dir)
+{
+    DIR *d = opendir(dir);
+    for (struct dirent *e; d && (e = readdir(d));) {
+        size_t len = strlen(e->d_name);
+        if (len < 5 || strcmp(e->d_name + len - 4, ".log") != 0) {
+            continue;
+        }
+        char path[1024], lines[ZPS_PROC_TAIL_LINES][256];
+        snprintf(path, sizeof path, "%s/%s", dir, e->d_name);
+        FILE *f = fopen(path, "r");
+        int n = 0;
+        while (f && fgets(lines[n % ZPS_PROC_TAIL_LINES], sizeof lines[0], f)) {
+            n++;
+        }
+        if (f) {
+            fclose(f);
+        }
+        fprintf(stderr, "---- %s, its last %d of %d lines:\n", e->d_name,
+                n < ZPS_PROC_TAIL_LINES ? n : ZPS_PROC_TAIL_LINES, n);
+        for (int i = n < ZPS_PROC_TAIL_LINES ? 0 : n - ZPS_PROC_TAIL_LINES; i < n; i++) {
+            fputs(lines[i % ZPS_PROC_TAIL_LINES], stderr);
+        }
+    }
+    if (d) {
+        closedir(d);
+    }
+}
 
 static void s_kill_current(void)
 {
@@ -42,6 +80,39 @@ void zps_procs_init(zps_procs *ps, const char *name)
     const char *tmp = getenv("TMPDIR");
     snprintf(ps->dir, sizeof ps->dir, "%s/zps-%s-XXXXXX", tmp && *tmp ? tmp : "/tmp", name);
     ck_assert_ptr_nonnull(mkdtemp(ps->dir));
+    FILE *made = s_made_list[0] ? fopen(s_made_list, "a") : NULL;
+    if (made) {
+        fprintf(made, "%s\n", ps->dir);
+        fclose(made);
+    }
+}
+
+void zps_procs_begin_run(void)
+{
+    snprintf(s_made_list, sizeof s_made_list, "/tmp/zps-integration-dirs-%d", (int)getpid());
+    FILE *made = fopen(s_made_list, "w");
+    if (made) {
+        fclose(made);
+    } else {
+        s_made_list[0] = '\0'; // no report of the logs left: the tests run as ever
+    }
+}
+
+void zps_procs_end_run(bool print_kept)
+{
+    FILE *made = s_made_list[0] ? fopen(s_made_list, "r") : NULL;
+    char dir[300];
+    while (made && fgets(dir, sizeof dir, made)) {
+        dir[strcspn(dir, "\n")] = '\0';
+        if (print_kept && access(dir, F_OK) == 0) {
+            fprintf(stderr, "==== logs of a failed test, kept in %s\n", dir);
+            s_print_tails(dir);
+        }
+    }
+    if (made) {
+        fclose(made);
+        (void)unlink(s_made_list);
+    }
 }
 
 void zps_procs_fini(zps_procs *ps, bool keep)

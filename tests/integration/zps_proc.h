@@ -20,6 +20,11 @@ typedef struct zps_procs {
 
 // Makes a scratch directory under $TMPDIR.
 void zps_procs_init(zps_procs *ps, const char *name);
+// Around a runner's run: the directories its tests make are listed, and
+// those still there at the end (a failed test's: a passing one removes
+// its own) have the last lines of their logs printed if print_kept.
+void zps_procs_begin_run(void);
+void zps_procs_end_run(bool print_kept);
 // Kills (SIGKILL) and reaps every process still running, removes the
 // scratch directory unless keep is set (a failing test keeps its logs).
 void zps_procs_fini(zps_procs *ps, bool keep);
