@@ -1,10 +1,12 @@
 /* zps_register.c - shards 1..N-1 and their coordinator: REGISTER until
  * assigned (and after, for a coordinator that restarts), the ASSIGN that
- * gives the range and the job, the PLANs and ROLLBACKs that follow, and the
- * refusal that ends a shard the coordinator will not have. */
+ * gives the range and the job, the PLANs and ROLLBACKs that follow, the
+ * refusal that ends a shard the coordinator will not have, and the wait
+ * after the last step for the coordinator to end. */
 #include "server/zps_server_int.h"
 
 #include <float.h>
+#include <stdio.h>
 
 #include "common/zps_clock.h"
 #include "common/zps_layout.h"
@@ -212,4 +214,58 @@ zps_err zps_register_read_up(zps_server *srv)
     }
     zps_wire_msg_fini(&m);
     return err;
+}
+
+// ---------------------------------------------------------------------------
+// After the last step.
+
+// The coordinator waits for the members to be through (its grace), and
+// until then one may still want this shard's last parameters: a PULL (its
+// host's leader stopped before passing them on), or the segment that holds
+// them, which is gone with this process. The shard ends when its
+// connection to the coordinator closes, or after ZPS_SERVER_LINGER_MS.
+void zps_register_linger(zps_server *srv)
+{
+    char ep[64];
+    snprintf(ep, sizeof ep, "inproc://zps-up-%p", (void *)srv);
+    if (!srv->up || zmq_socket_monitor(srv->up, ep, ZMQ_EVENT_DISCONNECTED) != 0 ||
+        !(srv->up_mon = zmq_socket(srv->ctx, ZMQ_PAIR)) || zmq_connect(srv->up_mon, ep) != 0) {
+        zps_log_warn("shard %u: last step done; the coordinator's connection cannot be watched "
+                     "(%s): ending now", srv->o->shard, zmq_strerror(errno));
+        zps_register_linger_stop(srv);
+        srv->finished = true;
+        return;
+    }
+    double now = zps_clock_ms();
+    srv->linger_until_ms = now + ZPS_SERVER_LINGER_MS;
+    zps_timers_at(&srv->timers, srv->t_linger, now);
+    zps_log_info("shard %u: last step done; serving its parameters until the coordinator at %s "
+                 "ends (at most %.0f s)", srv->o->shard, srv->o->coordinator,
+                 ZPS_SERVER_LINGER_MS / 1e3);
+}
+
+void zps_register_linger_check(zps_server *srv, double now)
+{
+    zmq_pollitem_t item = {.socket = srv->up_mon, .events = ZMQ_POLLIN};
+    if (srv->up_mon && zmq_poll(&item, 1, 0) > 0) {
+        zps_log_info("shard %u: the coordinator has ended", srv->o->shard);
+    } else if (now < srv->linger_until_ms) {
+        return;
+    } else {
+        zps_log_warn("shard %u: the coordinator has not ended within %.0f s of the last step: "
+                     "ending", srv->o->shard, ZPS_SERVER_LINGER_MS / 1e3);
+    }
+    zps_register_linger_stop(srv);
+    srv->finished = true;
+}
+
+void zps_register_linger_stop(zps_server *srv)
+{
+    if (srv->up_mon) {
+        (void)zmq_socket_monitor(srv->up, NULL, 0); // fails only for a socket not monitored
+        zps_wire_close(&srv->up_mon);
+    }
+    if (srv->t_linger >= 0) {
+        zps_timers_cancel(&srv->timers, srv->t_linger);
+    }
 }

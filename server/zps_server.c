@@ -277,6 +277,11 @@ static void s_on_register(void *arg, double now)
     zps_register_send(srv);
 }
 
+static void s_on_linger(void *arg, double now)
+{
+    zps_register_linger_check(arg, now);
+}
+
 static void s_on_stall(void *arg, double now)
 {
     zps_server *srv = arg;
@@ -365,6 +370,8 @@ static void s_add_timers(zps_server *srv)
     } else {
         (void)s_add(srv, "gradient norm", 1000.0, s_on_norm_wait, true);
     }
+    srv->t_linger =
+        coordinator ? -1 : s_add(srv, "coordinator's end", ZPS_SERVER_TICK_MS, s_on_linger, false);
     if (o->http) {
         (void)s_add(srv, "publish", ZPS_SERVER_PUBLISH_MS, s_on_publish, true);
     }

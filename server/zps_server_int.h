@@ -51,6 +51,9 @@
 #define ZPS_SERVER_METRICS_BUF (1 << 16) // longer than a step record of every member
 #define ZPS_SERVER_STOP_GRACE_MS 3000.0 // after SIGTERM, for the step in progress to finish
 #define ZPS_SERVER_TICK_MS 50.0         // the coordinator's clock: evictions, waiting lines
+// Shard > 0 after its last step: the longest it waits for the coordinator
+// to end (the coordinator's grace for members to finish, and 5 s more).
+#define ZPS_SERVER_LINGER_MS 65000.0
 #define ZPS_SERVER_PUBLISH_MS 500.0     // refresh of what --http serves
 #define ZPS_SERVER_DECLARE_LOG_MS 20000.0 // "waiting for the model" line
 #define ZPS_SERVER_NORM_RESEND_MS 5000.0  // --clip-grad-norm: a part unanswered this long is
@@ -78,7 +81,11 @@ struct zps_server {
     zps_refusals refused;                        // refused or dropped messages, their lines
     uint32_t plan_gen;                           // newest generation given to the shard
     double step_start_ms;                        // when the current step began
-    bool finished;                               // shard > 0: the last step is done
+    bool finished;                               // shard > 0: the last step is done, and the
+                                                 // coordinator gone (or waited for long enough)
+    void *up_mon;                                // owned: shard > 0 after its last step: up's
+                                                 // disconnections (zps_register_linger)
+    double linger_until_ms;                      // then: the longest it waits for them
     zps_curve curve;                             // CURVE keys, if on
     zps_zap *zap;                                // owned: admits CURVE clients, if on
     zps_http *http;                              // owned: /metrics and /status, if asked
@@ -95,6 +102,7 @@ struct zps_server {
     int t_speculate;
     int t_stop_grace;
     int t_declare_log;
+    int t_linger;
     double norm_wait_ms;                         // --clip-grad-norm: since when the shard waits
                                                  // for the norm (0: it does not)
 };
@@ -145,6 +153,12 @@ void zps_register_up_header(const zps_server *srv, Zps__Header *h, Zps__MsgType 
                             uint64_t step);
 // zps_register_read_up reads the coordinator's socket; a failure ends the shard.
 zps_err zps_register_read_up(zps_server *srv);
+// zps_register_linger keeps a shard whose last step is done until its
+// coordinator ends (zps_register_linger_check sets finished then);
+// zps_register_linger_stop forgets it (a restore, a shard closing).
+void zps_register_linger(zps_server *srv);
+void zps_register_linger_check(zps_server *srv, double now);
+void zps_register_linger_stop(zps_server *srv);
 
 // ---------------------------------------------------------------------------
 // zps_steps.c

@@ -243,6 +243,7 @@ void zps_setup_close(zps_server *srv)
 {
     zps_shard_io_fini(&srv->io);
     zps_wire_close(&srv->sock);
+    zps_register_linger_stop(srv);
     zps_wire_close(&srv->up);
     zps_zap_stop(&srv->zap);
     zps_http_stop(&srv->http);

@@ -194,8 +194,7 @@ void zps_steps_end(zps_server *srv)
     srv->step_start_ms = now;
     zps_timers_at(&srv->timers, srv->t_stall, now + srv->o->stall_warn_ms);
     if (step + 1 == srv->total_steps && !srv->coord) {
-        zps_log_info("shard %u: last step done", srv->o->shard);
-        srv->finished = true;
+        zps_register_linger(srv);
     }
 }
 
@@ -256,6 +255,7 @@ zps_err zps_steps_restore(zps_server *srv, uint64_t step)
 void zps_steps_forget(zps_server *srv)
 {
     zps_shard_io_forget_step(&srv->io);
+    zps_register_linger_stop(srv);
     srv->finished = false;
     srv->step_start_ms = zps_clock_ms();
 }
