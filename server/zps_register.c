@@ -226,6 +226,9 @@ zps_err zps_register_read_up(zps_server *srv)
 // connection to the coordinator closes, or after ZPS_SERVER_LINGER_MS.
 void zps_register_linger(zps_server *srv)
 {
+    if (srv->up_mon) {
+        return; // already watching: the last step said done twice changes nothing
+    }
     char ep[64];
     snprintf(ep, sizeof ep, "inproc://zps-up-%p", (void *)srv);
     if (!srv->up || zmq_socket_monitor(srv->up, ep, ZMQ_EVENT_DISCONNECTED) != 0 ||
