@@ -37,10 +37,12 @@
 // Messages ZeroMQ reads ahead of the loop from each peer. Unbounded, a
 // shard held every worker's push of a step at once when they all came
 // together (the first step: 32 workers of a 1M model took it from 41 to
-// 106 MiB). 2, not 1: with 1, CURVE connections never delivered their
-// first message (libzmq 4.3.4; the security tests show it), a cause not
-// found yet.
-#define ZPS_SERVER_RCVHWM 2
+// 106 MiB); with 2 it held 48-51 MiB at 32 workers, with 1 43-45 (33 at
+// 2 workers: bench/all.sh's case d, docs/measurements.md). With CurveZMQ,
+// 2: with 1 a CURVE connection never delivered its first message (libzmq
+// 4.3.4; the security tests show it), a cause not found yet.
+#define ZPS_SERVER_RCVHWM 1
+#define ZPS_SERVER_RCVHWM_CURVE 2
 // Connections the kernel holds for ZeroMQ to accept. Each member opens
 // three to shard 0 (its main socket, its heartbeat's, its questions') and
 // thousands start at once: ZeroMQ's default of 100 overflowed at 4096

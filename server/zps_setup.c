@@ -221,7 +221,8 @@ int zps_setup_open(zps_server *srv, const zps_shard_io_hooks *hooks)
     }
     srv->sock = zps_wire_socket(srv->ctx, ZMQ_ROUTER, ZPS_SERVER_SEND_TIMEOUT_MS);
     if (!srv->sock || zps_sndbuf_apply(srv->ctx, srv->sock, o->sndbuf) != ZPS_OK ||
-        zps_wire_set_rcvhwm(srv->sock, ZPS_SERVER_RCVHWM) != ZPS_OK ||
+        zps_wire_set_rcvhwm(srv->sock, o->curve_secret ? ZPS_SERVER_RCVHWM_CURVE
+                                                       : ZPS_SERVER_RCVHWM) != ZPS_OK ||
         zps_shard_io_init(&srv->io, srv->sock, o->shard, hooks) != ZPS_OK) {
         return 1;
     }
