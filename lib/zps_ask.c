@@ -110,7 +110,9 @@ static zps_err s_job_done(zps_client *c, const Zps__Status *st, uint64_t step, d
 // on waiting while the job lives and it is a member; catches up when the
 // job went past the step without it; joins again when it was handed on
 // (evicted while paused, or its slice given away); ends when the job is
-// over or the coordinator stays silent for the timeout. The log says which.
+// over (once it has the last parameters, if they are owed to it:
+// s_job_done) or the coordinator stays silent for the timeout. The log
+// says which.
 zps_err zps_ask_where_is_job(zps_client *c, uint64_t step)
 {
     double now = zps_clock_ms();
