@@ -82,7 +82,8 @@ static zps_err s_job_done(zps_client *c, const Zps__Status *st, uint64_t step, d
     uint64_t at = st->steps_done_all;
     int in = zps_wait_received(c);
     bool first = c->done_received < 0;
-    bool coming = first || now - c->done_ms < ZPS_CLIENT_ASK_EVERY_MS || in > c->done_received;
+    bool judged = first || now - c->done_ms >= ZPS_CLIENT_ASK_EVERY_MS;
+    bool coming = first || !judged || in > c->done_received;
     if (st->asker == ZPS__MEMBER_STATE__MEMBER_ACTIVE && at == step && coming) {
         if (first) {
             int asked = zps_wait_pull_missing(c, step);
@@ -90,7 +91,7 @@ static zps_err s_job_done(zps_client *c, const Zps__Status *st, uint64_t step, d
                          "waiting for them (%d shard(s) asked again)", (unsigned long long)step,
                          asked);
         }
-        if (first || now - c->done_ms >= ZPS_CLIENT_ASK_EVERY_MS) {
+        if (judged) {
             c->done_received = in;
             c->done_ms = now;
         }

@@ -77,6 +77,19 @@ static zps_err s_hold_shared(zps_client *c, int i, const zps_conn_shared *in)
     return err;
 }
 
+// Asks shard i for `step`'s parameters again by PULL, as frames, once a
+// step; whether it did now.
+static bool s_pull_once(zps_client *c, int i, uint64_t step)
+{
+    zps_conn_shard *sc = &c->conn.shards[i];
+    if (sc->params_pulled == step + 1) {
+        return false;
+    }
+    sc->params_pulled = step + 1;
+    (void)zps_conn_pull(&c->conn, i, step); // a failure is logged; the wait is bounded
+    return true;
+}
+
 // The values of step `step` that shard i's segment was to hold cannot be
 // read from there: most often the job went on without this worker (its
 // slices handed on while it stalled), and a pull of a step the shard has
@@ -86,11 +99,7 @@ static zps_err s_hold_shared(zps_client *c, int i, const zps_conn_shared *in)
 static void s_ask_again(zps_client *c, int i, uint64_t step)
 {
     zps_due_ask_at(c, 0);
-    zps_conn_shard *sc = &c->conn.shards[i];
-    if (sc->params_pulled != step + 1) {
-        sc->params_pulled = step + 1;
-        (void)zps_conn_pull(&c->conn, i, step); // a failure is logged; the wait is bounded
-    }
+    (void)s_pull_once(c, i, step);
 }
 
 // Bucket k kept in a shard's segment is lost (written over): it is
@@ -335,12 +344,7 @@ int zps_wait_pull_missing(zps_client *c, uint64_t step)
 {
     int asked = 0;
     for (int i = 0; i < c->conn.n_shards; i++) {
-        zps_conn_shard *sc = &c->conn.shards[i];
-        if (!s_shard_received(sc) && sc->params_pulled != step + 1) {
-            sc->params_pulled = step + 1;
-            (void)zps_conn_pull(&c->conn, i, step); // a failure is logged; the wait is bounded
-            asked++;
-        }
+        asked += !s_shard_received(&c->conn.shards[i]) && s_pull_once(c, i, step);
     }
     return asked;
 }
