@@ -61,11 +61,28 @@ static void s_close(zps_host *h)
     h->bound = false;
 }
 
-void zps_host_fini(zps_host *h)
+// Drops every part still held (none once the leader pushed what it
+// held) and unmaps the followers' segments, in that order: a part read in
+// place must not outlive its mapping.
+static void s_unmap_all(zps_host *h)
 {
     for (int i = 0; i < ZPS_CONN_MAX_SHARDS; i++) {
         for (int b = 0; h->buckets[i] && b < ZPS_MODEL_MAX_BUCKETS; b++) {
-            s_bucket_clear(&h->buckets[i][b]);
+            if (h->buckets[i][b].n > 0) {
+                s_bucket_clear(&h->buckets[i][b]);
+            }
+        }
+    }
+    for (int k = 0; k < ZPS_HOST_GROUP_MAX; k++) {
+        zps_shm_map_fini(&h->maps[k]);
+    }
+}
+
+void zps_host_fini(zps_host *h)
+{
+    s_unmap_all(h);
+    for (int i = 0; i < ZPS_CONN_MAX_SHARDS; i++) {
+        for (int b = 0; h->buckets[i] && b < ZPS_MODEL_MAX_BUCKETS; b++) {
             free(h->buckets[i][b].parts);
         }
         free(h->buckets[i]);
@@ -73,6 +90,7 @@ void zps_host_fini(zps_host *h)
     }
     s_routes_fini(h);
     s_close(h);
+    zps_shm_seg_fini(&h->seg);
     h->n = 0;
 }
 
@@ -86,6 +104,14 @@ static void s_open_if_needed(zps_client *c);
 void zps_host_take_shards(zps_client *c, const Zps__Job *job)
 {
     zps_host *h = &c->host;
+    // Parts through shared memory unless turned off (docs/choices.md, "One
+    // push per host"): ZPS_SHM_HOST=off compares the two.
+    const char *env = getenv("ZPS_SHM_HOST");
+    h->shm = c->conn.shm != ZPS_CONN_SHM_OFF && c->conn.boot[0] &&
+             !(env && strcmp(env, "off") == 0);
+    if (env && strcmp(env, "off") != 0 && strcmp(env, "on") != 0) {
+        zps_log_warn("ZPS_SHM_HOST: '%s' is not on or off; on, the default", env);
+    }
     for (int i = 0; i < c->conn.n_shards; i++) {
         const char *boot = NULL;
         for (size_t k = 0; k < job->n_shards; k++) {
@@ -285,6 +311,8 @@ zps_err zps_host_take_group(zps_client *c, uint32_t gen, const Zps__HostGroup *g
     if (h->n >= 2 && h->me == 0) {
         s_flush_all(c); // what the old group gave: pushed as it is
     }
+    s_unmap_all(h); // index k may be another member now
+    h->seg_refused = false;
     h->gen = gen;
     h->n = n;
     h->me = me < 0 ? 0 : me;
@@ -314,8 +342,39 @@ static bool s_own_piece(const zps_client *c)
            sl->offset == c->cur_work.offset && sl->count == c->cur_work.count;
 }
 
+// Where element lo of part p of step goes in the follower's segment
+// (created at the first part), or NULL: frames. A second part of one
+// step (a deterministic job's nodes) would overwrite the first before the
+// leader read it, and a leader that could not map the segment takes
+// frames until the next group.
+static uint8_t *s_seg_at(zps_client *c, uint64_t step, const zps_piece *p, uint64_t lo)
+{
+    zps_host *h = &c->host;
+    size_t esize = zps_dtype_size(c->dtype), half = c->model.n_params * esize;
+    if (!h->shm || h->seg_refused || c->micro.m ||
+        (h->seg_step == step + 1 && (h->seg_offset != p->offset || h->seg_samples != p->count))) {
+        return NULL;
+    }
+    if (h->seg.size != 2 * half) {
+        char why[200];
+        zps_shm_seg_fini(&h->seg);
+        if (zps_shm_seg_create(&h->seg, 2 * half, why, sizeof why) != ZPS_OK) {
+            zps_log_warn("host: no segment for my leader (%s): frames to it", why);
+            h->shm = false;
+            return NULL;
+        }
+        zps_log_info("host: parts to my leader through shared memory (%.1f MiB)",
+                     (double)h->seg.size / (1 << 20));
+    }
+    h->seg_step = step + 1;
+    h->seg_offset = p->offset;
+    h->seg_samples = p->count;
+    return (uint8_t *)h->seg.base + (step & 1) * half + lo * esize;
+}
+
 // Part p of the piece handed out, [lo, hi) of grad, to the leader for
-// shard i: a PUSH as to the shard, naming the whole piece in host_pieces.
+// shard i: a PUSH as to the shard, naming the whole piece in host_pieces;
+// the values in the segment, or in frames.
 static zps_err s_send_to_leader(zps_client *c, int i, const zps_piece *p, uint64_t lo,
                                 uint64_t hi, const float *grad, float loss, float compute_ms,
                                 double take_by_ms)
@@ -345,6 +404,16 @@ static zps_err s_send_to_leader(zps_client *c, int i, const zps_piece *p, uint64
     h.n_host_pieces = 1;
     h.host_pieces = pieces;
     size_t esize = zps_dtype_size(c->dtype);
+    uint8_t *at = s_seg_at(c, c->cur_step, p, lo);
+    if (at) {
+        zps_dtype_from_f32(c->dtype, grad + lo, at, h.count); // a copy for fp32
+        h.shm_size = c->host.seg.size;
+        h.shm_offset = (uint64_t)(at - (uint8_t *)c->host.seg.base);
+        h.shm_pid = (uint32_t)getpid();
+        h.shm_fd = (uint32_t)c->host.seg.fd;
+        h.shm_boot = c->conn.boot;
+        return zps_wire_send(c->host.sock, NULL, &h, NULL, 0, NULL);
+    }
     const void *payload = grad + lo;
     if (c->dtype != ZPS_DTYPE_F32) {
         payload = c->wire + lo * esize;
@@ -533,7 +602,10 @@ static zps_err s_push_run(zps_client *c, int i, int b, const zps_host_part *part
     const zps_bucket *bk = &c->conn.shards[i].buckets[b];
     zps_wire_msg out = {.n_frames = 0};
     zps_err err = ZPS_OK;
-    if (n == 1) {
+    // A part read in place is copied: ZeroMQ may hold a frame after the
+    // send returns, past its mapping. The mean of one part is its values,
+    // bit for bit (samples times a float is exact in double).
+    if (n == 1 && !parts[0].view) {
         s_share_frames(&out, &parts[0].m);
     } else {
         err = s_mean(c->dtype, parts, n, bk->hi - bk->lo, &out);
@@ -939,6 +1011,68 @@ static void s_ack(zps_client *c, int k, uint64_t step)
     }
 }
 
+// Tells follower k that its part in shared memory could not be read:
+// the PUSH it sent comes back as a HOST_ACK with the reason, and the
+// follower sends the same values as frames (zps_host_take_ack).
+static void s_refuse_view(zps_client *c, int k, const Zps__Header *hd, zps_err err,
+                          const char *why)
+{
+    zps_host *h = &c->host;
+    Zps__Header a = *hd;
+    a.type = ZPS__MSG_TYPE__HOST_ACK;
+    a.error_code = err;
+    a.error = (char *)why;
+    zps_log_debug("host: rank %u's part not read in place (%s): it sends frames", hd->rank, why);
+    if (zps_wire_send_frames(h->sock, &h->route[k], &a, NULL, 0) != ZPS_OK) {
+        zps_log_debug("host: rank %u not told to send frames", hd->rank);
+    }
+}
+
+// m's values as a frame that reads follower k's segment in place (mapped
+// at its first such part of the group); the reason if not.
+static zps_err s_view(zps_client *c, int k, zps_wire_msg *m, char *why, size_t why_len)
+{
+    zps_host *h = &c->host;
+    const Zps__Header *hd = m->hdr;
+    size_t esize = zps_dtype_size(c->dtype);
+    uint64_t size = 2 * (uint64_t)c->model.n_params * esize;
+    if (!h->shm) {
+        snprintf(why, why_len, "shared memory for parts is off here (ZPS_SHM_HOST or --shm)");
+        return ZPS_EPERM;
+    }
+    if (m->n_frames != 0 || !hd->shm_boot || strcmp(hd->shm_boot, c->conn.boot) != 0 ||
+        hd->shm_size != size) {
+        snprintf(why, why_len, "a segment of %llu bytes on host '%s'%s, not %llu on this one",
+                 (unsigned long long)hd->shm_size, hd->shm_boot ? hd->shm_boot : "",
+                 m->n_frames ? " with frames" : "", (unsigned long long)size);
+        return ZPS_EPROTO;
+    }
+    zps_shm_map *map = &h->maps[k];
+    zps_err err = ZPS_OK;
+    if (!map->base) {
+        err = zps_shm_map_open(map, hd->shm_pid, hd->shm_fd, hd->shm_size, why, why_len);
+    } else if (!zps_shm_map_is(map, hd->shm_pid, hd->shm_fd, hd->shm_size)) {
+        snprintf(why, why_len, "a second segment in one group");
+        err = ZPS_EPROTO;
+    }
+    if (err != ZPS_OK) {
+        return err;
+    }
+    if (hd->count > UINT64_MAX / esize || !zps_shm_span_ok(map->size, hd->shm_offset,
+                                                           hd->count * esize)) {
+        snprintf(why, why_len, "%llu elements at byte %llu: outside the segment",
+                 (unsigned long long)hd->count, (unsigned long long)hd->shm_offset);
+        return ZPS_ERANGE;
+    }
+    size_t bytes = (size_t)(hd->count * esize);
+    // No free function: the mapping outlives the frame (s_unmap_all).
+    ZPS_ASSERT(zmq_msg_init_data(&m->frames[0], (char *)map->base + hd->shm_offset, bytes, NULL,
+                                 NULL) == 0);
+    m->n_frames = 1;
+    m->payload_bytes = bytes;
+    return ZPS_OK;
+}
+
 // A follower's part, checked, taken (m moved) for the step it is of: an
 // older step's is dropped (its bucket was pushed without it, and the
 // follower, not answered, pushes it itself).
@@ -949,8 +1083,9 @@ static void s_take_part(zps_client *c, zps_wire_msg *m)
     int b;
     const Zps__Header *hd = m->hdr;
     if (!hd || !s_part_ok(c, hd, &b, why, sizeof why) ||
-        zps_wire_check_tensor(m, (int)c->dtype, hd->offset, hd->offset + hd->count, why,
-                              sizeof why) != ZPS_OK) {
+        (hd->shm_size == 0 && zps_wire_check_tensor(m, (int)c->dtype, hd->offset,
+                                                    hd->offset + hd->count, why,
+                                                    sizeof why) != ZPS_OK)) {
         zps_log_warn("host: a push to the leader refused: %s", hd ? why : "no header");
         return;
     }
@@ -976,12 +1111,17 @@ static void s_take_part(zps_client *c, zps_wire_msg *m)
     }
     zps_wire_route_copy(&h->route[k], &m->route);
     h->has_route[k] = true;
+    zps_err err = hd->shm_size ? s_view(c, k, m, why, sizeof why) : ZPS_OK;
+    if (err != ZPS_OK) {
+        s_refuse_view(c, k, hd, err, why);
+        return;
+    }
     s_lead_step(c, hd->step);
     s_ack(c, k, hd->step);
     const Zps__HostPiece *pc = hd->host_pieces[0];
     zps_host_part part = {.member = (uint32_t)k, .offset = hd->batch_offset,
                           .samples = hd->samples, .piece = pc->samples, .loss = pc->loss,
-                          .compute_ms = pc->compute_ms};
+                          .compute_ms = pc->compute_ms, .view = hd->shm_size > 0};
     int shard = (int)hd->shard;
     zps_wire_msg_move(&part.m, m);
     (void)s_add_part(c, shard, b, &part); // a failure is logged; the follower's timer follows
@@ -1052,11 +1192,53 @@ void zps_host_on_event(zps_client *c)
     }
 }
 
+// The leader could not read part hd (its PUSH, sent back) in place: the
+// same values go again as frames, from the segment (this step's half is
+// not written again before the step's parameters came), and every part
+// after them until the next group. Nothing is lost; a part of another
+// step, or not of the segment, changes nothing.
+static void s_send_again(zps_client *c, const Zps__Header *hd)
+{
+    zps_host *h = &c->host;
+    size_t esize = zps_dtype_size(c->dtype);
+    if (h->sent != hd->step + 1 || h->seg_step != hd->step + 1 || hd->shm_size == 0 ||
+        hd->shm_size != h->seg.size || hd->shm_pid != (uint32_t)getpid() ||
+        hd->shm_fd != (uint32_t)h->seg.fd ||
+        hd->count > UINT64_MAX / esize ||
+        !zps_shm_span_ok(h->seg.size, hd->shm_offset, hd->count * esize)) {
+        return;
+    }
+    if (!h->seg_refused) {
+        zps_log_warn("host: my leader (rank %u) cannot read my segment (%s): frames to it until "
+                     "the next plan", h->ranks[0], hd->error ? hd->error : "");
+    }
+    h->seg_refused = true;
+    Zps__Header again = *hd, blank;
+    zps_wire_header_init(&blank, ZPS__MSG_TYPE__PUSH);
+    again.type = blank.type;
+    again.error_code = blank.error_code;
+    again.error = blank.error;
+    again.shm_size = blank.shm_size;
+    again.shm_offset = blank.shm_offset;
+    again.shm_pid = blank.shm_pid;
+    again.shm_fd = blank.shm_fd;
+    again.shm_boot = blank.shm_boot;
+    if (zps_wire_send(h->sock, NULL, &again, (const uint8_t *)h->seg.base + hd->shm_offset,
+                      (size_t)(hd->count * esize), NULL) != ZPS_OK) {
+        s_give_up(c, "my leader takes no pushes");
+    }
+}
+
 bool zps_host_take_ack(zps_client *c, const zps_wire_msg *m)
 {
     zps_host *h = &c->host;
     if (!m->hdr || m->hdr->type != ZPS__MSG_TYPE__HOST_ACK) {
         return false;
+    }
+    if (h->n >= 2 && h->me > 0 && m->hdr->error_code != 0 && m->hdr->job_id == c->conn.job_id &&
+        m->hdr->rank == c->conn.rank && m->hdr->generation == h->gen) {
+        s_send_again(c, m->hdr);
+        return true;
     }
     if (h->n >= 2 && h->me > 0 && h->sent == m->hdr->step + 1 &&
         m->hdr->job_id == c->conn.job_id && m->hdr->rank == c->conn.rank &&

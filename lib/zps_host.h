@@ -2,16 +2,21 @@
  *
  * The members of a plan on one host (the same boot id, common/zps_shm.h)
  * form a group whose lowest rank leads. For every shard on another host a
- * follower hands its own piece's pushes to the leader, on a unix socket of
- * the host, instead of sending them across; the leader sums the pieces of
- * a bucket that adjoin in the batch (weighted by samples; in a
- * deterministic job as sibling nodes of the tree, which is what the shard
- * would add) and pushes once for them, naming each member's piece so the
- * shard credits it; the shard answers the leader with the parameters,
- * which the leader passes on to its followers: one push and one pull per
- * host and shard. The leader says HOST_ACK to a follower once it holds
- * the follower's part of a step. A leader that goes silent is a member
- * failure like any other: a follower whose part the leader did not take
+ * follower hands its own piece's pushes to the leader instead of sending
+ * them across: the values in a shared-memory segment of its own (as a
+ * same-host shard takes pushes), the header on a unix socket of the host;
+ * as frames on that socket where the leader cannot map the segment, or in
+ * a deterministic job (several nodes of one bucket a step). The leader
+ * sums the pieces of a bucket that adjoin in the batch (weighted by
+ * samples; in a deterministic job as sibling nodes of the tree, which is
+ * what the shard would add) and pushes once for them, naming each
+ * member's piece so the shard credits it; the shard answers the leader
+ * with the parameters, which the leader passes on to its followers: one
+ * push and one pull per host and shard. The leader says HOST_ACK to a
+ * follower once it holds the follower's part of a step (or that it
+ * could not map it: the follower sends it again as frames). A leader that
+ * goes silent is a member failure like any other: a follower whose part
+ * the leader did not take
  * for a while (or whose leader's connection closed, or whose next plan
  * names another leader) computes its piece again and pushes it itself, as
  * it does a push refused "not yet", and the shards count the first copy
@@ -29,6 +34,7 @@
 #include <zmq.h>
 
 #include "common/zps_plan.h"
+#include "common/zps_shm.h"
 #include "common/zps_wire.h"
 #include "lib/zps_conn.h"
 #include "lib/zps_schedule.h"
@@ -44,6 +50,7 @@ typedef struct zps_host_part {
     uint32_t piece;           // samples of the member's whole piece
     float loss, compute_ms;   // of the piece, as the member says
     zps_wire_msg m;           // owned: the values, in frames of the wire dtype
+    bool view;                // m's frame lies in the member's segment: read, never sent
 } zps_host_part;
 
 // A bucket of one shard, as the leader sums it for the step.
@@ -85,6 +92,18 @@ typedef struct zps_host {
     double give_up_ms;                   // gives up on it this long after sent_ms, if not taken
     bool taken;                          // the leader said HOST_ACK for it
     bool direct;                         // gave up on the leader: pushes itself until a new group
+    // A follower's parts through shared memory: element e of the model for
+    // step s at ((s & 1) * n_params + e) * esize. The half of step s is
+    // written again at s + 2, once the shards answered s + 1, which they do
+    // only after the leader pushed (or gave up on) what it read of s.
+    bool shm;                            // on: not ZPS_SHM_HOST=off, nor --shm off
+    zps_shm_seg seg;                     // owned: created at the first part, kept while the worker runs
+    uint64_t seg_step;                   // 1 + the step whose parts are in seg
+    uint32_t seg_offset, seg_samples;    // their part of the batch: another of the step goes as frames
+    bool seg_refused;                    // the leader could not map seg: frames until a new group
+    // The leader's: each follower's segment, mapped at its first part of
+    // the group and unmapped when the group changes, its parts pushed.
+    zps_shm_map maps[ZPS_HOST_GROUP_MAX];
 } zps_host;
 
 // Frees what the state holds and closes its socket; zeroed memory is an

@@ -35,6 +35,7 @@ typedef struct run {
     const char *stall_ms[WORKERS]; // worker k pauses this long every step (NULL: never)
     bool w0_first;        // worker 0 is admitted before the others start: rank 0, host a's leader
     bool quick_evict;     // --worker-timeout-ms 1500 (a worker is killed), else 10000
+    bool shm_off[WORKERS]; // worker k runs with ZPS_SHM_HOST=off: no parts in shared memory
     pid_t shard[2];
     pid_t w[WORKERS];
     char ep[256];
@@ -83,6 +84,7 @@ static void s_start(zps_procs *ps, run *r)
                                "--heartbeat-ms", "100", stall ? "--stall-prob" : NULL, "1",
                                "--stall-ms", r->stall_ms[k], NULL};
         ck_assert_int_eq(setenv("ZPS_BOOT_ID", s_host(k / 2), 1), 0);
+        ck_assert_int_eq(setenv("ZPS_SHM_HOST", r->shm_off[k] ? "off" : "on", 1), 0);
         r->w[k] = zps_procs_start(ps, "zps-worker", log, wargs);
         if (k == 0 && r->w0_first) {
             char s0[64];
@@ -91,6 +93,7 @@ static void s_start(zps_procs *ps, run *r)
         }
     }
     ck_assert_int_eq(unsetenv("ZPS_BOOT_ID"), 0);
+    ck_assert_int_eq(unsetenv("ZPS_SHM_HOST"), 0);
 }
 
 static void s_wait_all(zps_procs *ps, run *r)
@@ -174,15 +177,51 @@ static void s_train(zps_procs *ps, run *r)
     s_wait_all(ps, r);
 }
 
+// Run r ends with the bits a of a run whose followers' parts went to the
+// leader in shared memory.
+static void s_check_same_bits(zps_procs *ps, run *r, const float *a, size_t n)
+{
+    s_train(ps, r);
+    float *f = s_agreed(ps, r, n);
+    ck_assert_msg(memcmp(a, f, n * sizeof(float)) == 0,
+                  "%s ends %.3g away from parts in shared memory", r->tag,
+                  zps_max_abs_diff(a, f, n));
+    free(f);
+}
+
+// A synchronous job's followers hand their parts to the leader in shared
+// memory. The same job with ZPS_SHM_HOST=off (parts as frames), and with
+// it off at host a's leader only (it refuses to map its follower's
+// segment: the follower sends the same part again as frames, and frames
+// from then on), ends with the same bits: the leader sums the same values
+// in the same order (host a's ranks first in each).
+static void s_check_against_frames(zps_procs *ps, const run *agg, const float *a, size_t n)
+{
+    ck_assert_int_eq(s_lines_from(ps, agg, 0, "parts to my leader through shared memory"), 2);
+    ck_assert_int_eq(s_lines_from(ps, agg, 0, "cannot read my segment"), 0);
+    run frames = {.tag = "frames", .aggregate = true, .steps = agg->steps, .w0_first = true,
+                  .shm_off = {true, true, true, true}};
+    s_check_same_bits(ps, &frames, a, n);
+    ck_assert_int_eq(s_lines_from(ps, &frames, 0, "parts to my leader through"), 0);
+    run refused = {.tag = "refused", .aggregate = true, .steps = agg->steps, .w0_first = true,
+                   .shm_off = {true, false, false, false}};
+    s_check_same_bits(ps, &refused, a, n);
+    ck_assert_int_eq(zps_procs_log_count(ps, "refused-w1.log", "cannot read my segment"), 1);
+}
+
 // The same job with and without aggregation: the bits (deterministic) or
 // within round-off (synchronous, where the leader's mean rounds once
-// more, as another split of the batch would); fewer bytes with it.
+// more, as another split of the batch would); fewer bytes with it. A
+// deterministic job's parts (nodes, several a bucket) go as frames.
 static void s_check_against_plain(bool deterministic)
 {
     zps_procs ps;
     zps_procs_init(&ps, deterministic ? "host-bits" : "host-close");
     size_t n = s_n_params();
-    run agg = {.tag = "agg", .aggregate = true, .deterministic = deterministic, .steps = "30"};
+    // Host a first, ranks 0 and 1: which host's pair the leader sums
+    // decides the rounding, and the runs compared bitwise share it.
+    run agg = {.tag = "agg", .aggregate = true, .deterministic = deterministic, .steps = "30",
+               .w0_first = true};
     run plain = {.tag = "plain", .aggregate = false, .deterministic = deterministic,
                  .steps = "30"};
     s_train(&ps, &agg);
@@ -197,8 +236,10 @@ static void s_check_against_plain(bool deterministic)
             deterministic ? "deterministic" : "synchronous", d, mib_agg, mib_plain);
     if (deterministic) {
         ck_assert_msg(memcmp(a, b, n * sizeof(float)) == 0, "aggregated ends %.3g away", d);
+        ck_assert_int_eq(s_lines_from(&ps, &agg, 0, "parts to my leader through"), 0);
     } else {
         ck_assert_msg(d <= 1e-5, "aggregated ends %.3g away", d);
+        s_check_against_frames(&ps, &agg, a, n);
     }
     // Each host's leader pushes one copy of the other host's range where
     // its two workers pushed two.
