@@ -1011,19 +1011,19 @@ static void s_ack(zps_client *c, int k, uint64_t step)
     }
 }
 
-// Tells follower k that its part in shared memory could not be read:
-// the PUSH it sent comes back as a HOST_ACK with the reason, and the
+// Tells the follower that sent m that its part in shared memory could not
+// be read: the PUSH comes back as a HOST_ACK with the reason, and the
 // follower sends the same values as frames (zps_host_take_ack).
-static void s_refuse_view(zps_client *c, int k, const Zps__Header *hd, zps_err err,
-                          const char *why)
+static void s_refuse_view(zps_client *c, zps_wire_msg *m, zps_err err, const char *why)
 {
     zps_host *h = &c->host;
+    const Zps__Header *hd = m->hdr;
     Zps__Header a = *hd;
     a.type = ZPS__MSG_TYPE__HOST_ACK;
     a.error_code = err;
     a.error = (char *)why;
     zps_log_debug("host: rank %u's part not read in place (%s): it sends frames", hd->rank, why);
-    if (zps_wire_send_frames(h->sock, &h->route[k], &a, NULL, 0) != ZPS_OK) {
+    if (zps_wire_send_frames(h->sock, &m->route, &a, NULL, 0) != ZPS_OK) {
         zps_log_debug("host: rank %u not told to send frames", hd->rank);
     }
 }
@@ -1106,16 +1106,16 @@ static void s_take_part(zps_client *c, zps_wire_msg *m)
                      "left to it", hd->rank, (unsigned long long)hd->step, late / 1e3);
         return;
     }
+    zps_err err = hd->shm_size ? s_view(c, k, m, why, sizeof why) : ZPS_OK;
+    if (err != ZPS_OK) {
+        s_refuse_view(c, m, err, why);
+        return;
+    }
     if (h->has_route[k]) {
         zps_wire_route_close(&h->route[k]);
     }
     zps_wire_route_copy(&h->route[k], &m->route);
     h->has_route[k] = true;
-    zps_err err = hd->shm_size ? s_view(c, k, m, why, sizeof why) : ZPS_OK;
-    if (err != ZPS_OK) {
-        s_refuse_view(c, k, hd, err, why);
-        return;
-    }
     s_lead_step(c, hd->step);
     s_ack(c, k, hd->step);
     const Zps__HostPiece *pc = hd->host_pieces[0];
