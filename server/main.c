@@ -377,7 +377,7 @@ static const zps_opts_row s_table[] = {
      .parse = s_parse_shm, .accepts = "auto, allow or deny"},
     {.name = "threads", .kind = ZPS_OPTS_CUSTOM, .metavar = "N|auto", .def = "auto",
      .help = "threads that share each large bucket's accumulate and update; auto: the cores "
-             "it may run on, at most 4 (same bits for any N)",
+             "it may run on (fewer under a cgroup CPU quota), at most 4 (same bits for any N)",
      .offset = offsetof(s_flags, srv.threads), .ctype = ZPS_OPTS_C_PARSER,
      .parse = s_parse_threads, .accepts = "an integer in 1..64, or auto"},
     {.name = "log-level", .kind = ZPS_OPTS_CUSTOM, .metavar = "LEVEL", .def = "info",

@@ -454,7 +454,8 @@ zps_server *zps_server_open(const zps_server_opts *o, int *status)
     if (srv->threads == 0) {
         srv->threads = zps_pool_auto_threads();
         zps_log_info("--threads auto: %d thread(s) share each large bucket's update (the cores "
-                     "this process may run on, at most %d)", srv->threads, ZPS_POOL_AUTO_MAX);
+                     "this process may run on, or fewer if its cgroup's CPU quota says so, at "
+                     "most %d)", srv->threads, ZPS_POOL_AUTO_MAX);
     }
     s_add_timers(srv); // before anything can arm one of them
     zps_shard_io_hooks hooks = {.arg = srv, .refuse = s_io_refuse, .job_id = s_io_job_id,

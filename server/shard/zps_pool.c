@@ -2,11 +2,14 @@
 #include "zps_pool.h"
 
 #include <errno.h>
+#include <limits.h>
 #include <pthread.h>
 #include <sched.h>
 #include <stdbool.h>
 #include <stdint.h>
+#include <stdio.h>
 #include <stdlib.h>
+#include <string.h>
 #include <time.h>
 
 #include "common/zps_log.h"
@@ -134,7 +137,112 @@ int zps_pool_auto_threads(void)
 {
     cpu_set_t set;
     int n = sched_getaffinity(0, sizeof set, &set) == 0 ? CPU_COUNT(&set) : 1;
+    int quota = zps_pool_quota_cpus("/proc/self/cgroup", "/sys/fs/cgroup");
+    n = quota > 0 && quota < n ? quota : n;
     return n < 1 ? 1 : n > ZPS_POOL_AUTO_MAX ? ZPS_POOL_AUTO_MAX : n;
+}
+
+// The first line of dir/name into buf; false if there is none.
+static bool s_line(const char *dir, const char *name, char *buf, size_t len)
+{
+    char path[PATH_MAX + 32];
+    snprintf(path, sizeof path, "%s/%s", dir, name);
+    FILE *f = fopen(path, "r");
+    bool ok = f && fgets(buf, (int)len, f) != NULL;
+    if (f) {
+        (void)fclose(f); // read only: nothing to lose
+    }
+    return ok;
+}
+
+// The integer at the start of s (-1 if none), and where it ends.
+static long long s_int(const char *s, char **end)
+{
+    long long v = strtoll(s, end, 10);
+    return *end == s ? -1 : v;
+}
+
+// The CPUs the quota in dir allows (v2's cpu.max, else v1's two files),
+// rounded up; 0 for none or nothing readable.
+static int s_quota_in(const char *dir)
+{
+    char line[64], *end;
+    long long quota = -1, period = 0;
+    if (s_line(dir, "cpu.max", line, sizeof line)) {
+        quota = s_int(line, &end); // "max PERIOD": none
+        period = quota > 0 ? s_int(end, &end) : 0;
+    } else if (s_line(dir, "cpu.cfs_quota_us", line, sizeof line)) {
+        quota = s_int(line, &end);
+        period = s_line(dir, "cpu.cfs_period_us", line, sizeof line) ? s_int(line, &end) : 0;
+    }
+    if (quota <= 0 || period <= 0) {
+        return 0;
+    }
+    long long cpus = quota / period + (quota % period != 0); // rounded up, never overflowing
+    return cpus > INT_MAX ? INT_MAX : (int)cpus;
+}
+
+// The smaller of two quotas in CPUs, 0 meaning none.
+static int s_least(int a, int b)
+{
+    return a > 0 && (b <= 0 || a < b) ? a : b;
+}
+
+// The least quota of the cgroup at root/path and those above it. Where a
+// container sees its own cgroup at root but the host's path in proc, the
+// paths below root are missing and root's own file counts.
+static int s_quota_up(const char *root, char *path)
+{
+    int least = 0;
+    for (;;) {
+        char dir[PATH_MAX];
+        if (snprintf(dir, sizeof dir, "%s%s", root, path) < (int)sizeof dir) {
+            least = s_least(s_quota_in(dir), least);
+        }
+        char *slash = strrchr(path, '/');
+        if (!slash || slash == path) {
+            break;
+        }
+        *slash = '\0';
+    }
+    if (path[0] == '/' && path[1]) {
+        least = s_least(s_quota_in(root), least); // the root itself
+    }
+    return least;
+}
+
+int zps_pool_quota_cpus(const char *proc, const char *root)
+{
+    FILE *f = fopen(proc, "r");
+    char line[PATH_MAX + 128];
+    int least = 0;
+    while (f && fgets(line, sizeof line, f)) {
+        // "ID:CONTROLLERS:PATH": v2 is "0::PATH", v1's cpu is a list holding "cpu".
+        char *ctl = strchr(line, ':'), *path = ctl ? strchr(ctl + 1, ':') : NULL;
+        if (!path) {
+            continue;
+        }
+        *path++ = '\0';
+        path[strcspn(path, "\n")] = '\0';
+        ctl++;
+        char base[PATH_MAX];
+        bool v1cpu = false;
+        for (char *c = ctl, *save = NULL, *tok; (tok = strtok_r(c, ",", &save)); c = NULL) {
+            v1cpu = v1cpu || strcmp(tok, "cpu") == 0;
+        }
+        if (!ctl[0]) {
+            snprintf(base, sizeof base, "%s", root);
+        } else if (v1cpu) {
+            snprintf(base, sizeof base, "%s/cpu", root); // "cpu,cpuacct" is mounted there too
+        } else {
+            continue;
+        }
+        least = s_least(s_quota_up(base, path), least);
+    }
+    if (f) {
+        (void)fclose(f); // read only: nothing to lose
+    }
+    return least;
 }
 
 // Waits for the ranges other threads took (all are taken by now), saying

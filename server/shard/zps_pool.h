@@ -31,12 +31,20 @@ zps_pool *zps_pool_new(int threads);
 // Stops and joins the threads.
 void zps_pool_destroy(zps_pool **p);
 
-// zps-server --threads auto: the cores this process may run on, at most
+// zps-server --threads auto: the cores this process may run on, fewer if
+// its cgroup's CPU quota allows fewer (a container's --cpus), at most
 // ZPS_POOL_AUTO_MAX (the update is bound by memory: a few cores fill its
 // bandwidth). On a shared machine the workers wait while their last bucket
 // is updated, so the cores they leave idle then are there to take.
 #define ZPS_POOL_AUTO_MAX 4
 int zps_pool_auto_threads(void);
+// The CPUs a cgroup quota allows the process, rounded up: cgroup v2's
+// cpu.max ("QUOTA PERIOD"; "max": none) or v1's cpu.cfs_quota_us over
+// cpu.cfs_period_us (-1: none), of its cgroup and of each one above it,
+// the least of them; 0 if none is set or none can be read. proc is the
+// process's cgroup list (/proc/self/cgroup), root where the hierarchies
+// are mounted (/sys/fs/cgroup).
+int zps_pool_quota_cpus(const char *proc, const char *root);
 
 // Runs fn over [0, n), each range's length a multiple of `align` but the
 // last (align >= 1), and waits for all of them.

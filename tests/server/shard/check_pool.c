@@ -1,15 +1,22 @@
 /* check_pool.c - the shard's fork-join pool (server/shard/zps_pool.c): every
  * element computed once, ranges cut where the caller asked, and a thread
- * that does not run holds nobody up (the others take its ranges). */
+ * that does not run holds nobody up (the others take its ranges); --threads
+ * auto's count of the cores, and of a cgroup's CPU quota (read from a tree
+ * of files laid out as the kernel's). */
 #include <check.h>
+#include <errno.h>
 #include <sched.h>
 #include <stdatomic.h>
 #include <stdint.h>
+#include <stdio.h>
 #include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
 #include <time.h>
 
 #include "server/shard/zps_pool.h"
 #include "tests/zps_check.h"
+#include "tests/zps_tmpdir.h"
 
 // Counts how often each element was computed, and checks each range's
 // start against the alignment asked for.
@@ -127,13 +134,16 @@ START_TEST(test_pool_caller_takes_the_ranges_of_a_thread_that_does_not_run)
 END_TEST
 
 // auto counts the cores this process may run on (its affinity, as taskset
-// or a container's cpuset sets it), up to the cap.
+// or a container's cpuset sets it), fewer if its cgroup's quota allows
+// fewer, up to the cap.
 START_TEST(test_pool_auto_threads_counts_the_cores_it_may_run_on)
 {
     cpu_set_t all, one;
     ck_assert_int_eq(sched_getaffinity(0, sizeof all, &all), 0);
     int n = zps_pool_auto_threads();
     int cores = CPU_COUNT(&all);
+    int quota = zps_pool_quota_cpus("/proc/self/cgroup", "/sys/fs/cgroup");
+    cores = quota > 0 && quota < cores ? quota : cores;
     ck_assert_int_eq(n, cores < ZPS_POOL_AUTO_MAX ? cores : ZPS_POOL_AUTO_MAX);
     int first = 0;
     while (!CPU_ISSET(first, &all)) {
@@ -147,6 +157,69 @@ START_TEST(test_pool_auto_threads_counts_the_cores_it_may_run_on)
 }
 END_TEST
 
+// Writes text to dir/name, making the directories on the way.
+static void s_put(const char *dir, const char *name, const char *text)
+{
+    char path[512];
+    snprintf(path, sizeof path, "%s/%s", dir, name);
+    for (char *c = path + strlen(dir) + 1; *c; c++) {
+        if (*c == '/') {
+            *c = '\0';
+            ck_assert(mkdir(path, 0700) == 0 || errno == EEXIST);
+            *c = '/';
+        }
+    }
+    FILE *f = fopen(path, "w");
+    ck_assert_ptr_nonnull(f);
+    ck_assert_int_ge(fputs(text, f), 0);
+    ck_assert_int_eq(fclose(f), 0);
+}
+
+static int s_quota(const char *dir, const char *proc)
+{
+    char file[512];
+    s_put(dir, "self-cgroup", proc);
+    snprintf(file, sizeof file, "%s/self-cgroup", dir);
+    return zps_pool_quota_cpus(file, dir);
+}
+
+// A quota is rounded up to whole CPUs, the least of a cgroup's and its
+// parents' counts, "max" and -1 are none, and a path the mount does not
+// hold (a container that sees its own cgroup at the root) falls back to
+// the root's.
+START_TEST(test_pool_quota_counts_the_cpus_a_cgroup_allows)
+{
+    char dir[256];
+    zps_tmpdir_make(dir, sizeof dir, "pool-quota");
+    // cgroup v2: 1.5 CPUs below a parent with none.
+    s_put(dir, "cpu.max", "max 100000\n");
+    s_put(dir, "a/cpu.max", "max 100000\n");
+    s_put(dir, "a/b/cpu.max", "150000 100000\n");
+    ck_assert_int_eq(s_quota(dir, "0::/a/b\n"), 2);
+    // A parent's smaller quota wins.
+    s_put(dir, "a/cpu.max", "50000 100000\n");
+    ck_assert_int_eq(s_quota(dir, "0::/a/b\n"), 1);
+    // No quota anywhere.
+    s_put(dir, "a/cpu.max", "max 100000\n");
+    s_put(dir, "a/b/cpu.max", "max 100000\n");
+    ck_assert_int_eq(s_quota(dir, "0::/a/b\n"), 0);
+    // A host's path the mount does not have: the root's own quota.
+    s_put(dir, "cpu.max", "300000 100000\n");
+    ck_assert_int_eq(s_quota(dir, "0::/docker/1234\n"), 3);
+    // cgroup v1: the cpu hierarchy's files; other controllers' lines ignored.
+    s_put(dir, "cpu/x/cpu.cfs_quota_us", "250000\n");
+    s_put(dir, "cpu/x/cpu.cfs_period_us", "100000\n");
+    s_put(dir, "cpu/cpu.cfs_quota_us", "-1\n");
+    s_put(dir, "cpu/cpu.cfs_period_us", "100000\n");
+    ck_assert_int_eq(s_quota(dir, "5:memory:/x\n4:cpu,cpuacct:/x\n"), 3);
+    s_put(dir, "cpu/x/cpu.cfs_quota_us", "-1\n");
+    ck_assert_int_eq(s_quota(dir, "4:cpu,cpuacct:/x\n"), 0);
+    // No such list: none.
+    ck_assert_int_eq(zps_pool_quota_cpus("/nonexistent/cgroup", dir), 0);
+    ck_assert_int_eq(zps_tmpdir_remove(dir), 0);
+}
+END_TEST
+
 Suite *zps_suite_pool(void)
 {
     Suite *s = suite_create("pool");
@@ -154,6 +227,7 @@ Suite *zps_suite_pool(void)
     tcase_add_test(tc, test_pool_computes_every_element_once_for_any_size_and_threads);
     tcase_add_test(tc, test_pool_caller_takes_the_ranges_of_a_thread_that_does_not_run);
     tcase_add_test(tc, test_pool_auto_threads_counts_the_cores_it_may_run_on);
+    tcase_add_test(tc, test_pool_quota_counts_the_cpus_a_cgroup_allows);
     suite_add_tcase(s, tc);
     return s;
 }
