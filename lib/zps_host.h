@@ -16,11 +16,10 @@
  * follower once it holds the follower's part of a step (or that it
  * could not map it: the follower sends it again as frames). A leader that
  * goes silent is a member failure like any other: a follower whose part
- * the leader did not take
- * for a while (or whose leader's connection closed, or whose next plan
- * names another leader) computes its piece again and pushes it itself, as
- * it does a push refused "not yet", and the shards count the first copy
- * of every sample. Once its part is taken a follower waits as any worker
+ * the leader did not take for a while (or whose leader's connection
+ * closed, or whose next plan names another leader) computes its piece
+ * again and pushes it itself, as it does a push refused "not yet", and the
+ * shards count the first copy of every sample. Once its part is taken a follower waits as any worker
  * does: a step slow for others (thousands of members starting, a
  * straggler on another host) is not the leader's failure.
  *

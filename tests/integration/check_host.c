@@ -4,7 +4,9 @@
  * deterministic job ends with the same bits whether the hosts' leaders
  * push for their followers or every worker pushes itself, and the leaders
  * send fewer bytes than the workers did; a synchronous job ends within
- * round-off of the same job without aggregation; a leader SIGKILLed
+ * round-off of the same job without aggregation, and with the same bits
+ * whether the followers' parts reach the leader in shared memory, as
+ * frames, or in shared memory a leader refuses; a leader SIGKILLed
  * mid-run: the job completes and the survivors hold the same bits; a step
  * slow for another host's reason does not make a follower whose part its
  * leader took push for itself, nor does a leader slow at a step 0 whose
