@@ -243,6 +243,11 @@ bool zps_shm_span_ok(uint64_t size, uint64_t offset, uint64_t bytes)
     return offset <= size && bytes <= size - offset;
 }
 
+bool zps_shm_tensor_ok(uint64_t size, uint64_t offset, uint64_t count, size_t esize)
+{
+    return count <= UINT64_MAX / esize && zps_shm_span_ok(size, offset, count * esize);
+}
+
 // ---------------------------------------------------------------------------
 // Parameters under a seqlock per slot.
 

@@ -83,6 +83,9 @@ bool zps_shm_map_is(const zps_shm_map *map, int64_t pid, int64_t fd, uint64_t si
 // Whether [offset, offset + bytes) lies inside a mapping of size bytes
 // (without overflowing, whatever the values).
 bool zps_shm_span_ok(uint64_t size, uint64_t offset, uint64_t bytes);
+// The same for a tensor of count elements of esize bytes (> 0) at offset,
+// a count too large to have a byte length included.
+bool zps_shm_tensor_ok(uint64_t size, uint64_t offset, uint64_t count, size_t esize);
 
 // ---------------------------------------------------------------------------
 // A shard's parameters for the workers of its host (docs/choices.md, "One

@@ -589,6 +589,18 @@ zps_err zps_conn_push_delta(zps_conn *n, int i, uint64_t step, const zps_piece *
     return zps_conn_send(n, i, &h, payload, len, ref);
 }
 
+// Whether the environment variable name says off; on (the default) for
+// anything else, a value other than on or off logged.
+static bool s_env_off(const char *name)
+{
+    const char *v = getenv(name);
+    bool off = v && strcmp(v, "off") == 0;
+    if (v && !off && strcmp(v, "on") != 0) {
+        zps_log_warn("%s: '%s' is not on or off; on, the default", name, v);
+    }
+    return off;
+}
+
 zps_err zps_conn_init(zps_conn *n, const char *coordinator)
 {
     memset(n, 0, sizeof *n);
@@ -597,13 +609,11 @@ zps_err zps_conn_init(zps_conn *n, const char *coordinator)
     n->shm = ZPS_CONN_SHM_AUTO;
     n->sndbuf = ZPS_SNDBUF_AUTO;
     (void)zps_shm_boot_id(n->boot); // "" if unreadable: no shared memory
-    // Parameters through a same-host shard's segment unless turned off
-    // (docs/choices.md, "One pull per host").
-    const char *params = getenv("ZPS_SHM_PARAMS");
-    n->params_frames = params && strcmp(params, "off") == 0;
-    if (params && !n->params_frames && strcmp(params, "on") != 0) {
-        zps_log_warn("ZPS_SHM_PARAMS: '%s' is not on or off; on, the default", params);
-    }
+    // Parameters through a same-host shard's segment, and parts to a host's
+    // leader through the follower's, unless turned off (docs/choices.md,
+    // "One pull per host", "One push per host").
+    n->params_frames = s_env_off("ZPS_SHM_PARAMS");
+    n->host_frames = s_env_off("ZPS_SHM_HOST");
     snprintf(n->shards[0].endpoint, sizeof n->shards[0].endpoint, "%s", coordinator);
     n->ctx = zmq_ctx_new();
     return n->ctx ? ZPS_OK : ZPS_ENOMEM;

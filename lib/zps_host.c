@@ -106,12 +106,7 @@ void zps_host_take_shards(zps_client *c, const Zps__Job *job)
     zps_host *h = &c->host;
     // Parts through shared memory unless turned off (docs/choices.md, "One
     // push per host"): ZPS_SHM_HOST=off compares the two.
-    const char *env = getenv("ZPS_SHM_HOST");
-    h->shm = c->conn.shm != ZPS_CONN_SHM_OFF && c->conn.boot[0] &&
-             !(env && strcmp(env, "off") == 0);
-    if (env && strcmp(env, "off") != 0 && strcmp(env, "on") != 0) {
-        zps_log_warn("ZPS_SHM_HOST: '%s' is not on or off; on, the default", env);
-    }
+    h->shm = c->conn.shm != ZPS_CONN_SHM_OFF && c->conn.boot[0] && !c->conn.host_frames;
     for (int i = 0; i < c->conn.n_shards; i++) {
         const char *boot = NULL;
         for (size_t k = 0; k < job->n_shards; k++) {
@@ -1058,8 +1053,7 @@ static zps_err s_view(zps_client *c, int k, zps_wire_msg *m, char *why, size_t w
     if (err != ZPS_OK) {
         return err;
     }
-    if (hd->count > UINT64_MAX / esize || !zps_shm_span_ok(map->size, hd->shm_offset,
-                                                           hd->count * esize)) {
+    if (!zps_shm_tensor_ok(map->size, hd->shm_offset, hd->count, esize)) {
         snprintf(why, why_len, "%llu elements at byte %llu: outside the segment",
                  (unsigned long long)hd->count, (unsigned long long)hd->shm_offset);
         return ZPS_ERANGE;
@@ -1204,8 +1198,7 @@ static void s_send_again(zps_client *c, const Zps__Header *hd)
     if (h->sent != hd->step + 1 || h->seg_step != hd->step + 1 || hd->shm_size == 0 ||
         hd->shm_size != h->seg.size || hd->shm_pid != (uint32_t)getpid() ||
         hd->shm_fd != (uint32_t)h->seg.fd ||
-        hd->count > UINT64_MAX / esize ||
-        !zps_shm_span_ok(h->seg.size, hd->shm_offset, hd->count * esize)) {
+        !zps_shm_tensor_ok(h->seg.size, hd->shm_offset, hd->count, esize)) {
         return;
     }
     if (!h->seg_refused) {

@@ -19,9 +19,10 @@
  * the leader did not take for a while (or whose leader's connection
  * closed, or whose next plan names another leader) computes its piece
  * again and pushes it itself, as it does a push refused "not yet", and the
- * shards count the first copy of every sample. Once its part is taken a follower waits as any worker
- * does: a step slow for others (thousands of members starting, a
- * straggler on another host) is not the leader's failure.
+ * shards count the first copy of every sample. Once its part is taken a
+ * follower waits as any worker does: a step slow for others (thousands
+ * of members starting, a straggler on another host) is not the leader's
+ * failure.
  *
  * The state lives in the client (lib/zps_client_int.h); its calls are
  * there, with the loop's other rooms. */

@@ -129,8 +129,7 @@ zps_err zps_shard_shm_view(zps_shard_shm *t, uint32_t rank, uint64_t range_bytes
     }
     const zps_shm_map *map = &t->maps[rank];
     size_t esize = zps_dtype_size(dtype);
-    if (h->count > UINT64_MAX / esize ||
-        !zps_shm_span_ok(map->size, h->shm_offset, h->count * esize)) {
+    if (!zps_shm_tensor_ok(map->size, h->shm_offset, h->count, esize)) {
         snprintf(why, why_len, "tensor of %llu elements at byte %llu: outside the segment of "
                  "%zu bytes", (unsigned long long)h->count, (unsigned long long)h->shm_offset,
                  map->size);

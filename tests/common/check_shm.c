@@ -139,6 +139,11 @@ START_TEST(test_shm_span)
     ck_assert(!zps_shm_span_ok(100, 101, 0));
     ck_assert(!zps_shm_span_ok(100, UINT64_MAX, 2));
     ck_assert(!zps_shm_span_ok(100, 2, UINT64_MAX));
+    // A tensor: whole elements inside, and a count whose byte length
+    // overflows (2^62 + 1 floats: 4 bytes once wrapped) refused.
+    ck_assert(zps_shm_tensor_ok(100, 20, 20, 4));
+    ck_assert(!zps_shm_tensor_ok(100, 20, 21, 4));
+    ck_assert(!zps_shm_tensor_ok(100, 0, (UINT64_MAX >> 2) + 2, 4));
 }
 END_TEST
 
