@@ -178,7 +178,12 @@ static zps_err s_hello(zps_conn *n)
     Zps__Header h;
     zps_wire_header_init(&h, ZPS__MSG_TYPE__HELLO);
     h.hello = &hello;
-    return zps_conn_send(n, 0, &h, NULL, 0, NULL);
+    // Not zps_conn_send, which reports a failed send as an error: a HELLO
+    // that finds no connection (libzmq drops one whose CURVE handshake the
+    // server refused) is tried again until the join deadline, and the
+    // give-up line says why.
+    s_identify(n, &h);
+    return zps_wire_send(n->shards[0].sock, NULL, &h, NULL, 0, NULL);
 }
 
 static void s_sleep_ms(double ms)
@@ -205,10 +210,14 @@ zps_err zps_conn_hello_until_job(zps_conn *n, int join_timeout_ms, zps_wire_msg 
     double start = zps_clock_ms(), deadline = start + join_timeout_ms;
     for (;;) {
         zps_err err = s_hello(n);
-        if (err != ZPS_OK) {
+        bool sent = err == ZPS_OK;
+        if (sent) {
+            err = s_await_job(n, deadline, m);
+        } else if (err != ZPS_ETIMEDOUT) {
+            zps_log_error("could not send HELLO to %s: %s", n->shards[0].endpoint,
+                          zps_strerror(err));
             return err;
         }
-        err = s_await_job(n, deadline, m);
         while (err == ZPS_OK && m->hdr->type != ZPS__MSG_TYPE__JOB && zps_clock_ms() < deadline) {
             // Joining again: what the coordinator sent the member of before
             // (plans, rollbacks) may still be queued; its refusals of pushes
@@ -217,8 +226,9 @@ zps_err zps_conn_hello_until_job(zps_conn *n, int join_timeout_ms, zps_wire_msg 
             err = s_await_job(n, deadline, m);
         }
         if (err == ZPS_ETIMEDOUT && zps_clock_ms() < deadline && !n->stop) {
-            zps_log_info("waiting %.0f s for the job to start from %s: saying HELLO again",
-                         (zps_clock_ms() - start) / 1e3, n->shards[0].endpoint);
+            zps_log_info("waiting %.0f s for the job to start from %s: %s",
+                         (zps_clock_ms() - start) / 1e3, n->shards[0].endpoint,
+                         sent ? "saying HELLO again" : "no connection to say HELLO on yet");
             continue;
         }
         if (err == ZPS_ETIMEDOUT) {
