@@ -265,12 +265,19 @@ demo: deps
 # tests beside the Python tests (its two groups one after the other): both
 # start jobs of real processes that wait on each other far more than they
 # compute, no test bounds a time by the machine's speed, and each has its
-# own ports, processes and directory.
+# own ports, processes and directory. Under SAN=1, which leaves out the
+# deploy and Python tests, the unit suites run beside the integration
+# tests instead: sanitized, each takes minutes of one core (170 and 345 s
+# measured), and one after the other they left the second core idle.
 NPROC := $(shell nproc 2>/dev/null || echo 1)
 test: test-deps
 	@$(MAKE) --no-print-directory -j$(NPROC) all $(TESTS) $(FUZZ_REPLAY)
+ifeq ($(SAN),1)
+	@$(MAKE) --no-print-directory -j2 -O test-unit-etc test-integration test-deploy test-python
+else
 	@$(MAKE) --no-print-directory -j2 -O test-unit-etc test-deploy
 	@$(MAKE) --no-print-directory -j2 -O test-integration test-python PY_JOBS=1
+endif
 
 # make test's first half beside test-deploy: nothing here starts a job.
 test-unit-etc:
@@ -287,28 +294,52 @@ test-unit: $(B)/tests/check_unit
 # leaving out the cases tagged "long" (minutes each: the ten churn runs in
 # a row, the seeded chaos schedule, the straggler detector's timing and the
 # adaptive split) and "soak" (make soak), and says so; make test-long runs
-# the long ones. Under SAN=1 only the short tier runs.
+# the long ones. Under SAN=1 only the short tier runs. After a pass each
+# prints the time by suite and the slowest cases (Check's XML log, read by
+# tests/integration/durations.py): what to look at when a tier grows.
 test-integration: $(B)/tests/check_integration $(BINS) $(CUDA_TARGETS)
 	@echo "SKIPPED here: the integration cases tagged long (make test-long runs them)"
-	CK_EXCLUDE_TAGS="long soak" ZPS_BIN_DIR=$(CURDIR)/$(BIN) $(B)/tests/check_integration
+	CK_EXCLUDE_TAGS="long soak" ZPS_BIN_DIR=$(CURDIR)/$(BIN) \
+		CK_XML_LOG_FILE_NAME=$(B)/tests/integration.xml $(B)/tests/check_integration
+	@$(PYTHON) tests/integration/durations.py $(B)/tests/integration.xml
 
-.PHONY: test-long test-long-deps test-integration-long test-python-long test-deploy-long
+.PHONY: test-long test-long-deps test-integration-long test-integration-long-timed \
+	test-integration-long-compute test-python-long test-deploy-long
 test-long: test-long-deps
 	@$(MAKE) --no-print-directory -j$(NPROC) all $(B)/tests/check_integration
-	@$(MAKE) --no-print-directory test-integration-long test-python-long test-deploy-long
+	@$(MAKE) --no-print-directory test-integration-long-timed
+	@$(MAKE) --no-print-directory -j2 -O test-integration-long-compute test-deploy-long
+	@$(MAKE) --no-print-directory test-python-long
 
 # make test's packages and Slurm's (slurm-wlm, munge), which only
 # test-deploy-long uses.
 test-long-deps:
 	@bash deploy/install-deps.sh --long
 
+# The long cases in two lanes. Those tagged `compute` (the churn ten times,
+# the chaos schedule, the deterministic runs over two epochs) keep both
+# cores busy and assert no time, only that jobs end and their bits agree:
+# the Slurm test, which waits far more than it computes (5 s of CPU in its
+# minute), runs beside them. The others measure when something happens
+# (the straggler detector, the adaptive split, the host's timers) or take
+# the machine (the swarm), and run alone first.
 # The swarm suite's 4096 members are bench/swarm's (ZPS_SWARM).
-test-integration-long: $(B)/tests/check_integration $(BINS) $(CUDA_TARGETS) build/bench/swarm
+LONG_ENV = ZPS_BIN_DIR=$(CURDIR)/$(BIN) ZPS_SWARM=$(CURDIR)/build/bench/swarm
+test-integration-long: test-integration-long-timed test-integration-long-compute
+test-integration-long-timed: $(B)/tests/check_integration $(BINS) $(CUDA_TARGETS) build/bench/swarm
 ifeq ($(SAN),1)
 	$(error make test-long runs the normal build; drop SAN=1)
 endif
-	CK_INCLUDE_TAGS=long ZPS_BIN_DIR=$(CURDIR)/$(BIN) ZPS_SWARM=$(CURDIR)/build/bench/swarm \
-		$(B)/tests/check_integration
+	CK_INCLUDE_TAGS=long CK_EXCLUDE_TAGS="compute soak" $(LONG_ENV) \
+		CK_XML_LOG_FILE_NAME=$(B)/tests/integration-long-timed.xml $(B)/tests/check_integration
+	@$(PYTHON) tests/integration/durations.py $(B)/tests/integration-long-timed.xml
+test-integration-long-compute: $(B)/tests/check_integration $(BINS) $(CUDA_TARGETS)
+ifeq ($(SAN),1)
+	$(error make test-long runs the normal build; drop SAN=1)
+endif
+	CK_INCLUDE_TAGS=compute $(LONG_ENV) \
+		CK_XML_LOG_FILE_NAME=$(B)/tests/integration-long-compute.xml $(B)/tests/check_integration
+	@$(PYTHON) tests/integration/durations.py $(B)/tests/integration-long-compute.xml
 
 # The Python package (python/zps) with Debian's python3-torch, which only
 # Debian's own interpreter sees (not a python3 of pyenv or a venv earlier on
@@ -594,7 +625,7 @@ $(FZ)/zps_fuzz_msg: $(FZ)/obj/fuzz/zps_fuzz_msg.o $(FZ)/libzps_fuzz.a
 
 fuzz: deps
 	@command -v $(FUZZ_CC) >/dev/null || { echo "fuzz: no $(FUZZ_CC) (HINT: deploy/install-deps.sh --ci)"; exit 1; }
-	@$(MAKE) --no-print-directory $(FZ)/zps_fuzz_msg $(B)/fuzz/zps_fuzz_seeds
+	@$(MAKE) --no-print-directory -j$(NPROC) $(FZ)/zps_fuzz_msg $(B)/fuzz/zps_fuzz_seeds
 	@rm -rf $(FZ)/seeds && mkdir -p $(FZ)/seeds $(FZ)/corpus $(FZ)/artifacts
 	$(B)/fuzz/zps_fuzz_seeds $(FZ)/seeds
 	$(FZ)/zps_fuzz_msg -max_total_time=$(FUZZ_SECONDS) -max_len=8192 -timeout=10 \

@@ -564,7 +564,7 @@ Suite *zps_suite_stragglers(void)
     tcase_add_test(tc, test_stragglers_speculation_keeps_p95_of_random_stalls_near_median_same_math);
     suite_add_tcase(s, tc);
     TCase *det = tcase_create("detector");
-    tcase_set_tags(det, "timing long"); // timing: left out under SAN=1 (Makefile)
+    tcase_set_tags(det, "timing long"); // timing: it measures when a flag comes
     tcase_set_timeout(det, 600);
     tcase_add_test(det, test_stragglers_detector_flags_neither_of_two_equal_workers_over_an_epoch);
     tcase_add_test(det, test_stragglers_detector_flags_a_worker_slowed_1_5x_within_30_steps_3x_within_10);
