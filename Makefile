@@ -304,27 +304,36 @@ test-integration: $(B)/tests/check_integration $(BINS) $(CUDA_TARGETS)
 	@$(PYTHON) tests/integration/durations.py $(B)/tests/integration.xml
 
 .PHONY: test-long test-long-deps test-integration-long test-integration-long-timed \
-	test-integration-long-compute test-python-long test-deploy-long
+	test-integration-long-compute test-integration-long-compute1 \
+	test-integration-long-compute2 test-integration-long-compute3 test-python-long \
+	test-deploy-long
 test-long: test-long-deps
 	@$(MAKE) --no-print-directory -j$(NPROC) all $(B)/tests/check_integration
 	@$(MAKE) --no-print-directory test-integration-long-timed
-	@$(MAKE) --no-print-directory -j2 -O test-integration-long-compute test-deploy-long
-	@$(MAKE) --no-print-directory test-python-long
+	@$(MAKE) --no-print-directory -j3 -O test-integration-long-compute1 \
+		test-integration-long-compute2 test-integration-long-compute3 \
+		test-deploy-long test-python-long
 
 # make test's packages and Slurm's (slurm-wlm, munge), which only
 # test-deploy-long uses.
 test-long-deps:
 	@bash deploy/install-deps.sh --long
 
-# The long cases in two lanes. Those tagged `compute` (the churn ten times,
-# the chaos schedule, the deterministic runs over two epochs) keep both
-# cores busy and assert no time, only that jobs end and their bits agree:
-# the Slurm test, which waits far more than it computes (5 s of CPU in its
-# minute), runs beside them. The others measure when something happens
-# (the straggler detector, the adaptive split, the host's timers) or take
-# the machine (the swarm), and run alone first.
+# The long cases in two phases. First, alone, those that measure when
+# something happens (the straggler detector, the adaptive split, the host's
+# timers) or take the machine (the swarm). Then those tagged `compute` (the
+# churn ten times, the chaos schedule, the deterministic runs over two
+# epochs), which assert no time, only that jobs end and their bits agree,
+# each in a process of its own, three at a time with the Slurm test (which
+# waits far more than it computes: 5 s of CPU in its minute) and the Python
+# tests marked long: one after the other they kept 1.2 of the 2 cores busy
+# (413 s for 480 s of CPU); side by side they took 272 s. A case tagged
+# compute runs in lane 1 unless it also names lane2 or lane3.
 # The swarm suite's 4096 members are bench/swarm's (ZPS_SWARM).
 LONG_ENV = ZPS_BIN_DIR=$(CURDIR)/$(BIN) ZPS_SWARM=$(CURDIR)/build/bench/swarm
+LONG_LANE_1 = CK_INCLUDE_TAGS=compute CK_EXCLUDE_TAGS="lane2 lane3"
+LONG_LANE_2 = CK_INCLUDE_TAGS=lane2
+LONG_LANE_3 = CK_INCLUDE_TAGS=lane3
 test-integration-long: test-integration-long-timed test-integration-long-compute
 test-integration-long-timed: $(B)/tests/check_integration $(BINS) $(CUDA_TARGETS) build/bench/swarm
 ifeq ($(SAN),1)
@@ -333,13 +342,16 @@ endif
 	CK_INCLUDE_TAGS=long CK_EXCLUDE_TAGS="compute soak" $(LONG_ENV) \
 		CK_XML_LOG_FILE_NAME=$(B)/tests/integration-long-timed.xml $(B)/tests/check_integration
 	@$(PYTHON) tests/integration/durations.py $(B)/tests/integration-long-timed.xml
-test-integration-long-compute: $(B)/tests/check_integration $(BINS) $(CUDA_TARGETS)
+LONG_LANES = test-integration-long-compute1 test-integration-long-compute2 \
+	test-integration-long-compute3
+test-integration-long-compute: $(LONG_LANES)
+$(LONG_LANES): test-integration-long-compute%: $(B)/tests/check_integration $(BINS) $(CUDA_TARGETS)
 ifeq ($(SAN),1)
 	$(error make test-long runs the normal build; drop SAN=1)
 endif
-	CK_INCLUDE_TAGS=compute $(LONG_ENV) \
-		CK_XML_LOG_FILE_NAME=$(B)/tests/integration-long-compute.xml $(B)/tests/check_integration
-	@$(PYTHON) tests/integration/durations.py $(B)/tests/integration-long-compute.xml
+	$(LONG_LANE_$*) $(LONG_ENV) \
+		CK_XML_LOG_FILE_NAME=$(B)/tests/integration-long-compute$*.xml $(B)/tests/check_integration
+	@$(PYTHON) tests/integration/durations.py $(B)/tests/integration-long-compute$*.xml
 
 # The Python package (python/zps) with Debian's python3-torch, which only
 # Debian's own interpreter sees (not a python3 of pyenv or a venv earlier on

@@ -568,12 +568,12 @@ Suite *zps_suite_chaos(void)
     suite_add_tcase(s, churn);
     // make test-long (CK_INCLUDE_TAGS=long): minutes each.
     TCase *churn10 = tcase_create("churn10");
-    tcase_set_tags(churn10, "long compute"); // compute: beside the Slurm test (Makefile)
+    tcase_set_tags(churn10, "long compute"); // compute: beside the others so tagged (Makefile)
     tcase_set_timeout(churn10, 1800);
     tcase_add_test(churn10, test_chaos_churn_ten_runs_in_a_row_never_hang_the_job);
     suite_add_tcase(s, churn10);
     TCase *tc = tcase_create("chaos");
-    tcase_set_tags(tc, "long compute");
+    tcase_set_tags(tc, "long compute lane2"); // lane2: a process of its own (Makefile)
     tcase_set_timeout(tc, 900);
     tcase_add_test(tc, test_chaos_seeded_schedule_of_failures_ends_as_an_undisturbed_run);
     suite_add_tcase(s, tc);

@@ -278,7 +278,7 @@ Suite *zps_suite_deterministic_runs(void)
     tcase_add_test(tc, test_deterministic_runs_150_steps_are_the_same_bits_for_every_scenario);
     suite_add_tcase(s, tc);
     TCase *epochs = tcase_create("epochs");
-    tcase_set_tags(epochs, "long compute"); // make test-long: minutes, beside the Slurm test
+    tcase_set_tags(epochs, "long compute lane3"); // make test-long: minutes, a lane of its own
     tcase_set_timeout(epochs, 3600);
     tcase_add_test(epochs, test_deterministic_runs_two_epochs_are_the_same_bits_for_every_scenario);
     suite_add_tcase(s, epochs);
