@@ -181,7 +181,8 @@ void zps_shard_shm_release(zps_shard_shm *t, uint32_t rank, uint64_t offset, uin
 {
     const zps_shm_map *map = rank < ZPS_MAX_MEMBERS && rank >= ZPS_SHARD_SHM_KEEP
                                  ? &t->maps[rank] : NULL;
-    if (!map || !map->base || bytes == 0 || !zps_shm_span_ok(map->size, offset, bytes)) {
+    if (!map || !map->base || map->size <= ZPS_SHARD_SHM_KEEP_BYTES || bytes == 0 ||
+        !zps_shm_span_ok(map->size, offset, bytes)) {
         return;
     }
     // Whole pages around the span: a page it shares with a neighbour not

@@ -66,10 +66,19 @@ zps_err zps_shard_shm_own(zps_wire_msg *m);
 // again costs about half as much as reading it (4 ms for 32 MiB on the
 // reference machine), paid only where more workers share the host.
 #define ZPS_SHARD_SHM_KEEP 2
+// Nor are the pages of a segment this small: dropping a push's pages costs
+// a TLB shootdown (an interrupt to every core that ran a thread of this
+// process; on a VM, an exit to the hypervisor), which for a push of a few
+// pages costs more than the pages do. They are the worker's, shared: here
+// they cost page-table entries and count in RSS, at most 64 KiB a member
+// (ZeroMQ's buffers for a member's two connections took about 70 KiB in
+// docs/measurements.md's swarm: 410 MiB at 4096 members).
+#define ZPS_SHARD_SHM_KEEP_BYTES (64 * 1024)
 
 // Drops the pages of [offset, offset + bytes) of rank's mapping from this
 // process (madvise MADV_DONTNEED: the segment keeps its bytes, the worker
-// its copy), for ranks from ZPS_SHARD_SHM_KEEP on: once a push is read or
+// its copy), for ranks from ZPS_SHARD_SHM_KEEP on whose segment is larger
+// than ZPS_SHARD_SHM_KEEP_BYTES: once a push is read or
 // copied, its pages leave the shard's RSS, so a shard holds a bounded
 // number of pushes' pages, not every worker's whole segment. Nothing for
 // a span outside the mapping.

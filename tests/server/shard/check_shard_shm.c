@@ -4,6 +4,9 @@
  * are one process here, as /proc allows). */
 #include <check.h>
 #include <signal.h>
+#include <stdio.h>
+#include <stdint.h>
+#include <stdbool.h>
 #include <string.h>
 #include <sys/wait.h>
 #include <unistd.h>
@@ -284,6 +287,71 @@ START_TEST(test_shard_shm_sweep_unmaps_the_dead)
 }
 END_TEST
 
+// The resident KiB of this process's mapping that starts at base
+// (/proc/self/smaps), or -1: the pages the shard holds of a segment.
+static long s_rss_kib(const void *base)
+{
+    FILE *f = fopen("/proc/self/smaps", "r");
+    char line[512], start[32];
+    snprintf(start, sizeof start, "%lx-", (unsigned long)(uintptr_t)base);
+    long kib = -1;
+    bool in = false;
+    while (f && fgets(line, sizeof line, f)) {
+        if (strchr(line, '-') && strchr(line, ' ') && strchr(line, '-') < strchr(line, ' ')) {
+            in = strncmp(line, start, strlen(start)) == 0; // a mapping's first line
+        } else if (in && sscanf(line, "Rss: %ld kB", &kib) == 1) {
+            break;
+        }
+    }
+    if (f) {
+        fclose(f);
+    }
+    return kib;
+}
+
+// A read push's pages leave the shard only where that is worth its TLB
+// shootdown: from a segment over ZPS_SHARD_SHM_KEEP_BYTES, not from a
+// small one (both read whole, then let go as the shard lets a push go).
+START_TEST(test_shard_shm_drops_a_read_push_s_pages_from_a_large_segment_only)
+{
+    char why[256];
+    zps_shm_seg big;
+    size_t big_bytes = 4 * ZPS_SHARD_SHM_KEEP_BYTES;
+    ck_assert_int_eq(zps_shm_seg_create(&big, big_bytes, why, sizeof why), ZPS_OK);
+    memset(big.base, 1, big_bytes);
+    ck_assert_uint_le(SEG_BYTES, ZPS_SHARD_SHM_KEEP_BYTES);
+    const uint32_t rank_of[2] = {3, 4};
+    const zps_shm_seg *seg_of[2] = {&s_seg, &big};
+    for (int i = 0; i < 2; i++) {
+        Zps__Header h;
+        zps_wire_msg m;
+        s_push(&h, &m, 0, seg_of[i]->size / sizeof(float));
+        h.shm_size = seg_of[i]->size;
+        h.shm_fd = (uint32_t)seg_of[i]->fd;
+        ck_assert_int_eq(zps_shard_shm_view(&s_t, rank_of[i], seg_of[i]->size, ZPS_DTYPE_F32,
+                                            &m, why, sizeof why),
+                         ZPS_OK);
+        const volatile uint8_t *v = zmq_msg_data(&m.frames[0]);
+        unsigned sum = 0;
+        for (size_t b = 0; b < seg_of[i]->size; b += 4096) {
+            sum += v[b]; // every page read, as the shard's sum reads them
+        }
+        (void)sum;
+        const void *base = s_t.maps[rank_of[i]].base;
+        ck_assert_int_ge(s_rss_kib(base), (long)(seg_of[i]->size / 1024));
+        s_close(&m); // the view's last reference: the push was read
+        long left = s_rss_kib(base);
+        if (i == 0) {
+            ck_assert_int_ge(left, (long)(SEG_BYTES / 1024)); // small: kept
+        } else {
+            ck_assert_int_eq(left, 0); // large: dropped
+        }
+    }
+    zps_shard_shm_fini(&s_t); // unmaps big's mapping before big goes
+    zps_shm_seg_fini(&big);
+}
+END_TEST
+
 Suite *zps_suite_shard_shm(void)
 {
     Suite *s = suite_create("shard_shm");
@@ -298,6 +366,7 @@ Suite *zps_suite_shard_shm(void)
     tcase_add_test(tc, test_shard_shm_replaces_only_another_segment_of_a_mapped_rank);
     tcase_add_test(tc, test_shard_shm_names_a_whole_step_once_every_bucket_is_in);
     tcase_add_test(tc, test_shard_shm_sweep_unmaps_the_dead);
+    tcase_add_test(tc, test_shard_shm_drops_a_read_push_s_pages_from_a_large_segment_only);
     suite_add_tcase(s, tc);
     return s;
 }
