@@ -273,14 +273,19 @@ START_TEST(test_shard_shm_sweep_unmaps_the_dead)
     h.shm_fd = (uint32_t)fd;
     ck_assert_int_eq(s_view(&m, why), ZPS_OK);
     s_close(&m);
+    s_push(&h, &m, 0, 1); // rank 5: this process's segment, alive throughout
+    ck_assert_int_eq(zps_shard_shm_view(&s_t, 5, SEG_BYTES, ZPS_DTYPE_F32, &m, why, sizeof why),
+                     ZPS_OK);
+    s_close(&m);
     ck_assert(!zps_shard_shm_gone(&s_t));
     zps_shard_shm_sweep(&s_t);
-    ck_assert_int_eq(zps_shard_shm_mapped(&s_t), 1);
+    ck_assert_int_eq(zps_shard_shm_mapped(&s_t), 2);
     kill(child, SIGKILL);
     ck_assert_int_eq(waitpid(child, NULL, 0), child);
     ck_assert(zps_shard_shm_gone(&s_t)); // what the io settles the shard on first
     zps_shard_shm_sweep(&s_t);
-    ck_assert_int_eq(zps_shard_shm_mapped(&s_t), 0);
+    ck_assert_int_eq(zps_shard_shm_mapped(&s_t), 1);
+    ck_assert(s_t.maps[3].base == NULL && s_t.maps[5].base != NULL); // the dead one's only
     ck_assert(!zps_shard_shm_gone(&s_t));
     close(p[0]);
     close(p[1]);
