@@ -73,7 +73,7 @@ zps_err zps_shard_shm_own(zps_wire_msg *m);
 // they cost page-table entries and count in RSS, at most 64 KiB a member
 // (ZeroMQ's buffers for a member's two connections took about 70 KiB in
 // docs/measurements.md's swarm: 410 MiB at 4096 members).
-#define ZPS_SHARD_SHM_KEEP_BYTES (64 * 1024)
+#define ZPS_SHARD_SHM_KEEP_BYTES ((size_t)64 * 1024)
 
 // Drops the pages of [offset, offset + bytes) of rank's mapping from this
 // process (madvise MADV_DONTNEED: the segment keeps its bytes, the worker
