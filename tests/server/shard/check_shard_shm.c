@@ -4,9 +4,9 @@
  * are one process here, as /proc allows). */
 #include <check.h>
 #include <signal.h>
-#include <stdio.h>
-#include <stdint.h>
 #include <stdbool.h>
+#include <stdint.h>
+#include <stdio.h>
 #include <string.h>
 #include <sys/wait.h>
 #include <unistd.h>
