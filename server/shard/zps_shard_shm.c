@@ -94,6 +94,17 @@ bool zps_shard_shm_replaces(const zps_shard_shm *t, uint32_t rank, const Zps__He
            !zps_shm_map_is(map, h->shm_pid, h->shm_fd, h->shm_size);
 }
 
+// Whether a read push's pages leave this process: a rank from
+// ZPS_SHARD_SHM_KEEP on whose segment is over ZPS_SHARD_SHM_KEEP_BYTES.
+static bool s_drops_pages(const zps_shard_shm *t, uint32_t rank)
+{
+    if (rank < ZPS_SHARD_SHM_KEEP || rank >= ZPS_MAX_MEMBERS) {
+        return false;
+    }
+    const zps_shm_map *map = &t->maps[rank];
+    return map->base && map->size > ZPS_SHARD_SHM_KEEP_BYTES;
+}
+
 // What a view's free function needs to drop its pages.
 typedef struct s_view {
     zps_shard_shm *t; // borrowed: outlives every view (the io owns both)
@@ -140,9 +151,10 @@ zps_err zps_shard_shm_view(zps_shard_shm *t, uint32_t rank, uint64_t range_bytes
     // (this push's handling, or the shard keeping it) is done with it. The
     // mapping outlives it: it is not replaced or swept before the shard
     // settled (zps_shard_io.c). With no memory for that, the pages stay
-    // until a later push of the same span drops them.
+    // until a later push of the same span drops them. Pages that stay
+    // anyway need no free function.
     char *data = (char *)map->base + h->shm_offset;
-    s_view *v = malloc(sizeof *v);
+    s_view *v = s_drops_pages(t, rank) ? malloc(sizeof *v) : NULL;
     if (v) {
         *v = (s_view){.t = t, .rank = rank, .offset = h->shm_offset, .bytes = bytes};
     }
@@ -179,10 +191,11 @@ zps_err zps_shard_shm_own(zps_wire_msg *m)
 
 void zps_shard_shm_release(zps_shard_shm *t, uint32_t rank, uint64_t offset, uint64_t bytes)
 {
-    const zps_shm_map *map = rank < ZPS_MAX_MEMBERS && rank >= ZPS_SHARD_SHM_KEEP
-                                 ? &t->maps[rank] : NULL;
-    if (!map || !map->base || map->size <= ZPS_SHARD_SHM_KEEP_BYTES || bytes == 0 ||
-        !zps_shm_span_ok(map->size, offset, bytes)) {
+    if (!s_drops_pages(t, rank) || bytes == 0) {
+        return;
+    }
+    const zps_shm_map *map = &t->maps[rank];
+    if (!zps_shm_span_ok(map->size, offset, bytes)) {
         return;
     }
     // Whole pages around the span: a page it shares with a neighbour not
