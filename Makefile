@@ -323,31 +323,28 @@ test-long-deps:
 # each in a process of its own, three at a time with the Slurm test (which
 # waits far more than it computes: 5 s of CPU in its minute) and the Python
 # tests marked long: one after the other they kept 1.2 of the 2 cores busy
-# (413 s for 480 s of CPU); side by side they took 272 s. A case tagged
-# compute runs in lane 1 unless it also names lane2 or lane3.
+# (413 s; about 480 s of CPU); side by side they took 272 s. A case tagged
+# compute runs in test-integration-long-compute1 unless it also names lane2
+# or lane3.
 # The swarm suite's 4096 members are bench/swarm's (ZPS_SWARM).
 LONG_ENV = ZPS_BIN_DIR=$(CURDIR)/$(BIN) ZPS_SWARM=$(CURDIR)/build/bench/swarm
-LONG_LANE_1 = CK_INCLUDE_TAGS=compute CK_EXCLUDE_TAGS="lane2 lane3"
-LONG_LANE_2 = CK_INCLUDE_TAGS=lane2
-LONG_LANE_3 = CK_INCLUDE_TAGS=lane3
-test-integration-long: test-integration-long-timed test-integration-long-compute
-test-integration-long-timed: $(B)/tests/check_integration $(BINS) $(CUDA_TARGETS) build/bench/swarm
-ifeq ($(SAN),1)
-	$(error make test-long runs the normal build; drop SAN=1)
-endif
-	CK_INCLUDE_TAGS=long CK_EXCLUDE_TAGS="compute soak" $(LONG_ENV) \
-		CK_XML_LOG_FILE_NAME=$(B)/tests/integration-long-timed.xml $(B)/tests/check_integration
-	@$(PYTHON) tests/integration/durations.py $(B)/tests/integration-long-timed.xml
+LONG_TAGS_timed = CK_INCLUDE_TAGS=long CK_EXCLUDE_TAGS="compute soak"
+LONG_TAGS_compute1 = CK_INCLUDE_TAGS=compute CK_EXCLUDE_TAGS="lane2 lane3"
+LONG_TAGS_compute2 = CK_INCLUDE_TAGS=lane2
+LONG_TAGS_compute3 = CK_INCLUDE_TAGS=lane3
 LONG_LANES = test-integration-long-compute1 test-integration-long-compute2 \
 	test-integration-long-compute3
+test-integration-long: test-integration-long-timed test-integration-long-compute
 test-integration-long-compute: $(LONG_LANES)
-$(LONG_LANES): test-integration-long-compute%: $(B)/tests/check_integration $(BINS) $(CUDA_TARGETS)
+test-integration-long-timed: build/bench/swarm
+test-integration-long-timed $(LONG_LANES): test-integration-long-%: \
+		$(B)/tests/check_integration $(BINS) $(CUDA_TARGETS)
 ifeq ($(SAN),1)
 	$(error make test-long runs the normal build; drop SAN=1)
 endif
-	$(LONG_LANE_$*) $(LONG_ENV) \
-		CK_XML_LOG_FILE_NAME=$(B)/tests/integration-long-compute$*.xml $(B)/tests/check_integration
-	@$(PYTHON) tests/integration/durations.py $(B)/tests/integration-long-compute$*.xml
+	$(LONG_TAGS_$*) $(LONG_ENV) \
+		CK_XML_LOG_FILE_NAME=$(B)/tests/integration-long-$*.xml $(B)/tests/check_integration
+	@$(PYTHON) tests/integration/durations.py $(B)/tests/integration-long-$*.xml
 
 # The Python package (python/zps) with Debian's python3-torch, which only
 # Debian's own interpreter sees (not a python3 of pyenv or a venv earlier on
