@@ -270,6 +270,9 @@ void zps_host_on_event(zps_client *c);
 // While waiting: a leader pushes what it holds once a member is late, a
 // follower pushes its piece itself once its leader has not taken it.
 zps_err zps_host_due(zps_client *c, double now);
+// Following: whether zps_host_due would give up on the leader now; what
+// came on the host's socket (its HOST_ACK, however late) is read first.
+bool zps_host_give_up_due(const zps_client *c, double now);
 
 // zps_diloco.c: the round of --mode diloco.
 zps_err zps_diloco_take_mode(zps_client *c, const Zps__Job *job);

@@ -207,6 +207,7 @@ static bool s_open(zps_client *c)
         return false;
     }
     h->sock_leader = leader;
+    h->reached = false;
     h->bound = lead;
     if (lead) {
         zps_log_info("host group of %d (plan %u): leading at %s", h->n, h->gen, h->endpoint);
@@ -312,6 +313,7 @@ zps_err zps_host_take_group(zps_client *c, uint32_t gen, const Zps__HostGroup *g
     h->n = n;
     h->me = me < 0 ? 0 : me;
     memset(h->acked, 0, sizeof h->acked); // index k may be another member now
+    memset(h->left, 0, sizeof h->left);
     h->absent = 0;
     h->direct = false;
     for (int k = 0; k < h->n; k++) {
@@ -372,8 +374,17 @@ static uint8_t *s_seg_at(zps_client *c, uint64_t step, const zps_piece *p, uint6
 // the values in the segment, or in frames.
 static zps_err s_send_to_leader(zps_client *c, int i, const zps_piece *p, uint64_t lo,
                                 uint64_t hi, const float *grad, float loss, float compute_ms,
-                                double take_by_ms)
+                                double take_by_ms, double wait_ms)
 {
+    // The first part to this leader waits for the connection half the
+    // time the leader has to take it (the socket is made with the plan;
+    // thousands of members starting on a few cores took over a second to
+    // connect, and a follower that gave up then pushed for itself until
+    // the next plan); later ones a poll's time.
+    int timeout = (int)wait_ms;
+    if (zmq_setsockopt(c->host.sock, ZMQ_SNDTIMEO, &timeout, sizeof timeout) != 0) {
+        return ZPS_EIO; // only for a socket that is not one
+    }
     Zps__Header h;
     zps_wire_header_init(&h, ZPS__MSG_TYPE__PUSH);
     h.job_id = c->conn.job_id;
@@ -914,8 +925,9 @@ zps_err zps_host_push(zps_client *c, int i, const zps_piece *p, uint64_t lo, uin
     bool first = h->sent != c->cur_step + 1;
     double sent_ms = first ? zps_clock_ms() : h->sent_ms;
     double give_up = first ? s_give_up_ms(c) : h->give_up_ms;
-    if (group && s_send_to_leader(c, i, p, lo, hi, grad, loss, compute_ms,
-                                  sent_ms + give_up / 2) == ZPS_OK) {
+    if (group && s_send_to_leader(c, i, p, lo, hi, grad, loss, compute_ms, sent_ms + give_up / 2,
+                                  h->reached ? ZPS_CONN_POLL_MS : give_up / 4) == ZPS_OK) {
+        h->reached = true;
         if (first) {
             h->sent = c->cur_step + 1;
             h->sent_piece = c->cur_work;
@@ -986,6 +998,7 @@ static bool s_part_ok(const zps_client *c, const Zps__Header *hd, int *b, char *
 // Tells follower k that its part of `step` is in, once a step: from then
 // on the part is the leader's to push (or the leader's failure is seen as
 // any member's). Never waits: a follower gone loses nothing it needs.
+// acked[k] says whether it was told (the caller's to act on).
 static void s_ack(zps_client *c, int k, uint64_t step)
 {
     zps_host *h = &c->host;
@@ -1000,9 +1013,6 @@ static void s_ack(zps_client *c, int k, uint64_t step)
     a.generation = h->gen;
     if (zps_wire_send_frames(h->sock, &h->route[k], &a, NULL, 0) == ZPS_OK) {
         h->acked[k] = step + 1;
-    } else {
-        zps_log_debug("host: rank %u not told its part of step %llu is in", h->ranks[k],
-                      (unsigned long long)step);
     }
 }
 
@@ -1067,6 +1077,28 @@ static zps_err s_view(zps_client *c, int k, zps_wire_msg *m, char *why, size_t w
     return ZPS_OK;
 }
 
+// Whether follower k's part hd is its own to push, not the leader's to
+// take: a first part taken past half the follower's give-up might be
+// pushed by the follower itself too (it does when not answered by then),
+// and a sum with it would be refused as partly counted, losing the other
+// members' pieces with it. Left to the follower, unanswered, with the
+// rest of its step. Once answered for the step, every part is taken: it
+// no longer gives up.
+static bool s_left_to_it(zps_host *h, const Zps__Header *hd, int k)
+{
+    if (h->left[k] == hd->step + 1) {
+        return true;
+    }
+    double late = zps_clock_ms() - hd->host_pieces[0]->take_by_ms;
+    if (h->acked[k] != hd->step + 1 && late >= 0) {
+        zps_log_info("host: rank %u's part of step %llu came %.1f s past its time to be taken: "
+                     "left to it", hd->rank, (unsigned long long)hd->step, late / 1e3);
+        h->left[k] = hd->step + 1;
+        return true;
+    }
+    return false;
+}
+
 // A follower's part, checked, taken (m moved) for the step it is of: an
 // older step's is dropped (its bucket was pushed without it, and the
 // follower, not answered, pushes it itself).
@@ -1088,16 +1120,8 @@ static void s_take_part(zps_client *c, zps_wire_msg *m)
                       (unsigned long long)hd->step);
         return;
     }
-    // A first part taken past half the follower's give-up: the follower may
-    // have pushed its piece itself (it does when not answered by then), and
-    // a sum with it would be refused as partly counted, losing the other
-    // members' pieces with it. Left to the follower, unanswered. Once
-    // answered for the step, every part is taken: it no longer gives up.
     int k = s_member_of(h, hd->rank);
-    double late = zps_clock_ms() - hd->host_pieces[0]->take_by_ms;
-    if (h->acked[k] != hd->step + 1 && late >= 0) {
-        zps_log_info("host: rank %u's part of step %llu came %.1f s past its time to be taken: "
-                     "left to it", hd->rank, (unsigned long long)hd->step, late / 1e3);
+    if (s_left_to_it(h, hd, k)) {
         return;
     }
     zps_err err = hd->shm_size ? s_view(c, k, m, why, sizeof why) : ZPS_OK;
@@ -1112,6 +1136,16 @@ static void s_take_part(zps_client *c, zps_wire_msg *m)
     h->has_route[k] = true;
     s_lead_step(c, hd->step);
     s_ack(c, k, hd->step);
+    if (h->acked[k] != hd->step + 1) {
+        // Not told it is in, the follower gives up on it and pushes it
+        // itself; summed here too, its piece would come twice, and the
+        // shard refuses the whole sum as partly counted: the pieces of
+        // the members told theirs were in would be lost with it.
+        zps_log_info("host: rank %u not told its part of step %llu is in: left to it",
+                     hd->rank, (unsigned long long)hd->step);
+        h->left[k] = hd->step + 1;
+        return;
+    }
     const Zps__HostPiece *pc = hd->host_pieces[0];
     zps_host_part part = {.member = (uint32_t)k, .offset = hd->batch_offset,
                           .samples = hd->samples, .piece = pc->samples, .loss = pc->loss,
@@ -1269,6 +1303,13 @@ static bool s_remote_in(const zps_client *c)
     return true;
 }
 
+bool zps_host_give_up_due(const zps_client *c, double now)
+{
+    const zps_host *h = &c->host;
+    return !zps_host_leads(c) && h->sent && !h->taken && h->sent == c->wait_step &&
+           c->phase == ZPS_PHASE_WAIT && now - h->sent_ms >= h->give_up_ms && !s_remote_in(c);
+}
+
 zps_err zps_host_due(zps_client *c, double now)
 {
     zps_host *h = &c->host;
@@ -1283,8 +1324,7 @@ zps_err zps_host_due(zps_client *c, double now)
         }
         return err;
     }
-    if (h->sent && !h->taken && h->sent == c->wait_step && c->phase == ZPS_PHASE_WAIT &&
-        now - h->sent_ms >= h->give_up_ms && !s_remote_in(c)) {
+    if (zps_host_give_up_due(c, now)) {
         char why[96];
         snprintf(why, sizeof why, "my leader (rank %u) did not take my part for %.1f s",
                  h->ranks[0], (now - h->sent_ms) / 1e3);

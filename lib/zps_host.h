@@ -83,6 +83,7 @@ typedef struct zps_host {
     zmq_msg_t route[ZPS_HOST_GROUP_MAX]; // each follower's routing id
     bool has_route[ZPS_HOST_GROUP_MAX];
     uint64_t acked[ZPS_HOST_GROUP_MAX];  // 1 + the step each follower was last told is in
+    uint64_t left[ZPS_HOST_GROUP_MAX];   // 1 + a step whose parts are left to the follower
     uint64_t absent;                     // members not waited for: none of their parts came
                                          // before a step was pushed on the timer, and none since
     // A follower's: the piece it handed to the leader.
@@ -92,6 +93,7 @@ typedef struct zps_host {
     double give_up_ms;                   // gives up on it this long after sent_ms, if not taken
     bool taken;                          // the leader said HOST_ACK for it
     bool direct;                         // gave up on the leader: pushes itself until a new group
+    bool reached;                        // a part went to this socket's leader
     // A follower's parts through shared memory: element e of the model for
     // step s at ((s & 1) * n_params + e) * esize. The half of step s is
     // written again at s + 2, once the shards answered s + 1, which they do

@@ -497,6 +497,11 @@ static zps_err s_wait_once(zps_client *c, uint64_t step)
             zps_host_on_event(c);
         }
     }
+    if (err == ZPS_OK && c->host.sock && zps_host_give_up_due(c, zps_clock_ms())) {
+        // An ack that came since the poll (or with a message the poll did
+        // not flag) keeps the follower from pushing a piece its leader holds.
+        err = s_take_host(c, step);
+    }
     if (err == ZPS_OK) {
         err = zps_host_due(c, zps_clock_ms());
     }
