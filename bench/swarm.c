@@ -30,7 +30,7 @@
  *   swarm [--members 64,256,1024,4096] [--shards 1] [--warmup 10]
  *         [--steps 40] [--params 4096] [--samples 1] [--per-proc 512]
  *         [--timeout-s 600] [--worker-timeout-ms 60000] [--shm auto|off]
- *         [--hosts] [--heartbeat-ms 1000] [--keep]
+ *         [--hosts] [--heartbeat-ms 1000] [--keep] [--members-sched other]
  *
  * --hosts makes each member process a host of its own (a ZPS_BOOT_ID of
  * its own, unlike the servers'): its members form a host group (at most
@@ -41,6 +41,13 @@
  * the members' heartbeat interval: the coordinator takes N / interval
  * beats a second, so per step they cost it in proportion to the step's
  * length, which on a few cores grows with N itself.
+ *
+ * --members-sched idle runs the member processes under SCHED_IDLE: the
+ * servers then take the cores whenever they have work, as on machines of
+ * their own. With the default (every process alike) thousands of member
+ * threads share the cores with the servers' few; on a 2-core VM whose
+ * context switches are dear, 4096 members with --hosts starved the
+ * coordinator (silent members evicted at step 0, the run failed).
  *
  * One table row per N (Markdown). A run that fails or passes its bound
  * prints what it knew (members joined, the step rank 0 reached) and keeps
@@ -61,9 +68,12 @@
 #include <ftw.h>
 #include <getopt.h>
 #include <inttypes.h>
+#include <limits.h>
+#include <linux/futex.h>
 #include <linux/tcp.h>
 #include <netinet/in.h>
 #include <pthread.h>
+#include <sched.h>
 #include <signal.h>
 #include <stdatomic.h>
 #include <stdbool.h>
@@ -76,6 +86,7 @@
 #include <sys/resource.h>
 #include <sys/socket.h>
 #include <sys/stat.h>
+#include <sys/syscall.h>
 #include <sys/wait.h>
 #include <time.h>
 #include <unistd.h>
@@ -98,6 +109,7 @@ typedef struct sw_cfg {
     bool keep, shm;
     bool hosts;                 // --hosts: a member process is a host of its own
     bool sndbuf_auto;           // --sndbuf auto: a watcher thread a socket (default 0)
+    bool idle;                  // --members-sched idle: member processes under SCHED_IDLE
     char bin[512];
 } sw_cfg;
 
@@ -108,6 +120,7 @@ typedef struct sw_shared {
     atomic_int failed;                   // members that ended otherwise
     atomic_int stop;                     // the parent asks every member to leave
     atomic_int sampled;                  // windows sampled by rank 0: 0, 1 or 2
+    atomic_int news;                     // grows with each store to stop or sampled
     atomic_int tcp_acks[2];              // member processes that added their bytes
     atomic_uint_fast64_t tcp_bytes[2];   // TCP bytes of every member connection
     atomic_uint_fast64_t rank0_step;     // the step rank 0 works on
@@ -156,6 +169,23 @@ static void s_sleep_ms(int ms)
 {
     struct timespec ts = {ms / 1000, (long)(ms % 1000) * 1000000L};
     nanosleep(&ts, NULL);
+}
+
+// The member processes' watchers sleep on sh->news (a futex in the shared
+// page) instead of waking every millisecond to look: with 64 processes,
+// 64,000 wake-ups a second for nothing on the cores that the members and
+// the servers share.
+static void s_news(atomic_int *news)
+{
+    atomic_fetch_add(news, 1);
+    (void)syscall(SYS_futex, (int *)news, FUTEX_WAKE, INT_MAX, NULL, NULL, 0);
+}
+
+// Waits up to ms for news after seen (returns at once if they came).
+static void s_await_news(atomic_int *news, int seen, int ms)
+{
+    struct timespec ts = {ms / 1000, (long)(ms % 1000) * 1000000L};
+    (void)syscall(SYS_futex, (int *)news, FUTEX_WAIT, seen, &ts, NULL, 0);
 }
 
 static void s_why(sw_shared *sh, const char *what, int index, const char *msg)
@@ -245,6 +275,7 @@ static void s_sample(sw_shared *sh, int k)
         s_cpu(sh->servers[i], &sh->cpu_ns[k][i], &sh->cpu_ticks[k][i]);
     }
     atomic_store(&sh->sampled, k + 1);
+    s_news(&sh->news);
 }
 
 static void s_on_work(sw_member *m, zps_client *c, const zps_work *w)
@@ -325,6 +356,7 @@ static void s_watch(sw_proc *p)
     int answered = 0;
     bool stopped = false;
     while (atomic_load(&p->live) > 0) {
+        int seen = atomic_load(&p->sh->news);
         int k = atomic_load(&p->sh->sampled);
         if (k > answered) {
             int fds;
@@ -343,7 +375,7 @@ static void s_watch(sw_proc *p)
             }
             stopped = true;
         }
-        s_sleep_ms(1);
+        s_await_news(&p->sh->news, seen, 50); // live reaching 0 is seen within 50 ms
     }
     int k = atomic_load(&p->sh->sampled);
     for (int j = answered; j < k; j++) { // the window ended with the job's last steps
@@ -539,6 +571,11 @@ static int s_fork_members(const sw_cfg *cfg, int n, sw_shared *sh, const char *e
         pids[i] = fork();
         if (pids[i] == 0) {
             prctl(PR_SET_PDEATHSIG, SIGKILL);
+            struct sched_param sp = {0};
+            if (cfg->idle && sched_setscheduler(0, SCHED_IDLE, &sp) != 0) {
+                fprintf(stderr, "swarm: SCHED_IDLE: %s\n", strerror(errno));
+                _exit(1);
+            }
             if (cfg->hosts) {
                 char boot_id[32]; // unlike the servers': their shards are on "another host"
                 snprintf(boot_id, sizeof boot_id, "swarm-host-%d", i);
@@ -596,6 +633,7 @@ static bool s_wait_members(sw_shared *sh, int n, pid_t *pids, int procs, uint64_
                 atomic_load(&sh->joined), atomic_load(&sh->done), atomic_load(&sh->failed),
                 (uint64_t)atomic_load(&sh->rank0_step));
         atomic_store(&sh->stop, 1);
+        s_news(&sh->news);
     }
     for (int i = 0; i < procs; i++) {
         if (pids[i] > 0) {
@@ -747,7 +785,8 @@ static int s_usage(void)
     fprintf(stderr, "usage: swarm [--members N,N,...] [--shards K] [--warmup W] [--steps S]\n"
                     "             [--params P] [--samples B | --global-batch B] [--per-proc M]\n"
                     "             [--timeout-s T] [--worker-timeout-ms MS] [--shm auto|off]\n"
-                    "             [--sndbuf 0|auto] [--hosts] [--heartbeat-ms MS] [--keep]\n");
+                    "             [--sndbuf 0|auto] [--hosts] [--heartbeat-ms MS] [--keep]\n"
+                    "             [--members-sched other|idle]\n");
     return 2;
 }
 
@@ -789,7 +828,7 @@ static bool s_parse(int argc, char **argv, sw_cfg *cfg)
         {"per-proc", 1, NULL, 'p'}, {"timeout-s", 1, NULL, 't'},
         {"worker-timeout-ms", 1, NULL, 'e'}, {"global-batch", 1, NULL, 'B'}, {"shm", 1, NULL, 'h'}, {"keep", 0, NULL, 'K'},
         {"sndbuf", 1, NULL, 'S'}, {"hosts", 0, NULL, 'H'}, {"heartbeat-ms", 1, NULL, 'r'},
-        {NULL, 0, NULL, 0}};
+        {"members-sched", 1, NULL, 'I'}, {NULL, 0, NULL, 0}};
     int opt;
     bool ok = true;
     while (ok && (opt = getopt_long(argc, argv, "", opts, NULL)) != -1) {
@@ -811,6 +850,8 @@ static bool s_parse(int argc, char **argv, sw_cfg *cfg)
         case 'r': ok = s_int(optarg, 10, 600000, &cfg->heartbeat_ms); break;
         case 'S': ok = !strcmp(optarg, "auto") || !strcmp(optarg, "0");
                   cfg->sndbuf_auto = !strcmp(optarg, "auto"); break;
+        case 'I': ok = !strcmp(optarg, "idle") || !strcmp(optarg, "other");
+                  cfg->idle = !strcmp(optarg, "idle"); break;
         default: ok = false;
         }
     }
