@@ -316,6 +316,7 @@ zps_err zps_host_take_group(zps_client *c, uint32_t gen, const Zps__HostGroup *g
     memset(h->left, 0, sizeof h->left);
     h->absent = 0;
     h->direct = false;
+    h->tried = 0;
     for (int k = 0; k < h->n; k++) {
         h->ranks[k] = g->members[k]->rank;
     }
@@ -380,8 +381,16 @@ static zps_err s_send_to_leader(zps_client *c, int i, const zps_piece *p, uint64
     // time the leader has to take it (the socket is made with the plan;
     // thousands of members starting on a few cores took over a second to
     // connect, and a follower that gave up then pushed for itself until
-    // the next plan); later ones a poll's time.
+    // the next plan, so a later step's first part tries again without
+    // waiting: zps_host_push); once reached, a poll's time. The wait is a
+    // poll, not the send's: a leader not there yet is an answer, not a
+    // failed send to log (the socket is ZMQ_IMMEDIATE: no connection, no
+    // pipe to write to).
+    zmq_pollitem_t item = {.socket = c->host.sock, .events = ZMQ_POLLOUT};
     int timeout = (int)wait_ms;
+    if (zmq_poll(&item, 1, timeout) <= 0) {
+        return ZPS_ETIMEDOUT; // or interrupted: the follower pushes for itself
+    }
     if (zmq_setsockopt(c->host.sock, ZMQ_SNDTIMEO, &timeout, sizeof timeout) != 0) {
         return ZPS_EIO; // only for a socket that is not one
     }
@@ -910,12 +919,35 @@ static zps_err s_add_own(zps_client *c, int i, const zps_piece *p, uint64_t lo, 
     return s_add_part(c, i, b, &part);
 }
 
+// A follower's part the leader's socket did not take within wait ms: one
+// not reached yet is tried again at the next step; one that was gives up
+// on its leader until the next plan.
+static void s_not_sent(zps_client *c, double wait)
+{
+    zps_host *h = &c->host;
+    if (!h->reached && !h->tried) {
+        zps_log_info("host: my leader (rank %u) not reached within %.1f s: pushing for myself, "
+                     "trying it again each step", h->ranks[0], wait / 1e3);
+    } else if (h->reached && h->sent == 0) {
+        zps_log_warn("host: my leader (rank %u) takes no pushes: pushing for myself until the "
+                     "next plan", h->ranks[0]);
+    }
+    h->tried = h->reached ? h->tried : c->cur_step + 1;
+    s_give_up(c, "my leader takes no pushes");
+}
+
 zps_err zps_host_push(zps_client *c, int i, const zps_piece *p, uint64_t lo, uint64_t hi,
                       const float *grad, float loss, float data_ms, float compute_ms)
 {
     zps_host *h = &c->host;
-    bool group = h->n >= 2 && !h->off && !h->direct && h->remote[i] && !c->mode.diloco &&
-                 s_own_piece(c) && s_open(c);
+    // A follower whose connection to its leader was not up yet tries again
+    // at each later step's first part, without waiting: on a host whose
+    // members start all at once it comes up after the first send gave up
+    // on it (3,207 of 4,032 followers at 4096 members on 2 cores pushed
+    // for themselves until the next plan, which a steady job never makes).
+    bool again = h->direct && !h->reached && h->tried && h->tried != c->cur_step + 1;
+    bool group = h->n >= 2 && !h->off && (!h->direct || again) && h->remote[i] &&
+                 !c->mode.diloco && s_own_piece(c) && s_open(c);
     if (group && h->me == 0) {
         zps_err err = zps_host_drain(c);
         return err == ZPS_OK ? s_add_own(c, i, p, lo, hi, grad, loss, compute_ms) : err;
@@ -925,9 +957,15 @@ zps_err zps_host_push(zps_client *c, int i, const zps_piece *p, uint64_t lo, uin
     bool first = h->sent != c->cur_step + 1;
     double sent_ms = first ? zps_clock_ms() : h->sent_ms;
     double give_up = first ? s_give_up_ms(c) : h->give_up_ms;
+    double wait = h->reached ? ZPS_CONN_POLL_MS : again ? 0 : give_up / 4;
     if (group && s_send_to_leader(c, i, p, lo, hi, grad, loss, compute_ms, sent_ms + give_up / 2,
-                                  h->reached ? ZPS_CONN_POLL_MS : give_up / 4) == ZPS_OK) {
+                                  wait) == ZPS_OK) {
+        if (!h->reached && h->tried) {
+            zps_log_info("host: my leader (rank %u) reached at step %llu: pushing through it",
+                         h->ranks[0], (unsigned long long)c->cur_step);
+        }
         h->reached = true;
+        h->direct = false;
         if (first) {
             h->sent = c->cur_step + 1;
             h->sent_piece = c->cur_work;
@@ -938,7 +976,7 @@ zps_err zps_host_push(zps_client *c, int i, const zps_piece *p, uint64_t lo, uin
         return ZPS_OK;
     }
     if (group) {
-        s_give_up(c, "my leader takes no pushes");
+        s_not_sent(c, wait);
     }
     return zps_conn_push(&c->conn, i, c->cur_step, p, lo, hi, c->dtype, grad, c->wire, loss,
                          data_ms, compute_ms, &c->grad_ref);

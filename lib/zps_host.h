@@ -94,6 +94,8 @@ typedef struct zps_host {
     bool taken;                          // the leader said HOST_ACK for it
     bool direct;                         // gave up on the leader: pushes itself until a new group
     bool reached;                        // a part went to this socket's leader
+    uint64_t tried;                      // 1 + a step whose first part found no connection
+                                         // to it: its parts go direct, the next step's try again
     // A follower's parts through shared memory: element e of the model for
     // step s at ((s & 1) * n_params + e) * esize. The half of step s is
     // written again at s + 2, once the shards answered s + 1, which they do

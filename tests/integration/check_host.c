@@ -10,7 +10,8 @@
  * mid-run: the job completes and the survivors hold the same bits; a step
  * slow for another host's reason does not make a follower whose part its
  * leader took push for itself, nor does a leader slow at a step 0 whose
- * parameters came late. Real processes on loopback, every wait bounded,
+ * parameters came late; a follower whose leader was not there at its
+ * first part pushes through it once it is. Real processes on loopback, every wait bounded,
  * killed by pid at the end. */
 #include <signal.h>
 #include <stdio.h>
@@ -36,6 +37,7 @@ typedef struct run {
     const char *steps;
     const char *stall_ms[WORKERS]; // worker k pauses this long every step (NULL: never)
     bool w0_first;        // worker 0 is admitted before the others start: rank 0, host a's leader
+    bool w0_stopped;      // and stopped (SIGSTOP) once admitted: the caller lets it go
     bool quick_evict;     // --worker-timeout-ms 1500 (a worker is killed), else 10000
     bool shm_off[WORKERS]; // worker k runs with ZPS_SHM_HOST=off: no parts in shared memory
     pid_t shard[2];
@@ -92,6 +94,7 @@ static void s_start(zps_procs *ps, run *r)
             char s0[64];
             snprintf(s0, sizeof s0, "%s-s0.log", r->tag);
             zps_procs_wait_log(ps, s0, "admitted as rank 0", 30000);
+            ck_assert_int_eq(r->w0_stopped ? kill(r->w[0], SIGSTOP) : 0, 0);
         }
     }
     ck_assert_int_eq(unsetenv("ZPS_BOOT_ID"), 0);
@@ -140,23 +143,29 @@ static float *s_agreed(zps_procs *ps, const run *r, size_t n)
     return first;
 }
 
-// MiB of gradients the workers of a run pushed on sockets (their last line).
+// MiB of gradients worker k of a run pushed on sockets (its last line).
+static double s_worker_mib(const zps_procs *ps, const run *r, int k)
+{
+    char log[64], line[512];
+    snprintf(log, sizeof log, "%s-w%d.log", r->tag, k);
+    FILE *f = fopen(zps_procs_path(ps, log), "r");
+    ck_assert_ptr_nonnull(f);
+    double mib = -1;
+    while (fgets(line, sizeof line, f)) {
+        const char *at = strstr(line, " steps; ");
+        mib = at && strstr(line, "MiB of gradients pushed") ? atof(at + 8) : mib;
+    }
+    fclose(f);
+    ck_assert_msg(mib >= 0, "%s says nothing of its pushes", log);
+    return mib;
+}
+
+// MiB of gradients the workers of a run pushed on sockets.
 static double s_pushed_mib(const zps_procs *ps, const run *r)
 {
     double sum = 0;
     for (int k = 0; k < WORKERS; k++) {
-        char log[64], line[512];
-        snprintf(log, sizeof log, "%s-w%d.log", r->tag, k);
-        FILE *f = fopen(zps_procs_path(ps, log), "r");
-        ck_assert_ptr_nonnull(f);
-        double mib = -1;
-        while (fgets(line, sizeof line, f)) {
-            const char *at = strstr(line, " steps; ");
-            mib = at && strstr(line, "MiB of gradients pushed") ? atof(at + 8) : mib;
-        }
-        fclose(f);
-        ck_assert_msg(mib >= 0, "%s says nothing of its pushes", log);
-        sum += mib;
+        sum += s_worker_mib(ps, r, k);
     }
     return sum;
 }
@@ -464,6 +473,39 @@ START_TEST(test_host_follower_waits_longer_for_its_leader_when_the_first_paramet
 }
 END_TEST
 
+// Host a's leader (worker 0, rank 0) stopped (SIGSTOP) from its admission
+// until its follower's first part found no connection to it (a leader
+// binds its socket when it takes the plan; thousands of members starting
+// on a few cores connect as late): the follower pushes step 0 for itself
+// and tries its leader again at the next step's first part, without
+// waiting. Through it from then on: of 20 steps, the follower sends at
+// most 2 of its parts for the shard on host b itself, where its leader
+// sends all 20 (before, it pushed every step for itself until the next
+// plan). The job completes and every worker agrees.
+START_TEST(test_host_follower_that_found_no_leader_at_first_pushes_through_it_once_there)
+{
+    zps_procs ps;
+    zps_procs_init(&ps, "host-reach");
+    size_t n = s_n_params();
+    run r = {.tag = "reach", .aggregate = true, .steps = "20", .w0_first = true,
+             .w0_stopped = true};
+    s_start(&ps, &r);
+    zps_procs_wait_log(&ps, "reach-w1.log", "not reached within", 60000);
+    ck_assert_int_eq(kill(r.w[0], SIGCONT), 0);
+    s_wait_all(&ps, &r);
+    ck_assert(zps_procs_log_has(&ps, "reach-w0.log", "leading"));
+    ck_assert(zps_procs_log_has(&ps, "reach-w1.log", "reached at step"));
+    double leader = s_worker_mib(&ps, &r, 0), follower = s_worker_mib(&ps, &r, 1);
+    fprintf(stderr, "host reach: the follower pushed %.2f MiB, its leader %.2f\n", follower,
+            leader);
+    ck_assert_msg(follower <= 0.1 * leader, "the follower pushed %.2f MiB, its leader %.2f",
+                  follower, leader);
+    float *a = s_agreed(&ps, &r, n);
+    free(a);
+    zps_procs_fini(&ps, false);
+}
+END_TEST
+
 Suite *zps_suite_host(void)
 {
     Suite *s = suite_create("host");
@@ -475,8 +517,8 @@ Suite *zps_suite_host(void)
     tcase_add_test(tc,
                    test_host_follower_whose_leader_stopped_asks_the_shards_for_the_last_parameters);
     suite_add_tcase(s, tc);
-    // Steps of 7 s: about a minute and a half in all, make test-long's
-    // (docs/tests.md).
+    // Steps of 7 s, and a leader stopped at its start: about a minute in
+    // all, make test-long's (docs/tests.md).
     TCase *slow = tcase_create("slow");
     tcase_set_timeout(slow, 300);
     tcase_set_tags(slow, "long");
@@ -484,6 +526,8 @@ Suite *zps_suite_host(void)
     tcase_add_test(slow, test_host_leader_slower_than_the_give_up_pushes_its_own_piece_alone);
     tcase_add_test(slow,
                    test_host_follower_waits_longer_for_its_leader_when_the_first_parameters_came_late);
+    tcase_add_test(slow,
+                   test_host_follower_that_found_no_leader_at_first_pushes_through_it_once_there);
     suite_add_tcase(s, slow);
     return s;
 }
