@@ -38,9 +38,11 @@
  * each shard one push per bucket (docs/choices.md "One push per host"), as
  * a cluster of hosts with a few workers each does. Without it every
  * member is on the servers' host and pushes for itself. --heartbeat-ms is
- * the members' heartbeat interval: the coordinator takes N / interval
- * beats a second, so per step they cost it in proportion to the step's
- * length, which on a few cores grows with N itself.
+ * the members' least heartbeat interval: a member heard once a step (its
+ * push, its leader's ack) beats only when nothing was heard of it for
+ * that long or, where steps are longer, for two usual steps (docs/
+ * choices.md, "Pushes are heartbeats"); before that stretch the beats of
+ * long steps were most of the coordinator's CPU at 4096.
  *
  * --members-sched idle runs the member processes under SCHED_IDLE: the
  * servers then take the cores whenever they have work, as on machines of

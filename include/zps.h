@@ -115,7 +115,9 @@ typedef enum zps_opt {
     ZPS_OPT_SHARE,            // int: fixed samples of each global batch; 0 (default): split
     ZPS_OPT_TIMEOUT_MS,       // int: leave when the coordinator is silent this long (60000)
     ZPS_OPT_JOIN_TIMEOUT_MS,  // int: bound on waiting for the job to start (600000)
-    ZPS_OPT_HEARTBEAT_MS,     // int: heartbeat interval (1000); no beat while pushes say it
+    // int: least heartbeat interval (1000); no beat while pushes say it;
+    // two usual steps where longer (docs/choices.md, "Pushes are heartbeats")
+    ZPS_OPT_HEARTBEAT_MS,
     // int: TCP send buffer per shard connection: -1 (default) auto, tuned
     // per connection (docs/running.md); 0 the OS's; else that many bytes
     ZPS_OPT_SNDBUF,

@@ -227,6 +227,10 @@ bool zps_ask_step_over(zps_client *c, uint64_t step);
 void zps_due_init(zps_client *c);
 void zps_due_begin(zps_client *c, double start);
 void zps_due_end(zps_client *c);
+// The heartbeat interval now, of the thread and of the beats a wait sends
+// from the main socket: --heartbeat-ms stretched to two usual steps
+// (zps_heartbeat_interval).
+int zps_due_beat_ms(const zps_client *c);
 // Shard i's refused PULL (INIT) sent again at `at`.
 void zps_due_pull_again(zps_client *c, int i, double at);
 void zps_due_init_again(zps_client *c, int i, double at);

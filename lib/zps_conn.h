@@ -55,7 +55,8 @@ typedef struct zps_conn {
     char boot[ZPS_SHM_BOOT_ID_LEN];             // this host's boot id, for the shards to compare
     bool params_frames;                         // ZPS_SHM_PARAMS=off: parameters as frames
     bool host_frames;                           // ZPS_SHM_HOST=off: parts to a host's leader as frames
-    int heartbeat_ms;                           // heartbeat interval
+    int heartbeat_ms;                           // heartbeat interval, the least
+    double worker_timeout_ms;                   // the coordinator's eviction (0: not said)
     zps_curve curve;                            // CURVE keys, if on
     volatile sig_atomic_t stop;                 // set: every wait returns ZPS_ECLOSED
     void *ctx;                                  // owned

@@ -67,8 +67,16 @@ static void s_ask(void *arg, double now)
     }
 }
 
+int zps_due_beat_ms(const zps_client *c)
+{
+    return zps_heartbeat_interval(c->conn.heartbeat_ms, c->usual_step_ms,
+                                  c->conn.worker_timeout_ms);
+}
+
 // From the main socket too: a restarted coordinator learns from it where
-// this worker's replies go.
+// this worker's replies go. The coordinator heard it: the thread's next
+// beat waits an interval from it (both beating, a member waiting out long
+// steps sent two beats an interval).
 static void s_beat(void *arg, double now)
 {
     zps_client *c = arg;
@@ -79,8 +87,10 @@ static void s_beat(void *arg, double now)
     Zps__Header h;
     zps_wire_header_init(&h, ZPS__MSG_TYPE__HEARTBEAT);
     h.flags = 1;
-    (void)zps_conn_send(&c->conn, 0, &h, NULL, 0, NULL);
-    zps_timers_at(&c->timers, c->t_beat, now + c->conn.heartbeat_ms);
+    if (zps_conn_send(&c->conn, 0, &h, NULL, 0, NULL) == ZPS_OK) {
+        zps_heartbeat_heard(c->conn.heartbeat);
+    }
+    zps_timers_at(&c->timers, c->t_beat, now + zps_due_beat_ms(c));
 }
 
 static void s_log(void *arg, double now)
@@ -115,7 +125,7 @@ void zps_due_init(zps_client *c)
 void zps_due_begin(zps_client *c, double start)
 {
     zps_timers_at(&c->timers, c->t_log, start + ZPS_CLIENT_WAIT_LOG_MS);
-    zps_timers_at(&c->timers, c->t_beat, start + c->conn.heartbeat_ms);
+    zps_timers_at(&c->timers, c->t_beat, start + zps_due_beat_ms(c));
     double ask_after = 4 * c->usual_step_ms > ZPS_CLIENT_ASK_EVERY_MS ? 4 * c->usual_step_ms
                                                                         : ZPS_CLIENT_ASK_EVERY_MS;
     zps_timers_at(&c->timers, c->t_ask, start + ask_after);

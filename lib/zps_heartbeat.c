@@ -14,7 +14,7 @@
 struct zps_heartbeat {
     pthread_t thread;       // the beating thread
     void *sock;             // owned by the thread: DEALER to the coordinator
-    pthread_mutex_t mu;     // guards stop and heard_ms
+    pthread_mutex_t mu;     // guards stop, heard_ms and interval_ms
     pthread_cond_t wake;    // signalled by zps_heartbeat_stop (on the monotonic clock)
     bool stop;              // set by zps_heartbeat_stop
     double heard_ms;        // zps_heartbeat_heard's last time (0: never)
@@ -130,6 +130,23 @@ zps_heartbeat *zps_heartbeat_start(void *ctx, const char *endpoint, const zps_cu
         return NULL;
     }
     return hb;
+}
+
+int zps_heartbeat_interval(int base_ms, double usual_step_ms, double worker_timeout_ms)
+{
+    double ms = 2 * usual_step_ms, cap = worker_timeout_ms / 4;
+    ms = ms < cap ? ms : cap;
+    return ms > base_ms ? (int)ms : base_ms;
+}
+
+void zps_heartbeat_set_interval(zps_heartbeat *hb, int interval_ms)
+{
+    if (!hb) {
+        return;
+    }
+    pthread_mutex_lock(&hb->mu);
+    hb->interval_ms = interval_ms;
+    pthread_mutex_unlock(&hb->mu);
 }
 
 void zps_heartbeat_heard(zps_heartbeat *hb)

@@ -90,6 +90,7 @@ zps_err zps_job_take(zps_client *c, const Zps__Header *h)
     c->total_steps = job->total_steps;
     c->steps_per_epoch = job->steps_per_epoch;
     c->start_step = job->start_step;
+    c->conn.worker_timeout_ms = job->worker_timeout_ms;
     c->send_init = job->send_init && job->layout;
     snprintf(c->model_name, sizeof c->model_name, "%s", job->model ? job->model : "");
     snprintf(c->dataset_name, sizeof c->dataset_name, "%s", job->dataset ? job->dataset : "");

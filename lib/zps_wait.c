@@ -550,6 +550,7 @@ zps_err zps_wait_run(zps_client *c)
     if (c->params_ms > 0) {
         double d = now - c->params_ms;
         c->usual_step_ms = c->usual_step_ms > 0 ? 0.9 * c->usual_step_ms + 0.1 * d : d;
+        zps_heartbeat_set_interval(c->conn.heartbeat, zps_due_beat_ms(c));
     } else {
         c->first_wait_ms = now - c->wait_start;
     }

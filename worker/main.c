@@ -152,8 +152,10 @@ static const zps_opts_row s_table[] = {
      .help = "push after backward instead of during it (benchmarks)",
      .offset = offsetof(s_opts, no_overlap), .ctype = ZPS_OPTS_C_BOOL},
     {.name = "heartbeat-ms", .kind = ZPS_OPTS_INT, .metavar = "MS", .def = "1000",
-     .help = "heartbeat interval to the coordinator: a beat goes out when nothing else "
-             "(a push to shard 0) did for that long",
+     .help = "least heartbeat interval to the coordinator: a beat goes out when nothing "
+             "else (a push to shard 0) did for that long; where steps are longer than half "
+             "of it, for two usual steps, at most a quarter of the server's "
+             "--worker-timeout-ms",
      .offset = offsetof(s_opts, heartbeat_ms), .ctype = ZPS_OPTS_C_INT,
      .lo = 10, .hi = 3600000},
     {.name = "sndbuf", .kind = ZPS_OPTS_CUSTOM, .metavar = "auto|BYTES", .def = "auto",

@@ -139,6 +139,21 @@ static char **s_shard_keys(zps_coord *c, bool all, char **keys)
     return keys;
 }
 
+// What every JOB and ASSIGN of the job says alike: its flags.
+static void s_job_of_config(const zps_coord *c, Zps__Job *job)
+{
+    job->model = (char *)c->cfg.model;
+    job->dataset = (char *)c->cfg.dataset;
+    job->seed = c->cfg.seed;
+    job->global_batch = c->cfg.global_batch;
+    job->total_steps = c->cfg.total_steps;
+    job->steps_per_epoch = c->cfg.steps_per_epoch;
+    job->wire_dtype = (Zps__DType)c->cfg.wire_dtype;
+    job->checkpoint_every = c->cfg.checkpoint_every;
+    job->micro_batch = c->cfg.micro_batch;
+    job->layout = (Zps__Layout *)c->cfg.layout;
+}
+
 // JOB to a worker (its rank and id, and the step it starts at) or ASSIGN
 // to a shard (every id, and the optimizer): the same Job message, told
 // apart by `to_shard`.
@@ -161,20 +176,14 @@ void zps_coord_send_job(zps_coord *c, zps_outbox *out, zmq_msg_t *route, Zps__Ms
     char *keys[ZPS_MAX_SHARDS];
     zps_coord_group_wire group;
     Zps__Job job = ZPS__JOB__INIT;
+    s_job_of_config(c, &job);
     job.host = zps_coord_host_group(c, g, mem, &group);
-    job.model = (char *)c->cfg.model;
-    job.dataset = (char *)c->cfg.dataset;
-    job.seed = c->cfg.seed;
-    job.global_batch = c->cfg.global_batch;
-    job.total_steps = c->cfg.total_steps;
-    job.steps_per_epoch = c->cfg.steps_per_epoch;
     job.rank = mem ? mem->rank : 0;
     job.member_id = mem ? mem->member_id : 0;
     job.n_plan = n_slices;
     job.plan = slice_ptrs;
     job.n_shards = c->cfg.shards;
     job.shards = shard_ptrs;
-    job.wire_dtype = (Zps__DType)c->cfg.wire_dtype;
     job.n_extras = s_extras_of(c, mem, extras, extra_ptrs);
     job.extras = extra_ptrs;
     job.generation = g->gen;
@@ -183,13 +192,11 @@ void zps_coord_send_job(zps_coord *c, zps_outbox *out, zmq_msg_t *route, Zps__Ms
     job.optim = mem ? NULL : &optim;
     job.outer = c->cfg.mode.diloco ? &outer : NULL;
     job.inner = c->cfg.mode.diloco && mem ? &inner : NULL;
-    job.checkpoint_every = c->cfg.checkpoint_every;
     job.clip_grad_norm = mem ? 0.0f : c->cfg.clip_grad_norm;
-    job.micro_batch = c->cfg.micro_batch;
+    job.worker_timeout_ms = mem ? (uint32_t)c->cfg.worker_timeout_ms : 0;
     job.shard_token = shard_token;
     job.n_shard_keys = mem ? c->cfg.shards : 0;
     job.shard_keys = s_shard_keys(c, mem != NULL, keys);
-    job.layout = (Zps__Layout *)c->cfg.layout;
     // Rank 0 exists only at a first start (a resumed job's joiners come
     // after its members): its values are the job's initial ones.
     job.send_init = c->cfg.layout && mem && mem->rank == 0;

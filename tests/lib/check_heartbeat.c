@@ -1,6 +1,7 @@
 /* check_heartbeat.c - the heartbeat thread beats only when the coordinator
- * heard nothing else from its member for an interval: the rule, and the
- * thread against a real ROUTER on loopback. */
+ * heard nothing else from its member for an interval, which stretches with
+ * long steps: the rules, and the thread against a real ROUTER on
+ * loopback. */
 #include <time.h>
 #include <zmq.h>
 
@@ -18,6 +19,19 @@ START_TEST(test_heartbeat_is_due_an_interval_after_the_later_of_beat_and_heard)
     ck_assert(!zps_heartbeat_due(1100, 1000, 1050, 100)); // heard since: an interval from that
     ck_assert(zps_heartbeat_due(1150, 1000, 1050, 100));
     ck_assert(zps_heartbeat_due(1100, 1000, 900, 100));   // heard before the beat: the beat counts
+}
+END_TEST
+
+// Twice the usual step where that is longer than the least interval, at
+// most a quarter of the worker timeout, never under the least.
+START_TEST(test_heartbeat_interval_stretches_to_two_steps_up_to_a_quarter_of_the_timeout)
+{
+    ck_assert_int_eq(zps_heartbeat_interval(1000, 5, 10000), 1000);    // short steps
+    ck_assert_int_eq(zps_heartbeat_interval(1000, 800, 10000), 1600);  // two steps
+    ck_assert_int_eq(zps_heartbeat_interval(1000, 4000, 10000), 2500); // a quarter of the timeout
+    ck_assert_int_eq(zps_heartbeat_interval(1000, 4000, 0), 1000);     // timeout not said
+    ck_assert_int_eq(zps_heartbeat_interval(1000, 4000, 2000), 1000);  // never under the least
+    ck_assert_int_eq(zps_heartbeat_interval(1000, 0, 60000), 1000);    // no step timed yet
 }
 END_TEST
 
@@ -49,20 +63,29 @@ static int s_allowed(double from)
     return (int)((zps_clock_ms() - from) / INTERVAL_MS);
 }
 
+// A ROUTER on loopback (*router, the caller's) and a heartbeat of rank 3
+// to it every INTERVAL_MS (the caller's).
+static zps_heartbeat *s_start(void *ctx, void **router)
+{
+    *router = zps_wire_socket(ctx, ZMQ_ROUTER, 1000);
+    ck_assert_ptr_nonnull(*router);
+    ck_assert_int_eq(zmq_bind(*router, "tcp://127.0.0.1:*"), 0);
+    char ep[128];
+    size_t len = sizeof ep;
+    ck_assert_int_eq(zmq_getsockopt(*router, ZMQ_LAST_ENDPOINT, ep, &len), 0);
+    zps_curve off = {.on = false};
+    zps_heartbeat *hb = zps_heartbeat_start(ctx, ep, &off, 7, 3, 11, INTERVAL_MS);
+    ck_assert_ptr_nonnull(hb);
+    return hb;
+}
+
 // While the main thread says it was heard more often than the interval, no
 // beat goes out after the first (at once); once it stops, beats come again.
 START_TEST(test_heartbeat_thread_is_silent_while_heard_and_beats_when_not)
 {
     void *ctx = zmq_ctx_new();
-    void *router = zps_wire_socket(ctx, ZMQ_ROUTER, 1000);
-    ck_assert_ptr_nonnull(router);
-    ck_assert_int_eq(zmq_bind(router, "tcp://127.0.0.1:*"), 0);
-    char ep[128];
-    size_t len = sizeof ep;
-    ck_assert_int_eq(zmq_getsockopt(router, ZMQ_LAST_ENDPOINT, ep, &len), 0);
-    zps_curve off = {.on = false};
-    zps_heartbeat *hb = zps_heartbeat_start(ctx, ep, &off, 7, 3, 11, INTERVAL_MS);
-    ck_assert_ptr_nonnull(hb);
+    void *router = NULL;
+    zps_heartbeat *hb = s_start(ctx, &router);
     int allowed = 1;
     double last = zps_clock_ms();
     zps_heartbeat_heard(hb);
@@ -86,12 +109,35 @@ START_TEST(test_heartbeat_thread_is_silent_while_heard_and_beats_when_not)
 }
 END_TEST
 
+// An interval set longer (4 x) holds from the thread's next wake: over 12
+// intervals of the first length not heard, one beat at once and one per
+// new interval (and one of slack), where the first length would have
+// beaten 12 times; and at least the first.
+START_TEST(test_heartbeat_thread_beats_at_the_interval_set)
+{
+    void *ctx = zmq_ctx_new();
+    void *router = NULL;
+    zps_heartbeat *hb = s_start(ctx, &router);
+    zps_heartbeat_set_interval(hb, 4 * INTERVAL_MS);
+    double from = zps_clock_ms();
+    int beats = s_beats(router, 12 * INTERVAL_MS);
+    int allowed = 2 + (int)((zps_clock_ms() - from) / (4 * INTERVAL_MS));
+    ck_assert_msg(beats >= 1 && beats <= allowed, "%d beats in 12 intervals of %d ms (%d allowed)",
+                  beats, INTERVAL_MS, allowed);
+    zps_heartbeat_stop(&hb);
+    zmq_close(router);
+    zmq_ctx_term(ctx);
+}
+END_TEST
+
 Suite *zps_suite_heartbeat(void)
 {
     Suite *s = suite_create("heartbeat");
     TCase *tc = tcase_create("core");
     tcase_add_test(tc, test_heartbeat_is_due_an_interval_after_the_later_of_beat_and_heard);
     tcase_add_test(tc, test_heartbeat_thread_is_silent_while_heard_and_beats_when_not);
+    tcase_add_test(tc, test_heartbeat_interval_stretches_to_two_steps_up_to_a_quarter_of_the_timeout);
+    tcase_add_test(tc, test_heartbeat_thread_beats_at_the_interval_set);
     suite_add_tcase(s, tc);
     return s;
 }
