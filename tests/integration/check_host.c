@@ -11,8 +11,8 @@
  * slow for another host's reason does not make a follower whose part its
  * leader took push for itself, nor does a leader slow at a step 0 whose
  * parameters came late; a follower whose leader was not there at its
- * first part pushes through it once it is. Real processes on loopback, every wait bounded,
- * killed by pid at the end. */
+ * first part pushes through it once it is. Real processes on loopback,
+ * every wait bounded, killed by pid at the end. */
 #include <signal.h>
 #include <stdio.h>
 #include <stdlib.h>
