@@ -139,6 +139,13 @@ static char **s_shard_keys(zps_coord *c, bool all, char **keys)
     return keys;
 }
 
+// ms on the wire's 32 bits: a timeout past 49 days (a test's "never") says
+// the most there is.
+static uint32_t s_ms32(double ms)
+{
+    return ms < (double)UINT32_MAX ? (uint32_t)ms : UINT32_MAX;
+}
+
 // What every JOB and ASSIGN of the job says alike: its flags.
 static void s_job_of_config(const zps_coord *c, Zps__Job *job)
 {
@@ -193,7 +200,7 @@ void zps_coord_send_job(zps_coord *c, zps_outbox *out, zmq_msg_t *route, Zps__Ms
     job.outer = c->cfg.mode.diloco ? &outer : NULL;
     job.inner = c->cfg.mode.diloco && mem ? &inner : NULL;
     job.clip_grad_norm = mem ? 0.0f : c->cfg.clip_grad_norm;
-    job.worker_timeout_ms = mem ? (uint32_t)c->cfg.worker_timeout_ms : 0;
+    job.worker_timeout_ms = mem ? s_ms32(c->cfg.worker_timeout_ms) : 0;
     job.shard_token = shard_token;
     job.n_shard_keys = mem ? c->cfg.shards : 0;
     job.shard_keys = s_shard_keys(c, mem != NULL, keys);
