@@ -382,13 +382,14 @@ static zps_err s_send_to_leader(zps_client *c, int i, const zps_piece *p, uint64
     // thousands of members starting on a few cores took over a second to
     // connect, and a follower that gave up then pushed for itself until
     // the next plan, so a later step's first part tries again without
-    // waiting: zps_host_push); once reached, a poll's time. The wait is a
-    // poll, not the send's: a leader not there yet is an answer, not a
-    // failed send to log (the socket is ZMQ_IMMEDIATE: no connection, no
-    // pipe to write to).
+    // waiting: zps_host_push); once reached, a poll's time. Until then the
+    // wait is a poll, not the send's: a leader not there yet is an answer,
+    // not a failed send to log (the socket is ZMQ_IMMEDIATE: no connection,
+    // no pipe to write to). Once reached, no poll: a system call more for
+    // every part.
     zmq_pollitem_t item = {.socket = c->host.sock, .events = ZMQ_POLLOUT};
     int timeout = (int)wait_ms;
-    if (zmq_poll(&item, 1, timeout) <= 0) {
+    if (!c->host.reached && zmq_poll(&item, 1, timeout) <= 0) {
         return ZPS_ETIMEDOUT; // or interrupted: the follower pushes for itself
     }
     if (zmq_setsockopt(c->host.sock, ZMQ_SNDTIMEO, &timeout, sizeof timeout) != 0) {
