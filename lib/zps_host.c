@@ -253,15 +253,34 @@ static double s_give_up_ms(const zps_client *c)
     return steps > ZPS_HOST_GIVE_UP_MIN_MS ? steps : ZPS_HOST_GIVE_UP_MIN_MS;
 }
 
+// Until when a follower that gives up at `step` pushes for itself. A
+// leader not reached yet is tried again at the next step, without waiting
+// (zps_host_push). One reached and then given up on is tried again 1, 2,
+// 4, ... steps on, up to ZPS_HOST_RETRY_MAX_STEPS: a leader only slow for
+// a while (thousands of members starting on a few cores: 63 of 4,032
+// followers gave up on theirs at step 0 in bench/swarm at 4096 members)
+// takes the group's pushes again, and a leader that stays silent costs its
+// followers a give-up at ever rarer steps until the plan changes.
+static void s_push_direct(zps_host *h, uint64_t step)
+{
+    uint32_t backoff = h->backoff ? h->backoff : 1;
+    h->direct = true;
+    h->retry = step + 1 + (h->reached ? backoff : 1);
+    if (h->reached) {
+        h->backoff = backoff < ZPS_HOST_RETRY_MAX_STEPS / 2 ? 2 * backoff : ZPS_HOST_RETRY_MAX_STEPS;
+    }
+}
+
 // A follower whose piece went to a leader it no longer has, or that went
 // silent: the piece is computed again and pushed by this worker itself
 // (the shards keep the first copy of a sample if the leader's came after
-// all), and so is every piece until the next group.
+// all), and so is every piece until it tries the leader again.
 static void s_give_up(zps_client *c, const char *why)
 {
     zps_host *h = &c->host;
-    h->direct = true;
-    if (h->sent == 0) {
+    s_push_direct(h, c->cur_step);
+    if (h->sent != c->cur_step + 1) {
+        h->sent = 0; // none, or of a step answered: nothing to push again
         return;
     }
     zps_log_warn("step %llu: %s; computing my piece [%u, +%u) again and pushing it myself",
@@ -316,7 +335,8 @@ zps_err zps_host_take_group(zps_client *c, uint32_t gen, const Zps__HostGroup *g
     memset(h->left, 0, sizeof h->left);
     h->absent = 0;
     h->direct = false;
-    h->tried = 0;
+    h->retry = 0;
+    h->backoff = 1;
     for (int k = 0; k < h->n; k++) {
         h->ranks[k] = g->members[k]->rank;
     }
@@ -377,21 +397,7 @@ static zps_err s_send_to_leader(zps_client *c, int i, const zps_piece *p, uint64
                                 uint64_t hi, const float *grad, float loss, float compute_ms,
                                 double take_by_ms, double wait_ms)
 {
-    // The first part to this leader waits for the connection half the
-    // time the leader has to take it (the socket is made with the plan;
-    // thousands of members starting on a few cores took over a second to
-    // connect, and a follower that gave up then pushed for itself until
-    // the next plan, so a later step's first part tries again without
-    // waiting: zps_host_push); once reached, a poll's time. Until then the
-    // wait is a poll, not the send's: a leader not there yet is an answer,
-    // not a failed send to log (the socket is ZMQ_IMMEDIATE: no connection,
-    // no pipe to write to). Once reached, no poll: a system call more for
-    // every part.
-    zmq_pollitem_t item = {.socket = c->host.sock, .events = ZMQ_POLLOUT};
     int timeout = (int)wait_ms;
-    if (!c->host.reached && zmq_poll(&item, 1, timeout) <= 0) {
-        return ZPS_ETIMEDOUT; // or interrupted: the follower pushes for itself
-    }
     if (zmq_setsockopt(c->host.sock, ZMQ_SNDTIMEO, &timeout, sizeof timeout) != 0) {
         return ZPS_EIO; // only for a socket that is not one
     }
@@ -802,8 +808,8 @@ static bool s_complete(const zps_host *h, const zps_host_bucket *hb)
 
 // Before a step is pushed on the timer: the members none of whose parts
 // came are not waited for from now on, until one of theirs comes. A
-// follower that gave up on this leader pushes for itself until the next
-// group, so without this every later step waited the timer out, and the
+// follower that gave up on this leader pushes for itself for a while, so
+// without this every step of that while waited the timer out, and the
 // timer, 3 usual steps, grew with the steps it lengthened: at 1024
 // members steps went 5, 9, 11, 13 ... 48 s.
 static void s_mark_absent(zps_client *c)
@@ -920,33 +926,44 @@ static zps_err s_add_own(zps_client *c, int i, const zps_piece *p, uint64_t lo, 
     return s_add_part(c, i, b, &part);
 }
 
-// A follower's part the leader's socket did not take within wait ms: one
-// not reached yet is tried again at the next step; one that was gives up
-// on its leader until the next plan.
-static void s_not_sent(zps_client *c, double wait)
+// A follower's part the leader's socket did not take within wait ms
+// (again: a try after a give-up, which waits for nothing): pushed by the
+// follower, which tries its leader again later (s_push_direct).
+static void s_not_sent(zps_client *c, double wait, bool again)
 {
     zps_host *h = &c->host;
-    if (!h->reached && !h->tried) {
+    if (!again && !h->reached) {
         zps_log_info("host: my leader (rank %u) not reached within %.1f s: pushing for myself, "
                      "trying it again each step", h->ranks[0], wait / 1e3);
-    } else if (h->reached && h->sent == 0) {
-        zps_log_warn("host: my leader (rank %u) takes no pushes: pushing for myself until the "
-                     "next plan", h->ranks[0]);
     }
-    h->tried = h->reached ? h->tried : c->cur_step + 1;
     s_give_up(c, "my leader takes no pushes");
+    if (h->reached && !again) {
+        zps_log_warn("host: my leader (rank %u) takes no pushes: pushing for myself, trying it "
+                     "again at step %llu", h->ranks[0], (unsigned long long)(h->retry - 1));
+    }
+}
+
+// Whether the leader's socket has a connection to write to within wait
+// ms: a leader not there yet is an answer, not a failed send to log (the
+// socket is ZMQ_IMMEDIATE: no connection, no pipe to write to).
+static bool s_leader_connected(zps_client *c, double wait)
+{
+    zmq_pollitem_t item = {.socket = c->host.sock, .events = ZMQ_POLLOUT};
+    return zmq_poll(&item, 1, (long)wait) > 0; // or interrupted: the follower pushes for itself
 }
 
 zps_err zps_host_push(zps_client *c, int i, const zps_piece *p, uint64_t lo, uint64_t hi,
                       const float *grad, float loss, float data_ms, float compute_ms)
 {
     zps_host *h = &c->host;
-    // A follower whose connection to its leader was not up yet tries again
-    // at each later step's first part, without waiting: on a host whose
-    // members start all at once it comes up after the first send gave up
-    // on it (3,207 of 4,032 followers at 4096 members on 2 cores pushed
-    // for themselves until the next plan, which a steady job never makes).
-    bool again = h->direct && !h->reached && h->tried && h->tried != c->cur_step + 1;
+    // A follower that pushes for itself tries its leader again at the
+    // first part of step retry - 1 (s_push_direct), without waiting: one
+    // whose connection was not up yet at its first part (on a host whose
+    // members start all at once it comes up later: 3,207 of 4,032
+    // followers at 4096 members on 2 cores had pushed for themselves until
+    // the next plan, which a steady job never makes), or whose leader was
+    // slow to take a part.
+    bool again = h->direct && h->retry && c->cur_step + 1 >= h->retry;
     bool group = h->n >= 2 && !h->off && (!h->direct || again) && h->remote[i] &&
                  !c->mode.diloco && s_own_piece(c) && s_open(c);
     if (group && h->me == 0) {
@@ -958,15 +975,23 @@ zps_err zps_host_push(zps_client *c, int i, const zps_piece *p, uint64_t lo, uin
     bool first = h->sent != c->cur_step + 1;
     double sent_ms = first ? zps_clock_ms() : h->sent_ms;
     double give_up = first ? s_give_up_ms(c) : h->give_up_ms;
-    double wait = h->reached ? ZPS_CONN_POLL_MS : again ? 0 : give_up / 4;
-    if (group && s_send_to_leader(c, i, p, lo, hi, grad, loss, compute_ms, sent_ms + give_up / 2,
+    // The first part to a leader not reached yet waits a quarter of the
+    // give-up for the connection (made with the plan: thousands of members
+    // starting on a few cores took over a second to connect); once
+    // reached, a send waits a poll's time and is not polled for first (a
+    // system call more for every part).
+    double wait = again ? 0 : h->reached ? ZPS_CONN_POLL_MS : give_up / 4;
+    bool ready = group && ((h->reached && !again) || s_leader_connected(c, wait));
+    if (ready && s_send_to_leader(c, i, p, lo, hi, grad, loss, compute_ms, sent_ms + give_up / 2,
                                   wait) == ZPS_OK) {
-        if (!h->reached && h->tried) {
-            zps_log_info("host: my leader (rank %u) reached at step %llu: pushing through it",
-                         h->ranks[0], (unsigned long long)c->cur_step);
+        if (again) {
+            zps_log_info("host: my leader (rank %u) %s at step %llu: pushing through it",
+                         h->ranks[0], h->reached ? "tried again" : "reached",
+                         (unsigned long long)c->cur_step);
         }
         h->reached = true;
         h->direct = false;
+        h->retry = 0;
         if (first) {
             h->sent = c->cur_step + 1;
             h->sent_piece = c->cur_work;
@@ -977,7 +1002,7 @@ zps_err zps_host_push(zps_client *c, int i, const zps_piece *p, uint64_t lo, uin
         return ZPS_OK;
     }
     if (group) {
-        s_not_sent(c, wait);
+        s_not_sent(c, wait, again);
     }
     return zps_conn_push(&c->conn, i, c->cur_step, p, lo, hi, c->dtype, grad, c->wire, loss,
                          data_ms, compute_ms, &c->grad_ref);
@@ -1310,6 +1335,7 @@ bool zps_host_take_ack(zps_client *c, const zps_wire_msg *m)
         m->hdr->job_id == c->conn.job_id && m->hdr->rank == c->conn.rank &&
         m->hdr->generation == h->gen) {
         h->taken = true;
+        h->backoff = 1;
         // The leader's push to shard 0 will name this member's piece, which
         // the coordinator there hears as a heartbeat from it.
         if (h->remote[0]) {

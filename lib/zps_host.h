@@ -41,6 +41,7 @@
 
 #define ZPS_HOST_FLUSH_MIN_MS 2000.0   // a leader pushes what it has after this at least
 #define ZPS_HOST_GIVE_UP_MIN_MS 6000.0 // a follower pushes itself after this at least
+#define ZPS_HOST_RETRY_MAX_STEPS 64     // and tries its leader again at most this many steps on
 
 // One member's push that the leader holds: a bucket's values for a part
 // of the batch (the member's piece, or a node of it in a deterministic job).
@@ -92,10 +93,12 @@ typedef struct zps_host {
     double sent_ms;
     double give_up_ms;                   // gives up on it this long after sent_ms, if not taken
     bool taken;                          // the leader said HOST_ACK for it
-    bool direct;                         // gave up on the leader: pushes itself until a new group
+    bool direct;                         // gave up on the leader: pushes itself until `retry`
     bool reached;                        // a part went to this socket's leader
-    uint64_t tried;                      // 1 + a step whose first part found no connection
-                                         // to it: its parts go direct, the next step's try again
+    uint64_t retry;                      // 1 + the step whose first part tries the leader again
+    uint32_t backoff;                    // steps from a give-up on a leader reached to that
+                                         // try: 1, 2, 4, ... ZPS_HOST_RETRY_MAX_STEPS; 1 again
+                                         // once a part is taken (0 is 1)
     // A follower's parts through shared memory: element e of the model for
     // step s at ((s & 1) * n_params + e) * esize. The half of step s is
     // written again at s + 2, once the shards answered s + 1, which they do
