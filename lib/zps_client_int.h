@@ -266,16 +266,18 @@ void zps_host_relay(zps_client *c, int i, const zps_wire_msg *m);
 // passed on (for a shard elsewhere: the others come from the shards).
 bool zps_host_from_leader(const zps_client *c, const zps_wire_msg *m);
 // Following: takes m if it is the leader's HOST_ACK of the part handed to
-// it (a part taken is not the leader's to lose: no give-up timer after).
+// it: taken (not the leader's to lose: nothing asked after), or left to
+// this worker, which then pushes it itself.
 bool zps_host_take_ack(zps_client *c, const zps_wire_msg *m);
 // Following: the leader's connection closed (its monitor said so): the
 // piece handed to it is computed again and pushed by this worker.
 void zps_host_on_event(zps_client *c);
 // While waiting: a leader pushes what it holds once a member is late, a
-// follower pushes its piece itself once its leader has not taken it.
+// follower whose leader has not taken its part for a while asks it
+// whether it holds it (and pushes the piece itself if told it does not).
 zps_err zps_host_due(zps_client *c, double now);
-// Following: whether zps_host_due would give up on the leader now; what
-// came on the host's socket (its HOST_ACK, however late) is read first.
+// Following: whether zps_host_due would ask the leader now; what came on
+// the host's socket (its HOST_ACK, however late) is read first.
 bool zps_host_give_up_due(const zps_client *c, double now);
 
 // zps_diloco.c: the round of --mode diloco.

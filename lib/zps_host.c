@@ -267,7 +267,8 @@ static void s_push_direct(zps_host *h, uint64_t step)
     h->direct = true;
     h->retry = step + 1 + (h->reached ? backoff : 1);
     if (h->reached) {
-        h->backoff = backoff < ZPS_HOST_RETRY_MAX_STEPS / 2 ? 2 * backoff : ZPS_HOST_RETRY_MAX_STEPS;
+        h->backoff = backoff < ZPS_HOST_RETRY_MAX_STEPS / 2 ? 2 * backoff
+                                                             : ZPS_HOST_RETRY_MAX_STEPS;
     }
 }
 
@@ -310,6 +311,30 @@ static int s_find_me(const zps_client *c, const Zps__HostGroup *g)
     return me;
 }
 
+// The old group's ranks and what its leader told them (take_group).
+typedef struct s_answers {
+    int n;
+    bool led;
+    uint32_t ranks[ZPS_HOST_GROUP_MAX];
+    uint64_t acked[ZPS_HOST_GROUP_MAX], left[ZPS_HOST_GROUP_MAX];
+} s_answers;
+
+// What a leader told its followers (acked, left) stays theirs in the new
+// group, by rank: a part it took before the plan changed is pushed with
+// the old group's sums, and a follower asking about it must hear so.
+static void s_keep_answers(zps_host *h, const s_answers *old)
+{
+    for (int k = 0; k < ZPS_HOST_GROUP_MAX; k++) {
+        h->acked[k] = h->left[k] = 0;
+        for (int j = 0; k < h->n && h->me == 0 && old->led && j < old->n; j++) {
+            if (old->ranks[j] == h->ranks[k]) {
+                h->acked[k] = old->acked[j];
+                h->left[k] = old->left[j];
+            }
+        }
+    }
+}
+
 zps_err zps_host_take_group(zps_client *c, uint32_t gen, const Zps__HostGroup *g)
 {
     zps_host *h = &c->host;
@@ -327,12 +352,14 @@ zps_err zps_host_take_group(zps_client *c, uint32_t gen, const Zps__HostGroup *g
         s_flush_all(c); // what the old group gave: pushed as it is
     }
     s_unmap_all(h); // index k may be another member now
+    s_answers old = {.n = h->n, .led = h->n >= 2 && h->me == 0};
+    memcpy(old.ranks, h->ranks, sizeof old.ranks);
+    memcpy(old.acked, h->acked, sizeof old.acked);
+    memcpy(old.left, h->left, sizeof old.left);
     h->seg_refused = false;
     h->gen = gen;
     h->n = n;
     h->me = me < 0 ? 0 : me;
-    memset(h->acked, 0, sizeof h->acked); // index k may be another member now
-    memset(h->left, 0, sizeof h->left);
     h->absent = 0;
     h->direct = false;
     h->retry = 0;
@@ -340,9 +367,11 @@ zps_err zps_host_take_group(zps_client *c, uint32_t gen, const Zps__HostGroup *g
     for (int k = 0; k < h->n; k++) {
         h->ranks[k] = g->members[k]->rank;
     }
+    s_keep_answers(h, &old);
     if (h->sent && (h->n < 2 || h->ranks[0] != leader)) {
         s_give_up(c, "my leader changed before its push came back");
     }
+    h->asked_ms = 0; // a question of the old group is asked again
     s_open_if_needed(c);
     return ZPS_OK;
 }
@@ -998,6 +1027,7 @@ zps_err zps_host_push(zps_client *c, int i, const zps_piece *p, uint64_t lo, uin
             h->sent_ms = sent_ms;
             h->give_up_ms = give_up;
             h->taken = false;
+            h->asked_ms = 0;
         }
         return ZPS_OK;
     }
@@ -1059,6 +1089,22 @@ static bool s_part_ok(const zps_client *c, const Zps__Header *hd, int *b, char *
     return true;
 }
 
+// Tells the follower at route about its part of `step`: in the leader's
+// hands (flags 0), or left to it (ZPS_HOST_LEFT). Never waits: a follower
+// gone loses nothing it needs.
+static zps_err s_send_ack(zps_client *c, zmq_msg_t *route, uint32_t rank, uint64_t step,
+                         uint32_t flags)
+{
+    Zps__Header a;
+    zps_wire_header_init(&a, ZPS__MSG_TYPE__HOST_ACK);
+    a.job_id = c->conn.job_id;
+    a.rank = rank;
+    a.step = step;
+    a.generation = c->host.gen;
+    a.flags = flags;
+    return zps_wire_send_frames(c->host.sock, route, &a, NULL, 0);
+}
+
 // Tells follower k that its part of `step` is in, once a step: from then
 // on the part is the leader's to push (or the leader's failure is seen as
 // any member's). Never waits: a follower gone loses nothing it needs.
@@ -1066,17 +1112,35 @@ static bool s_part_ok(const zps_client *c, const Zps__Header *hd, int *b, char *
 static void s_ack(zps_client *c, int k, uint64_t step)
 {
     zps_host *h = &c->host;
-    if (h->acked[k] == step + 1) {
+    if (h->acked[k] != step + 1 && s_send_ack(c, &h->route[k], h->ranks[k], step, 0) == ZPS_OK) {
+        h->acked[k] = step + 1;
+    }
+}
+
+// Follower k asks whether its part of hd's step is in the leader's hands
+// (its give-up came and no ack had): yes if it was told so (the ack may
+// still be on its way: on 2 cores starved by 4096 members one took over 3
+// s, the follower pushed the piece it was in too, and the shard refused
+// the leader's sum as partly counted, the other pieces in it lost with
+// it), otherwise left to it from now on, and told so. A member not in the
+// group changes nothing: its group changes too.
+static void s_answer(zps_client *c, zps_wire_msg *m)
+{
+    zps_host *h = &c->host;
+    const Zps__Header *hd = m->hdr;
+    int k = s_member_of(h, hd->rank);
+    if (hd->job_id != c->conn.job_id || k < 0) {
         return;
     }
-    Zps__Header a;
-    zps_wire_header_init(&a, ZPS__MSG_TYPE__HOST_ACK);
-    a.job_id = c->conn.job_id;
-    a.rank = h->ranks[k];
-    a.step = step;
-    a.generation = h->gen;
-    if (zps_wire_send_frames(h->sock, &h->route[k], &a, NULL, 0) == ZPS_OK) {
-        h->acked[k] = step + 1;
+    uint32_t flags = 0;
+    if (h->acked[k] != hd->step + 1) {
+        zps_log_info("host: rank %u asks for its part of step %llu, not taken: left to it",
+                     hd->rank, (unsigned long long)hd->step);
+        h->left[k] = hd->step + 1;
+        flags = ZPS_HOST_LEFT;
+    }
+    if (s_send_ack(c, &m->route, hd->rank, hd->step, flags) != ZPS_OK) {
+        zps_log_debug("host: rank %u not answered: it asks again", hd->rank);
     }
 }
 
@@ -1226,7 +1290,10 @@ zps_err zps_host_drain(zps_client *c)
     while (zps_host_leads(c) && zmq_poll(&item, 1, 0) > 0) {
         zps_wire_msg m;
         zps_err err = zps_wire_recv(h->sock, true, &m);
-        if (err == ZPS_OK) {
+        if (err == ZPS_OK && m.hdr && m.hdr->type == ZPS__MSG_TYPE__HOST_ACK &&
+            (m.hdr->flags & ZPS_HOST_ASK)) {
+            s_answer(c, &m);
+        } else if (err == ZPS_OK) {
             s_take_part(c, &m);
         }
         zps_wire_msg_fini(&m);
@@ -1331,7 +1398,16 @@ bool zps_host_take_ack(zps_client *c, const zps_wire_msg *m)
         s_send_again(c, m->hdr);
         return true;
     }
-    if (h->n >= 2 && h->me > 0 && h->sent == m->hdr->step + 1 &&
+    bool left = (m->hdr->flags & ZPS_HOST_LEFT) != 0;
+    if (h->n >= 2 && h->me > 0 && h->sent == m->hdr->step + 1 && !h->taken && left &&
+        m->hdr->job_id == c->conn.job_id && m->hdr->rank == c->conn.rank) {
+        char why[128];
+        snprintf(why, sizeof why, "my leader (rank %u) did not take my part for %.1f s and "
+                 "leaves it to me", h->ranks[0], (zps_clock_ms() - h->sent_ms) / 1e3);
+        s_give_up(c, why);
+        return true;
+    }
+    if (h->n >= 2 && h->me > 0 && h->sent == m->hdr->step + 1 && !left &&
         m->hdr->job_id == c->conn.job_id && m->hdr->rank == c->conn.rank &&
         m->hdr->generation == h->gen) {
         h->taken = true;
@@ -1371,8 +1447,42 @@ static bool s_remote_in(const zps_client *c)
 bool zps_host_give_up_due(const zps_client *c, double now)
 {
     const zps_host *h = &c->host;
+    double since = h->asked_ms > 0 ? h->asked_ms : h->sent_ms;
     return !zps_host_leads(c) && h->sent && !h->taken && h->sent == c->wait_step &&
-           c->phase == ZPS_PHASE_WAIT && now - h->sent_ms >= h->give_up_ms && !s_remote_in(c);
+           c->phase == ZPS_PHASE_WAIT && now - since >= h->give_up_ms && !s_remote_in(c);
+}
+
+// A follower whose part its leader did not take within its give-up asks
+// it whether it holds it (s_answer), and again at each give-up time while
+// not answered (a question lost with a group that changed, a leader that
+// hangs: the step waits for it as for its own piece). Only a leader that
+// cannot be asked (no connection: gone) is given up on at once.
+static void s_ask(zps_client *c, double now)
+{
+    zps_host *h = &c->host;
+    Zps__Header a;
+    zps_wire_header_init(&a, ZPS__MSG_TYPE__HOST_ACK);
+    a.job_id = c->conn.job_id;
+    a.rank = c->conn.rank;
+    a.member_id = c->conn.member_id;
+    a.step = h->sent - 1;
+    a.generation = h->gen;
+    a.flags = ZPS_HOST_ASK;
+    int never = 0;
+    if (zmq_setsockopt(h->sock, ZMQ_SNDTIMEO, &never, sizeof never) != 0 ||
+        zps_wire_send(h->sock, NULL, &a, NULL, 0, NULL) != ZPS_OK) {
+        char why[96];
+        snprintf(why, sizeof why, "my leader (rank %u) did not take my part for %.1f s and "
+                 "cannot be asked", h->ranks[0], (now - h->sent_ms) / 1e3);
+        s_give_up(c, why);
+        return;
+    }
+    if (h->asked_ms == 0) {
+        zps_log_info("step %llu: my leader (rank %u) did not take my part for %.1f s: asking it "
+                     "whether it holds it", (unsigned long long)(h->sent - 1), h->ranks[0],
+                     (now - h->sent_ms) / 1e3);
+    }
+    h->asked_ms = now;
 }
 
 zps_err zps_host_due(zps_client *c, double now)
@@ -1390,10 +1500,7 @@ zps_err zps_host_due(zps_client *c, double now)
         return err;
     }
     if (zps_host_give_up_due(c, now)) {
-        char why[96];
-        snprintf(why, sizeof why, "my leader (rank %u) did not take my part for %.1f s",
-                 h->ranks[0], (now - h->sent_ms) / 1e3);
-        s_give_up(c, why);
+        s_ask(c, now);
     }
     return ZPS_OK;
 }

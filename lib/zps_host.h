@@ -14,15 +14,19 @@
  * with the parameters, which the leader passes on to its followers: one
  * push and one pull per host and shard. The leader says HOST_ACK to a
  * follower once it holds the follower's part of a step (or that it
- * could not map it: the follower sends it again as frames). A leader that
- * goes silent is a member failure like any other: a follower whose part
- * the leader did not take for a while (or whose leader's connection
- * closed, or whose next plan names another leader) computes its piece
+ * could not map it: the follower sends it again as frames). A follower
+ * whose part the leader did not take for a while asks it (HOST_ACK,
+ * ZPS_HOST_ASK), and pushes its piece itself once the leader answers that
+ * it left it (ZPS_HOST_LEFT): an ack sent but not yet read when a
+ * follower gave up on its own had put one piece in two pushes, and the
+ * shard refuses a sum partly counted whole. A leader that is gone is a
+ * member failure like any other: a follower whose leader's connection
+ * closed, or whose next plan names another leader, computes its piece
  * again and pushes it itself, as it does a push refused "not yet", and the
- * shards count the first copy of every sample. Once its part is taken a
- * follower waits as any worker does: a step slow for others (thousands
- * of members starting, a straggler on another host) is not the leader's
- * failure.
+ * shards count the first copy of every sample. Once its part is taken, or
+ * while its question is not answered, a follower waits as any worker
+ * does: a step slow for others (thousands of members starting, a
+ * straggler on another host) is not the leader's failure.
  *
  * The state lives in the client (lib/zps_client_int.h); its calls are
  * there, with the loop's other rooms. */
@@ -40,8 +44,14 @@
 #include "lib/zps_schedule.h"
 
 #define ZPS_HOST_FLUSH_MIN_MS 2000.0   // a leader pushes what it has after this at least
-#define ZPS_HOST_GIVE_UP_MIN_MS 6000.0 // a follower pushes itself after this at least
-#define ZPS_HOST_RETRY_MAX_STEPS 64     // and tries its leader again at most this many steps on
+#define ZPS_HOST_GIVE_UP_MIN_MS 6000.0 // a follower asks its leader after this at least
+#define ZPS_HOST_RETRY_MAX_STEPS 64     // one that pushed for itself tries its leader again
+                                       // at most this many steps on
+
+// HOST_ACK's flags: the leader's answer (0: your part of the step is in my
+// hands; LEFT: it is not, push it yourself), or a follower's question.
+#define ZPS_HOST_ASK 1u  // follower -> leader: is my part of `step` in your hands?
+#define ZPS_HOST_LEFT 2u // leader -> follower: no, and it will not be: push it yourself
 
 // One member's push that the leader holds: a bucket's values for a part
 // of the batch (the member's piece, or a node of it in a deterministic job).
@@ -91,8 +101,10 @@ typedef struct zps_host {
     uint64_t sent;                       // 1 + its step (0: none waiting)
     zps_piece sent_piece;
     double sent_ms;
-    double give_up_ms;                   // gives up on it this long after sent_ms, if not taken
+    double give_up_ms;                   // asks the leader about it this long after sent_ms
+                                         // (and after each question), if not taken
     bool taken;                          // the leader said HOST_ACK for it
+    double asked_ms;                     // when the leader was last asked about it (0: never)
     bool direct;                         // gave up on the leader: pushes itself until `retry`
     bool reached;                        // a part went to this socket's leader
     uint64_t retry;                      // 1 + the step whose first part tries the leader again

@@ -383,10 +383,11 @@ END_TEST
 // Host a's leader (worker 0, admitted first: rank 0) pauses 7 s every
 // step, its follower 0.5 s (so its part of step 0 comes while the leader
 // pauses). At step 0, while the steps' length is unknown, the follower
-// gives up after 6 s and pushes its own piece; the leader, back, finds the
-// part past its time to be taken (the follower's copy may be counted
-// already: a sum with it would be refused as partly counted, the leader's
-// own piece lost with it) and pushes its own alone. The follower, pushing
+// asks its leader after 6 s whether it holds its part; the leader, back,
+// finds the part past its time to be taken (the follower might have
+// pushed it itself: a sum with it would be refused as partly counted, the
+// leader's own piece lost with it), says it leaves it to the follower,
+// which pushes it, and pushes its own piece alone. The follower, pushing
 // for itself that step, is not waited for after that one step's flush:
 // said once, at step 0 (waited for every step, each step took 3 usual
 // steps, and the usual step grew with them). The job completes and every
@@ -402,6 +403,7 @@ START_TEST(test_host_leader_slower_than_the_give_up_pushes_its_own_piece_alone)
     ck_assert(zps_procs_log_has(&ps, "lead-w0.log", "leading"));
     ck_assert(zps_procs_log_has(&ps, "lead-w1.log", "did not take my part"));
     ck_assert(zps_procs_log_has(&ps, "lead-w0.log", "left to it"));
+    ck_assert(zps_procs_log_has(&ps, "lead-w1.log", "leaves it to me"));
     ck_assert_int_eq(zps_procs_log_count(&ps, "lead-w0.log", "not waited for"), 1);
     float *a = s_agreed(&ps, &r, n);
     free(a);
@@ -507,10 +509,11 @@ START_TEST(test_host_follower_that_found_no_leader_at_first_pushes_through_it_on
 END_TEST
 
 // Host a's leader (rank 0) stopped (SIGSTOP) once the job trains, every
-// worker pausing 0.2 s a step, until its follower gave up on a part it
-// did not take (6 s; the eviction is at 10): the follower pushes that
-// step for itself and tries its leader again at the next step's first
-// part, through it from then on. Of 30 steps it sends at most 3 of its
+// worker pausing 0.2 s a step, until its follower asked it about a part
+// it did not take (after 6 s; the eviction is at 10). Let go, the leader
+// answers that it left the part (it came past its time to be taken): the
+// follower pushes that step for itself and tries its leader again at the
+// next step's first part, through it from then on. Of 30 steps it sends at most 3 of its
 // parts for the shard on host b itself, where its leader sends all 30
 // (before, it pushed every step after the give-up for itself until the
 // next plan, which a steady job never makes; 63 of 4,032 followers did in
@@ -525,9 +528,11 @@ START_TEST(test_host_follower_that_gave_up_on_a_slow_leader_pushes_through_it_ag
     s_start(&ps, &r);
     zps_procs_wait_log(&ps, "again-s0.log", "epoch 0: loss", 60000);
     ck_assert_int_eq(kill(r.w[0], SIGSTOP), 0);
-    zps_procs_wait_log(&ps, "again-w1.log", "did not take my part", 30000);
+    zps_procs_wait_log(&ps, "again-w1.log", "asking it whether it holds it", 30000);
     ck_assert_int_eq(kill(r.w[0], SIGCONT), 0);
     s_wait_all(&ps, &r);
+    ck_assert(zps_procs_log_has(&ps, "again-w0.log", "not taken: left to it"));
+    ck_assert(zps_procs_log_has(&ps, "again-w1.log", "leaves it to me"));
     double leader = s_worker_mib(&ps, &r, 0), follower = s_worker_mib(&ps, &r, 1);
     fprintf(stderr, "host again: the follower pushed %.2f MiB, its leader %.2f\n", follower,
             leader);
