@@ -11,8 +11,10 @@
  * slow for another host's reason does not make a follower whose part its
  * leader took push for itself, nor does a leader slow at a step 0 whose
  * parameters came late; a follower whose leader was not there at its
- * first part pushes through it once it is. Real processes on loopback,
- * every wait bounded, killed by pid at the end. */
+ * first part pushes through it once it is, and one that asked a stopped
+ * leader about its part, left to it, through it again at the next step.
+ * Real processes on loopback, every wait bounded, killed by pid at the
+ * end. */
 #include <signal.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -475,6 +477,21 @@ START_TEST(test_host_follower_waits_longer_for_its_leader_when_the_first_paramet
 }
 END_TEST
 
+// The end of a run in which host a's follower pushed without its leader
+// for a while: of the run's steps it pushed at most a tenth of what its
+// leader pushed itself (`what` names the run in the line printed), and
+// every worker agrees.
+static void s_check_back_through_leader(zps_procs *ps, const run *r, size_t n, const char *what)
+{
+    double leader = s_worker_mib(ps, r, 0), follower = s_worker_mib(ps, r, 1);
+    fprintf(stderr, "host %s: the follower pushed %.2f MiB, its leader %.2f\n", what, follower,
+            leader);
+    ck_assert_msg(follower <= 0.1 * leader, "the follower pushed %.2f MiB, its leader %.2f",
+                  follower, leader);
+    float *a = s_agreed(ps, r, n);
+    free(a);
+}
+
 // Host a's leader (worker 0, rank 0) stopped (SIGSTOP) from its admission
 // until its follower's first part found no connection to it (a leader
 // binds its socket when it takes the plan; thousands of members starting
@@ -497,13 +514,7 @@ START_TEST(test_host_follower_that_found_no_leader_at_first_pushes_through_it_on
     s_wait_all(&ps, &r);
     ck_assert(zps_procs_log_has(&ps, "reach-w0.log", "leading"));
     ck_assert(zps_procs_log_has(&ps, "reach-w1.log", "reached at step"));
-    double leader = s_worker_mib(&ps, &r, 0), follower = s_worker_mib(&ps, &r, 1);
-    fprintf(stderr, "host reach: the follower pushed %.2f MiB, its leader %.2f\n", follower,
-            leader);
-    ck_assert_msg(follower <= 0.1 * leader, "the follower pushed %.2f MiB, its leader %.2f",
-                  follower, leader);
-    float *a = s_agreed(&ps, &r, n);
-    free(a);
+    s_check_back_through_leader(&ps, &r, n, "reach");
     zps_procs_fini(&ps, false);
 }
 END_TEST
@@ -513,11 +524,12 @@ END_TEST
 // it did not take (after 6 s; the eviction is at 10). Let go, the leader
 // answers that it left the part (it came past its time to be taken): the
 // follower pushes that step for itself and tries its leader again at the
-// next step's first part, through it from then on. Of 30 steps it sends at most 3 of its
-// parts for the shard on host b itself, where its leader sends all 30
-// (before, it pushed every step after the give-up for itself until the
-// next plan, which a steady job never makes; 63 of 4,032 followers did in
-// bench/swarm at 4096 members). The job completes and every worker agrees.
+// next step's first part, through it from then on. Of 30 steps it sends
+// at most 3 of its parts for the shard on host b itself, where its leader
+// sends all 30 (before, it pushed every step after the give-up for itself
+// until the next plan, which a steady job never makes; 63 of 4,032
+// followers did in bench/swarm at 4096 members). The job completes and
+// every worker agrees.
 START_TEST(test_host_follower_that_gave_up_on_a_slow_leader_pushes_through_it_again)
 {
     zps_procs ps;
@@ -533,14 +545,8 @@ START_TEST(test_host_follower_that_gave_up_on_a_slow_leader_pushes_through_it_ag
     s_wait_all(&ps, &r);
     ck_assert(zps_procs_log_has(&ps, "again-w0.log", "not taken: left to it"));
     ck_assert(zps_procs_log_has(&ps, "again-w1.log", "leaves it to me"));
-    double leader = s_worker_mib(&ps, &r, 0), follower = s_worker_mib(&ps, &r, 1);
-    fprintf(stderr, "host again: the follower pushed %.2f MiB, its leader %.2f\n", follower,
-            leader);
-    ck_assert_msg(follower <= 0.1 * leader, "the follower pushed %.2f MiB, its leader %.2f",
-                  follower, leader);
     ck_assert(zps_procs_log_has(&ps, "again-w1.log", "tried again at step"));
-    float *a = s_agreed(&ps, &r, n);
-    free(a);
+    s_check_back_through_leader(&ps, &r, n, "again");
     zps_procs_fini(&ps, false);
 }
 END_TEST
