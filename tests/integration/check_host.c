@@ -41,6 +41,7 @@ typedef struct run {
     bool w0_first;        // worker 0 is admitted before the others start: rank 0, host a's leader
     bool w0_stopped;      // and stopped (SIGSTOP) once admitted: the caller lets it go
     bool quick_evict;     // --worker-timeout-ms 1500 (a worker is killed), else 10000
+    bool slow_evict;      // --worker-timeout-ms 30000 (a worker is stopped for long)
     bool shm_off[WORKERS]; // worker k runs with ZPS_SHM_HOST=off: no parts in shared memory
     pid_t shard[2];
     pid_t w[WORKERS];
@@ -60,7 +61,8 @@ static void s_start_shards(zps_procs *ps, run *r)
     // would stand, before --micro-batch.
     const char *sargs[] = {"--workers", "4", "--global-batch", "64", "--steps", r->steps,
                            "--seed", "3", "--shards", "2", "--model", MODEL, "--lr", "0.05",
-                           "--worker-timeout-ms", r->quick_evict ? "1500" : "10000",
+                           "--worker-timeout-ms",
+                           r->quick_evict ? "1500" : r->slow_evict ? "30000" : "10000",
                            "--host-aggregate", r->aggregate ? "on" : "off",
                            r->deterministic ? "--deterministic" : NULL, "--micro-batch", "8",
                            NULL};
@@ -519,29 +521,51 @@ START_TEST(test_host_follower_that_found_no_leader_at_first_pushes_through_it_on
 }
 END_TEST
 
-// Host a's leader (rank 0) stopped (SIGSTOP) once the job trains, every
-// worker pausing 0.2 s a step, until its follower asked it about a part
-// it did not take (after 6 s; the eviction is at 10). Let go, the leader
-// answers that it left the part (it came past its time to be taken): the
-// follower pushes that step for itself and tries its leader again at the
-// next step's first part, through it from then on. Of 30 steps it sends
-// at most 3 of its parts for the shard on host b itself, where its leader
-// sends all 30 (before, it pushed every step after the give-up for itself
-// until the next plan, which a steady job never makes; 63 of 4,032
-// followers did in bench/swarm at 4096 members). The job completes and
-// every worker agrees.
+// Stops host a's leader (SIGSTOP) until its follower asks it about a
+// part it did not take (6 s after the part went; the eviction is at 30),
+// then lets it go. A stop that came after the leader took the follower's
+// part of the step (then waiting for the step's parameters: no question
+// comes) is let go after 15 s and made again, a few steps on.
+static void s_stop_leader_until_asked(zps_procs *ps, const run *r, const char *follower_log)
+{
+    for (int stop = 0; stop < 4; stop++) {
+        ck_assert_int_eq(kill(r->w[0], SIGSTOP), 0);
+        bool asked = false;
+        for (int ms = 0; ms < 15000 && !asked; ms += 100) {
+            struct timespec ts = {0, 100 * 1000 * 1000};
+            nanosleep(&ts, NULL);
+            asked = zps_procs_log_has(ps, follower_log, "asking it whether it holds it");
+        }
+        ck_assert_int_eq(kill(r->w[0], SIGCONT), 0);
+        if (asked) {
+            return;
+        }
+        struct timespec ts = {1, 0};
+        nanosleep(&ts, NULL);
+    }
+    ck_abort_msg("%s: no question to its stopped leader in 4 stops", follower_log);
+}
+
+// Host a's leader (rank 0) stopped once the job trains, every worker
+// pausing 0.2 s a step, until its follower asked it about a part it did
+// not take. Let go, the leader answers that it left the part (it came
+// past its time to be taken): the follower pushes that step for itself
+// and tries its leader again at the next step's first part, through it
+// from then on. Of 30 steps it sends at most 3 of its parts for the shard
+// on host b itself, where its leader sends all 30 (before, it pushed
+// every step after the give-up for itself until the next plan, which a
+// steady job never makes; 63 of 4,032 followers did in bench/swarm at
+// 4096 members). The job completes and every worker agrees.
 START_TEST(test_host_follower_that_gave_up_on_a_slow_leader_pushes_through_it_again)
 {
     zps_procs ps;
     zps_procs_init(&ps, "host-again");
     size_t n = s_n_params();
     run r = {.tag = "again", .aggregate = true, .steps = "30", .w0_first = true,
-             .stall_ms = {"200", "200", "200", "200"}};
+             .stall_ms = {"200", "200", "200", "200"}, .slow_evict = true};
     s_start(&ps, &r);
     zps_procs_wait_log(&ps, "again-s0.log", "epoch 0: loss", 60000);
-    ck_assert_int_eq(kill(r.w[0], SIGSTOP), 0);
-    zps_procs_wait_log(&ps, "again-w1.log", "asking it whether it holds it", 30000);
-    ck_assert_int_eq(kill(r.w[0], SIGCONT), 0);
+    s_stop_leader_until_asked(&ps, &r, "again-w1.log");
     s_wait_all(&ps, &r);
     ck_assert(zps_procs_log_has(&ps, "again-w0.log", "not taken: left to it"));
     ck_assert(zps_procs_log_has(&ps, "again-w1.log", "leaves it to me"));
