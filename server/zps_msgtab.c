@@ -217,6 +217,14 @@ zps_err zps_msgtab_check(const zps_msgtab_ctx *x, const Zps__Header *h, const ch
             snprintf(why, why_len, "%s came after the last step", type);
             return ZPS_ECLOSED;
         }
+        if (x->at == ZPS_AT_UNASSIGNED && (r->at & ZPS_AT_SERVING)) {
+            // A shard restarted and not assigned yet: a worker's push or
+            // pull is early, not wrong. "Not yet" has it sent again (the
+            // coordinator's rollback says where the job goes on); refused
+            // for good, it ended the worker (the seeded chaos schedule).
+            snprintf(why, why_len, "%s: this shard is not assigned a range yet", type);
+            return ZPS_EAGAIN;
+        }
         if ((x->at & (ZPS_AT_UNASSIGNED | ZPS_AT_SERVING)) && !(r->at & ZPS_AT_SERVING)) {
             snprintf(why, why_len, "%s goes to the coordinator (shard 0), not to this shard",
                      type);

@@ -152,8 +152,13 @@ static zps_err s_expected(int type, size_t sender, char state, bool good, bool a
     }
     if (!strchr(sp->at, state)) {
         // After the last step a worker's message is answered "the job is
-        // over", whatever it is: for the worker the job simply ended.
-        return state == 'd' && strchr(sp->roles, 'W') ? ZPS_ECLOSED : ZPS_ESTATE;
+        // over", whatever it is: for the worker the job simply ended. A
+        // shard not assigned yet answers what it serves once assigned
+        // "not yet".
+        if (state == 'd' && strchr(sp->roles, 'W')) {
+            return ZPS_ECLOSED;
+        }
+        return state == 'u' && strchr(sp->at, 's') ? ZPS_EAGAIN : ZPS_ESTATE;
     }
     if (sp->cred == 'm') {
         return good ? ZPS_OK : ZPS_ENOENT;
