@@ -255,16 +255,16 @@ static double s_give_up_ms(const zps_client *c)
 
 // Until when a follower that gives up at `step` pushes for itself. A
 // leader not reached yet is tried again at the next step, without waiting
-// (zps_host_push). One reached and then given up on is tried again 1, 2,
-// 4, ... steps on, up to ZPS_HOST_RETRY_MAX_STEPS: a leader only slow for
-// a while (thousands of members starting on a few cores: 63 of 4,032
-// followers gave up on theirs at step 0 in bench/swarm at 4096 members)
-// takes the group's pushes again, and a leader that stays silent costs its
-// followers a give-up at ever rarer steps until the plan changes.
+// (zps_host_push). One reached and then given up on (its socket took no
+// part, or it left one to the follower) is tried again 1, 2, 4, ... steps
+// on, up to ZPS_HOST_RETRY_MAX_STEPS: a leader only slow for a while
+// (thousands of members starting on a few cores: 63 of 4,032 followers
+// gave up on theirs at step 0 in bench/swarm at 4096 members) takes the
+// group's pushes again, and one whose socket stays full costs its
+// followers a failed send at ever rarer steps until the plan changes.
 static void s_push_direct(zps_host *h, uint64_t step)
 {
     uint32_t backoff = h->backoff ? h->backoff : 1;
-    h->direct = true;
     h->retry = step + 1 + (h->reached ? backoff : 1);
     if (h->reached) {
         h->backoff = backoff < ZPS_HOST_RETRY_MAX_STEPS / 2 ? 2 * backoff
@@ -361,7 +361,6 @@ zps_err zps_host_take_group(zps_client *c, uint32_t gen, const Zps__HostGroup *g
     h->n = n;
     h->me = me < 0 ? 0 : me;
     h->absent = 0;
-    h->direct = false;
     h->retry = 0;
     h->backoff = 1;
     for (int k = 0; k < h->n; k++) {
@@ -992,8 +991,8 @@ zps_err zps_host_push(zps_client *c, int i, const zps_piece *p, uint64_t lo, uin
     // followers at 4096 members on 2 cores had pushed for themselves until
     // the next plan, which a steady job never makes), or whose leader was
     // slow to take a part.
-    bool again = h->direct && h->retry && c->cur_step + 1 >= h->retry;
-    bool group = h->n >= 2 && !h->off && (!h->direct || again) && h->remote[i] &&
+    bool again = h->retry && c->cur_step + 1 >= h->retry;
+    bool group = h->n >= 2 && !h->off && (!h->retry || again) && h->remote[i] &&
                  !c->mode.diloco && s_own_piece(c) && s_open(c);
     if (group && h->me == 0) {
         zps_err err = zps_host_drain(c);
@@ -1019,7 +1018,6 @@ zps_err zps_host_push(zps_client *c, int i, const zps_piece *p, uint64_t lo, uin
                          (unsigned long long)c->cur_step);
         }
         h->reached = true;
-        h->direct = false;
         h->retry = 0;
         if (first) {
             h->sent = c->cur_step + 1;
@@ -1089,6 +1087,19 @@ static bool s_part_ok(const zps_client *c, const Zps__Header *hd, int *b, char *
     return true;
 }
 
+// The HOST_ACK of rank's part of `step` with flags: a leader's answer
+// (flags 0 or ZPS_HOST_LEFT) or a follower's question (ZPS_HOST_ASK).
+static void s_ack_header(const zps_client *c, uint32_t rank, uint64_t step, uint32_t flags,
+                         Zps__Header *a)
+{
+    zps_wire_header_init(a, ZPS__MSG_TYPE__HOST_ACK);
+    a->job_id = c->conn.job_id;
+    a->rank = rank;
+    a->step = step;
+    a->generation = c->host.gen;
+    a->flags = flags;
+}
+
 // Tells the follower at route about its part of `step`: in the leader's
 // hands (flags 0), or left to it (ZPS_HOST_LEFT). Never waits: a follower
 // gone loses nothing it needs.
@@ -1096,12 +1107,7 @@ static zps_err s_send_ack(zps_client *c, zmq_msg_t *route, uint32_t rank, uint64
                          uint32_t flags)
 {
     Zps__Header a;
-    zps_wire_header_init(&a, ZPS__MSG_TYPE__HOST_ACK);
-    a.job_id = c->conn.job_id;
-    a.rank = rank;
-    a.step = step;
-    a.generation = c->host.gen;
-    a.flags = flags;
+    s_ack_header(c, rank, step, flags, &a);
     return zps_wire_send_frames(c->host.sock, route, &a, NULL, 0);
 }
 
@@ -1461,13 +1467,8 @@ static void s_ask(zps_client *c, double now)
 {
     zps_host *h = &c->host;
     Zps__Header a;
-    zps_wire_header_init(&a, ZPS__MSG_TYPE__HOST_ACK);
-    a.job_id = c->conn.job_id;
-    a.rank = c->conn.rank;
+    s_ack_header(c, c->conn.rank, h->sent - 1, ZPS_HOST_ASK, &a);
     a.member_id = c->conn.member_id;
-    a.step = h->sent - 1;
-    a.generation = h->gen;
-    a.flags = ZPS_HOST_ASK;
     int never = 0;
     if (zmq_setsockopt(h->sock, ZMQ_SNDTIMEO, &never, sizeof never) != 0 ||
         zps_wire_send(h->sock, NULL, &a, NULL, 0, NULL) != ZPS_OK) {

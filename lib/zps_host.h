@@ -105,9 +105,9 @@ typedef struct zps_host {
                                          // (and after each question), if not taken
     bool taken;                          // the leader said HOST_ACK for it
     double asked_ms;                     // when the leader was last asked about it (0: never)
-    bool direct;                         // gave up on the leader: pushes itself until `retry`
     bool reached;                        // a part went to this socket's leader
-    uint64_t retry;                      // 1 + the step whose first part tries the leader again
+    uint64_t retry;                      // gave up on the leader (0: not): pushes itself until
+                                         // the first part of step retry - 1 tries it again
     uint32_t backoff;                    // steps from a give-up on a leader reached to that
                                          // try: 1, 2, 4, ... ZPS_HOST_RETRY_MAX_STEPS; 1 again
                                          // once a part is taken (0 is 1)
