@@ -379,12 +379,14 @@ zps_err zps_host_take_group(zps_client *c, uint32_t gen, const Zps__HostGroup *g
 // A follower's push.
 
 // Whether the piece handed out is this worker's own of the plan (not one
-// handed over), and of the group's plan: only those go to the leader.
+// handed over, nor one computed again: a leader's own slice that a shard
+// asked for again after dropping its sum must not join a new sum), and of
+// the group's plan: only those go to the leader.
 static bool s_own_piece(const zps_client *c)
 {
     const zps_plan_gen *g = zps_plans_at(&c->schedule.plans, c->cur_step);
     const zps_plan_slice *sl = g ? zps_plan_find(&g->plan, c->conn.rank) : NULL;
-    return sl && g->gen == c->cur_work.gen && g->gen == c->host.gen &&
+    return sl && !c->cur_work.extra && g->gen == c->cur_work.gen && g->gen == c->host.gen &&
            sl->offset == c->cur_work.offset && sl->count == c->cur_work.count;
 }
 

@@ -20,8 +20,10 @@ static double s_backoff(zps_client *c)
 
 // A refusal from shard i while waiting for `step`'s parameters. "Not yet"
 // sends the same again after a bounded backoff: a PULL as it was, a PUSH
-// by computing its piece again (the gradient buffer has moved on; the
-// compute is deterministic, so the piece gives the same gradient). "Lost"
+// by computing the slice it names again (the gradient buffer has moved on;
+// the compute is deterministic, so the piece gives the same gradient), a
+// run of a host's sum that a shard dropped too (zps_shard_io) pushed
+// alone like any piece handed over. "Lost"
 // asks the coordinator at once where the job is.
 zps_err zps_retry_on_refusal(zps_client *c, int i, uint64_t step, const Zps__Header *h)
 {

@@ -47,7 +47,8 @@ int zps_schedule_take_extras(zps_schedule *s, uint64_t step, zps_piece *out, int
     int n = zps_plans_take_handed(&s->plans, step, h,
                                   max < ZPS_PLANS_HANDED_MAX ? max : ZPS_PLANS_HANDED_MAX);
     for (int i = 0; i < n; i++) {
-        out[i] = (zps_piece){.offset = h[i].offset, .count = h[i].count, .gen = h[i].gen};
+        out[i] = (zps_piece){.offset = h[i].offset, .count = h[i].count, .gen = h[i].gen,
+                             .extra = true};
     }
     return n;
 }

@@ -17,6 +17,8 @@
 typedef struct zps_piece {
     uint32_t offset, count; // [offset, offset + count) of the global batch
     uint32_t gen;           // plan generation in force at its step
+    bool extra;             // handed to this worker (another's slice, or one to compute
+                            // again): pushed by it alone, never through its host's leader
 } zps_piece;
 
 typedef struct zps_schedule {

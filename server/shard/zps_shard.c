@@ -970,6 +970,31 @@ bool zps_shard_slice_done(const zps_shard *s, uint32_t offset, uint32_t count)
     return true;
 }
 
+int zps_shard_uncounted(const zps_shard *s, const Zps__Header *h, zps_shard_run *out, int max)
+{
+    int b = s_bucket_at(s, h->offset, h->offset + h->count);
+    const zps_plan_gen *g = zps_plans_at(&s->plans, h->step);
+    if (h->n_host_pieces == 0 || s->micro || h->step != s->step || !g ||
+        g->gen != h->generation || b < 0 ||
+        zps_shard_bucket_idle(s, b) || h->samples == 0 || h->batch_offset >= s->global_batch ||
+        h->samples > s->global_batch - h->batch_offset) {
+        return 0;
+    }
+    int n = 0;
+    uint32_t end = h->batch_offset + h->samples;
+    for (uint32_t i = h->batch_offset; i < end && n < max; i++) {
+        if (zps_cover_any(&s->cover, b, i, i + 1)) {
+            continue;
+        }
+        if (n > 0 && out[n - 1].offset + out[n - 1].count == i) {
+            out[n - 1].count++;
+        } else {
+            out[n++] = (zps_shard_run){.offset = i, .count = 1};
+        }
+    }
+    return n;
+}
+
 // Frees retired snapshots no peer reads any more.
 static void s_reap_retired(zps_shard *s)
 {

@@ -161,6 +161,21 @@ uint32_t zps_shard_counted(const zps_shard *s, uint32_t rank);
 // this step.
 bool zps_shard_slice_done(const zps_shard *s, uint32_t offset, uint32_t count);
 
+// A run [offset, offset + count) of the global batch.
+typedef struct zps_shard_run {
+    uint32_t offset, count;
+} zps_shard_run;
+
+// For a host leader's sum refused as partly counted (zps_shard_push's
+// ZPS_EDUP: one of its pieces was counted already, its member's own copy
+// first): the runs of the sum's slice that its bucket has not counted, in
+// batch order, at most max; how many. They went with the dropped sum and
+// nobody else pushes them unless asked to compute them again. 0 for any
+// other push, for one not of the step in progress or of a plan replaced
+// at it (the step is computed again), and in a deterministic job
+// (--micro-batch: a node of the tree is counted whole, never a run).
+int zps_shard_uncounted(const zps_shard *s, const Zps__Header *h, zps_shard_run *out, int max);
+
 // Where bucket b's current parameters are, in the wire dtype: *data
 // (borrowed, unchanged until the bucket is next updated), its range, and
 // the reference to pass to zps_wire_send to send them zero-copy.

@@ -266,6 +266,47 @@ static void s_hold(zps_shard_io *io, zps_wire_msg *m, const char *why)
     zps_wire_msg_move(&io->held[io->n_held++], m);
 }
 
+// A host leader's sum dropped as partly counted (one of its pieces came
+// its own way first: a follower that gave up on its leader, whose sum came
+// after all) took the other pieces' samples with it, and the step would
+// wait for them until --speculate-after or an eviction. The leader is told
+// "not yet" for each run not counted, its slice naming the run: libzps
+// computes a refused push's slice again and pushes it itself, each run
+// once (a copy that comes second is dropped like any other). A sum of at
+// most ZPS_HOST_GROUP_MAX pieces leaves as many runs unless copies of
+// pieces of pieces (speculation's) cut it finer: past that many, the rest
+// waits as before.
+static void s_ask_for_uncounted(zps_shard_io *io, zps_wire_msg *m)
+{
+    zps_shard_run runs[ZPS_HOST_GROUP_MAX];
+    int n = zps_shard_uncounted(io->shard, m->hdr, runs, ZPS_HOST_GROUP_MAX);
+    if (n == 0) {
+        return;
+    }
+    Zps__Header *h = m->hdr;
+    zps_log_warn("shard %u: step %llu: rank %u's host sum of [%u, +%u) in %zu pieces was partly "
+                 "counted already for [%llu, +%llu): dropped; asking it for the %d run%s not "
+                 "counted, the first [%u, +%u)", io->index, (unsigned long long)h->step, h->rank,
+                 h->batch_offset, h->samples, h->n_host_pieces, (unsigned long long)h->offset,
+                 (unsigned long long)h->count, n, n == 1 ? "" : "s", runs[0].offset,
+                 runs[0].count);
+    // The refusal names the run, not the sum, and no segment: a push
+    // through shared memory refused "not yet" would turn its sender to
+    // frames. The header is put back as it came.
+    uint32_t offset = h->batch_offset, samples = h->samples;
+    uint64_t shm_size = h->shm_size;
+    h->shm_size = 0;
+    for (int i = 0; i < n; i++) {
+        h->batch_offset = runs[i].offset;
+        h->samples = runs[i].count;
+        s_refuse(io, m, ZPS_EAGAIN, "partly counted host sum: this run of it again, pushed "
+                                    "alone");
+    }
+    h->batch_offset = offset;
+    h->samples = samples;
+    h->shm_size = shm_size;
+}
+
 // The sender of a push gets the step's new parameters: the buckets already
 // updated now, the others as they are. Its push may have been a second copy
 // (a slice handed to it and delivered by its first owner after all), yet it
@@ -417,6 +458,7 @@ zps_err zps_shard_io_on_push(zps_shard_io *io, zps_wire_msg *m, int *ready)
     if (err == ZPS_EDUP) {
         io->duplicates++; // the first copy counted; this one changes nothing
         zps_log_debug("dropped: %s", why);
+        s_ask_for_uncounted(io, m);
     }
     // Its parameters through the segment of parameters if it pushed
     // through shared memory (docs/choices.md, "One pull per host").

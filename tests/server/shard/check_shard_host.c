@@ -2,7 +2,8 @@
  * credits each piece to its member as if it had pushed it, updates as the
  * members' own pushes would, and refuses pieces that do not tile the
  * push's slice in order, name a rank outside the plan or are too many,
- * with nothing counted. */
+ * with nothing counted, and names what a sum dropped as partly counted
+ * took with it. */
 #include <string.h>
 
 #include "server/shard/zps_shard.h"
@@ -204,6 +205,70 @@ START_TEST(test_shard_deterministic_leader_push_is_a_node_whose_pieces_are_credi
 }
 END_TEST
 
+// A sum of which a piece was counted already, its member's own copy
+// first (a follower that gave up on its leader), is dropped whole: the
+// shard names the runs of it no one counted, so that they can be asked
+// for; pushed alone they complete the bucket as the members' own pushes
+// would. A sum counted whole, one of another plan, a plain push and a
+// deterministic job name none.
+START_TEST(test_shard_names_the_runs_a_partly_counted_sum_took_with_it)
+{
+    zps_model_spec model = zps_shard_fx_model();
+    zps_shard *s = s_shard(&model), *own = s_shard(&model);
+    float g[N] = {1, -2, 3, 0.5f, -1, 2, 4};
+    const s_piece both[2] = {{0, 0, 10}, {1, 10, 30}};
+    uint64_t id0 = zps_shard_fx_id[0], id1 = zps_shard_fx_id[1];
+    // Rank 1's own copy of [10, 20) came first for bucket 0.
+    ck_assert_int_eq(s_feed(s, 1, id1, 10, 10, NULL, 0, 0, g), ZPS_OK);
+    ck_assert_int_eq(s_feed(s, 0, id0, 0, 40, both, 2, 0, g), ZPS_EDUP);
+    zps_wire_msg m = s_push(0, id0, 0, 40, both, 2, 4, 3, g + 4);
+    zps_shard_run runs[4];
+    ck_assert_int_eq(zps_shard_uncounted(s, m.hdr, runs, 4), 2);
+    ck_assert_uint_eq(runs[0].offset, 0);
+    ck_assert_uint_eq(runs[0].count, 10);
+    ck_assert_uint_eq(runs[1].offset, 20);
+    ck_assert_uint_eq(runs[1].count, 20);
+    ck_assert_int_eq(zps_shard_uncounted(s, m.hdr, runs, 1), 1); // at most max
+    m.hdr->generation = 2; // not the plan in force: that step is computed again
+    ck_assert_int_eq(zps_shard_uncounted(s, m.hdr, runs, 4), 0);
+    zps_wire_msg_fini(&m);
+    m = s_push(0, id0, 10, 10, NULL, 0, 4, 3, g + 4); // a plain push names none
+    ck_assert_int_eq(zps_shard_uncounted(s, m.hdr, runs, 4), 0);
+    zps_wire_msg_fini(&m);
+    // Bucket 1 counted the sum whole: nothing of it is missing.
+    ck_assert_int_eq(s_feed(s, 0, id0, 0, 40, both, 2, 1, g), ZPS_OK);
+    m = s_push(0, id0, 0, 40, both, 2, 0, 4, g);
+    ck_assert_int_eq(zps_shard_uncounted(s, m.hdr, runs, 4), 0);
+    zps_wire_msg_fini(&m);
+    // The runs pushed alone: the step ends as the members' own pushes end it.
+    ck_assert(!zps_shard_step_done(s));
+    ck_assert_int_eq(s_feed(s, 0, id0, 0, 10, NULL, 0, 0, g), ZPS_OK);
+    ck_assert_int_eq(s_feed(s, 0, id0, 20, 20, NULL, 0, 0, g), ZPS_OK);
+    ck_assert(zps_shard_step_done(s));
+    for (int b = 0; b < 2; b++) {
+        ck_assert_int_eq(s_feed(own, 0, id0, 0, 10, NULL, 0, b, g), ZPS_OK);
+        ck_assert_int_eq(s_feed(own, 1, id1, 10, 30, NULL, 0, b, g), ZPS_OK);
+    }
+    (void)zps_shard_end_step(s);
+    (void)zps_shard_end_step(own);
+    float p[N], q[N];
+    zps_shard_fx_params(s, 0, p);
+    zps_shard_fx_params(own, 0, q);
+    for (int i = 0; i < N; i++) {
+        ck_assert_float_eq_tol(p[i], q[i], 1e-6f);
+    }
+    zps_shard_destroy(&s);
+    zps_shard_destroy(&own);
+    // --deterministic: a node is counted whole or not at all.
+    zps_shard *d = s_shard_micro(&model, 10);
+    ck_assert_int_eq(s_feed(d, 1, id1, 10, 10, NULL, 0, 0, g), ZPS_OK); // a leaf
+    m = s_push(0, id0, 0, 40, both, 2, 4, 3, g + 4);
+    ck_assert_int_eq(zps_shard_uncounted(d, m.hdr, runs, 4), 0);
+    zps_wire_msg_fini(&m);
+    zps_shard_destroy(&d);
+}
+END_TEST
+
 Suite *zps_suite_shard_host(void)
 {
     Suite *s = suite_create("shard_host");
@@ -212,6 +277,7 @@ Suite *zps_suite_shard_host(void)
     tcase_add_test(tc, test_shard_refuses_pieces_that_do_not_tile_or_name_strangers);
     tcase_add_test(tc, test_shard_refuses_host_pieces_in_a_diloco_job);
     tcase_add_test(tc, test_shard_deterministic_leader_push_is_a_node_whose_pieces_are_credited);
+    tcase_add_test(tc, test_shard_names_the_runs_a_partly_counted_sum_took_with_it);
     suite_add_tcase(s, tc);
     return s;
 }

@@ -1,7 +1,10 @@
 /* check_shard_io.c - the shard's side of the wire (server/shard/zps_shard_io.h)
  * before and after its first plan: what it answers, through the refusal
- * hook the server gives it, and what it drops. */
+ * hook the server gives it, and what it drops (a host's sum partly
+ * counted: asking its leader for the rest). */
 #include <stdlib.h>
+#include <string.h>
+#include <zmq.h>
 
 #include "server/shard/zps_shard.h"
 #include "server/shard/zps_shard_io.h"
@@ -9,15 +12,19 @@
 #include "tests/zps_check.h"
 
 typedef struct refusals {
-    int n;           // refusals the io asked the server to answer
-    zps_err last;    // the code of the last one
+    int n;                    // refusals the io asked the server to answer
+    zps_err last;             // the code of the last one
+    uint32_t offset[4], samples[4]; // the slice each of the first four names
 } refusals;
 
 static void s_refuse(void *arg, zps_wire_msg *m, zps_err err, const char *why)
 {
     refusals *r = arg;
-    (void)m;
     (void)why;
+    if (r->n < 4) {
+        r->offset[r->n] = m->hdr->batch_offset;
+        r->samples[r->n] = m->hdr->samples;
+    }
     r->n++;
     r->last = err;
 }
@@ -60,6 +67,58 @@ static void s_push(zps_wire_msg *m, uint32_t rank, uint64_t step)
     *data = one;
 }
 
+// A push of step 0 of the whole range in the model's bucket order (the
+// fixture's mlp:1-2-1: [4, 7), then [0, 4)), of [batch_offset, +samples)
+// from rank r; with rank 0 and 1's pieces when sum.
+static void s_push_bucket(zps_wire_msg *m, int b, uint32_t r, uint32_t batch_offset,
+                          uint32_t samples, bool sum)
+{
+    Zps__HostPiece hp[2];
+    Zps__HostPiece *hpp[2] = {&hp[0], &hp[1]};
+    for (int i = 0; i < 2; i++) {
+        zps__host_piece__init(&hp[i]);
+        hp[i].rank = (uint32_t)i;
+        hp[i].batch_offset = zps_shard_fx_offset[i];
+        hp[i].samples = zps_shard_fx_count[i];
+    }
+    Zps__Header h;
+    zps_wire_header_init(&h, ZPS__MSG_TYPE__PUSH);
+    h.rank = r;
+    h.member_id = zps_shard_fx_id[r];
+    h.samples = samples;
+    h.batch_offset = batch_offset;
+    h.generation = 1;
+    h.offset = b == 0 ? 4 : 0;
+    h.count = b == 0 ? 3 : 4;
+    h.dtype = ZPS__DTYPE__F32;
+    h.n_host_pieces = sum ? 2 : 0;
+    h.host_pieces = sum ? hpp : NULL;
+    float *data = (float *)zps_shard_fx_msg(m, &h, h.count * sizeof(float));
+    for (uint64_t i = 0; i < h.count; i++) {
+        data[i] = 0.5f;
+    }
+    ck_assert_int_eq(zmq_msg_init_size(&m->route, 5), 0); // a peer's routing id
+    memcpy(zmq_msg_data(&m->route), "peer", 5);
+    m->has_route = true;
+}
+
+// A started io over a new shard of the fixture's model and plan (the
+// caller's to destroy).
+static zps_shard *s_started(zps_shard_io *io, refusals *r)
+{
+    zps_model_spec model = zps_shard_fx_model();
+    zps_shard_cfg cfg = {.index = 0, .lo = 0, .hi = model.n_params, .model = &model,
+                         .seed = 4, .global_batch = ZPS_SHARD_FX_BATCH,
+                         .dtype = ZPS_DTYPE_F32,
+                         .optim = {.lr = 0.5f, .schedule = ZPS_LR_CONSTANT}};
+    zps_shard *s = zps_shard_new(&cfg);
+    ck_assert_ptr_nonnull(s);
+    zps_shard_fx_add_plan(s);
+    s_io_init(io, r);
+    zps_shard_io_start(io, s, ZPS_DTYPE_F32);
+    return s;
+}
+
 // The CI failure this guards: shard 0 restarted with --resume got a
 // worker's push of step 70 a millisecond after it began to listen, before
 // its coordinator took the members back. Refused (ESTATE, final to a
@@ -86,18 +145,9 @@ END_TEST
 // drop above is the state's, not a hook that is never called.
 START_TEST(test_shard_io_refuses_a_rank_out_of_range_once_it_has_a_plan)
 {
-    zps_model_spec model = zps_shard_fx_model();
-    zps_shard_cfg cfg = {.index = 0, .lo = 0, .hi = model.n_params, .model = &model,
-                         .seed = 4, .global_batch = ZPS_SHARD_FX_BATCH,
-                         .dtype = ZPS_DTYPE_F32,
-                         .optim = {.lr = 0.5f, .schedule = ZPS_LR_CONSTANT}};
-    zps_shard *s = zps_shard_new(&cfg);
-    ck_assert_ptr_nonnull(s);
-    zps_shard_fx_add_plan(s);
     zps_shard_io io;
     refusals r = {0};
-    s_io_init(&io, &r);
-    zps_shard_io_start(&io, s, ZPS_DTYPE_F32);
+    zps_shard *s = s_started(&io, &r);
     zps_wire_msg m;
     s_push(&m, ZPS_MAX_MEMBERS, 0);
     int ready = 7;
@@ -111,12 +161,62 @@ START_TEST(test_shard_io_refuses_a_rank_out_of_range_once_it_has_a_plan)
 }
 END_TEST
 
+// A host leader's sum of which rank 1's own copy was counted first is
+// dropped; its sender is told "not yet" for the run no one counted, rank
+// 0's [0, 10), and that run pushed alone completes the
+// bucket. Another copy of the sum, counted whole for its other bucket,
+// asks for nothing.
+START_TEST(test_shard_io_asks_the_leader_for_what_a_partly_counted_sum_took_with_it)
+{
+    zps_shard_io io;
+    refusals r = {0};
+    zps_shard *s = s_started(&io, &r);
+    // A real socket to answer on: the parameters go to a peer not there,
+    // which a ROUTER drops.
+    void *ctx = zmq_ctx_new();
+    io.sock = zmq_socket(ctx, ZMQ_ROUTER);
+    ck_assert_ptr_nonnull(io.sock);
+    zps_wire_msg m;
+    int ready;
+    s_push_bucket(&m, 1, 0, 0, 40, true); // bucket 1: the sum first, counted
+    ck_assert_int_eq(zps_shard_io_on_push(&io, &m, &ready), ZPS_OK);
+    zps_wire_msg_fini(&m);
+    s_push_bucket(&m, 1, 0, 0, 40, true); // and again: counted whole, dropped silently
+    ck_assert_int_eq(zps_shard_io_on_push(&io, &m, &ready), ZPS_EDUP);
+    zps_wire_msg_fini(&m);
+    ck_assert_int_eq(r.n, 0);
+    s_push_bucket(&m, 0, 1, 10, 30, false); // bucket 0: rank 1's own copy first
+    ck_assert_int_eq(zps_shard_io_on_push(&io, &m, &ready), ZPS_OK);
+    zps_wire_msg_fini(&m);
+    s_push_bucket(&m, 0, 0, 0, 40, true);
+    ck_assert_int_eq(zps_shard_io_on_push(&io, &m, &ready), ZPS_EDUP);
+    ck_assert_uint_eq(m.hdr->batch_offset, 0); // the message is put back as it came
+    ck_assert_uint_eq(m.hdr->samples, 40);
+    zps_wire_msg_fini(&m);
+    ck_assert_int_eq(r.n, 1);
+    ck_assert_int_eq(r.last, ZPS_EAGAIN);
+    ck_assert_uint_eq(r.offset[0], 0);
+    ck_assert_uint_eq(r.samples[0], 10);
+    ck_assert(!zps_shard_step_done(s));
+    s_push_bucket(&m, 0, 0, 0, 10, false);
+    ck_assert_int_eq(zps_shard_io_on_push(&io, &m, &ready), ZPS_OK);
+    ck_assert_int_ge(ready, 0);
+    zps_wire_msg_fini(&m);
+    ck_assert_int_eq(r.n, 1);
+    zps_shard_io_fini(&io);
+    zps_shard_destroy(&s);
+    zmq_close(io.sock);
+    zmq_ctx_term(ctx);
+}
+END_TEST
+
 Suite *zps_suite_shard_io(void)
 {
     Suite *s = suite_create("shard_io");
     TCase *tc = tcase_create("push");
     tcase_add_test(tc, test_shard_io_drops_a_push_that_reaches_a_restarted_shard_before_its_plan);
     tcase_add_test(tc, test_shard_io_refuses_a_rank_out_of_range_once_it_has_a_plan);
+    tcase_add_test(tc, test_shard_io_asks_the_leader_for_what_a_partly_counted_sum_took_with_it);
     suite_add_tcase(s, tc);
     return s;
 }
