@@ -10,6 +10,7 @@
 #include <unistd.h>
 
 static char s_name[32] = "zps";
+static __thread char s_thread_name[sizeof s_name]; // "" : the process's
 static zps_log_level s_level = ZPS_LOG_INFO;
 static bool s_json;
 static zps_log_hook s_hook;   // borrowed: the caller's sink, or NULL (stderr)
@@ -37,6 +38,11 @@ void zps_log_set_hook(zps_log_hook fn, void *arg)
 void zps_log_set_name(const char *name)
 {
     snprintf(s_name, sizeof s_name, "%s", name);
+}
+
+void zps_log_set_thread_name(const char *name)
+{
+    snprintf(s_thread_name, sizeof s_thread_name, "%s", name);
 }
 
 void zps_log_set_level(zps_log_level level)
@@ -105,6 +111,7 @@ void zps_log(zps_log_level level, const char *fmt, ...)
         s_hook(s_hook_arg, (int)level, msg);
         return;
     }
+    const char *proc = s_thread_name[0] ? s_thread_name : s_name;
     char ts[64];
     snprintf(ts, sizeof ts, "%04d-%02d-%02dT%02d:%02d:%02d.%03ldZ", tm.tm_year + 1900,
              tm.tm_mon + 1, tm.tm_mday, tm.tm_hour, tm.tm_min, tm.tm_sec,
@@ -113,7 +120,7 @@ void zps_log(zps_log_level level, const char *fmt, ...)
         static const char *levels[] = {"debug", "info", "warn", "error"};
         char esc[6 * sizeof msg + 1], name[6 * sizeof s_name + 1];
         s_json_escape(msg, esc, sizeof esc);
-        s_json_escape(s_name, name, sizeof name);
+        s_json_escape(proc, name, sizeof name);
         fprintf(stderr, "{\"ts\":\"%s\",\"level\":\"%s\",\"proc\":\"%s\",\"pid\":%ld,\"msg\":\"%s\"}\n",
                 ts, levels[level], name, (long)getpid(), esc);
     } else {
@@ -126,7 +133,7 @@ void zps_log(zps_log_level level, const char *fmt, ...)
             }
         }
         static const char *tags[] = {"DEBUG", "INFO", "WARN", "ERROR"};
-        fprintf(stderr, "%s %-5s %s: %s\n", ts, tags[level], s_name, msg);
+        fprintf(stderr, "%s %-5s %s: %s\n", ts, tags[level], proc, msg);
     }
 }
 

@@ -1,7 +1,8 @@
 /* zps_log.h - leveled, timestamped logging to stderr.
  *
  * Daemons run under supervisors that collect stderr, so that is the only
- * sink. The process name ("server[0]", "worker[1]") is set once at start. */
+ * sink. The process name ("server[0]", "worker[1]") is set once at start;
+ * a thread may name its own lines. */
 #ifndef ZPS_LOG_H
 #define ZPS_LOG_H
 
@@ -17,6 +18,10 @@ typedef enum zps_log_level {
 } zps_log_level;
 
 void zps_log_set_name(const char *name);
+// Names this thread's lines instead of the process's name: a process with
+// many libzps clients, each on a thread of its own (bench/swarm's
+// members), names each line by its client. "" goes back to the process's.
+void zps_log_set_thread_name(const char *name);
 // A sink instead of stderr (libzps's zps_set_log_hook): msg is the message
 // alone, without time stamp or name; fn NULL restores stderr.
 typedef void (*zps_log_hook)(void *arg, int level, const char *msg);

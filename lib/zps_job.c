@@ -103,6 +103,7 @@ zps_err zps_job_take(zps_client *c, const Zps__Header *h)
     char name[32];
     snprintf(name, sizeof name, "worker[%u]", c->conn.rank);
     zps_log_set_name(name);
+    zps_log_set_thread_name(name); // another client of the process may rename it
     zps_log_info("job %016llx: rank %u from step %llu, global batch %u, model %s, dataset %s",
                  (unsigned long long)c->conn.job_id, c->conn.rank, (unsigned long long)c->start_step,
                  c->global_batch, job->model, job->dataset);

@@ -11,7 +11,7 @@ int main(void)
         // common/
         zps_suite_model, zps_suite_optim, zps_suite_wire, zps_suite_idx, zps_suite_dataset,
         zps_suite_dtype, zps_suite_opts, zps_suite_plan, zps_suite_plans, zps_suite_layout,
-        zps_suite_mlog,
+        zps_suite_mlog, zps_suite_log,
         zps_suite_outer, zps_suite_quant, zps_suite_dyl, zps_suite_shm, zps_suite_sndbuf,
         zps_suite_err, zps_suite_atomic, zps_suite_timers, zps_suite_sumsq, zps_suite_tree,
         // server/, server/coord/, server/shard/

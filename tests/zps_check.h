@@ -16,6 +16,7 @@ Suite *zps_suite_plans(void);
 Suite *zps_suite_plan(void);
 Suite *zps_suite_layout(void);
 Suite *zps_suite_mlog(void);
+Suite *zps_suite_log(void);
 Suite *zps_suite_outer(void);
 Suite *zps_suite_quant(void);
 Suite *zps_suite_dyl(void);
