@@ -970,11 +970,16 @@ bool zps_shard_slice_done(const zps_shard *s, uint32_t offset, uint32_t count)
     return true;
 }
 
+bool zps_shard_counts_runs(const zps_shard *s)
+{
+    return s->micro == 0;
+}
+
 int zps_shard_uncounted(const zps_shard *s, const Zps__Header *h, zps_shard_run *out, int max)
 {
     int b = s_bucket_at(s, h->offset, h->offset + h->count);
     const zps_plan_gen *g = zps_plans_at(&s->plans, h->step);
-    if (h->n_host_pieces == 0 || s->micro || h->step != s->step || !g ||
+    if (h->n_host_pieces == 0 || h->step != s->step || !g ||
         g->gen != h->generation || b < 0 ||
         zps_shard_bucket_idle(s, b) || h->samples == 0 || h->batch_offset >= s->global_batch ||
         h->samples > s->global_batch - h->batch_offset) {

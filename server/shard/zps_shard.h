@@ -171,10 +171,13 @@ typedef struct zps_shard_run {
 // first): the runs of the sum's slice that its bucket has not counted, in
 // batch order, at most max; how many. They went with the dropped sum and
 // nobody else pushes them unless asked to compute them again. 0 for any
-// other push, for one not of the step in progress or of a plan replaced
-// at it (the step is computed again), and in a deterministic job
-// (--micro-batch: a node of the tree is counted whole, never a run).
+// other push, and for one not of the step in progress or of a plan
+// replaced at it (the step is computed again).
 int zps_shard_uncounted(const zps_shard *s, const Zps__Header *h, zps_shard_run *out, int max);
+// Whether a push of any slice can be counted: not in a deterministic job
+// (--micro-batch), whose pushes are the tree's nodes, so a run is not
+// asked for there.
+bool zps_shard_counts_runs(const zps_shard *s);
 
 // Where bucket b's current parameters are, in the wire dtype: *data
 // (borrowed, unchanged until the bucket is next updated), its range, and
