@@ -152,6 +152,7 @@ zps_err zps_ask_where_is_job(zps_client *c, uint64_t step)
         zps_log_warn("step %llu is over without this worker (the coordinator is at step %llu): "
                      "catching up there", (unsigned long long)step, (unsigned long long)at);
         c->rollback_to = at;
+        c->catching_up = true;
         err = ZPS_EAGAIN;
     } else if (st->asker == ZPS__MEMBER_STATE__MEMBER_ACTIVE && at + 1 < step &&
                at == c->ahead_of) {
@@ -209,6 +210,7 @@ bool zps_ask_step_over(zps_client *c, uint64_t step)
     // of it to others: computing it beside them would only slow them.
     uint64_t next = covered > at ? at + 1 : at;
     c->rollback_to = next < c->total_steps ? next : c->total_steps;
+    c->catching_up = true;
     zps_log_warn("step %llu was done without this worker (%.0f ms late; the coordinator is at "
                  "step %llu): rejoining at step %llu", (unsigned long long)step, waited,
                  (unsigned long long)at, (unsigned long long)c->rollback_to);

@@ -122,6 +122,8 @@ struct zps_client {
     double wait_start;                             // when the wait began
     double train_start;                            // when training began
     uint64_t rollback_to;                          // step to start over from
+    bool catching_up;                              // the job went on without this worker: the
+                                                   // waits until parameters come ask early
     double params_ms;                              // when the current parameters were taken
     double usual_step_ms;                          // running mean of the time between those
     double first_wait_ms;                          // how long the first parameters took

@@ -128,6 +128,14 @@ void zps_due_begin(zps_client *c, double start)
     zps_timers_at(&c->timers, c->t_beat, start + zps_due_beat_ms(c));
     double ask_after = 4 * c->usual_step_ms > ZPS_CLIENT_ASK_EVERY_MS ? 4 * c->usual_step_ms
                                                                         : ZPS_CLIENT_ASK_EVERY_MS;
+    if (c->catching_up && c->usual_step_ms > 0) {
+        // Its pull names the step the coordinator was at, which a fast
+        // job may pass before the pull arrives: the shards never answer
+        // it, and a second's wait for the next question left a stalled
+        // worker of a 2 ms-a-step job a second behind at each catch-up,
+        // computing nothing to the end (check_end, on a loaded machine).
+        ask_after = 4 * c->usual_step_ms;
+    }
     zps_timers_at(&c->timers, c->t_ask, start + ask_after);
     c->ask_every_ms = ZPS_CLIENT_ASK_EVERY_MS; // asks back off within one wait only
 }

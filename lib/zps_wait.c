@@ -545,6 +545,7 @@ zps_err zps_wait_run(zps_client *c)
         }
     } while (!s_take_held(c));
     zps_due_end(c);
+    c->catching_up = false;
     zps_schedule_forget_before(&c->schedule, step);
     double now = zps_clock_ms();
     if (c->params_ms > 0) {
