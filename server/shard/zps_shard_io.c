@@ -462,8 +462,7 @@ zps_err zps_shard_io_on_push(zps_shard_io *io, zps_wire_msg *m, int *ready)
     // Heard only now: a push held or refused says nothing of its rank.
     io->ranks[m->hdr->rank].heard = true;
     if (err == ZPS_EDUP) {
-        io->duplicates++; // the first copy counted; this one changes nothing
-        zps_log_debug("dropped: %s", why);
+        zps_log_debug("dropped: %s", why); // the first copy counted; this one changes nothing
         s_ask_for_uncounted(io, m);
     }
     // Its parameters through the segment of parameters if it pushed

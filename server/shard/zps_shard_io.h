@@ -71,7 +71,6 @@ typedef struct zps_shard_io {
     int n_held;                           // of them in use
     bool replay_held;                     // a plan arrived: count the held pushes
     zps_shard_io_puller pullers[ZPS_SHARD_IO_PULLERS]; // PULLs waiting for a step
-    uint64_t duplicates;                  // second copies of slices, dropped
     zps_shard_shm shm;                    // pushes through shared memory (same host)
 } zps_shard_io;
 
