@@ -970,11 +970,6 @@ bool zps_shard_slice_done(const zps_shard *s, uint32_t offset, uint32_t count)
     return true;
 }
 
-bool zps_shard_counts_runs(const zps_shard *s)
-{
-    return s->micro == 0;
-}
-
 int zps_shard_uncounted(const zps_shard *s, const Zps__Header *h, zps_shard_run *out, int max)
 {
     int b = s_bucket_at(s, h->offset, h->offset + h->count);

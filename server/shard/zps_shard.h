@@ -172,12 +172,11 @@ typedef struct zps_shard_run {
 // batch order, at most max; how many. They went with the dropped sum and
 // nobody else pushes them unless asked to compute them again. 0 for any
 // other push, and for one not of the step in progress or of a plan
-// replaced at it (the step is computed again).
+// replaced at it (the step is computed again). In a deterministic job
+// (--micro-batch) every run starts and ends on a micro-batch: the sum and
+// every push counted are nodes of the tree, and a worker pushes a run as
+// its canonical nodes.
 int zps_shard_uncounted(const zps_shard *s, const Zps__Header *h, zps_shard_run *out, int max);
-// Whether a push of any slice can be counted: not in a deterministic job
-// (--micro-batch), whose pushes are the tree's nodes, so a run is not
-// asked for there.
-bool zps_shard_counts_runs(const zps_shard *s);
 
 // Where bucket b's current parameters are, in the wire dtype: *data
 // (borrowed, unchanged until the bucket is next updated), its range, and

@@ -284,18 +284,12 @@ static void s_ask_for_uncounted(zps_shard_io *io, zps_wire_msg *m)
         return;
     }
     Zps__Header *h = m->hdr;
-    bool ask = zps_shard_counts_runs(io->shard);
     zps_log_warn("shard %u: step %llu: rank %u's host sum of [%u, +%u) in %zu pieces was partly "
-                 "counted already for [%llu, +%llu): dropped; %s the %d run%s not counted, the "
-                 "first [%u, +%u)%s", io->index, (unsigned long long)h->step, h->rank,
+                 "counted already for [%llu, +%llu): dropped; asking it for the %d run%s not "
+                 "counted, the first [%u, +%u)", io->index, (unsigned long long)h->step, h->rank,
                  h->batch_offset, h->samples, h->n_host_pieces, (unsigned long long)h->offset,
-                 (unsigned long long)h->count, ask ? "asking it for" : "lost with it:", n,
-                 n == 1 ? "" : "s", runs[0].offset, runs[0].count,
-                 ask ? "" : " (a deterministic job counts nodes of its tree, not runs): the step "
-                            "waits for --speculate-after or an eviction");
-    if (!ask) {
-        return;
-    }
+                 (unsigned long long)h->count, n, n == 1 ? "" : "s", runs[0].offset,
+                 runs[0].count);
     // The refusal names the run, not the sum, and no segment: a push
     // through shared memory refused "not yet" would turn its sender to
     // frames. The header is put back as it came.

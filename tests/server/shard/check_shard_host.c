@@ -210,7 +210,7 @@ END_TEST
 // shard names the runs of it no one counted, so that they can be asked
 // for; pushed alone they complete the bucket as the members' own pushes
 // would. A sum counted whole, one of another plan and a plain push name
-// none; a deterministic job asks for none.
+// none.
 START_TEST(test_shard_names_the_runs_a_partly_counted_sum_took_with_it)
 {
     zps_model_spec model = zps_shard_fx_model();
@@ -257,14 +257,55 @@ START_TEST(test_shard_names_the_runs_a_partly_counted_sum_took_with_it)
     for (int i = 0; i < N; i++) {
         ck_assert_float_eq_tol(p[i], q[i], 1e-6f);
     }
-    // --deterministic: a node is counted whole or not at all, and a run
-    // is not asked for.
-    ck_assert(zps_shard_counts_runs(s));
     zps_shard_destroy(&s);
     zps_shard_destroy(&own);
-    zps_shard *d = s_shard_micro(&model, 10);
-    ck_assert(!zps_shard_counts_runs(d));
-    zps_shard_destroy(&d);
+}
+END_TEST
+
+// --deterministic --micro-batch 10: the runs a partly counted sum (a node)
+// took with it start and end on micro-batches, and pushed as nodes they
+// end the step with the bits of the members' own pushes.
+START_TEST(test_shard_deterministic_runs_of_a_partly_counted_sum_are_nodes_with_the_same_bits)
+{
+    zps_model_spec model = zps_shard_fx_model();
+    zps_shard *s = s_shard_micro(&model, 10), *own = s_shard_micro(&model, 10);
+    // A node's values are the sum of its leaves' (each micro-batch's mean):
+    // a leaf g, two leaves 2g, the root 4g (exact in float).
+    float g[N] = {1, -2, 3, 0.5f, -1, 2, 4}, g2[N], g4[N];
+    for (int i = 0; i < N; i++) {
+        g2[i] = 2 * g[i];
+        g4[i] = 4 * g[i];
+    }
+    const s_piece both[2] = {{0, 0, 10}, {1, 10, 30}};
+    uint64_t id0 = zps_shard_fx_id[0], id1 = zps_shard_fx_id[1];
+    ck_assert_int_eq(s_feed(s, 1, id1, 10, 10, NULL, 0, 0, g), ZPS_OK); // a leaf first
+    ck_assert_int_eq(s_feed(s, 0, id0, 0, 40, both, 2, 0, g4), ZPS_EDUP);
+    zps_wire_msg m = s_push(0, id0, 0, 40, both, 2, 4, 3, g4 + 4);
+    zps_shard_run runs[4];
+    ck_assert_int_eq(zps_shard_uncounted(s, m.hdr, runs, 4), 2);
+    zps_wire_msg_fini(&m);
+    ck_assert_uint_eq(runs[0].offset, 0); // leaf 0
+    ck_assert_uint_eq(runs[0].count, 10);
+    ck_assert_uint_eq(runs[1].offset, 20); // leaves 2 and 3: one node
+    ck_assert_uint_eq(runs[1].count, 20);
+    ck_assert_int_eq(s_feed(s, 0, id0, 0, 40, both, 2, 1, g4), ZPS_OK);
+    ck_assert_int_eq(s_feed(s, 0, id0, 0, 10, NULL, 0, 0, g), ZPS_OK);
+    ck_assert_int_eq(s_feed(s, 0, id0, 20, 20, NULL, 0, 0, g2), ZPS_OK);
+    ck_assert(zps_shard_step_done(s));
+    for (int b = 0; b < 2; b++) {
+        ck_assert_int_eq(s_feed(own, 0, id0, 0, 10, NULL, 0, b, g), ZPS_OK);
+        ck_assert_int_eq(s_feed(own, 1, id1, 10, 10, NULL, 0, b, g), ZPS_OK);
+        ck_assert_int_eq(s_feed(own, 1, id1, 20, 20, NULL, 0, b, g2), ZPS_OK);
+    }
+    ck_assert(zps_shard_step_done(own));
+    (void)zps_shard_end_step(s);
+    (void)zps_shard_end_step(own);
+    float p[N], q[N];
+    zps_shard_fx_params(s, 0, p);
+    zps_shard_fx_params(own, 0, q);
+    ck_assert_mem_eq(p, q, sizeof p);
+    zps_shard_destroy(&s);
+    zps_shard_destroy(&own);
 }
 END_TEST
 
@@ -277,6 +318,7 @@ Suite *zps_suite_shard_host(void)
     tcase_add_test(tc, test_shard_refuses_host_pieces_in_a_diloco_job);
     tcase_add_test(tc, test_shard_deterministic_leader_push_is_a_node_whose_pieces_are_credited);
     tcase_add_test(tc, test_shard_names_the_runs_a_partly_counted_sum_took_with_it);
+    tcase_add_test(tc, test_shard_deterministic_runs_of_a_partly_counted_sum_are_nodes_with_the_same_bits);
     suite_add_tcase(s, tc);
     return s;
 }
