@@ -4,6 +4,7 @@
  * push's slice in order, name a rank outside the plan or are too many,
  * with nothing counted, and names what a sum dropped as partly counted
  * took with it. */
+#include <math.h>
 #include <string.h>
 
 #include "server/shard/zps_shard.h"
@@ -96,6 +97,21 @@ static zps_shard *s_shard(const zps_model_spec *model)
     return s_shard_micro(model, 0);
 }
 
+// Checks that shards a and b (their steps ended) hold the same parameters,
+// within tol (0: the same bits), and destroys both.
+static void s_check_alike(zps_shard **a, zps_shard **b, float tol)
+{
+    float p[N], q[N];
+    zps_shard_fx_params(*a, 0, p);
+    zps_shard_fx_params(*b, 0, q);
+    for (int i = 0; i < N; i++) {
+        ck_assert_msg(tol > 0 ? fabsf(p[i] - q[i]) <= tol : memcmp(&p[i], &q[i], sizeof p[i]) == 0,
+                      "parameter %d: %.9g against %.9g", i, (double)p[i], (double)q[i]);
+    }
+    zps_shard_destroy(a);
+    zps_shard_destroy(b);
+}
+
 // Rank 0, leader of ranks 0 and 1 on one host, pushes the whole batch
 // once per bucket with both pieces: each rank is credited its own samples,
 // and the update is the one the two members' own pushes of the same
@@ -117,14 +133,7 @@ START_TEST(test_shard_credits_each_piece_of_a_leader_push_to_its_member)
     ck_assert(zps_shard_step_done(led) && zps_shard_step_done(own));
     ck_assert_float_eq_tol(zps_shard_end_step(led), 2.0f, 1e-6f);
     (void)zps_shard_end_step(own);
-    float p[N], q[N];
-    zps_shard_fx_params(led, 0, p);
-    zps_shard_fx_params(own, 0, q);
-    for (int i = 0; i < N; i++) {
-        ck_assert_float_eq_tol(p[i], q[i], 1e-6f);
-    }
-    zps_shard_destroy(&led);
-    zps_shard_destroy(&own);
+    s_check_alike(&led, &own, 1e-6f);
 }
 END_TEST
 
@@ -251,14 +260,7 @@ START_TEST(test_shard_names_the_runs_a_partly_counted_sum_took_with_it)
     }
     (void)zps_shard_end_step(s);
     (void)zps_shard_end_step(own);
-    float p[N], q[N];
-    zps_shard_fx_params(s, 0, p);
-    zps_shard_fx_params(own, 0, q);
-    for (int i = 0; i < N; i++) {
-        ck_assert_float_eq_tol(p[i], q[i], 1e-6f);
-    }
-    zps_shard_destroy(&s);
-    zps_shard_destroy(&own);
+    s_check_alike(&s, &own, 1e-6f);
 }
 END_TEST
 
@@ -300,12 +302,7 @@ START_TEST(test_shard_deterministic_runs_of_a_partly_counted_sum_are_nodes_with_
     ck_assert(zps_shard_step_done(own));
     (void)zps_shard_end_step(s);
     (void)zps_shard_end_step(own);
-    float p[N], q[N];
-    zps_shard_fx_params(s, 0, p);
-    zps_shard_fx_params(own, 0, q);
-    ck_assert_mem_eq(p, q, sizeof p);
-    zps_shard_destroy(&s);
-    zps_shard_destroy(&own);
+    s_check_alike(&s, &own, 0);
 }
 END_TEST
 
