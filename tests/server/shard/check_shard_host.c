@@ -14,9 +14,7 @@
 // The whole model (mlp:1-2-1, 7 parameters) on one shard: buckets [4, 7) and [0, 4).
 #define N 7
 
-typedef struct s_piece {
-    uint32_t rank, offset, samples;
-} s_piece;
+typedef zps_shard_fx_piece s_piece;
 
 // A PUSH of bucket [off, off + count) of step 0 from rank/id over
 // [batch_offset, +samples), carrying n pieces (none: a plain push).
@@ -24,33 +22,8 @@ static zps_wire_msg s_push(uint32_t rank, uint64_t id, uint32_t batch_offset, ui
                            const s_piece *pieces, size_t n, uint64_t off, uint64_t count,
                            const float *vals)
 {
-    Zps__HostPiece hp[80];
-    Zps__HostPiece *hpp[80];
-    ck_assert_uint_le(n, 80);
-    for (size_t i = 0; i < n; i++) {
-        zps__host_piece__init(&hp[i]);
-        hp[i].rank = pieces[i].rank;
-        hp[i].batch_offset = pieces[i].offset;
-        hp[i].samples = pieces[i].samples;
-        hp[i].compute_ms = 5.0f;
-        hp[i].loss = 2.0f;
-        hpp[i] = &hp[i];
-    }
-    Zps__Header h;
-    zps_wire_header_init(&h, ZPS__MSG_TYPE__PUSH);
-    h.rank = rank;
-    h.member_id = id;
-    h.samples = samples;
-    h.batch_offset = batch_offset;
-    h.generation = 1;
-    h.offset = off;
-    h.count = count;
-    h.dtype = ZPS__DTYPE__F32;
-    h.loss = 2.0f;
-    h.n_host_pieces = n;
-    h.host_pieces = hpp;
     zps_wire_msg m;
-    memcpy(zps_shard_fx_msg(&m, &h, count * sizeof(float)), vals, count * sizeof(float));
+    zps_shard_fx_push(&m, rank, id, batch_offset, samples, pieces, n, off, count, vals);
     return m;
 }
 

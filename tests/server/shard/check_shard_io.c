@@ -67,37 +67,20 @@ static void s_push(zps_wire_msg *m, uint32_t rank, uint64_t step)
     *data = one;
 }
 
-// A push of step 0 of the whole range in the model's bucket order (the
-// fixture's mlp:1-2-1: [4, 7), then [0, 4)), of [batch_offset, +samples)
-// from rank r; with rank 0 and 1's pieces when sum.
+// Rank r's push of step 0 of bucket b (the fixture's mlp:1-2-1: bucket 0
+// is [4, 7), bucket 1 [0, 4)) over [batch_offset, +samples), with rank 0
+// and 1's pieces when sum, from a peer with a routing id.
 static void s_push_bucket(zps_wire_msg *m, int b, uint32_t r, uint32_t batch_offset,
                           uint32_t samples, bool sum)
 {
-    Zps__HostPiece hp[2];
-    Zps__HostPiece *hpp[2] = {&hp[0], &hp[1]};
-    for (int i = 0; i < 2; i++) {
-        zps__host_piece__init(&hp[i]);
-        hp[i].rank = (uint32_t)i;
-        hp[i].batch_offset = zps_shard_fx_offset[i];
-        hp[i].samples = zps_shard_fx_count[i];
-    }
-    Zps__Header h;
-    zps_wire_header_init(&h, ZPS__MSG_TYPE__PUSH);
-    h.rank = r;
-    h.member_id = zps_shard_fx_id[r];
-    h.samples = samples;
-    h.batch_offset = batch_offset;
-    h.generation = 1;
-    h.offset = b == 0 ? 4 : 0;
-    h.count = b == 0 ? 3 : 4;
-    h.dtype = ZPS__DTYPE__F32;
-    h.n_host_pieces = sum ? 2 : 0;
-    h.host_pieces = sum ? hpp : NULL;
-    float *data = (float *)zps_shard_fx_msg(m, &h, h.count * sizeof(float));
-    for (uint64_t i = 0; i < h.count; i++) {
-        data[i] = 0.5f;
-    }
-    ck_assert_int_eq(zmq_msg_init_size(&m->route, 5), 0); // a peer's routing id
+    const zps_shard_fx_piece both[2] = {
+        {0, zps_shard_fx_offset[0], zps_shard_fx_count[0]},
+        {1, zps_shard_fx_offset[1], zps_shard_fx_count[1]},
+    };
+    const float half[4] = {0.5f, 0.5f, 0.5f, 0.5f};
+    zps_shard_fx_push(m, r, zps_shard_fx_id[r], batch_offset, samples, both, sum ? 2 : 0,
+                      b == 0 ? 4 : 0, b == 0 ? 3 : 4, half);
+    ck_assert_int_eq(zmq_msg_init_size(&m->route, 5), 0);
     memcpy(zmq_msg_data(&m->route), "peer", 5);
     m->has_route = true;
 }
@@ -163,9 +146,8 @@ END_TEST
 
 // A host leader's sum of which rank 1's own copy was counted first is
 // dropped; its sender is told "not yet" for the run no one counted, rank
-// 0's [0, 10), and that run pushed alone completes the
-// bucket. Another copy of the sum, counted whole for its other bucket,
-// asks for nothing.
+// 0's [0, 10), and that run pushed alone completes the bucket. Another
+// copy of the sum, counted whole for its other bucket, asks for nothing.
 START_TEST(test_shard_io_asks_the_leader_for_what_a_partly_counted_sum_took_with_it)
 {
     zps_shard_io io;
@@ -174,8 +156,9 @@ START_TEST(test_shard_io_asks_the_leader_for_what_a_partly_counted_sum_took_with
     // A real socket to answer on: the parameters go to a peer not there,
     // which a ROUTER drops.
     void *ctx = zmq_ctx_new();
-    io.sock = zmq_socket(ctx, ZMQ_ROUTER);
-    ck_assert_ptr_nonnull(io.sock);
+    void *sock = zmq_socket(ctx, ZMQ_ROUTER);
+    ck_assert_ptr_nonnull(sock);
+    io.sock = sock; // borrowed by the io
     zps_wire_msg m;
     int ready;
     s_push_bucket(&m, 1, 0, 0, 40, true); // bucket 1: the sum first, counted
@@ -205,7 +188,7 @@ START_TEST(test_shard_io_asks_the_leader_for_what_a_partly_counted_sum_took_with
     ck_assert_int_eq(r.n, 1);
     zps_shard_io_fini(&io);
     zps_shard_destroy(&s);
-    zmq_close(io.sock);
+    zmq_close(sock);
     zmq_ctx_term(ctx);
 }
 END_TEST

@@ -1,5 +1,6 @@
-/* zps_shard_fx.c - what check_shard and check_shard_outer both build a
- * shard and its pushes from, kept once so the two suites mean the same job. */
+/* zps_shard_fx.c - what the shard suites (check_shard, check_shard_outer,
+ * check_shard_host, check_shard_io) build a shard and its pushes from,
+ * kept once so that they mean the same job. */
 #include "tests/server/shard/zps_shard_fx.h"
 
 #include <check.h>
@@ -41,6 +42,38 @@ uint8_t *zps_shard_fx_msg(zps_wire_msg *m, const Zps__Header *h, size_t bytes)
     m->n_frames = 1;
     m->payload_bytes = bytes;
     return zmq_msg_data(&m->frames[0]);
+}
+
+void zps_shard_fx_push(zps_wire_msg *m, uint32_t rank, uint64_t id, uint32_t batch_offset,
+                       uint32_t samples, const zps_shard_fx_piece *pieces, size_t n,
+                       uint64_t off, uint64_t count, const float *vals)
+{
+    Zps__HostPiece hp[80];
+    Zps__HostPiece *hpp[80];
+    ck_assert_uint_le(n, 80);
+    for (size_t i = 0; i < n; i++) {
+        zps__host_piece__init(&hp[i]);
+        hp[i].rank = pieces[i].rank;
+        hp[i].batch_offset = pieces[i].offset;
+        hp[i].samples = pieces[i].samples;
+        hp[i].compute_ms = 5.0f;
+        hp[i].loss = 2.0f;
+        hpp[i] = &hp[i];
+    }
+    Zps__Header h;
+    zps_wire_header_init(&h, ZPS__MSG_TYPE__PUSH);
+    h.rank = rank;
+    h.member_id = id;
+    h.samples = samples;
+    h.batch_offset = batch_offset;
+    h.generation = 1;
+    h.offset = off;
+    h.count = count;
+    h.dtype = ZPS__DTYPE__F32;
+    h.loss = 2.0f;
+    h.n_host_pieces = n;
+    h.host_pieces = hpp;
+    memcpy(zps_shard_fx_msg(m, &h, count * sizeof(float)), vals, count * sizeof(float));
 }
 
 void zps_shard_fx_params(zps_shard *s, uint64_t base, float *out)
