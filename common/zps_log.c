@@ -2,6 +2,7 @@
  * lines from concurrent processes sharing a terminal do not interleave. */
 #include "zps_log.h"
 
+#include <pthread.h>
 #include <stdarg.h>
 #include <stdio.h>
 #include <string.h>
@@ -10,6 +11,10 @@
 #include <unistd.h>
 
 static char s_name[32] = "zps";
+// Every libzps client of a process names it at JOB while others log (a
+// member a thread in bench/swarm): a line copies the name under the lock,
+// so it never carries half of one name and half of another.
+static pthread_mutex_t s_name_lock = PTHREAD_MUTEX_INITIALIZER;
 static __thread char s_thread_name[sizeof s_name]; // "" : the process's
 static zps_log_level s_level = ZPS_LOG_INFO;
 static bool s_json;
@@ -37,7 +42,9 @@ void zps_log_set_hook(zps_log_hook fn, void *arg)
 
 void zps_log_set_name(const char *name)
 {
+    pthread_mutex_lock(&s_name_lock);
     snprintf(s_name, sizeof s_name, "%s", name);
+    pthread_mutex_unlock(&s_name_lock);
 }
 
 void zps_log_set_thread_name(const char *name)
@@ -111,7 +118,14 @@ void zps_log(zps_log_level level, const char *fmt, ...)
         s_hook(s_hook_arg, (int)level, msg);
         return;
     }
-    const char *proc = s_thread_name[0] ? s_thread_name : s_name;
+    char proc[sizeof s_name];
+    if (s_thread_name[0]) {
+        memcpy(proc, s_thread_name, sizeof proc);
+    } else {
+        pthread_mutex_lock(&s_name_lock);
+        memcpy(proc, s_name, sizeof proc);
+        pthread_mutex_unlock(&s_name_lock);
+    }
     char ts[64];
     snprintf(ts, sizeof ts, "%04d-%02d-%02dT%02d:%02d:%02d.%03ldZ", tm.tm_year + 1900,
              tm.tm_mon + 1, tm.tm_mday, tm.tm_hour, tm.tm_min, tm.tm_sec,

@@ -982,14 +982,22 @@ int zps_shard_uncounted(const zps_shard *s, const Zps__Header *h, zps_shard_run 
     }
     int n = 0;
     uint32_t end = h->batch_offset + h->samples;
-    for (uint32_t i = h->batch_offset; i < end && n < max; i++) {
+    bool in_run = false; // sample i - 1 is in the last run
+    for (uint32_t i = h->batch_offset; i < end; i++) {
         if (zps_cover_any(&s->cover, b, i, i + 1)) {
+            in_run = false;
             continue;
         }
-        if (n > 0 && out[n - 1].offset + out[n - 1].count == i) {
-            out[n - 1].count++;
+        if (in_run) {
+            if (n <= max) {
+                out[n - 1].count++;
+            }
         } else {
-            out[n++] = (zps_shard_run){.offset = i, .count = 1};
+            if (n < max) {
+                out[n] = (zps_shard_run){.offset = i, .count = 1};
+            }
+            n++;
+            in_run = true;
         }
     }
     return n;

@@ -169,7 +169,8 @@ typedef struct zps_shard_run {
 // For a host leader's sum refused as partly counted (zps_shard_push's
 // ZPS_EDUP: one of its pieces was counted already, its member's own copy
 // first): the runs of the sum's slice that its bucket has not counted, in
-// batch order, at most max; how many. They went with the dropped sum and
+// batch order: how many, the first max of them in out (as snprintf, a
+// count over max asks for a larger out). They went with the dropped sum and
 // nobody else pushes them unless asked to compute them again. 0 for any
 // other push, and for one not of the step in progress or of a plan
 // replaced at it (the step is computed again). In a deterministic job

@@ -274,12 +274,23 @@ static void s_hold(zps_shard_io *io, zps_wire_msg *m, const char *why)
 // computes a refused push's slice again and pushes it itself, each run
 // once (a copy that comes second is dropped like any other). A sum of at
 // most ZPS_HOST_GROUP_MAX pieces leaves as many runs unless copies of
-// pieces of pieces (speculation's) cut it finer: past that many, the rest
-// waits as before.
+// pieces of pieces (speculation's) cut it finer; then the runs come from
+// the heap.
 static void s_ask_for_uncounted(zps_shard_io *io, zps_wire_msg *m)
 {
-    zps_shard_run runs[ZPS_HOST_GROUP_MAX];
+    zps_shard_run few[ZPS_HOST_GROUP_MAX], *runs = few;
     int n = zps_shard_uncounted(io->shard, m->hdr, runs, ZPS_HOST_GROUP_MAX);
+    if (n > ZPS_HOST_GROUP_MAX) {
+        runs = malloc((size_t)n * sizeof *runs);
+        if (!runs) {
+            zps_log_warn("shard %u: no memory to ask for %d runs of a partly counted host sum; "
+                         "asking for the first %d", io->index, n, ZPS_HOST_GROUP_MAX);
+            runs = few;
+            n = ZPS_HOST_GROUP_MAX;
+        } else {
+            (void)zps_shard_uncounted(io->shard, m->hdr, runs, n);
+        }
+    }
     if (n == 0) {
         return;
     }
@@ -305,6 +316,9 @@ static void s_ask_for_uncounted(zps_shard_io *io, zps_wire_msg *m)
     h->batch_offset = offset;
     h->samples = samples;
     h->shm_size = shm_size;
+    if (runs != few) {
+        free(runs);
+    }
 }
 
 // The sender of a push gets the step's new parameters: the buckets already

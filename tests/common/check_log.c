@@ -58,11 +58,59 @@ START_TEST(test_log_line_carries_its_threads_name_else_the_processs)
 }
 END_TEST
 
+// Renames the process over and over, between names of unlike lengths: a
+// line read half-way through a rename would carry a name of neither.
+static void *s_renaming_thread(void *arg)
+{
+    const char **names = arg;
+    for (int i = 0; i < 20000; i++) {
+        zps_log_set_name(names[i % 2]);
+    }
+    return NULL;
+}
+
+START_TEST(test_log_line_carries_a_whole_name_while_another_thread_renames_the_process)
+{
+    FILE *f = tmpfile();
+    ck_assert_ptr_nonnull(f);
+    fflush(stderr);
+    int saved = dup(STDERR_FILENO);
+    ck_assert_int_ge(saved, 0);
+    ck_assert_int_ge(dup2(fileno(f), STDERR_FILENO), 0);
+    const char *names[] = {"worker[4095]", "w[7]"};
+    zps_log_set_name(names[0]);
+    pthread_t t;
+    ck_assert_int_eq(pthread_create(&t, NULL, s_renaming_thread, names), 0);
+    for (int i = 0; i < 20000; i++) {
+        zps_log_info("renamed");
+    }
+    ck_assert_int_eq(pthread_join(t, NULL), 0);
+    fflush(stderr);
+    ck_assert_int_ge(dup2(saved, STDERR_FILENO), 0);
+    close(saved);
+    rewind(f);
+    char line[512];
+    int lines = 0;
+    while (fgets(line, (int)sizeof line, f)) {
+        if (!strstr(line, ": renamed")) {
+            continue;
+        }
+        lines++;
+        ck_assert_msg(strstr(line, " worker[4095]: renamed") || strstr(line, " w[7]: renamed"),
+                      "a torn name: %s", line);
+    }
+    ck_assert_int_eq(lines, 20000);
+    fclose(f);
+    zps_log_set_name("zps");
+}
+END_TEST
+
 Suite *zps_suite_log(void)
 {
     Suite *s = suite_create("log");
     TCase *tc = tcase_create("core");
     tcase_add_test(tc, test_log_line_carries_its_threads_name_else_the_processs);
+    tcase_add_test(tc, test_log_line_carries_a_whole_name_while_another_thread_renames_the_process);
     suite_add_tcase(s, tc);
     return s;
 }

@@ -210,7 +210,14 @@ START_TEST(test_shard_names_the_runs_a_partly_counted_sum_took_with_it)
     ck_assert_uint_eq(runs[0].count, 10);
     ck_assert_uint_eq(runs[1].offset, 20);
     ck_assert_uint_eq(runs[1].count, 20);
-    ck_assert_int_eq(zps_shard_uncounted(s, m.hdr, runs, 1), 1); // at most max
+    // At most max written, all counted (as snprintf): the first run whole.
+    zps_shard_run first[2] = {{0, 0}, {7, 7}};
+    ck_assert_int_eq(zps_shard_uncounted(s, m.hdr, first, 1), 2);
+    ck_assert_uint_eq(first[0].offset, 0);
+    ck_assert_uint_eq(first[0].count, 10);
+    ck_assert_uint_eq(first[1].offset, 7); // untouched
+    ck_assert_uint_eq(first[1].count, 7);
+    ck_assert_int_eq(zps_shard_uncounted(s, m.hdr, NULL, 0), 2);
     m.hdr->generation = 2; // not the plan in force: that step is computed again
     ck_assert_int_eq(zps_shard_uncounted(s, m.hdr, runs, 4), 0);
     zps_wire_msg_fini(&m);
