@@ -54,6 +54,7 @@ if [ "${1:-}" = --bench ]; then
   pkgs+=(
     iproute2                           # bench/cluster.sh, bench/diloco.sh: ip netns, veth, tc tbf
     gnuplot-nox                        # bench/diloco.sh: its plots (SVG), accuracy against time and bytes
+    zstd                               # bench/wire_lossless.py: what a lossless code would save
   )
 fi
 if [ "${1:-}" = --ci ]; then
