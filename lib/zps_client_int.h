@@ -251,8 +251,9 @@ zps_err zps_due_run(zps_client *c, double now);
 void zps_evalwork_plan(zps_client *c, uint64_t t);
 int zps_evalwork_hand_out(zps_client *c, zps_work *out);
 
-// zps_host.c: one push per host (lib/zps_host.h). The group of plan gen
-// (NULL: none); the shards elsewhere, from JOB.
+// zps_host.c, zps_host_sum.c, zps_host_serve.c: one push per host
+// (lib/zps_host.h). The group of plan gen (NULL: none); the shards
+// elsewhere, from JOB.
 zps_err zps_host_take_group(zps_client *c, uint32_t gen, const Zps__HostGroup *g);
 void zps_host_take_shards(zps_client *c, const Zps__Job *job);
 // Pushes part p of the piece handed out ([lo, hi) of grad) to shard i:

@@ -29,7 +29,10 @@
  * straggler on another host) is not the leader's failure.
  *
  * The state lives in the client (lib/zps_client_int.h); its calls are
- * there, with the loop's other rooms. */
+ * there, with the loop's other rooms. lib/zps_host.c holds the group, its
+ * socket and the timers; zps_host_sum.c a member's push and the leader's
+ * sums; zps_host_serve.c the leader's socket (lib/zps_host_int.h: what
+ * they call of one another). */
 #ifndef ZPS_HOST_H
 #define ZPS_HOST_H
 

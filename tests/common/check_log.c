@@ -18,6 +18,25 @@ static void *s_named_thread(void *arg)
     return NULL;
 }
 
+// stderr goes to a temporary file (returned) until s_restore_stderr(*saved).
+static FILE *s_capture_stderr(int *saved)
+{
+    FILE *f = tmpfile();
+    ck_assert_ptr_nonnull(f);
+    fflush(stderr);
+    *saved = dup(STDERR_FILENO);
+    ck_assert_int_ge(*saved, 0);
+    ck_assert_int_ge(dup2(fileno(f), STDERR_FILENO), 0);
+    return f;
+}
+
+static void s_restore_stderr(int saved)
+{
+    fflush(stderr);
+    ck_assert_int_ge(dup2(saved, STDERR_FILENO), 0);
+    close(saved);
+}
+
 // The line of stderr (written to f) holding text, into line.
 static void s_line_with(FILE *f, const char *text, char *line, size_t len)
 {
@@ -32,20 +51,14 @@ static void s_line_with(FILE *f, const char *text, char *line, size_t len)
 
 START_TEST(test_log_line_carries_its_threads_name_else_the_processs)
 {
-    FILE *f = tmpfile();
-    ck_assert_ptr_nonnull(f);
-    fflush(stderr);
-    int saved = dup(STDERR_FILENO);
-    ck_assert_int_ge(saved, 0);
-    ck_assert_int_ge(dup2(fileno(f), STDERR_FILENO), 0);
+    int saved;
+    FILE *f = s_capture_stderr(&saved);
     zps_log_set_name("worker[7]");
     pthread_t t;
     ck_assert_int_eq(pthread_create(&t, NULL, s_named_thread, "worker[3]"), 0);
     ck_assert_int_eq(pthread_join(t, NULL), 0);
     zps_log_info("from the main thread");
-    fflush(stderr);
-    ck_assert_int_ge(dup2(saved, STDERR_FILENO), 0);
-    close(saved);
+    s_restore_stderr(saved);
     char line[512];
     s_line_with(f, "from the named thread", line, sizeof line);
     ck_assert_ptr_nonnull(strstr(line, " worker[3]: "));
@@ -71,12 +84,8 @@ static void *s_renaming_thread(void *arg)
 
 START_TEST(test_log_line_carries_a_whole_name_while_another_thread_renames_the_process)
 {
-    FILE *f = tmpfile();
-    ck_assert_ptr_nonnull(f);
-    fflush(stderr);
-    int saved = dup(STDERR_FILENO);
-    ck_assert_int_ge(saved, 0);
-    ck_assert_int_ge(dup2(fileno(f), STDERR_FILENO), 0);
+    int saved;
+    FILE *f = s_capture_stderr(&saved);
     const char *names[] = {"worker[4095]", "w[7]"};
     zps_log_set_name(names[0]);
     pthread_t t;
@@ -85,9 +94,7 @@ START_TEST(test_log_line_carries_a_whole_name_while_another_thread_renames_the_p
         zps_log_info("renamed");
     }
     ck_assert_int_eq(pthread_join(t, NULL), 0);
-    fflush(stderr);
-    ck_assert_int_ge(dup2(saved, STDERR_FILENO), 0);
-    close(saved);
+    s_restore_stderr(saved);
     rewind(f);
     char line[512];
     int lines = 0;
