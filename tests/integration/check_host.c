@@ -43,6 +43,7 @@ typedef struct run {
     bool quick_evict;     // --worker-timeout-ms 1500 (a worker is killed), else 10000
     bool slow_evict;      // --worker-timeout-ms 30000 (a worker is stopped for long)
     bool shm_off[WORKERS]; // worker k runs with ZPS_SHM_HOST=off: no parts in shared memory
+    const char *speculate; // --speculate-after (NULL: off)
     pid_t shard[2];
     pid_t w[WORKERS];
     char ep[256];
@@ -57,15 +58,24 @@ static const char *s_host(int k)
 static void s_start_shards(zps_procs *ps, run *r)
 {
     char tag[64];
-    // A synchronous run's list ends at the NULL where --deterministic
-    // would stand, before --micro-batch.
-    const char *sargs[] = {"--workers", "4", "--global-batch", "64", "--steps", r->steps,
-                           "--seed", "3", "--shards", "2", "--model", MODEL, "--lr", "0.05",
-                           "--worker-timeout-ms",
-                           r->quick_evict ? "1500" : r->slow_evict ? "30000" : "10000",
-                           "--host-aggregate", r->aggregate ? "on" : "off",
-                           r->deterministic ? "--deterministic" : NULL, "--micro-batch", "8",
-                           NULL};
+    const char *sargs[32] = {"--workers", "4", "--global-batch", "64", "--steps", r->steps,
+                             "--seed", "3", "--shards", "2", "--model", MODEL, "--lr", "0.05",
+                             "--worker-timeout-ms",
+                             r->quick_evict ? "1500" : r->slow_evict ? "30000" : "10000",
+                             "--host-aggregate", r->aggregate ? "on" : "off"};
+    int n = 0;
+    while (sargs[n]) {
+        n++;
+    }
+    if (r->speculate) {
+        sargs[n++] = "--speculate-after";
+        sargs[n++] = r->speculate;
+    }
+    if (r->deterministic) {
+        sargs[n++] = "--deterministic";
+        sargs[n++] = "--micro-batch";
+        sargs[n++] = "8";
+    }
     for (int i = 0; i < 2; i++) {
         ck_assert_int_eq(setenv("ZPS_BOOT_ID", s_host(i), 1), 0);
         snprintf(tag, sizeof tag, "%s-s%d", r->tag, i);
@@ -575,6 +585,40 @@ START_TEST(test_host_follower_that_gave_up_on_a_slow_leader_pushes_through_it_ag
 }
 END_TEST
 
+// Host a's leader (rank 0) pauses 1.5 s before each step's compute, with
+// --speculate-after: shard 0 (host a, the coordinator's) has its follower's
+// slice at once, pushed there directly, and hands only the leader's slice
+// to the others, in pieces. Shard 1 (host b) counts those pieces; the
+// leader's sum for it, its own part and its follower's, then comes partly
+// counted and is dropped, and the follower's slice went with it: no one
+// hands that out, for shard 0 has it. Shard 1 asks the leader for that run
+// ("not yet"), the leader computes it again and pushes it alone (before,
+// the step waited until the run timed out). The job completes, every
+// worker agrees, within round-off of the job without a pause, aggregation
+// or speculation (each sample counted once, in another order).
+START_TEST(test_host_leaders_sum_partly_counted_by_speculation_is_asked_for_the_rest)
+{
+    zps_procs ps;
+    zps_procs_init(&ps, "host-partly");
+    size_t n = s_n_params();
+    run r = {.tag = "partly", .aggregate = true, .steps = "8", .w0_first = true,
+             .stall_ms = {"1500"}, .speculate = "0.25"};
+    run plain = {.tag = "plain", .aggregate = false, .steps = "8"};
+    s_train(&ps, &r);
+    s_train(&ps, &plain);
+    ck_assert(zps_procs_log_has(&ps, "partly-s1.log", "was partly counted already"));
+    ck_assert(zps_procs_log_has(&ps, "partly-w0.log", "partly counted host sum"));
+    ck_assert(zps_procs_log_has(&ps, "partly-w0.log", "sending again"));
+    float *a = s_agreed(&ps, &r, n), *b = s_agreed(&ps, &plain, n);
+    double d = zps_max_abs_diff(a, b, n);
+    fprintf(stderr, "partly counted host sums asked for: %.3g from the plain run\n", d);
+    ck_assert_msg(d <= 1e-4, "ends %.3g away from the plain run", d);
+    free(a);
+    free(b);
+    zps_procs_fini(&ps, false);
+}
+END_TEST
+
 Suite *zps_suite_host(void)
 {
     Suite *s = suite_create("host");
@@ -598,6 +642,7 @@ Suite *zps_suite_host(void)
     tcase_add_test(slow,
                    test_host_follower_that_found_no_leader_at_first_pushes_through_it_once_there);
     tcase_add_test(slow, test_host_follower_that_gave_up_on_a_slow_leader_pushes_through_it_again);
+    tcase_add_test(slow, test_host_leaders_sum_partly_counted_by_speculation_is_asked_for_the_rest);
     suite_add_tcase(s, slow);
     return s;
 }
