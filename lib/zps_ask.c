@@ -76,10 +76,22 @@ zps_err zps_ask_take_late_job(zps_client *c, const Zps__Header *h)
 // stopped before passing them on). The shards missing are asked for them
 // again, once, and the wait goes on while buckets come, judged every
 // second (an answer may also follow another at once). ZPS_OK: wait on.
-// Otherwise the job went on without this worker: it leaves (ZPS_ECLOSED).
+// A member still, but left behind (its slices handed on while it paused,
+// the job faster without it), it catches up to the last step and waits
+// for those (ZPS_EAGAIN): every member ends with the final parameters, as
+// every rank of DDP does, whichever of them saves the model. Otherwise
+// the job went on without this worker: it leaves (ZPS_ECLOSED).
 static zps_err s_job_done(zps_client *c, const Zps__Status *st, uint64_t step, double now)
 {
     uint64_t at = st->steps_done_all;
+    if (st->asker == ZPS__MEMBER_STATE__MEMBER_ACTIVE && at > step && at == c->total_steps) {
+        zps_log_warn("the job is over (step %llu) without this worker's steps from %llu: "
+                     "catching up to its last parameters", (unsigned long long)at,
+                     (unsigned long long)step);
+        c->rollback_to = at;
+        c->catching_up = true;
+        return ZPS_EAGAIN;
+    }
     int in = zps_wait_received(c);
     bool first = c->done_received < 0;
     bool judged = first || now - c->done_ms >= ZPS_CLIENT_ASK_EVERY_MS;

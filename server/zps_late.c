@@ -11,6 +11,33 @@ static bool s_half_or_more(uint32_t in, uint32_t n)
     return in >= n - in;
 }
 
+// A late host leader holds its followers' parts for the shards on other
+// hosts: they come when it pushes, however long ago the followers were
+// done. Shard 0 sees a follower on its own host as in (it pushed to shard
+// 0 directly) and would not hand its slice on, so the shards elsewhere
+// waited for the leader all the same, then dropped its sum as partly
+// counted (the leader's own piece in by the helpers' copies) and asked it
+// for the followers' runs. Their slices go to the helpers with the
+// leader's.
+static void s_hand_followers(zps_shard_io *io, zps_coord *coord, zps_outbox *out, uint64_t step,
+                             uint32_t leader, const bool *helper)
+{
+    const zps_plan *plan = zps_shard_plan(io->shard);
+    uint32_t ranks[ZPS_HOST_GROUP_MAX];
+    uint32_t n = zps_coord_followers(coord, step, leader, ranks, ZPS_HOST_GROUP_MAX);
+    for (uint32_t k = 0; k < n; k++) {
+        const zps_plan_slice *sl = zps_plan_find(plan, ranks[k]);
+        zps_shard_io_rank *r = sl ? zps_shard_io_rank_of(io, ranks[k]) : NULL;
+        if (r && !r->late_now &&
+            zps_coord_speculate(coord, out, step, sl->offset, sl->count, ranks[k], helper)) {
+            r->late_now = true;
+            zps_log_info("step %llu: rank %u's part for the shards elsewhere waits in its leader, "
+                         "rank %u: its slice handed on too", (unsigned long long)step, ranks[k],
+                         leader);
+        }
+    }
+}
+
 // Speculation: once at least as many members' slices are in as are not
 // (as Spark waits for a quantile of its tasks), a slice still missing is
 // also handed, in pieces, to the members that are done; the first copy of
@@ -44,6 +71,7 @@ void zps_late_speculate(zps_shard_io *io, zps_coord *coord, zps_outbox *out, dou
         if (!finished[sl->rank] && !r->late_now && (waited || !r->pushed) &&
             zps_coord_speculate(coord, out, step, sl->offset, sl->count, sl->rank, finished)) {
             r->late_now = true;
+            s_hand_followers(io, coord, out, step, sl->rank, finished);
         }
     }
 }
@@ -82,6 +110,7 @@ void zps_late_speculate_ahead(zps_shard_io *io, zps_coord *coord, zps_outbox *ou
         if (late[sl->rank] &&
             zps_coord_speculate(coord, out, step, sl->offset, sl->count, sl->rank, helper)) {
             zps_shard_io_rank_of(io, sl->rank)->late_now = true; // not handed again
+            s_hand_followers(io, coord, out, step, sl->rank, helper);
         }
     }
 }

@@ -137,6 +137,12 @@ zps_err zps_coord_resume(zps_coord *c, const char *dir, uint64_t step);
 // measured throughput, if that shortens the predicted step by >= 10 %;
 // the new shares take effect at the next step boundary.
 void zps_coord_adapt(zps_coord *c);
+// The ranks whose parts of `step` for shards on other hosts go through
+// `rank`: its host group's followers if it leads one, none otherwise (no
+// group, --host-aggregate off, every shard on its host), in out: how
+// many, at most max.
+uint32_t zps_coord_followers(zps_coord *c, uint64_t step, uint32_t rank, uint32_t *out,
+                             uint32_t max);
 // Speculation: also hand the slice [offset, offset + count) of `step`,
 // late, in pieces to the live members marked in `helper` (by rank). The
 // first copy of a sample counts. False if there is no such member.

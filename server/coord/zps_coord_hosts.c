@@ -169,3 +169,22 @@ Zps__HostGroup *zps_coord_host_group(zps_coord *c, const zps_plan_gen *g,
     w->group.members = w->ptrs;
     return &w->group;
 }
+
+uint32_t zps_coord_followers(zps_coord *c, uint64_t step, uint32_t rank, uint32_t *out,
+                             uint32_t max)
+{
+    const zps_plan_gen *g = zps_plans_at(&c->plans, step);
+    if (!g || rank >= c->n_members) {
+        return 0;
+    }
+    zps_coord_group_wire w;
+    const Zps__HostGroup *group = zps_coord_host_group(c, g, &c->members[rank], &w);
+    if (!group || group->members[0]->rank != rank) {
+        return 0; // alone, or a follower: its own part is all that waits on it
+    }
+    uint32_t n = 0;
+    for (size_t k = 1; k < group->n_members && n < max; k++) {
+        out[n++] = group->members[k]->rank;
+    }
+    return n;
+}

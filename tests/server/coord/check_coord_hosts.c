@@ -2,7 +2,9 @@
  * (boot id) at the first start, each worker's host group in the JOB and
  * PLANs it is sent (leader first, with pids), none for a worker alone on
  * its host, of unknown host or with --host-aggregate off, groups cut at
- * ZPS_HOST_GROUP_MAX, and the shards' boot ids in ShardInfo. No socket:
+ * ZPS_HOST_GROUP_MAX, the shards' boot ids in ShardInfo, and the
+ * followers whose parts wait in a leader (speculation hands them with
+ * it). No socket:
  * messages go in by hand and come out of the outbox. */
 #include <stdio.h>
 #include <stdlib.h>
@@ -131,6 +133,14 @@ START_TEST(test_coord_ranks_grouped_by_host_at_start_and_each_job_carries_its_gr
     s_assert_group(&j, j.job[1]->job->host, b, 2);
     s_assert_group(&j, j.job[3]->job->host, b, 2);
     ck_assert_str_eq(j.job[0]->job->shards[0]->boot_id, "host-S");
+    // Each leader's followers; a follower leads no one.
+    uint32_t f[4];
+    ck_assert_uint_eq(zps_coord_followers(j.c, 0, 0, f, 4), 1);
+    ck_assert_uint_eq(f[0], 1);
+    ck_assert_uint_eq(zps_coord_followers(j.c, 0, 2, f, 4), 1);
+    ck_assert_uint_eq(f[0], 3);
+    ck_assert_uint_eq(zps_coord_followers(j.c, 0, 1, f, 4), 0);
+    ck_assert_uint_eq(zps_coord_followers(j.c, 0, 9, f, 4), 0);
     // Each JOB's slice is its rank's, which the regrouping renumbered.
     ck_assert_uint_eq(j.job[1]->job->plan[0]->rank, 2);
     s_hello(&j, 4, "host-A");
@@ -172,6 +182,8 @@ START_TEST(test_coord_host_aggregate_off_sends_no_group)
     s_hello(&j, 1, "host-A");
     ck_assert_ptr_null(j.job[0]->job->host);
     ck_assert_ptr_null(j.job[1]->job->host);
+    uint32_t f[2];
+    ck_assert_uint_eq(zps_coord_followers(j.c, 0, 0, f, 2), 0);
     s_teardown(&j);
 }
 END_TEST
@@ -193,6 +205,10 @@ START_TEST(test_coord_workers_on_the_shards_host_get_no_group)
     const int b[2] = {2, 3};
     s_assert_group(&j, j.job[2]->job->host, b, 2);
     s_assert_group(&j, j.job[3]->job->host, b, 2);
+    uint32_t f[2];
+    ck_assert_uint_eq(zps_coord_followers(j.c, 0, s_rank(&j, 0), f, 2), 0);
+    ck_assert_uint_eq(zps_coord_followers(j.c, 0, s_rank(&j, 2), f, 2), 1);
+    ck_assert_uint_eq(f[0], s_rank(&j, 3));
     s_teardown(&j);
 }
 END_TEST
