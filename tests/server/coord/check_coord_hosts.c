@@ -4,8 +4,7 @@
  * its host, of unknown host or with --host-aggregate off, groups cut at
  * ZPS_HOST_GROUP_MAX, the shards' boot ids in ShardInfo, and the
  * followers whose parts wait in a leader (speculation hands them with
- * it). No socket:
- * messages go in by hand and come out of the outbox. */
+ * it). No socket: messages go in by hand and come out of the outbox. */
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
