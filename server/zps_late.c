@@ -11,14 +11,17 @@ static bool s_half_or_more(uint32_t in, uint32_t n)
     return in >= n - in;
 }
 
-// A late host leader holds its followers' parts for the shards on other
-// hosts: they come when it pushes, however long ago the followers were
-// done. Shard 0 sees a follower on its own host as in (it pushed to shard
-// 0 directly) and would not hand its slice on, so the shards elsewhere
-// waited for the leader all the same, then dropped its sum as partly
-// counted (the leader's own piece in by the helpers' copies) and asked it
-// for the followers' runs. Their slices go to the helpers with the
-// leader's.
+// A late host leader that has pushed nothing holds its followers' parts
+// for the shards on other hosts: they come when it pushes, however long
+// ago the followers were done. Shard 0 sees a follower on its own host as
+// in (it pushed to shard 0 directly) and would not hand its slice on, so
+// the shards elsewhere waited for the leader all the same, then dropped
+// its sum as partly counted (the leader's own piece in by the helpers'
+// copies) and asked it for the followers' runs. Their slices go to the
+// helpers with the leader's. (A follower of another host than shard 0's
+// is late there too, and handed on as any rank.) Not for a leader under
+// way: its sums go out with its buckets, the last ones first, and shard 0
+// cannot tell which have.
 static void s_hand_followers(zps_shard_io *io, zps_coord *coord, zps_outbox *out, uint64_t step,
                              uint32_t leader, const bool *helper)
 {
@@ -71,7 +74,9 @@ void zps_late_speculate(zps_shard_io *io, zps_coord *coord, zps_outbox *out, dou
         if (!finished[sl->rank] && !r->late_now && (waited || !r->pushed) &&
             zps_coord_speculate(coord, out, step, sl->offset, sl->count, sl->rank, finished)) {
             r->late_now = true;
-            s_hand_followers(io, coord, out, step, sl->rank, finished);
+            if (!r->pushed) {
+                s_hand_followers(io, coord, out, step, sl->rank, finished);
+            }
         }
     }
 }
@@ -107,7 +112,7 @@ void zps_late_speculate_ahead(zps_shard_io *io, zps_coord *coord, zps_outbox *ou
     }
     for (uint32_t i = 0; i < plan->n; i++) {
         const zps_plan_slice *sl = &plan->slices[i];
-        if (late[sl->rank] &&
+        if (late[sl->rank] && !zps_shard_io_rank_of(io, sl->rank)->late_now &&
             zps_coord_speculate(coord, out, step, sl->offset, sl->count, sl->rank, helper)) {
             zps_shard_io_rank_of(io, sl->rank)->late_now = true; // not handed again
             s_hand_followers(io, coord, out, step, sl->rank, helper);

@@ -8,6 +8,7 @@
 
 #include "common/zps_clock.h"
 #include "common/zps_log.h"
+#include "common/zps_plans.h"
 
 static void s_refuse(zps_shard_io *io, zps_wire_msg *m, zps_err err, const char *why)
 {
@@ -274,25 +275,22 @@ static void s_hold(zps_shard_io *io, zps_wire_msg *m, const char *why)
 // computes a refused push's slice again and pushes it itself, each run
 // once (a copy that comes second is dropped like any other). A sum of at
 // most ZPS_HOST_GROUP_MAX pieces leaves as many runs unless copies of
-// pieces of pieces (speculation's) cut it finer; then the runs come from
-// the heap.
+// pieces of pieces (speculation's) cut it finer. A worker keeps at most
+// ZPS_PLANS_HANDED_MAX slices to compute besides its own (common/
+// zps_plans.h) and drops the rest, so the shard asks for that many and
+// says how many more wait for --speculate-after or an eviction.
 static void s_ask_for_uncounted(zps_shard_io *io, zps_wire_msg *m)
 {
-    zps_shard_run few[ZPS_HOST_GROUP_MAX], *runs = few;
-    int n = zps_shard_uncounted(io->shard, m->hdr, runs, ZPS_HOST_GROUP_MAX);
-    if (n > ZPS_HOST_GROUP_MAX) {
-        runs = malloc((size_t)n * sizeof *runs);
-        if (!runs) {
-            zps_log_warn("shard %u: no memory to ask for %d runs of a partly counted host sum; "
-                         "asking for the first %d", io->index, n, ZPS_HOST_GROUP_MAX);
-            runs = few;
-            n = ZPS_HOST_GROUP_MAX;
-        } else {
-            (void)zps_shard_uncounted(io->shard, m->hdr, runs, n);
-        }
-    }
+    zps_shard_run runs[ZPS_PLANS_HANDED_MAX];
+    int all = zps_shard_uncounted(io->shard, m->hdr, runs, ZPS_PLANS_HANDED_MAX);
+    int n = all < ZPS_PLANS_HANDED_MAX ? all : ZPS_PLANS_HANDED_MAX;
     if (n == 0) {
         return;
+    }
+    if (all > n) {
+        zps_log_warn("shard %u: a partly counted host sum left %d runs not counted; asking for "
+                     "%d, the other %d wait for --speculate-after or an eviction", io->index,
+                     all, n, all - n);
     }
     Zps__Header *h = m->hdr;
     zps_log_warn("shard %u: step %llu: rank %u's host sum of [%u, +%u) in %zu pieces was partly "
@@ -316,9 +314,6 @@ static void s_ask_for_uncounted(zps_shard_io *io, zps_wire_msg *m)
     h->batch_offset = offset;
     h->samples = samples;
     h->shm_size = shm_size;
-    if (runs != few) {
-        free(runs);
-    }
 }
 
 // The sender of a push gets the step's new parameters: the buckets already

@@ -2,6 +2,7 @@
  * the one a thread gave its own (a process with many libzps clients, one
  * a thread, names each line by its client). */
 #include <pthread.h>
+#include <stdatomic.h>
 #include <stdio.h>
 #include <string.h>
 #include <unistd.h>
@@ -71,13 +72,17 @@ START_TEST(test_log_line_carries_its_threads_name_else_the_processs)
 }
 END_TEST
 
-// Renames the process over and over, between names of unlike lengths: a
-// line read half-way through a rename would carry a name of neither.
+static const char *const s_names[] = {"worker[4095]", "w[7]"};
+static atomic_bool s_logged; // the main thread wrote all its lines
+
+// Renames the process over and over, between names of unlike lengths,
+// until every line is written: a line read half-way through a rename
+// would carry a name of neither.
 static void *s_renaming_thread(void *arg)
 {
-    const char **names = arg;
-    for (int i = 0; i < 20000; i++) {
-        zps_log_set_name(names[i % 2]);
+    (void)arg;
+    for (unsigned i = 0; !atomic_load(&s_logged); i++) {
+        zps_log_set_name(s_names[i % 2]);
     }
     return NULL;
 }
@@ -86,13 +91,14 @@ START_TEST(test_log_line_carries_a_whole_name_while_another_thread_renames_the_p
 {
     int saved;
     FILE *f = s_capture_stderr(&saved);
-    const char *names[] = {"worker[4095]", "w[7]"};
-    zps_log_set_name(names[0]);
+    zps_log_set_name(s_names[0]);
+    atomic_store(&s_logged, false);
     pthread_t t;
-    ck_assert_int_eq(pthread_create(&t, NULL, s_renaming_thread, names), 0);
+    ck_assert_int_eq(pthread_create(&t, NULL, s_renaming_thread, NULL), 0);
     for (int i = 0; i < 20000; i++) {
         zps_log_info("renamed");
     }
+    atomic_store(&s_logged, true);
     ck_assert_int_eq(pthread_join(t, NULL), 0);
     s_restore_stderr(saved);
     rewind(f);
