@@ -170,10 +170,10 @@ typedef struct zps_shard_run {
 // ZPS_EDUP: one of its pieces was counted already, its member's own copy
 // first): the runs of the sum's slice that its bucket has not counted, in
 // batch order: how many, the first max of them in out (as snprintf, a
-// count over max asks for a larger out). They went with the dropped sum and
-// nobody else pushes them unless asked to compute them again. 0 for any
-// other push, and for one not of the step in progress or of a plan
-// replaced at it (the step is computed again). In a deterministic job
+// count over max says how many did not fit). They went with the dropped
+// sum and nobody else pushes them unless asked to compute them again. 0
+// for any other push, and for one not of the step in progress or of a
+// plan replaced at it (the step is computed again). In a deterministic job
 // (--micro-batch) every run starts and ends on a micro-batch: the sum and
 // every push counted are nodes of the tree, and a worker pushes a run as
 // its canonical nodes.
