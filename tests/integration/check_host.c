@@ -593,10 +593,10 @@ END_TEST
 // pieces and never asks the leader for a run of its sum (before, it
 // dropped each late sum as partly counted and asked for the follower's
 // run, and every step waited for the leader: in one run 14 asks and 10.8 s
-// for the 8 steps, against none and 1.6 s). The leader, left behind, catches up to the last
-// step: every worker ends with the same parameters, within round-off of
-// the job without a pause, aggregation or speculation (each sample
-// counted once, in another order).
+// for the 8 steps, against none and 1.6 s). The leader, left behind,
+// catches up to the last step: every worker ends with the same
+// parameters, within round-off of the job without a pause, aggregation or
+// speculation (each sample counted once, in another order).
 START_TEST(test_host_slow_leaders_followers_are_handed_on_with_it_by_speculation)
 {
     zps_procs ps;
