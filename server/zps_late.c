@@ -112,9 +112,10 @@ void zps_late_speculate_ahead(zps_shard_io *io, zps_coord *coord, zps_outbox *ou
     }
     for (uint32_t i = 0; i < plan->n; i++) {
         const zps_plan_slice *sl = &plan->slices[i];
-        if (late[sl->rank] && !zps_shard_io_rank_of(io, sl->rank)->late_now &&
+        zps_shard_io_rank *r = zps_shard_io_rank_of(io, sl->rank);
+        if (late[sl->rank] && !r->late_now &&
             zps_coord_speculate(coord, out, step, sl->offset, sl->count, sl->rank, helper)) {
-            zps_shard_io_rank_of(io, sl->rank)->late_now = true; // not handed again
+            r->late_now = true; // not handed again
             s_hand_followers(io, coord, out, step, sl->rank, helper);
         }
     }
