@@ -54,7 +54,7 @@ SAN_CFLAGS :=
 endif
 
 OPT ?= -O3
-PKGS := libzmq libprotobuf-c openblas zlib libmicrohttpd jansson
+PKGS := libzmq libprotobuf-c openblas zlib libzstd libxxhash libmicrohttpd jansson
 PKG_CFLAGS := $(shell pkg-config --cflags $(PKGS) 2>/dev/null)
 PKG_LIBS := $(shell pkg-config --libs $(PKGS) 2>/dev/null)
 
@@ -136,13 +136,13 @@ WORKER_OBJ := $(call obj,$(WORKER_SRC))
 # library.
 LIBZPS_SRC := $(PROTO_C) $(addprefix common/,zps_atomic.c zps_ckpt.c zps_curve.c zps_dtype.c zps_err.c zps_groups.c zps_layout.c \
 	zps_log.c zps_model.c zps_optim.c zps_outer.c zps_plan.c zps_plans.c zps_quant.c zps_shm.c \
-	zps_sndbuf.c zps_timers.c zps_tree.c zps_wire.c) $(LIB_SRC)
+	zps_sndbuf.c zps_timers.c zps_tree.c zps_wire.c zps_wirecode.c zps_zcode.c) $(LIB_SRC)
 LIBZPS_OBJ := $(call obj,$(LIBZPS_SRC))
 LIBZPS_PIC := $(patsubst $(B)/obj/%,$(B)/pic/%,$(LIBZPS_OBJ))
 ZPS_SO_MAJOR := 1
 ZPS_SO_VERSION := 1.6.0
 LIBZPS_SO := $(BIN)/libzps.so.$(ZPS_SO_VERSION)
-LIBZPS_LIBS := $(shell pkg-config --libs libzmq libprotobuf-c zlib 2>/dev/null) -lm -pthread
+LIBZPS_LIBS := $(shell pkg-config --libs libzmq libprotobuf-c zlib libzstd libxxhash 2>/dev/null) -lm -pthread
 ZPS_WORKER_OBJ := $(call obj,worker/main.c $(WORKER_SRC))
 
 BINS := $(BIN)/zps-server $(BIN)/zps-worker $(BIN)/zps-ctl

@@ -15,6 +15,7 @@ pkgs=(
   libprotobuf-c-dev protobuf-c-compiler # message headers
   libopenblas-dev                      # the CPU backend's GEMMs
   zlib1g-dev                           # decompressing the IDX .gz files once
+  libzstd-dev libxxhash-dev            # --wire-code zstd: the lossless code of the wire, its hash
   check                                # unit and integration tests (built by make)
   libjansson-dev                       # zps-ctl report reads the JSON-lines metrics log; /status
   libexpat1-dev                        # the report test parses the SVG pictures as XML

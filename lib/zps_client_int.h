@@ -265,6 +265,11 @@ bool zps_host_leads(const zps_client *c);
 zps_err zps_host_drain(zps_client *c);
 // Leading: PARAMS m from shard i go on to the followers (frames shared).
 void zps_host_relay(zps_client *c, int i, const zps_wire_msg *m);
+// --wire-code zstd (lib/zps_host_code.c): PARAMS m from shard i decoded
+// in place (as if sent uncoded) and, leading, kept as what the next
+// answer is coded against. False (logged) for coded parameters that did
+// not decode: m is to be dropped and its bucket asked for again.
+bool zps_host_code_take(zps_client *c, int i, zps_wire_msg *m);
 // Following: whether m, from the leader's socket, is a shard's PARAMS
 // passed on (for a shard elsewhere: the others come from the shards).
 bool zps_host_from_leader(const zps_client *c, const zps_wire_msg *m);

@@ -90,6 +90,7 @@ void zps_host_fini(zps_host *h)
     s_routes_fini(h);
     s_close(h);
     zps_shm_seg_fini(&h->seg);
+    zps_host_code_fini(h);
     h->n = 0;
 }
 

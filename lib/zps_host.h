@@ -43,6 +43,7 @@
 #include "common/zps_plan.h"
 #include "common/zps_shm.h"
 #include "common/zps_wire.h"
+#include "common/zps_zcode.h"
 #include "lib/zps_conn.h"
 #include "lib/zps_schedule.h"
 
@@ -126,6 +127,15 @@ typedef struct zps_host {
     // The leader's: each follower's segment, mapped at its first part of
     // the group and unmapped when the group changes, its parts pushed.
     zps_shm_map maps[ZPS_HOST_GROUP_MAX];
+    // --wire-code zstd (lib/zps_host_code.c): a leader codes its pushes,
+    // and keeps the parameters the shards elsewhere sent it as they came,
+    // for their answers coded as the change from them.
+    bool codes;                          // the job codes
+    zps_zcode *code;                     // owned: made at the first push coded
+    float *code_vals;                    // owned: n_params, of the shards elsewhere
+    uint64_t *code_steps[ZPS_CONN_MAX_SHARDS]; // owned: per bucket, 1 + the step code_vals
+                                         // holds of it (0: none)
+    uint64_t coded_out, coded_in;        // pushes coded; buckets decoded against code_vals
 } zps_host;
 
 // Frees what the state holds and closes its socket; zeroed memory is an

@@ -22,6 +22,12 @@ double zps_host_give_up_ms(const zps_client *c);
 // all), and so is every piece until it tries the leader again.
 void zps_host_give_up(zps_client *c, const char *why);
 
+// zps_host_code.c (--wire-code zstd): a push to shard i coded in place
+// (hd says so), when the job codes; as it was if it cannot be (memory).
+void zps_host_code_push(zps_client *c, int i, Zps__Header *hd, zps_wire_msg *out);
+// Frees the coder and the copy of the parameters; safe on zeroed memory.
+void zps_host_code_fini(zps_host *h);
+
 // zps_host_sum.c: the leader's sums.
 // out's frames become src's, shared (ZeroMQ counts the references), not copied.
 void zps_host_share_frames(zps_wire_msg *out, const zps_wire_msg *src);

@@ -300,6 +300,7 @@ static zps_err s_push_run(zps_client *c, int i, int b, const zps_host_part *part
     Zps__HostPiece pieces[ZPS_HOST_GROUP_MAX], *ptrs[ZPS_HOST_GROUP_MAX];
     s_run_header(c, i, b, parts, n, &hd, pieces, ptrs);
     if (err == ZPS_OK) {
+        zps_host_code_push(c, i, &hd, &out);
         err = zps_conn_send_frames(&c->conn, i, &hd, out.frames, out.n_frames);
     }
     zps_wire_msg_fini(&out);

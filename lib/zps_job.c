@@ -61,6 +61,7 @@ zps_err zps_job_take(zps_client *c, const Zps__Header *h)
     }
     if (!job || why[0] || (!job->layout && zps_model_parse(job->model, &model) != ZPS_OK) ||
         !zps_dtype_valid((int)job->wire_dtype) || job->steps_per_epoch == 0 ||
+        job->wire_code > ZPS_ZCODE_PLANES ||
         job->global_batch == 0) {
         zps_log_error("the coordinator sent a job without a usable model or wire dtype");
         return ZPS_EPROTO;
@@ -82,6 +83,7 @@ zps_err zps_job_take(zps_client *c, const Zps__Header *h)
     }
     c->model = model;
     c->dtype = (zps_dtype)job->wire_dtype;
+    c->host.codes = job->wire_code != ZPS_ZCODE_NONE && c->dtype == ZPS_DTYPE_F32;
     c->conn.job_id = h->job_id;
     c->conn.rank = job->rank;
     c->conn.member_id = job->member_id;

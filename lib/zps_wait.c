@@ -452,7 +452,12 @@ static zps_err s_take_from_shard(zps_client *c, int i, uint64_t step)
 {
     zps_wire_msg m;
     zps_err err = zps_wire_recv(c->conn.shards[i].sock, false, &m);
-    if (err == ZPS_OK) {
+    if (err == ZPS_OK && !zps_host_code_take(c, i, &m)) {
+        if (m.hdr->step == step) {
+            c->conn.shards[i].params_pulled = 0; // a pull of before may have been answered
+            (void)s_pull_once(c, i, step); // answered uncoded
+        }
+    } else if (err == ZPS_OK) {
         zps_host_relay(c, i, &m);
         err = s_take_message(c, i, step, &m);
     }

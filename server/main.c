@@ -45,6 +45,16 @@ static bool s_parse_dtype(const char *text, void *field)
     return zps_dtype_parse(text, (zps_dtype *)field) == ZPS_OK;
 }
 
+static bool s_parse_wire_code(const char *text, void *field)
+{
+    bool zstd = strcmp(text, "zstd") == 0;
+    if (!zstd && strcmp(text, "off") != 0) {
+        return false;
+    }
+    *(bool *)field = zstd;
+    return true;
+}
+
 static bool s_parse_mode(const char *text, void *field)
 {
     bool diloco = strcmp(text, "diloco") == 0;
@@ -294,6 +304,12 @@ static const zps_opts_row s_table[] = {
      .help = "gradients and parameters on the wire",
      .offset = offsetof(s_flags, srv.wire_dtype), .ctype = ZPS_OPTS_C_PARSER,
      .parse = s_parse_dtype, .accepts = "fp32, bf16 or fp16"},
+    {.name = "wire-code", .kind = ZPS_OPTS_CUSTOM, .metavar = "off|zstd", .def = "off",
+     .help = "zstd: a host's leader codes its pushes and the shards their answers to it "
+             "losslessly (byte planes, answers XORed with the step before): fewer bytes, "
+             "more CPU, the same bits",
+     .offset = offsetof(s_flags, srv.wire_code), .ctype = ZPS_OPTS_C_PARSER,
+     .parse = s_parse_wire_code, .accepts = "off or zstd"},
     {.name = "worker-timeout-ms", .kind = ZPS_OPTS_INT, .metavar = "MS", .def = "10000",
      .help = "evict a worker silent this long",
      .offset = offsetof(s_flags, srv.worker_timeout_ms), .ctype = ZPS_OPTS_C_DOUBLE,
@@ -491,6 +507,11 @@ static bool s_check_mode(const zps_server_opts *o, const bool *given)
                            o->wire_dtype != ZPS_DTYPE_F32)) {
         fprintf(stderr, "zps-server: --mode diloco takes neither --speculate-after, "
                         "--adaptive-split nor --wire-dtype (--compress int8 instead)\n");
+        return false;
+    }
+    if (o->wire_code && (o->mode.diloco || o->wire_dtype != ZPS_DTYPE_F32)) {
+        fprintf(stderr, "zps-server: --wire-code zstd codes fp32 losslessly: it takes neither "
+                        "--mode diloco nor --wire-dtype other than fp32\n");
         return false;
     }
     if (o->mode.diloco && o->clip_grad_norm > 0) {

@@ -10,6 +10,7 @@
 
 #include "common/zps_clock.h"
 #include "common/zps_layout.h"
+#include "common/zps_zcode.h"
 #include "server/zps_token.h"
 
 // Says where this shard is, and (with a token kept from its first ASSIGN)
@@ -113,6 +114,11 @@ static zps_err s_assignment_cfg(zps_server *srv, const Zps__Job *job, zps_shard_
         return ZPS_EPROTO;
     }
     cfg->clip_grad_norm = job->clip_grad_norm;
+    if (job->wire_code > ZPS_ZCODE_PLANES ||
+        (job->wire_code && (job->outer || cfg->dtype != ZPS_DTYPE_F32))) {
+        zps_log_error("the coordinator sent a --wire-code this shard cannot use");
+        return ZPS_EPROTO;
+    }
     if (s_check_micro_batch(srv, job) != ZPS_OK) {
         return ZPS_EPROTO;
     }
@@ -129,6 +135,7 @@ static zps_err s_assigned_shard(zps_server *srv, const Zps__Header *h, const zps
 {
     const Zps__Job *job = h->job;
     srv->dtype = cfg->dtype;
+    srv->wire_code = job->wire_code != ZPS_ZCODE_NONE;
     if (!(srv->shard = zps_shard_new(cfg))) {
         return ZPS_ENOMEM;
     }

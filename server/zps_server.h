@@ -57,6 +57,7 @@ typedef struct zps_server_opts {
     double stall_warn_ms;       // while a step waits, name what it waits for this often
     bool adaptive_split;        // shard 0: shares follow measured throughput
     bool no_host_aggregate;     // shard 0: --host-aggregate off (no host groups in plans)
+    bool wire_code;             // shard 0: --wire-code zstd (common/zps_zcode.h)
     double speculate_after;     // shard 0: hand a late slice on after this many median steps (0: off)
     const char *http;           // HOST:PORT of /healthz, /readyz (shard 0: /metrics, /status)
     const char *advertise;      // shard > 0: endpoint given to workers (default: bound one)

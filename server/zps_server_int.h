@@ -79,6 +79,7 @@ struct zps_server {
     uint32_t global_batch;                       // B, from the job
     uint64_t total_steps;                        // steps of the run
     zps_dtype dtype;                             // element type of tensors on the wire
+    bool wire_code;                              // the job's --wire-code zstd
     int threads;                                 // the shard's: --threads, auto resolved
     zps_refusals refused;                        // refused or dropped messages, their lines
     uint32_t plan_gen;                           // newest generation given to the shard

@@ -135,6 +135,7 @@ int zps_start_coordinator(zps_server *srv, uint32_t n_train, uint32_t n_test, ch
         return status;
     }
     srv->dtype = o->wire_dtype;
+    srv->wire_code = o->wire_code;
     zps_shard_cfg cfg = {.index = 0, .model = &srv->model, .seed = o->seed,
                          .global_batch = o->global_batch, .dtype = o->wire_dtype,
                          .optim = o->optim, .await_init = srv->declared != NULL,
@@ -167,6 +168,7 @@ int zps_start_coordinator(zps_server *srv, uint32_t n_train, uint32_t n_test, ch
         .adaptive_split = o->adaptive_split, .restore = s_coord_restore, .restore_arg = srv,
         .mode = o->mode, .inner = inner, .clip_grad_norm = cfg.clip_grad_norm,
         .micro_batch = o->micro_batch, .no_host_aggregate = o->no_host_aggregate,
+        .wire_code = o->wire_code,
     };
     if (!(srv->coord = zps_coord_new(&cc))) {
         zps_shard_destroy(&srv->shard);

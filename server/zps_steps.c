@@ -208,6 +208,9 @@ void zps_steps_add_plan(zps_server *srv, uint32_t gen, uint64_t effective, const
 void zps_steps_take_plan(zps_server *srv, uint32_t gen, uint64_t effective, const zps_plan *plan)
 {
     zps_shard_io_start(&srv->io, srv->shard, srv->dtype);
+    if (srv->wire_code) {
+        (void)zps_shard_io_code(&srv->io); // without a coder (logged), answers go uncoded
+    }
     srv->global_batch = plan->global_batch;
     zps_steps_add_plan(srv, gen, effective, plan);
     srv->step_start_ms = zps_clock_ms();

@@ -14,6 +14,7 @@ int main(void)
         zps_suite_mlog, zps_suite_log,
         zps_suite_outer, zps_suite_quant, zps_suite_dyl, zps_suite_shm, zps_suite_sndbuf,
         zps_suite_err, zps_suite_atomic, zps_suite_timers, zps_suite_sumsq, zps_suite_tree,
+        zps_suite_zcode,
         // server/, server/coord/, server/shard/
         zps_suite_msgtab, zps_suite_late,
         zps_suite_coord, zps_suite_coord_hosts, zps_suite_status, zps_suite_member, zps_suite_monitor, zps_suite_outbox,

@@ -19,6 +19,7 @@ Suite *zps_suite_mlog(void);
 Suite *zps_suite_log(void);
 Suite *zps_suite_outer(void);
 Suite *zps_suite_quant(void);
+Suite *zps_suite_zcode(void);
 Suite *zps_suite_dyl(void);
 Suite *zps_suite_shm(void);
 Suite *zps_suite_sndbuf(void);

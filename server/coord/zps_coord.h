@@ -61,6 +61,7 @@ typedef struct zps_coord_cfg {
     // --host-aggregate off: no plan to a worker carries its host group
     // (zeroed: on, the default).
     bool no_host_aggregate;
+    bool wire_code; // --wire-code zstd: told to every worker and shard
 } zps_coord_cfg;
 
 typedef struct zps_coord zps_coord;

@@ -5,6 +5,7 @@
 
 #include "common/zps_clock.h"
 #include "common/zps_quant.h"
+#include "common/zps_zcode.h"
 #include "server/zps_token.h"
 
 // ---------------------------------------------------------------------------
@@ -156,6 +157,7 @@ static void s_job_of_config(const zps_coord *c, Zps__Job *job)
     job->total_steps = c->cfg.total_steps;
     job->steps_per_epoch = c->cfg.steps_per_epoch;
     job->wire_dtype = (Zps__DType)c->cfg.wire_dtype;
+    job->wire_code = c->cfg.wire_code ? ZPS_ZCODE_PLANES : ZPS_ZCODE_NONE;
     job->checkpoint_every = c->cfg.checkpoint_every;
     job->micro_batch = c->cfg.micro_batch;
     job->layout = (Zps__Layout *)c->cfg.layout;
@@ -232,11 +234,11 @@ void zps_coord_start_workers(zps_coord *c, zps_outbox *out)
         zps_coord_send_job(c, out, &c->members[i].route, ZPS__MSG_TYPE__JOB, &c->members[i], 0);
     }
     zps_log_info("job %016llx: %u workers, %u shards, %llu steps (%llu per epoch), model %s, "
-                 "wire %s",
+                 "wire %s%s",
                  (unsigned long long)c->job_id, c->n_members, c->cfg.shards,
                  (unsigned long long)c->cfg.total_steps,
                  (unsigned long long)c->cfg.steps_per_epoch, c->cfg.model,
-                 zps_dtype_name(c->cfg.wire_dtype));
+                 zps_dtype_name(c->cfg.wire_dtype), c->cfg.wire_code ? ", coded (zstd)" : "");
     if (c->cfg.micro_batch > 0) {
         zps_log_info("deterministic: each step is %u micro-batches of %u, summed in one "
                      "canonical order whoever computes them",

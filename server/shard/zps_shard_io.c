@@ -9,6 +9,7 @@
 #include "common/zps_clock.h"
 #include "common/zps_log.h"
 #include "common/zps_plans.h"
+#include "common/zps_wirecode.h"
 
 static void s_refuse(zps_shard_io *io, zps_wire_msg *m, zps_err err, const char *why)
 {
@@ -22,6 +23,7 @@ zps_err zps_shard_io_init(zps_shard_io *io, void *sock, uint32_t index,
     io->sock = sock;
     io->index = index;
     io->hooks = *hooks;
+    io->coded_b = -1;
     io->held = calloc(ZPS_SHARD_IO_HELD, sizeof *io->held);
     return io->held ? ZPS_OK : ZPS_ENOMEM;
 }
@@ -47,6 +49,9 @@ void zps_shard_io_fini(zps_shard_io *io)
     io->held = NULL;
     io->n_held = 0;
     zps_shard_shm_fini(&io->shm);
+    zps_wire_msg_fini(&io->coded);
+    io->coded_b = -1;
+    zps_zcode_destroy(&io->code);
     for (int i = 0; i < ZPS_SHARD_IO_PULLERS; i++) {
         if (io->pullers[i].used) {
             zps_wire_route_close(&io->pullers[i].route);
@@ -59,6 +64,11 @@ void zps_shard_io_start(zps_shard_io *io, zps_shard *shard, zps_dtype dtype)
 {
     io->shard = shard;
     io->dtype = dtype;
+}
+
+zps_err zps_shard_io_code(zps_shard_io *io)
+{
+    return io->code ? ZPS_OK : zps_zcode_new(&io->code);
 }
 
 bool zps_shard_io_started(const zps_shard_io *io)
@@ -108,6 +118,113 @@ static void s_send_bucket(zps_shard_io *io, zmq_msg_t *route, int b, uint64_t st
         zps_log_warn("could not send step %llu parameters: %s", (unsigned long long)step,
                      zps_strerror(err));
     }
+}
+
+// ---------------------------------------------------------------------------
+// Coded answers (--wire-code zstd, common/zps_zcode.h).
+
+// Bucket b's values of `step` (step - 1's already sent, as the update
+// leaves them in the other array) coded as their XOR with step - 1's, in
+// io->coded: kept for every rank of the step that holds step - 1's. False
+// (logged) if they cannot be.
+static bool s_code_bucket(zps_shard_io *io, int b, uint64_t step)
+{
+    if (io->coded_b == b && io->coded_step == step) {
+        return true;
+    }
+    zps_wire_msg_fini(&io->coded);
+    io->coded_b = -1;
+    Zps__Header h;
+    const void *data;
+    zps_wire_ref *ref;
+    const float *prev;
+    s_params_header(io, b, step, &h, &data, &ref);
+    if (zps_shard_bucket_at(io->shard, b, step - 1, &prev) != ZPS_OK) {
+        return false;
+    }
+    // Frames that read the values in place: the coder copies what it sends.
+    const uint8_t *at = data;
+    for (size_t left = h.count * sizeof(float), len; left > 0; left -= len, at += len) {
+        len = left < ZPS_WIRE_FRAME_BYTES ? left : ZPS_WIRE_FRAME_BYTES;
+        zmq_msg_t *f = &io->coded.frames[io->coded.n_frames++];
+        ZPS_ASSERT(zmq_msg_init_data(f, (void *)at, len, NULL, NULL) == 0);
+    }
+    if (zps_wirecode_encode(io->code, &io->coded, prev) != ZPS_OK) {
+        zps_wire_msg_fini(&io->coded);
+        return false;
+    }
+    io->coded_b = b;
+    io->coded_step = step;
+    return true;
+}
+
+// Sends rank r bucket b of `step` XORed with step - 1's, which it holds
+// (its push said so); false when that cannot be done, for the caller to
+// send the bucket uncoded.
+static bool s_send_coded(zps_shard_io *io, const zps_shard_io_rank *r, int b, uint64_t step)
+{
+    if (!io->code || io->dtype != ZPS_DTYPE_F32 || r->code_base != step ||
+        !zps_shard_bucket_params_are(io->shard, b, step) || !s_code_bucket(io, b, step)) {
+        return false;
+    }
+    Zps__Header h;
+    const void *data;
+    zps_wire_ref *ref;
+    s_params_header(io, b, step, &h, &data, &ref);
+    h.wire_code = ZPS_ZCODE_XOR;
+    h.code_base = step; // XORed with step - 1's
+    zmq_msg_t frames[ZPS_WIRE_MAX_FRAMES];
+    for (int f = 0; f < io->coded.n_frames; f++) {
+        ZPS_ASSERT(zmq_msg_init(&frames[f]) == 0);
+        ZPS_ASSERT(zmq_msg_copy(&frames[f], &io->coded.frames[f]) == 0);
+    }
+    zps_err err = zps_wire_send_frames(io->sock, (zmq_msg_t *)&r->route, &h, frames,
+                                       io->coded.n_frames);
+    for (int f = 0; f < io->coded.n_frames; f++) {
+        ZPS_ASSERT(zmq_msg_close(&frames[f]) == 0);
+    }
+    if (err != ZPS_OK) {
+        zps_log_warn("could not send step %llu parameters: %s", (unsigned long long)step,
+                     zps_strerror(err));
+    }
+    return true;
+}
+
+// Sends rank r, which pushed this step, bucket b of `step`: coded if it
+// can take them so, else as s_send_bucket does.
+static void s_send_pushed(zps_shard_io *io, zps_shard_io_rank *r, int b, uint64_t step, bool shm)
+{
+    if (shm || !s_send_coded(io, r, b, step)) {
+        s_send_bucket(io, &r->route, b, step, true, shm);
+    }
+}
+
+// Replaces a coded push's frames by its values, and keeps what it says
+// of the pusher's copy of the parameters; false (refused) if it cannot.
+static bool s_decode_push(zps_shard_io *io, zps_wire_msg *m)
+{
+    // rank: s_check_member_msg
+    io->ranks[m->hdr->rank].code_base = io->code ? m->hdr->code_base : 0;
+    if (m->hdr->wire_code == ZPS_ZCODE_NONE) {
+        return true;
+    }
+    char why[200];
+    uint64_t code_base = m->hdr->code_base;
+    zps_err err = ZPS_EPROTO;
+    snprintf(why, sizeof why, "a coded push to a shard of a job that does not code (--wire-code)");
+    if (io->code && m->hdr->wire_code != ZPS_ZCODE_PLANES) {
+        snprintf(why, sizeof why, "a push coded with a base (wire code %u)", m->hdr->wire_code);
+    } else if (io->code) {
+        err = zps_wirecode_decode(io->code, m, NULL,
+                                  zps_shard_hi(io->shard) - zps_shard_lo(io->shard), why,
+                                  sizeof why);
+    }
+    if (err != ZPS_OK) {
+        s_refuse(io, m, err, why);
+        return false;
+    }
+    io->ranks[m->hdr->rank].code_base = code_base;
+    return true;
 }
 
 // Whether rank r takes the step's parameters in one notice (shm_whole):
@@ -352,7 +469,7 @@ static void s_add_recipient(zps_shard_io *io, zps_wire_msg *m)
     }
     for (int b = 0; b < zps_shard_n_buckets(io->shard); b++) {
         if (zps_shard_applied(io->shard, b) && !zps_shard_bucket_idle(io->shard, b)) {
-            s_send_bucket(io, &r->route, b, next, true, r->shm_params);
+            s_send_pushed(io, r, b, next, r->shm_params);
         }
     }
 }
@@ -436,6 +553,9 @@ zps_err zps_shard_io_on_push(zps_shard_io *io, zps_wire_msg *m, int *ready)
     if (!s_check_member_msg(io, m)) {
         return ZPS_ESTATE;
     }
+    if (!s_decode_push(io, m)) {
+        return ZPS_EPROTO;
+    }
     char why[256];
     if (zps_shard_shm_replaces(&io->shm, m->hdr->rank, m->hdr)) {
         zps_shard_settle(io->shard); // it may keep views of the mapping replaced
@@ -490,6 +610,9 @@ zps_err zps_shard_io_on_push(zps_shard_io *io, zps_wire_msg *m, int *ready)
 void zps_shard_io_apply(zps_shard_io *io, int b)
 {
     zps_shard_apply(io->shard, b);
+    if (io->coded_b == b) {
+        io->coded_b = -1; // new values: coded again (a step done over may differ)
+    }
     uint64_t next = zps_shard_step(io->shard) + 1;
     if (io->shm.params.base) { // written once for the host, before anyone is told of it
         Zps__Header h;
@@ -505,7 +628,7 @@ void zps_shard_io_apply(zps_shard_io *io, int b)
             continue;
         }
         if (!s_whole(io, i)) {
-            s_send_bucket(io, &r->route, b, next, true, r->shm_params);
+            s_send_pushed(io, r, b, next, r->shm_params);
         } else if (done) { // one notice for the rest of the step (docs/choices.md)
             s_send_whole(io, i, next);
         } else if (!r->noticed) { // and the first bucket's own, as soon as it is in

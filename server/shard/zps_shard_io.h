@@ -18,6 +18,7 @@
 #include "common/zps_model.h"
 #include "common/zps_plan.h"
 #include "common/zps_wire.h"
+#include "common/zps_zcode.h"
 #include "server/shard/zps_shard.h"
 #include "server/shard/zps_shard_shm.h"
 
@@ -36,6 +37,9 @@ typedef struct zps_shard_io_rank {
     bool shm_params;  // its last push came through shared memory: parameters too
     bool shm_whole;   // this step: in one PARAMS once every bucket is in (params_whole)
     bool noticed;     // this step: a bucket's own notice went to it (the first applied)
+    // Its last push's code_base (--wire-code): 1 + the step whose
+    // parameters of the range it holds as received (0: none, or uncoded).
+    uint64_t code_base;
 } zps_shard_io_rank;
 
 // A PULL for parameters not there yet: answered bucket by bucket as they are.
@@ -72,6 +76,10 @@ typedef struct zps_shard_io {
     bool replay_held;                     // a plan arrived: count the held pushes
     zps_shard_io_puller pullers[ZPS_SHARD_IO_PULLERS]; // PULLs waiting for a step
     zps_shard_shm shm;                    // pushes through shared memory (same host)
+    zps_zcode *code;                      // owned: --wire-code's coder (NULL: the job codes not)
+    zps_wire_msg coded;                   // owned: bucket coded_b's answer of coded_step, coded
+    int coded_b;                          // (-1: none) coded once, sent to every rank it fits
+    uint64_t coded_step;
 } zps_shard_io;
 
 // Rank r's state (r < ZPS_MAX_MEMBERS, checked by the caller), counted in
@@ -87,6 +95,9 @@ void zps_shard_io_fini(zps_shard_io *io);
 // zps_shard_io_start: the shard (borrowed) has its first plan; members'
 // messages are served from now on.
 void zps_shard_io_start(zps_shard_io *io, zps_shard *shard, zps_dtype dtype);
+// zps_shard_io_code: the job codes its pushes and answers (--wire-code
+// zstd); ZPS_ENOMEM (logged) if the coder cannot be had.
+zps_err zps_shard_io_code(zps_shard_io *io);
 // zps_shard_io_started says whether the shard has had its first plan.
 bool zps_shard_io_started(const zps_shard_io *io);
 

@@ -44,6 +44,7 @@ typedef struct run {
     bool slow_evict;      // --worker-timeout-ms 30000 (a worker is stopped for long)
     bool shm_off[WORKERS]; // worker k runs with ZPS_SHM_HOST=off: no parts in shared memory
     const char *speculate; // --speculate-after (NULL: off)
+    bool coded;           // --wire-code zstd
     pid_t shard[2];
     pid_t w[WORKERS];
     char ep[256];
@@ -70,6 +71,10 @@ static void s_start_shards(zps_procs *ps, run *r)
     if (r->speculate) {
         sargs[n++] = "--speculate-after";
         sargs[n++] = r->speculate;
+    }
+    if (r->coded) {
+        sargs[n++] = "--wire-code";
+        sargs[n++] = "zstd";
     }
     if (r->deterministic) {
         sargs[n++] = "--deterministic";
@@ -284,6 +289,36 @@ END_TEST
 START_TEST(test_host_synchronous_run_within_round_off_of_one_without_aggregation)
 {
     s_check_against_plain(false);
+}
+END_TEST
+
+// --wire-code zstd: the leaders' pushes coded, the shards' answers to
+// them XORed with the step before. The same bits as the same job
+// uncoded, and fewer bytes pushed.
+START_TEST(test_host_coded_run_has_the_bits_of_one_uncoded)
+{
+    zps_procs ps;
+    zps_procs_init(&ps, "host-coded");
+    size_t n = s_n_params();
+    run plain = {.tag = "plain", .aggregate = true, .steps = "30", .w0_first = true};
+    run coded = {.tag = "coded", .aggregate = true, .steps = "30", .w0_first = true,
+                 .coded = true};
+    s_train(&ps, &plain);
+    float *a = s_agreed(&ps, &plain, n);
+    s_check_same_bits(&ps, &coded, a, n);
+    // Each leader codes its pushes to the other host's shard and decodes
+    // answers XORed with the step before.
+    ck_assert_int_eq(s_lines_from(&ps, &coded, 0, "pushes coded, "), 2);
+    ck_assert_int_eq(s_lines_from(&ps, &coded, 0, "wire code: 0 pushes"), 0);
+    ck_assert_int_eq(s_lines_from(&ps, &coded, 0, "coded, 0 buckets"), 0);
+    ck_assert_int_eq(s_lines_from(&ps, &coded, 0, "not decoded"), 0);
+    ck_assert_int_eq(s_lines_from(&ps, &plain, 0, "wire code"), 0);
+    double mib_plain = s_pushed_mib(&ps, &plain), mib_coded = s_pushed_mib(&ps, &coded);
+    fprintf(stderr, "wire code: %.2f MiB pushed against %.2f uncoded\n", mib_coded, mib_plain);
+    ck_assert_msg(mib_coded < mib_plain, "%.2f MiB pushed coded, %.2f uncoded", mib_coded,
+                  mib_plain);
+    free(a);
+    zps_procs_fini(&ps, false);
 }
 END_TEST
 
@@ -627,6 +662,7 @@ Suite *zps_suite_host(void)
     tcase_set_timeout(tc, 300);
     tcase_add_test(tc, test_host_deterministic_run_has_the_bits_of_one_without_aggregation);
     tcase_add_test(tc, test_host_synchronous_run_within_round_off_of_one_without_aggregation);
+    tcase_add_test(tc, test_host_coded_run_has_the_bits_of_one_uncoded);
     tcase_add_test(tc, test_host_leader_killed_mid_run_job_completes_and_survivors_agree);
     tcase_add_test(tc,
                    test_host_follower_whose_leader_stopped_asks_the_shards_for_the_last_parameters);

@@ -30,7 +30,7 @@ cp tests/lib/zps_min.c "$tmp/"
 export PKG_CONFIG_PATH="$tmp/prefix/lib/pkgconfig"
 read -r -a zps_flags <<<"$(pkg-config --cflags --libs zps)"
 read -r -a zps_cflags <<<"$(pkg-config --cflags zps)"
-read -r -a dep_libs <<<"$(pkg-config --libs libzmq libprotobuf-c zlib)"
+read -r -a dep_libs <<<"$(pkg-config --libs libzmq libprotobuf-c zlib libzstd libxxhash)"
 (cd "$tmp" && cc -std=c11 -Wall -Wextra -Werror "${test_cflags[@]}" -o zps_min zps_min.c \
   "${zps_flags[@]}") \
   >"$tmp/cc.log" 2>&1 || fail "cc with pkg-config --cflags --libs zps"

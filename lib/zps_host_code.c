@@ -1,0 +1,140 @@
+/* zps_host_code.c - one push per host (lib/zps_host.h) with --wire-code
+ * zstd: the leader codes each push it sends a shard elsewhere (byte
+ * planes and zstd, common/zps_zcode.h) and says which step's parameters
+ * of that shard's range it holds as received; the shard answers with the
+ * next step's XORed with them, which the leader decodes here before it
+ * passes them on or takes them. Nothing here changes a value: a frame
+ * that does not decode to the bits it was coded from (its hash) is
+ * dropped and the bucket asked for again uncoded. */
+#include "lib/zps_host_int.h"
+
+#include <stdlib.h>
+#include <string.h>
+
+#include "common/zps_log.h"
+#include "common/zps_wirecode.h"
+
+void zps_host_code_fini(zps_host *h)
+{
+    if (h->coded_out || h->coded_in) {
+        zps_log_info("wire code: %llu pushes coded, %llu buckets of parameters decoded against "
+                     "the step before", (unsigned long long)h->coded_out,
+                     (unsigned long long)h->coded_in);
+    }
+    h->coded_out = h->coded_in = 0;
+    zps_zcode_destroy(&h->code);
+    free(h->code_vals);
+    h->code_vals = NULL;
+    for (int i = 0; i < ZPS_CONN_MAX_SHARDS; i++) {
+        free(h->code_steps[i]);
+        h->code_steps[i] = NULL;
+    }
+}
+
+// The coder, the copy of the parameters and shard i's steps, made at
+// first use; false (logged) without memory: the job goes on uncoded.
+static bool s_ready(zps_client *c, int i)
+{
+    zps_host *h = &c->host;
+    if (!h->code && zps_zcode_new(&h->code) != ZPS_OK) {
+        return false;
+    }
+    if (!h->code_vals && !(h->code_vals = malloc(c->model.n_params * sizeof(float)))) {
+        zps_log_error("out of memory for the parameters the wire's code is against");
+        return false;
+    }
+    int nb = c->conn.shards[i].n_buckets;
+    if (!h->code_steps[i] && !(h->code_steps[i] = calloc((size_t)nb, sizeof(uint64_t)))) {
+        zps_log_error("out of memory for the parameters the wire's code is against");
+        return false;
+    }
+    return true;
+}
+
+// 1 + the step whose parameters of shard i's whole range code_vals holds
+// (0: none, or not all of one step).
+static uint64_t s_base_step(const zps_client *c, int i)
+{
+    const uint64_t *steps = c->host.code_steps[i];
+    if (!steps) {
+        return 0;
+    }
+    for (int b = 1; b < c->conn.shards[i].n_buckets; b++) {
+        if (steps[b] != steps[0]) {
+            return 0;
+        }
+    }
+    return steps[0];
+}
+
+void zps_host_code_push(zps_client *c, int i, Zps__Header *hd, zps_wire_msg *out)
+{
+    zps_host *h = &c->host;
+    if (!h->codes || c->dtype != ZPS_DTYPE_F32 || !s_ready(c, i) ||
+        zps_wirecode_encode(h->code, out, NULL) != ZPS_OK) {
+        return; // as it is: the shard takes uncoded pushes too
+    }
+    out->payload_bytes = 0;
+    for (int f = 0; f < out->n_frames; f++) {
+        out->payload_bytes += zmq_msg_size(&out->frames[f]);
+    }
+    hd->wire_code = ZPS_ZCODE_PLANES;
+    hd->code_base = s_base_step(c, i);
+    h->coded_out++;
+}
+
+// m's values (checked: bucket b of shard i, fp32 frames) kept as those
+// code_vals holds of step m's step.
+static void s_keep(zps_client *c, int i, int b, const zps_wire_msg *m)
+{
+    float *at = c->host.code_vals + m->hdr->offset;
+    for (int f = 0; f < m->n_frames; f++) {
+        size_t len = zmq_msg_size((zmq_msg_t *)&m->frames[f]);
+        memcpy(at, zmq_msg_data((zmq_msg_t *)&m->frames[f]), len);
+        at += len / sizeof(float);
+    }
+    c->host.code_steps[i][b] = m->hdr->step + 1;
+}
+
+bool zps_host_code_take(zps_client *c, int i, zps_wire_msg *m)
+{
+    zps_host *h = &c->host;
+    const Zps__Header *hd = m->hdr;
+    if (!hd || hd->type != ZPS__MSG_TYPE__PARAMS || hd->shm_size > 0 ||
+        (hd->wire_code == ZPS_ZCODE_NONE && !(h->codes && zps_host_leads(c) && h->remote[i]))) {
+        return true; // nothing to decode, nor to keep
+    }
+    zps_conn_shard *sc = &c->conn.shards[i];
+    int b = zps_conn_bucket_of(sc, hd->offset, hd->offset + hd->count);
+    char why[200] = "";
+    if (b < 0) {
+        snprintf(why, sizeof why, "[%llu, +%llu) is not one of its buckets",
+                 (unsigned long long)hd->offset, (unsigned long long)hd->count);
+    } else if (!s_ready(c, i)) {
+        snprintf(why, sizeof why, "no memory to decode them");
+    } else if (hd->wire_code == ZPS_ZCODE_XOR && h->code_steps[i][b] != hd->code_base) {
+        snprintf(why, sizeof why, "XORed with step %llu's values, this worker holds %s",
+                 (unsigned long long)(hd->code_base ? hd->code_base - 1 : 0),
+                 h->code_steps[i][b] ? "another step's" : "none");
+    } else if (hd->wire_code != ZPS_ZCODE_NONE) {
+        bool xor = hd->wire_code == ZPS_ZCODE_XOR;
+        if (zps_wirecode_decode(h->code, m, h->code_vals + hd->offset, hd->count, why,
+                                sizeof why) == ZPS_OK && xor) {
+            h->coded_in++;
+        }
+    }
+    if (!why[0] && zps_wire_check_tensor(m, ZPS_DTYPE_F32, sc->lo, sc->hi, why, sizeof why) ==
+                       ZPS_OK) {
+        s_keep(c, i, b, m);
+        return true;
+    }
+    if (b >= 0 && h->code_steps[i]) {
+        h->code_steps[i][b] = 0; // the next answer comes uncoded
+    }
+    if (hd->wire_code == ZPS_ZCODE_NONE) {
+        return true; // not decoded, nor kept: the wait judges it as it is
+    }
+    zps_log_warn("%s's coded parameters of step %llu not decoded (%s): asked for again uncoded",
+                 sc->endpoint, (unsigned long long)hd->step, why);
+    return false;
+}
