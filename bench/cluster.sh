@@ -19,11 +19,13 @@
 # (small buffers keep the W flows into a shard's link and the S flows out
 # of a worker's fair; docs/running.md, "Send buffers on shared links").
 #
-# With -H, zps runs twice: with its default flags (one push per host: a
-# host's workers combine their gradients, one leader pushes for the host),
-# and with $ZPS_NO_AGG_FLAGS (default --host-aggregate off) added to the
-# job's flags (shard 0's), skipped if zps-server --help does not mention
-# host-aggregate; then gloo all_reduce over HOSTS x G ranks, G on each
+# With -H, zps runs three times: with its default flags (one push per
+# host: a host's workers combine their gradients, one leader pushes for
+# the host), with $ZPS_NO_AGG_FLAGS (default --host-aggregate off) added
+# to the job's flags (shard 0's), skipped if zps-server --help does not
+# mention host-aggregate, and with --wire-code zstd (the leaders' pushes
+# and the answers to them coded losslessly), skipped if it does not
+# mention wire-code; then gloo all_reduce over HOSTS x G ranks, G on each
 # host sharing its link as the host's G workers do. Targets: zps / gloo
 # <= 0.8, zps / zps without host aggregation <= 0.6.
 #
@@ -111,6 +113,13 @@ if [ -n "$nhosts" ]; then
   else
     echo "SKIPPED: zps without host aggregation: $bin/zps-server --help does not mention host-aggregate"
   fi
+  zps_coded=NA
+  if [[ $help == *wire-code* ]]; then
+    echo "== zps again with --wire-code zstd"
+    zps_coded=$(zps_run zps-coded '' --wire-code zstd)
+  else
+    echo "SKIPPED: zps with --wire-code zstd: $bin/zps-server --help does not mention wire-code"
+  fi
   echo "== gloo: all_reduce of $floats floats over $workers ranks ($nhosts hosts x $per_host), every link $rate"
   gloo_s=$(gloo_run)
   echo
@@ -123,6 +132,7 @@ if [ -n "$nhosts" ]; then
   }
   row "zps, ${nhosts}x$per_host, $shards shards on the worker hosts" "$zps_s"
   row "zps without host aggregation ($no_agg_flags)" "$zps_noagg"
+  row "zps --wire-code zstd (lossless: the same bits)" "$zps_coded"
   row "gloo all_reduce, ${nhosts}x$per_host ranks" "$gloo_s"
   # What each must move through a host's link, each way: with one push per
   # host its leader's pushes to the other hosts' shards and its shard's
@@ -144,6 +154,9 @@ if [ -n "$nhosts" ]; then
   echo
   if [ "$gloo_s" != NA ]; then
     echo "zps / gloo = $(ratio "$zps_s" "$gloo_s") (target <= 0.8)"
+    if [ "$zps_coded" != NA ]; then
+      echo "zps --wire-code zstd / gloo = $(ratio "$zps_coded" "$gloo_s")"
+    fi
   else
     echo "zps / gloo = NA (no gloo run)"
   fi

@@ -8,7 +8,8 @@
  * messages, read until the input ends (little-endian; every length is cut
  * to what is left, so any input decodes to some sequence of messages):
  *
- *   config   u8   bits 0-1: wire dtype (1 bf16, 2 fp16, else fp32)
+ *   config   u8   bits 0-1: wire dtype (1 bf16, 2 fp16, else fp32; 3 is
+ *                           fp32 with --wire-code zstd: coded pushes decoded)
  *                 bits 2-3: the server and how far the job is when the
  *                           messages begin (see zps_fuzz_stage)
  *                 bits 4-7: global batch - 2
@@ -35,6 +36,7 @@
 #ifndef ZPS_FUZZ_H
 #define ZPS_FUZZ_H
 
+#include <stdbool.h>
 #include <stdint.h>
 
 #include "common/zps_dtype.h"
@@ -75,6 +77,12 @@ static inline zps_dtype zps_fuzz_dtype(uint8_t config)
     default:
         return ZPS_DTYPE_F32;
     }
+}
+
+// Whether the job codes its pushes and answers (--wire-code zstd).
+static inline bool zps_fuzz_coded(uint8_t config)
+{
+    return (config & 3u) == 3u;
 }
 
 static inline zps_fuzz_stage zps_fuzz_stage_of(uint8_t config)

@@ -415,6 +415,7 @@ static void s_assign(s_world *w, const zps_model_spec *model)
     job.n_shards = 2;
     job.shards = shp;
     job.wire_dtype = (Zps__DType)w->opts.wire_dtype;
+    job.wire_code = w->opts.wire_code ? 1 : 0;
     job.optim = &optim;
     job.generation = 1;
     job.shard_token = S_REAL(ZPS_FUZZ_TOKEN);
@@ -445,6 +446,7 @@ static bool s_open(s_world *w, uint8_t config, const zps_model_spec *model)
         .steps = ZPS_FUZZ_STEPS, .optimizer = "sgd",
         .optim = {.lr = 0.1f, .momentum = 0.9f, .schedule = ZPS_LR_CONSTANT},
         .seed = ZPS_FUZZ_SEED, .wire_dtype = zps_fuzz_dtype(config),
+        .wire_code = zps_fuzz_coded(config),
         .threads = 1, // not auto: a pool of threads an input costs more than the input
         // No clock in the verdicts: nobody is evicted, nothing is late.
         .worker_timeout_ms = 1e12, .stall_warn_ms = 1e12,

@@ -16,6 +16,7 @@
 #include "common/zps_model.h"
 #include "common/zps_plan.h"
 #include "common/zps_wire.h"
+#include "common/zps_zcode.h"
 #include "fuzz/zps_fuzz.h"
 
 #define SEED_BYTES 65536
@@ -147,7 +148,23 @@ static void s_push(seed *s, zps_fuzz_peer peer, int as, uint64_t step, uint32_t 
     h.batch_offset = s->plan.slices[as].offset;
     h.loss = 2.0f - 0.1f * (float)step;
     h.compute_ms = 1.5f;
-    s_msg(s, peer, &h, payload, count * zps_dtype_size(dtype), frames);
+    if (!zps_fuzz_coded(s->config)) {
+        s_msg(s, peer, &h, payload, count * zps_dtype_size(dtype), frames);
+        return;
+    }
+    // --wire-code zstd: one coded frame, as a host's leader sends it.
+    zps_zcode *z = NULL;
+    void *coded = NULL;
+    size_t len = 0;
+    if (zps_zcode_new(&z) != ZPS_OK ||
+        zps_zcode_encode(z, vals, NULL, count, &coded, &len) != ZPS_OK) {
+        fprintf(stderr, "zps_fuzz_seeds: could not code a push\n");
+        exit(1);
+    }
+    h.wire_code = ZPS_ZCODE_PLANES;
+    s_msg(s, peer, &h, coded, len, 1);
+    free(coded);
+    zps_zcode_destroy(&z);
 }
 
 static void s_pull(seed *s, zps_fuzz_peer peer, uint64_t step)
@@ -286,6 +303,13 @@ static void s_seeds(const char *dir)
     s_step(&s, 1, 1, 2);
     s_pull(&s, ZPS_FUZZ_WORKER1, 2);
     s_write(&s, dir, "coord-train-bf16-frames");
+
+    // --wire-code zstd: pushes coded, then asked for the parameters.
+    s_begin(&s, s_config(3, ZPS_FUZZ_TRAINING, 8));
+    s_step(&s, 0, 1, 1);
+    s_step(&s, 1, 1, 1);
+    s_pull(&s, ZPS_FUZZ_WORKER0, 2);
+    s_write(&s, dir, "coord-train-coded");
 
     // Lies, then the job going on: the stranger's, and shard 1's own
     // requests that cannot be carried out (rollbacks with no checkpoint).

@@ -1,10 +1,12 @@
-/* check_zcode.c - the lossless code of the wire: the same bits back, with
- * and without a base, smaller where the high planes repeat, and every
- * frame the encoder does not make refused. */
+/* check_zcode.c - the lossless code of the wire (common/zps_zcode.h): the
+ * same bits back, with and without a base, smaller where the high planes
+ * repeat, and every frame the encoder does not make refused; and a
+ * message's frames coded and decoded (common/zps_wirecode.h). */
 #include <stdlib.h>
 #include <string.h>
 
 #include "common/zps_rng.h"
+#include "common/zps_wirecode.h"
 #include "common/zps_zcode.h"
 #include "tests/zps_check.h"
 
@@ -147,6 +149,105 @@ START_TEST(test_zcode_refuses_every_frame_the_encoder_does_not_make)
 }
 END_TEST
 
+// A message of n values (base's step taken by one SGD step) in frames of
+// at most `per` values, as a receiver holds it.
+static void s_msg(zps_wire_msg *m, const float *v, size_t n, size_t per)
+{
+    memset(m, 0, sizeof *m);
+    m->hdr = malloc(sizeof *m->hdr);
+    zps_wire_header_init(m->hdr, ZPS__MSG_TYPE__PARAMS);
+    m->hdr->count = n;
+    for (size_t at = 0; at < n; at += per) {
+        size_t len = (n - at < per ? n - at : per) * sizeof(float);
+        ck_assert_int_eq(zmq_msg_init_size(&m->frames[m->n_frames], len), 0);
+        memcpy(zmq_msg_data(&m->frames[m->n_frames]), v + at, len);
+        m->n_frames++;
+        m->payload_bytes += len;
+    }
+}
+
+static void s_msg_fini(zps_wire_msg *m)
+{
+    free(m->hdr); // not unpacked: zps_wire_msg_fini would free it as if it were
+    m->hdr = NULL;
+    zps_wire_msg_fini(m);
+}
+
+// The values of m's frames, in order, against v.
+static void s_same_values(const zps_wire_msg *m, const float *v, size_t n)
+{
+    size_t at = 0;
+    for (int f = 0; f < m->n_frames; f++) {
+        size_t len = zmq_msg_size((zmq_msg_t *)&m->frames[f]);
+        ck_assert_uint_le(at + len / sizeof(float), n);
+        ck_assert_mem_eq(zmq_msg_data((zmq_msg_t *)&m->frames[f]), v + at, len);
+        at += len / sizeof(float);
+    }
+    ck_assert_uint_eq(at, n);
+    ck_assert_uint_eq(m->payload_bytes, n * sizeof(float));
+}
+
+START_TEST(test_wirecode_a_message_decodes_to_its_frames_and_values)
+{
+    float *base = s_values(5, N), *next = s_stepped(base, 6, N);
+    zps_zcode *z = NULL;
+    ck_assert_int_eq(zps_zcode_new(&z), ZPS_OK);
+    zps_wire_msg m;
+    s_msg(&m, next, N, N / 3); // 4 frames, the last shorter
+    ck_assert_int_eq(zps_wirecode_encode(z, &m, base), ZPS_OK);
+    ck_assert_int_eq(m.n_frames, 4);
+    ck_assert_uint_lt(zmq_msg_size(&m.frames[0]), N / 3 * sizeof(float));
+    m.hdr->wire_code = ZPS_ZCODE_XOR;
+    m.hdr->code_base = 9;
+    char why[200] = "";
+    ck_assert_int_eq(zps_wirecode_decode(z, &m, base, N, why, sizeof why), ZPS_OK);
+    s_same_values(&m, next, N);
+    ck_assert_uint_eq(m.hdr->wire_code, 0);
+    ck_assert_uint_eq(m.hdr->code_base, 0);
+    s_msg_fini(&m);
+    free(base);
+    free(next);
+    zps_zcode_destroy(&z);
+}
+END_TEST
+
+// Decodes m coded as `code` with base, expecting a refusal with a reason
+// and m's coded frames left as they were.
+static void s_decode_refused(zps_zcode *z, zps_wire_msg *m, uint32_t code, const float *base,
+                             uint64_t max)
+{
+    m->hdr->wire_code = code;
+    size_t bytes = m->payload_bytes;
+    char why[200] = "";
+    ck_assert_int_eq(zps_wirecode_decode(z, m, base, max, why, sizeof why), ZPS_EPROTO);
+    ck_assert_str_ne(why, "");
+    ck_assert_uint_eq(m->payload_bytes, bytes);
+    ck_assert_uint_eq(m->hdr->wire_code, code);
+}
+
+START_TEST(test_wirecode_refuses_what_the_header_does_not_allow)
+{
+    float *base = s_values(7, N), *next = s_stepped(base, 8, N);
+    zps_zcode *z = NULL;
+    ck_assert_int_eq(zps_zcode_new(&z), ZPS_OK);
+    zps_wire_msg m;
+    s_msg(&m, next, N, N / 2);
+    ck_assert_int_eq(zps_wirecode_encode(z, &m, base), ZPS_OK);
+    s_decode_refused(z, &m, 3, base, N);           // no such code
+    s_decode_refused(z, &m, ZPS_ZCODE_XOR, NULL, N); // XORed, no base here
+    s_decode_refused(z, &m, ZPS_ZCODE_PLANES, base, N); // XORed, decoded without
+    s_decode_refused(z, &m, ZPS_ZCODE_XOR, base, N - 1); // more than the receiver's range
+    m.hdr->count = N + 1;
+    s_decode_refused(z, &m, ZPS_ZCODE_XOR, base, 2 * N); // fewer than the header's count
+    m.hdr->count = N - 1;
+    s_decode_refused(z, &m, ZPS_ZCODE_XOR, base, 2 * N); // more than the header's count
+    s_msg_fini(&m);
+    free(base);
+    free(next);
+    zps_zcode_destroy(&z);
+}
+END_TEST
+
 Suite *zps_suite_zcode(void)
 {
     Suite *s = suite_create("zcode");
@@ -156,5 +257,9 @@ Suite *zps_suite_zcode(void)
     tcase_add_test(tc, test_zcode_refuses_counts_out_of_range);
     tcase_add_test(tc, test_zcode_refuses_every_frame_the_encoder_does_not_make);
     suite_add_tcase(s, tc);
+    TCase *wire = tcase_create("wirecode");
+    tcase_add_test(wire, test_wirecode_a_message_decodes_to_its_frames_and_values);
+    tcase_add_test(wire, test_wirecode_refuses_what_the_header_does_not_allow);
+    suite_add_tcase(s, wire);
     return s;
 }

@@ -1,11 +1,13 @@
 /* check_shard_io.c - the shard's side of the wire (server/shard/zps_shard_io.h)
  * before and after its first plan: what it answers, through the refusal
  * hook the server gives it, and what it drops (a host's sum partly
- * counted: asking its leader for the rest). */
+ * counted: asking its leader for the rest); coded pushes and answers
+ * (--wire-code zstd). */
 #include <stdlib.h>
 #include <string.h>
 #include <zmq.h>
 
+#include "common/zps_wirecode.h"
 #include "server/shard/zps_shard.h"
 #include "server/shard/zps_shard_io.h"
 #include "tests/server/shard/zps_shard_fx.h"
@@ -193,6 +195,107 @@ START_TEST(test_shard_io_asks_the_leader_for_what_a_partly_counted_sum_took_with
 }
 END_TEST
 
+// Rank 0's push of the whole batch for bucket 0, coded (--wire-code
+// zstd) with `code`, saying it holds step 0's values; a byte of its frame
+// flipped if asked.
+static void s_coded_push(zps_zcode *z, zps_wire_msg *m, uint32_t code, bool flip)
+{
+    s_push_bucket(m, 0, 0, 0, ZPS_SHARD_FX_BATCH, true);
+    ck_assert_int_eq(zps_wirecode_encode(z, m, NULL), ZPS_OK);
+    m->hdr->wire_code = code;
+    m->hdr->code_base = 1;
+    if (flip) {
+        ((uint8_t *)zmq_msg_data(&m->frames[0]))[ZPS_ZCODE_HEADER] ^= 1;
+    }
+}
+
+// A coded push the shard cannot decode is refused and counts nothing: to
+// a shard whose job does not code, coded against a base, or changed on the
+// way. The same push coded right then completes the bucket alone.
+START_TEST(test_shard_io_refuses_a_coded_push_it_cannot_decode_and_counts_nothing)
+{
+    zps_shard_io io;
+    refusals r = {0};
+    zps_shard *s = s_started(&io, &r);
+    zps_zcode *z = NULL;
+    ck_assert_int_eq(zps_zcode_new(&z), ZPS_OK);
+    zps_wire_msg m;
+    int ready;
+    s_coded_push(z, &m, ZPS_ZCODE_PLANES, false); // the job does not code
+    ck_assert_int_eq(zps_shard_io_on_push(&io, &m, &ready), ZPS_EPROTO);
+    zps_wire_msg_fini(&m);
+    ck_assert_int_eq(zps_shard_io_code(&io), ZPS_OK);
+    s_coded_push(z, &m, ZPS_ZCODE_XOR, false);
+    ck_assert_int_eq(zps_shard_io_on_push(&io, &m, &ready), ZPS_EPROTO);
+    zps_wire_msg_fini(&m);
+    s_coded_push(z, &m, ZPS_ZCODE_PLANES, true);
+    ck_assert_int_eq(zps_shard_io_on_push(&io, &m, &ready), ZPS_EPROTO);
+    zps_wire_msg_fini(&m);
+    ck_assert_int_eq(r.n, 3);
+    ck_assert_int_eq(r.last, ZPS_EPROTO);
+    ck_assert_int_eq(ready, -1);
+    s_coded_push(z, &m, ZPS_ZCODE_PLANES, false);
+    ck_assert_int_eq(zps_shard_io_on_push(&io, &m, &ready), ZPS_OK);
+    ck_assert_int_eq(ready, 0);
+    zps_wire_msg_fini(&m);
+    ck_assert_int_eq(r.n, 3);
+    zps_zcode_destroy(&z);
+    zps_shard_io_fini(&io);
+    zps_shard_destroy(&s);
+}
+END_TEST
+
+// A coded push is counted as its values, and the answer to a pusher that
+// holds the step's values goes coded against them: it decodes, against
+// what the pusher holds, to the shard's new values bit for bit.
+START_TEST(test_shard_io_answers_a_coded_push_xored_with_the_values_its_pusher_holds)
+{
+    zps_shard_io io;
+    refusals r = {0};
+    zps_shard *s = s_started(&io, &r);
+    ck_assert_int_eq(zps_shard_io_code(&io), ZPS_OK);
+    void *ctx = zmq_ctx_new();
+    void *sock = zps_wire_socket(ctx, ZMQ_ROUTER, 5000);
+    void *peer = zps_wire_socket(ctx, ZMQ_DEALER, 5000);
+    ck_assert_int_eq(zmq_setsockopt(peer, ZMQ_ROUTING_ID, "peer", 5), 0); // s_push_bucket's
+    ck_assert_int_eq(zmq_bind(sock, "inproc://check-shard-io-coded"), 0);
+    ck_assert_int_eq(zmq_connect(peer, "inproc://check-shard-io-coded"), 0);
+    io.sock = sock;
+    const float *at;
+    float held[3]; // bucket 0, [4, 7): step 0's values, as the pusher holds them
+    ck_assert_int_eq(zps_shard_bucket_at(s, 0, 0, &at), ZPS_OK);
+    memcpy(held, at, sizeof held);
+    zps_zcode *z = NULL;
+    ck_assert_int_eq(zps_zcode_new(&z), ZPS_OK);
+    zps_wire_msg m, a;
+    int ready;
+    s_coded_push(z, &m, ZPS_ZCODE_PLANES, false);
+    ck_assert_int_eq(zps_shard_io_on_push(&io, &m, &ready), ZPS_OK);
+    ck_assert_int_eq(ready, 0);
+    zps_wire_msg_fini(&m);
+    zps_shard_io_apply(&io, 0);
+    ck_assert_int_eq(zps_wire_recv(peer, false, &a), ZPS_OK);
+    ck_assert_int_eq(a.hdr->type, ZPS__MSG_TYPE__PARAMS);
+    ck_assert_uint_eq(a.hdr->step, 1);
+    ck_assert_uint_eq(a.hdr->wire_code, ZPS_ZCODE_XOR);
+    ck_assert_uint_eq(a.hdr->code_base, 1);
+    char why[200] = "";
+    ck_assert_msg(zps_wirecode_decode(z, &a, held, 3, why, sizeof why) == ZPS_OK, "%s", why);
+    ck_assert_int_eq(zps_shard_bucket_at(s, 0, 1, &at), ZPS_OK);
+    ck_assert_uint_eq(zmq_msg_size(&a.frames[0]), sizeof held);
+    ck_assert_mem_eq(zmq_msg_data(&a.frames[0]), at, sizeof held);
+    ck_assert(memcmp(held, at, sizeof held) != 0); // the step moved them
+    ck_assert_int_eq(r.n, 0);
+    zps_wire_msg_fini(&a);
+    zps_zcode_destroy(&z);
+    zps_shard_io_fini(&io);
+    zps_shard_destroy(&s);
+    zps_wire_close(&peer);
+    zps_wire_close(&sock);
+    zmq_ctx_term(ctx);
+}
+END_TEST
+
 Suite *zps_suite_shard_io(void)
 {
     Suite *s = suite_create("shard_io");
@@ -200,6 +303,8 @@ Suite *zps_suite_shard_io(void)
     tcase_add_test(tc, test_shard_io_drops_a_push_that_reaches_a_restarted_shard_before_its_plan);
     tcase_add_test(tc, test_shard_io_refuses_a_rank_out_of_range_once_it_has_a_plan);
     tcase_add_test(tc, test_shard_io_asks_the_leader_for_what_a_partly_counted_sum_took_with_it);
+    tcase_add_test(tc, test_shard_io_refuses_a_coded_push_it_cannot_decode_and_counts_nothing);
+    tcase_add_test(tc, test_shard_io_answers_a_coded_push_xored_with_the_values_its_pusher_holds);
     suite_add_tcase(s, tc);
     return s;
 }
