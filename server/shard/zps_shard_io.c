@@ -49,6 +49,11 @@ void zps_shard_io_fini(zps_shard_io *io)
     io->held = NULL;
     io->n_held = 0;
     zps_shard_shm_fini(&io->shm);
+    if (io->coded_sent) {
+        zps_log_info("wire code: %llu answers coded, %.1f MiB for %.1f MiB of parameters (%.3f)",
+                     (unsigned long long)io->coded_sent, io->coded_bytes / 1048576.0,
+                     io->coded_of / 1048576.0, (double)io->coded_bytes / (double)io->coded_of);
+    }
     zps_wire_msg_fini(&io->coded);
     io->coded_b = -1;
     zps_zcode_destroy(&io->code);
@@ -186,6 +191,10 @@ static bool s_send_coded(zps_shard_io *io, const zps_shard_io_rank *r, int b, ui
     if (err != ZPS_OK) {
         zps_log_warn("could not send step %llu parameters: %s", (unsigned long long)step,
                      zps_strerror(err));
+    } else {
+        io->coded_sent++;
+        io->coded_bytes += io->coded.payload_bytes;
+        io->coded_of += h.count * sizeof(float);
     }
     return true;
 }
@@ -201,6 +210,9 @@ static void s_send_pushed(zps_shard_io *io, zps_shard_io_rank *r, int b, uint64_
 
 // Replaces a coded push's frames by its values, and keeps what it says
 // of the pusher's copy of the parameters; false (refused) if it cannot.
+// A coded push says what it is: one reaches a shard whose job does not
+// code only from a worker of the job before a restart without the flag,
+// and is decoded all the same.
 static bool s_decode_push(zps_shard_io *io, zps_wire_msg *m)
 {
     // rank: s_check_member_msg
@@ -211,10 +223,11 @@ static bool s_decode_push(zps_shard_io *io, zps_wire_msg *m)
     char why[200];
     uint64_t code_base = m->hdr->code_base;
     zps_err err = ZPS_EPROTO;
-    snprintf(why, sizeof why, "a coded push to a shard of a job that does not code (--wire-code)");
-    if (io->code && m->hdr->wire_code != ZPS_ZCODE_PLANES) {
+    if (m->hdr->wire_code != ZPS_ZCODE_PLANES) {
         snprintf(why, sizeof why, "a push coded with a base (wire code %u)", m->hdr->wire_code);
-    } else if (io->code) {
+    } else if ((err = zps_shard_io_code(io)) != ZPS_OK) {
+        snprintf(why, sizeof why, "no memory to decode a coded push");
+    } else {
         err = zps_wirecode_decode(io->code, m, NULL,
                                   zps_shard_hi(io->shard) - zps_shard_lo(io->shard), why,
                                   sizeof why);

@@ -80,6 +80,7 @@ typedef struct zps_shard_io {
     zps_wire_msg coded;                   // owned: bucket coded_b's answer of coded_step, coded
     int coded_b;                          // (-1: none) coded once, sent to every rank it fits
     uint64_t coded_step;
+    uint64_t coded_sent, coded_bytes, coded_of; // answers sent coded, their bytes, uncoded
 } zps_shard_io;
 
 // Rank r's state (r < ZPS_MAX_MEMBERS, checked by the caller), counted in

@@ -12,7 +12,9 @@
  * leader took push for itself, nor does a leader slow at a step 0 whose
  * parameters came late; a follower whose leader was not there at its
  * first part pushes through it once it is, and one that asked a stopped
- * leader about its part, left to it, through it again at the next step.
+ * leader about its part, left to it, through it again at the next step;
+ * with --wire-code zstd (pushes and answers coded) a job ends with the
+ * bits of the same job uncoded, and the flag refuses a rounded wire.
  * Real processes on loopback, every wait bounded, killed by pid at the
  * end. */
 #include <signal.h>
@@ -20,6 +22,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include <time.h>
+#include <unistd.h>
 
 #include "common/zps_model.h"
 #include "zps_integration.h"
@@ -322,6 +325,45 @@ START_TEST(test_host_coded_run_has_the_bits_of_one_uncoded)
 }
 END_TEST
 
+// --wire-code zstd is lossless fp32: with a rounded wire or diloco (whose
+// --compress codes its pushes) the server exits 2 with one line, and never
+// listens; so does a value it does not know.
+START_TEST(test_host_wire_code_refusals_exit_2_with_one_line)
+{
+    static const struct {
+        const char *args[4];
+        const char *line;
+    } refusals[] = {
+        {{"--wire-dtype", "bf16", NULL}, "--wire-code zstd codes fp32 losslessly"},
+        {{"--mode", "diloco", NULL}, "--wire-code zstd codes fp32 losslessly"},
+        {{NULL}, "--wire-code"},
+    };
+    zps_procs ps;
+    zps_procs_init(&ps, "host-code-refuse");
+    for (size_t i = 0; i < sizeof refusals / sizeof refusals[0]; i++) {
+        char log[32], ep_file[32];
+        snprintf(log, sizeof log, "refusal-%zu.log", i);
+        snprintf(ep_file, sizeof ep_file, "refusal-%zu.ep", i);
+        const char *args[12] = {"--listen", "tcp://127.0.0.1:*", "--endpoint-file",
+                                zps_procs_path(&ps, ep_file), "--wire-code",
+                                refusals[i].args[0] ? "zstd" : "lz4"};
+        size_t n = 6;
+        for (size_t k = 0; refusals[i].args[k]; k++) {
+            args[n++] = refusals[i].args[k];
+        }
+        args[n] = NULL;
+        pid_t s = zps_procs_start(&ps, "zps-server", log, args);
+        ck_assert_int_eq(zps_procs_wait(&ps, s, 10000), 2);
+        ck_assert_msg(zps_procs_log_has(&ps, log, refusals[i].line), "refusal %zu lacks '%s'", i,
+                      refusals[i].line);
+        ck_assert_msg(zps_procs_log_count(&ps, log, "") == 1, "refusal %zu: not one line", i);
+        ck_assert_msg(access(zps_procs_path(&ps, ep_file), F_OK) != 0,
+                      "refusal %zu wrote an endpoint", i);
+    }
+    zps_procs_fini(&ps, false);
+}
+END_TEST
+
 // The worker of host b whose log says it leads, within 30 s.
 static int s_leader_of_b(const zps_procs *ps, const run *r)
 {
@@ -340,15 +382,18 @@ static int s_leader_of_b(const zps_procs *ps, const run *r)
     return -1;
 }
 
+// Uncoded (_i 0), and with --wire-code zstd (1): the survivors' leader
+// goes on coding, and the shards answer the new group uncoded until its
+// leader holds a step.
 START_TEST(test_host_leader_killed_mid_run_job_completes_and_survivors_agree)
 {
     zps_procs ps;
-    zps_procs_init(&ps, "host-kill");
+    zps_procs_init(&ps, _i ? "host-kill-coded" : "host-kill");
     size_t n = s_n_params();
     // A pause of 40 ms every step: 60 steps of this model take 80 ms on a
     // fast machine, over before a poll of the coordinator sees step 15.
     run r = {.tag = "kill", .aggregate = true, .deterministic = false, .steps = "60",
-             .stall_ms = {"40", "40", "40", "40"}, .quick_evict = true};
+             .stall_ms = {"40", "40", "40", "40"}, .quick_evict = true, .coded = _i == 1};
     s_start(&ps, &r);
     int leader = s_leader_of_b(&ps, &r);
     zps_procs_wait_step(r.ep, 15, 60000);
@@ -358,6 +403,8 @@ START_TEST(test_host_leader_killed_mid_run_job_completes_and_survivors_agree)
     s_wait_all(&ps, &r);
     float *a = s_agreed(&ps, &r, n);
     free(a);
+    ck_assert_int_eq(s_lines_from(&ps, &r, 0, "pushes coded, "), _i ? 1 : 0); // host a's leader
+    ck_assert_int_eq(s_lines_from(&ps, &r, 0, "not decoded"), 0);
     zps_procs_fini(&ps, false);
 }
 END_TEST
@@ -663,7 +710,9 @@ Suite *zps_suite_host(void)
     tcase_add_test(tc, test_host_deterministic_run_has_the_bits_of_one_without_aggregation);
     tcase_add_test(tc, test_host_synchronous_run_within_round_off_of_one_without_aggregation);
     tcase_add_test(tc, test_host_coded_run_has_the_bits_of_one_uncoded);
-    tcase_add_test(tc, test_host_leader_killed_mid_run_job_completes_and_survivors_agree);
+    tcase_add_test(tc, test_host_wire_code_refusals_exit_2_with_one_line);
+    tcase_add_loop_test(tc, test_host_leader_killed_mid_run_job_completes_and_survivors_agree, 0,
+                        2);
     tcase_add_test(tc,
                    test_host_follower_whose_leader_stopped_asks_the_shards_for_the_last_parameters);
     suite_add_tcase(s, tc);
