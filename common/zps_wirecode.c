@@ -6,6 +6,9 @@
 
 #include "zps_log.h"
 
+// A coded frame holds what one wire frame would have.
+_Static_assert(ZPS_ZCODE_MAX * sizeof(float) == ZPS_WIRE_FRAME_BYTES, "frame sizes");
+
 static void s_free(void *data, void *hint)
 {
     (void)hint;
@@ -121,6 +124,5 @@ zps_err zps_wirecode_decode(zps_zcode *z, zps_wire_msg *m, const float *base, ui
     }
     s_replace(m, plain, m->n_frames);
     h->wire_code = 0;
-    h->code_base = 0;
     return ZPS_OK;
 }

@@ -22,7 +22,8 @@ zps_err zps_wirecode_encode(zps_zcode *z, zps_wire_msg *out, const float *base);
 // Replaces the coded frames of a received tensor message (m->hdr->wire_code
 // not 0) by the values they hold, XORed with base's (base[0] is element
 // m->hdr->offset's) when wire_code is ZPS_ZCODE_XOR (base is then needed),
-// and clears wire_code and code_base: m is then as if sent uncoded. At
+// and clears wire_code: m is then as if sent uncoded (code_base, which
+// says what the sender holds, stays). At
 // most max_count values are decoded (the receiver's range: a peer cannot
 // make it allocate more). ZPS_EPROTO and the reason, m's frames then not
 // to be used, for what the encoder does not make; ZPS_ENOMEM (logged).

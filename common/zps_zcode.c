@@ -53,6 +53,14 @@ void zps_zcode_destroy(zps_zcode **z)
     *z = NULL;
 }
 
+static const uint8_t s_magic[4] = {'Z', 'P', 'Z', '1'};
+
+// Where plane p's length lies in a frame's header.
+static size_t s_len_at(int p)
+{
+    return 16 + 4 * (size_t)p;
+}
+
 static void s_put32(uint8_t *at, uint32_t v)
 {
     for (int i = 0; i < 4; i++) {
@@ -107,7 +115,7 @@ zps_err zps_zcode_encode(zps_zcode *z, const void *src, const void *base, size_t
     // longer than the values and its header.
     uint8_t *buf = z->out;
     s_split(src, base, n, z->planes);
-    memcpy(buf, "ZPZ1", 4);
+    memcpy(buf, s_magic, sizeof s_magic);
     s_put32(buf + 4, (uint32_t)n);
     uint64_t hash = XXH3_64bits(src, 4 * n);
     s_put32(buf + 8, (uint32_t)hash);
@@ -127,7 +135,7 @@ zps_err zps_zcode_encode(zps_zcode *z, const void *src, const void *base, size_t
             len = n;
             store = true;
         }
-        s_put32(buf + 16 + 4 * p, (uint32_t)len);
+        s_put32(buf + s_len_at(p), (uint32_t)len);
         at += len;
     }
     if (!(*out = malloc(at))) {
@@ -142,7 +150,7 @@ zps_err zps_zcode_encode(zps_zcode *z, const void *src, const void *base, size_t
 zps_err zps_zcode_count(const void *frame, size_t len, size_t *n, char *why, size_t why_len)
 {
     const uint8_t *f = frame;
-    if (len < ZPS_ZCODE_HEADER || memcmp(f, "ZPZ1", 4) != 0) {
+    if (len < ZPS_ZCODE_HEADER || memcmp(f, s_magic, sizeof s_magic) != 0) {
         snprintf(why, why_len, "a coded frame of %zu bytes without its header", len);
         return ZPS_EPROTO;
     }
@@ -152,7 +160,7 @@ zps_err zps_zcode_count(const void *frame, size_t len, size_t *n, char *why, siz
         return ZPS_EPROTO;
     }
     for (int p = 0; p < 4; p++) {
-        size_t plen = s_get32(f + 16 + 4 * p);
+        size_t plen = s_get32(f + s_len_at(p));
         if (plen == 0 || plen > count) {
             snprintf(why, why_len, "a coded plane of %zu bytes for %zu elements", plen, count);
             return ZPS_EPROTO;
@@ -201,7 +209,7 @@ zps_err zps_zcode_decode(zps_zcode *z, const void *frame, size_t len, const void
     }
     const uint8_t *f = frame, *at = f + ZPS_ZCODE_HEADER;
     for (int p = 3; p >= 0; p--) {
-        size_t plen = s_get32(f + 16 + 4 * p);
+        size_t plen = s_get32(f + s_len_at(p));
         err = s_plane(z, at, plen, n, p, why, why_len);
         if (err != ZPS_OK) {
             return err;

@@ -268,8 +268,11 @@ void zps_host_relay(zps_client *c, int i, const zps_wire_msg *m);
 // --wire-code zstd (lib/zps_host_code.c): PARAMS m from shard i decoded
 // in place (as if sent uncoded) and, leading, kept as what the next
 // answer is coded against. False (logged) for coded parameters that did
-// not decode: m is to be dropped and its bucket asked for again.
-bool zps_host_code_take(zps_client *c, int i, zps_wire_msg *m);
+// not decode: m is to be dropped; those of `step` (the one waited for)
+// are asked for again uncoded, once a step and shard.
+bool zps_host_code_take(zps_client *c, int i, zps_wire_msg *m, uint64_t step);
+// Forgets every step the copy holds: the next answers come uncoded.
+void zps_host_code_forget(zps_client *c);
 // Following: whether m, from the leader's socket, is a shard's PARAMS
 // passed on (for a shard elsewhere: the others come from the shards).
 bool zps_host_from_leader(const zps_client *c, const zps_wire_msg *m);

@@ -135,6 +135,10 @@ typedef struct zps_host {
     float *code_vals;                    // owned: n_params, of the shards elsewhere
     uint64_t *code_steps[ZPS_CONN_MAX_SHARDS]; // owned: per bucket, 1 + the step code_vals
                                          // holds of it (0: none)
+    uint64_t code_step[ZPS_CONN_MAX_SHARDS]; // 1 + the step pushed to shard i, and the
+    uint64_t code_base[ZPS_CONN_MAX_SHARDS]; // code_base its first push said: every push of
+                                         // the step says the same (answers come meanwhile)
+    uint64_t code_pulled[ZPS_CONN_MAX_SHARDS]; // 1 + the step asked for again uncoded
     uint64_t coded_out, coded_in;        // pushes coded; buckets decoded against code_vals
 } zps_host;
 

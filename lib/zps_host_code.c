@@ -39,7 +39,8 @@ static bool s_ready(zps_client *c, int i)
     if (!h->code && zps_zcode_new(&h->code) != ZPS_OK) {
         return false;
     }
-    if (!h->code_vals && !(h->code_vals = malloc(c->model.n_params * sizeof(float)))) {
+    // Zeroed: no page is written before its bucket is kept.
+    if (!h->code_vals && !(h->code_vals = calloc(c->model.n_params, sizeof(float)))) {
         zps_log_error("out of memory for the parameters the wire's code is against");
         return false;
     }
@@ -49,6 +50,21 @@ static bool s_ready(zps_client *c, int i)
         return false;
     }
     return true;
+}
+
+// Shard i's buckets in the copy are of no step from now on.
+static void s_forget(zps_client *c, int i)
+{
+    if (c->host.code_steps[i]) {
+        memset(c->host.code_steps[i], 0, (size_t)c->conn.shards[i].n_buckets * sizeof(uint64_t));
+    }
+}
+
+void zps_host_code_forget(zps_client *c)
+{
+    for (int i = 0; i < c->conn.n_shards; i++) {
+        s_forget(c, i);
+    }
 }
 
 // 1 + the step whose parameters of shard i's whole range code_vals holds
@@ -78,15 +94,25 @@ void zps_host_code_push(zps_client *c, int i, Zps__Header *hd, zps_wire_msg *out
     for (int f = 0; f < out->n_frames; f++) {
         out->payload_bytes += zmq_msg_size(&out->frames[f]);
     }
+    // What the copy holds at the step's first push: the answers to its
+    // first buckets may come before its last ones go, and move the copy
+    // of those buckets on a step.
+    if (h->code_step[i] != hd->step + 1) {
+        h->code_step[i] = hd->step + 1;
+        h->code_base[i] = s_base_step(c, i);
+    }
     hd->wire_code = ZPS_ZCODE_PLANES;
-    hd->code_base = s_base_step(c, i);
+    hd->code_base = h->code_base[i];
     h->coded_out++;
 }
 
 // m's values (checked: bucket b of shard i, fp32 frames) kept as those
-// code_vals holds of step m's step.
+// code_vals holds of step m's step, unless it holds a later one.
 static void s_keep(zps_client *c, int i, int b, const zps_wire_msg *m)
 {
+    if (c->host.code_steps[i][b] > m->hdr->step + 1) {
+        return; // a late second answer of a step before
+    }
     float *at = c->host.code_vals + m->hdr->offset;
     for (int f = 0; f < m->n_frames; f++) {
         size_t len = zmq_msg_size((zmq_msg_t *)&m->frames[f]);
@@ -96,13 +122,34 @@ static void s_keep(zps_client *c, int i, int b, const zps_wire_msg *m)
     c->host.code_steps[i][b] = m->hdr->step + 1;
 }
 
-bool zps_host_code_take(zps_client *c, int i, zps_wire_msg *m)
+// Decodes m (coded, bucket b of shard i); the reason in why if it cannot.
+static void s_decode(zps_client *c, int i, int b, zps_wire_msg *m, char *why, size_t why_len)
 {
     zps_host *h = &c->host;
     const Zps__Header *hd = m->hdr;
-    if (!hd || hd->type != ZPS__MSG_TYPE__PARAMS || hd->shm_size > 0 ||
-        (hd->wire_code == ZPS_ZCODE_NONE && !(h->codes && zps_host_leads(c) && h->remote[i]))) {
-        return true; // nothing to decode, nor to keep
+    bool xor = hd->wire_code == ZPS_ZCODE_XOR;
+    if (!s_ready(c, i)) {
+        snprintf(why, why_len, "no memory to decode them");
+    } else if (xor && (hd->code_base == 0 || h->code_steps[i][b] != hd->code_base)) {
+        snprintf(why, why_len, "XORed with step %llu's values, this worker holds %s",
+                 (unsigned long long)(hd->code_base ? hd->code_base - 1 : 0),
+                 h->code_steps[i][b] ? "another step's" : "none");
+    } else if (zps_wirecode_decode(h->code, m, h->code_vals + hd->offset, hd->count, why,
+                                   why_len) == ZPS_OK && xor) {
+        h->coded_in++;
+    }
+}
+
+bool zps_host_code_take(zps_client *c, int i, zps_wire_msg *m, uint64_t step)
+{
+    zps_host *h = &c->host;
+    const Zps__Header *hd = m->hdr;
+    if (!hd || hd->type != ZPS__MSG_TYPE__PARAMS || hd->shm_size > 0) {
+        return true;
+    }
+    if (hd->wire_code == ZPS_ZCODE_NONE && !(h->codes && zps_host_leads(c) && h->remote[i])) {
+        s_forget(c, i); // not kept up while not leading: no base from now on
+        return true;
     }
     zps_conn_shard *sc = &c->conn.shards[i];
     int b = zps_conn_bucket_of(sc, hd->offset, hd->offset + hd->count);
@@ -110,31 +157,23 @@ bool zps_host_code_take(zps_client *c, int i, zps_wire_msg *m)
     if (b < 0) {
         snprintf(why, sizeof why, "[%llu, +%llu) is not one of its buckets",
                  (unsigned long long)hd->offset, (unsigned long long)hd->count);
-    } else if (!s_ready(c, i)) {
-        snprintf(why, sizeof why, "no memory to decode them");
-    } else if (hd->wire_code == ZPS_ZCODE_XOR && h->code_steps[i][b] != hd->code_base) {
-        snprintf(why, sizeof why, "XORed with step %llu's values, this worker holds %s",
-                 (unsigned long long)(hd->code_base ? hd->code_base - 1 : 0),
-                 h->code_steps[i][b] ? "another step's" : "none");
     } else if (hd->wire_code != ZPS_ZCODE_NONE) {
-        bool xor = hd->wire_code == ZPS_ZCODE_XOR;
-        if (zps_wirecode_decode(h->code, m, h->code_vals + hd->offset, hd->count, why,
-                                sizeof why) == ZPS_OK && xor) {
-            h->coded_in++;
-        }
+        s_decode(c, i, b, m, why, sizeof why);
     }
-    if (!why[0] && zps_wire_check_tensor(m, ZPS_DTYPE_F32, sc->lo, sc->hi, why, sizeof why) ==
-                       ZPS_OK) {
+    if (!why[0] && s_ready(c, i) &&
+        zps_wire_check_tensor(m, ZPS_DTYPE_F32, sc->lo, sc->hi, why, sizeof why) == ZPS_OK) {
         s_keep(c, i, b, m);
         return true;
     }
-    if (b >= 0 && h->code_steps[i]) {
-        h->code_steps[i][b] = 0; // the next answer comes uncoded
-    }
     if (hd->wire_code == ZPS_ZCODE_NONE) {
-        return true; // not decoded, nor kept: the wait judges it as it is
+        return true; // not kept: the wait judges it as it is
     }
-    zps_log_warn("%s's coded parameters of step %llu not decoded (%s): asked for again uncoded",
-                 sc->endpoint, (unsigned long long)hd->step, why);
+    // The copy of this shard's range is not what its shard holds: every
+    // later answer of it would fail too. Asked for again uncoded, once.
+    s_forget(c, i);
+    if (h->code_pulled[i] != hd->step + 1 || hd->step != step) {
+        zps_log_warn("%s's coded parameters of step %llu not decoded (%s): asked for again "
+                     "uncoded", sc->endpoint, (unsigned long long)hd->step, why);
+    }
     return false;
 }

@@ -452,10 +452,13 @@ static zps_err s_take_from_shard(zps_client *c, int i, uint64_t step)
 {
     zps_wire_msg m;
     zps_err err = zps_wire_recv(c->conn.shards[i].sock, false, &m);
-    if (err == ZPS_OK && !zps_host_code_take(c, i, &m)) {
-        if (m.hdr->step == step) {
+    if (err == ZPS_OK && !zps_host_code_take(c, i, &m, step)) {
+        if (m.hdr->step == step && c->host.code_pulled[i] != step + 1) {
+            c->host.code_pulled[i] = step + 1; // the PULL brings the rest of the step too
             c->conn.shards[i].params_pulled = 0; // a pull of before may have been answered
             (void)s_pull_once(c, i, step); // answered uncoded
+        } else if (m.hdr->step > step) {
+            zps_due_ask_at(c, 0); // as s_take_bucket would have
         }
     } else if (err == ZPS_OK) {
         zps_host_relay(c, i, &m);

@@ -284,6 +284,7 @@ static int s_phase_start_over(zps_client *c)
         return zps_work_end(c, err);
     }
     c->t = c->rollback_to;
+    zps_host_code_forget(c); // the values of a step done over may differ
     err = s_start_wait(c, c->rollback_to, ZPS_AFTER_START_OVER, true);
     return err != ZPS_OK ? s_wait_over(c, err) : 0;
 }

@@ -57,6 +57,18 @@ static zps_err s_check_micro_batch(const zps_server *srv, const Zps__Job *job)
     return ZPS_OK;
 }
 
+// The ASSIGN's --wire-code: zstd only for a synchronous fp32 job, as
+// shard 0's flags allow.
+static zps_err s_check_wire_code(const Zps__Job *job)
+{
+    if (job->wire_code > ZPS_ZCODE_PLANES ||
+        (job->wire_code && (job->outer || (zps_dtype)job->wire_dtype != ZPS_DTYPE_F32))) {
+        zps_log_error("the coordinator sent a --wire-code this shard cannot use");
+        return ZPS_EPROTO;
+    }
+    return ZPS_OK;
+}
+
 // The ASSIGN's job, checked against this shard's flags, as the shard's
 // configuration and first plan; ZPS_EPROTO (logged) when it cannot be used.
 static zps_err s_assignment_cfg(zps_server *srv, const Zps__Job *job, zps_shard_cfg *cfg,
@@ -114,12 +126,7 @@ static zps_err s_assignment_cfg(zps_server *srv, const Zps__Job *job, zps_shard_
         return ZPS_EPROTO;
     }
     cfg->clip_grad_norm = job->clip_grad_norm;
-    if (job->wire_code > ZPS_ZCODE_PLANES ||
-        (job->wire_code && (job->outer || cfg->dtype != ZPS_DTYPE_F32))) {
-        zps_log_error("the coordinator sent a --wire-code this shard cannot use");
-        return ZPS_EPROTO;
-    }
-    if (s_check_micro_batch(srv, job) != ZPS_OK) {
+    if (s_check_wire_code(job) != ZPS_OK || s_check_micro_batch(srv, job) != ZPS_OK) {
         return ZPS_EPROTO;
     }
     cfg->micro_batch = job->micro_batch;

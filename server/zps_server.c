@@ -450,6 +450,7 @@ zps_server *zps_server_open(const zps_server_opts *o, int *status)
         return NULL;
     }
     srv->o = o;
+    srv->wire_code = o->wire_code; // shard 0's; the others' come with the ASSIGN
     srv->threads = o->threads;
     if (srv->threads == 0) {
         srv->threads = zps_pool_auto_threads();

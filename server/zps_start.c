@@ -135,7 +135,6 @@ int zps_start_coordinator(zps_server *srv, uint32_t n_train, uint32_t n_test, ch
         return status;
     }
     srv->dtype = o->wire_dtype;
-    srv->wire_code = o->wire_code;
     zps_shard_cfg cfg = {.index = 0, .model = &srv->model, .seed = o->seed,
                          .global_batch = o->global_batch, .dtype = o->wire_dtype,
                          .optim = o->optim, .await_init = srv->declared != NULL,

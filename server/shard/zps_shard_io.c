@@ -144,8 +144,9 @@ static bool s_code_bucket(zps_shard_io *io, int b, uint64_t step)
     zps_wire_ref *ref;
     const float *prev;
     s_params_header(io, b, step, &h, &data, &ref);
-    if (zps_shard_bucket_at(io->shard, b, step - 1, &prev) != ZPS_OK) {
-        return false;
+    if (zps_shard_bucket_at(io->shard, b, step - 1, &prev) != ZPS_OK ||
+        h.count * sizeof(float) > (uint64_t)ZPS_WIRE_MAX_FRAMES * ZPS_WIRE_FRAME_BYTES) {
+        return false; // the latter is refused uncoded too (zps_wire_send), and said there
     }
     // Frames that read the values in place: the coder copies what it sends.
     const uint8_t *at = data;
@@ -215,7 +216,8 @@ static void s_send_pushed(zps_shard_io *io, zps_shard_io_rank *r, int b, uint64_
 // and is decoded all the same.
 static bool s_decode_push(zps_shard_io *io, zps_wire_msg *m)
 {
-    // rank: s_check_member_msg
+    // rank: s_check_member_msg. A held push comes back decoded, its
+    // code_base kept.
     io->ranks[m->hdr->rank].code_base = io->code ? m->hdr->code_base : 0;
     if (m->hdr->wire_code == ZPS_ZCODE_NONE) {
         return true;

@@ -76,7 +76,8 @@ typedef struct zps_shard_io {
     bool replay_held;                     // a plan arrived: count the held pushes
     zps_shard_io_puller pullers[ZPS_SHARD_IO_PULLERS]; // PULLs waiting for a step
     zps_shard_shm shm;                    // pushes through shared memory (same host)
-    zps_zcode *code;                      // owned: --wire-code's coder (NULL: the job codes not)
+    zps_zcode *code;                      // owned: --wire-code's coder (NULL until the job
+                                          // codes or a coded push came)
     zps_wire_msg coded;                   // owned: bucket coded_b's answer of coded_step, coded
     int coded_b;                          // (-1: none) coded once, sent to every rank it fits
     uint64_t coded_step;

@@ -295,6 +295,25 @@ START_TEST(test_host_synchronous_run_within_round_off_of_one_without_aggregation
 }
 END_TEST
 
+// From log `name`'s last line with `key`, the number after it and the one
+// after `then` that follows (-1 each if none).
+static void s_two_numbers(const zps_procs *ps, const char *name, const char *key,
+                          const char *then, double *a, double *b)
+{
+    char line[512];
+    FILE *f = fopen(zps_procs_path(ps, name), "r");
+    ck_assert_ptr_nonnull(f);
+    *a = *b = -1;
+    while (fgets(line, sizeof line, f)) {
+        const char *at = strstr(line, key), *next = at ? strstr(at, then) : NULL;
+        if (next) {
+            *a = atof(at + strlen(key));
+            *b = atof(next + strlen(then));
+        }
+    }
+    fclose(f);
+}
+
 // --wire-code zstd: the leaders' pushes coded, the shards' answers to
 // them XORed with the step before. The same bits as the same job
 // uncoded, and fewer bytes pushed.
@@ -312,8 +331,28 @@ START_TEST(test_host_coded_run_has_the_bits_of_one_uncoded)
     // Each leader codes its pushes to the other host's shard and decodes
     // answers XORed with the step before.
     ck_assert_int_eq(s_lines_from(&ps, &coded, 0, "pushes coded, "), 2);
-    ck_assert_int_eq(s_lines_from(&ps, &coded, 0, "wire code: 0 pushes"), 0);
-    ck_assert_int_eq(s_lines_from(&ps, &coded, 0, "coded, 0 buckets"), 0);
+    ck_assert_int_eq(s_lines_from(&ps, &coded, 0, "not decoded"), 0);
+    for (int k = 0; k < WORKERS; k += 2) { // the leaders: w0_first makes host a's rank 0
+        char log[64];
+        double pushes, decoded;
+        snprintf(log, sizeof log, "coded-w%d.log", k);
+        if (!zps_procs_log_has(&ps, log, "pushes coded")) {
+            snprintf(log, sizeof log, "coded-w%d.log", k + 1);
+        }
+        s_two_numbers(&ps, log, "wire code: ", "pushes coded, ", &pushes, &decoded);
+        // Every step's answers but the first's (its base came uncoded):
+        // none goes uncoded for a push that came after an answer.
+        ck_assert_msg(pushes >= 30 && decoded >= pushes * 29 / 30, "%s: %.0f pushes coded, "
+                      "%.0f answers decoded against the step before", log, pushes, decoded);
+    }
+    for (int i = 0; i < 2; i++) { // each shard's answers shrink
+        char log[64];
+        double sent, ratio;
+        snprintf(log, sizeof log, "coded-s%d.log", i);
+        s_two_numbers(&ps, log, "wire code: ", "MiB of parameters (", &sent, &ratio);
+        ck_assert_msg(sent > 0 && ratio > 0 && ratio < 0.95, "%s: %.0f answers coded, %.3f of "
+                      "their size", log, sent, ratio);
+    }
     ck_assert_int_eq(s_lines_from(&ps, &coded, 0, "not decoded"), 0);
     ck_assert_int_eq(s_lines_from(&ps, &plain, 0, "wire code"), 0);
     double mib_plain = s_pushed_mib(&ps, &plain), mib_coded = s_pushed_mib(&ps, &coded);

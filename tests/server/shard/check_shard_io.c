@@ -243,54 +243,102 @@ START_TEST(test_shard_io_refuses_a_coded_push_it_cannot_decode_and_counts_nothin
 }
 END_TEST
 
+// A shard with a coder over the fixture, a DEALER peer with the routing
+// id s_push_bucket's pushes carry, and rank 0's push of bucket 0 (coded,
+// saying it holds step code_base - 1's values) counted and applied: *a is
+// the answer the peer received. held: bucket 0's step 0 values.
+typedef struct answered {
+    zps_shard_io io;
+    refusals r;
+    zps_shard *s;
+    void *ctx, *sock, *peer;
+    zps_zcode *z;
+    float held[3]; // bucket 0 is [4, 7)
+    zps_wire_msg a;
+} answered;
+
+static void s_answer(answered *t, uint64_t code_base)
+{
+    memset(t, 0, sizeof *t);
+    t->s = s_started(&t->io, &t->r);
+    ck_assert_int_eq(zps_shard_io_code(&t->io), ZPS_OK);
+    t->ctx = zmq_ctx_new();
+    t->sock = zps_wire_socket(t->ctx, ZMQ_ROUTER, 5000);
+    t->peer = zps_wire_socket(t->ctx, ZMQ_DEALER, 5000);
+    ck_assert_int_eq(zmq_setsockopt(t->peer, ZMQ_ROUTING_ID, "peer", 5), 0);
+    ck_assert_int_eq(zmq_bind(t->sock, "inproc://check-shard-io-coded"), 0);
+    ck_assert_int_eq(zmq_connect(t->peer, "inproc://check-shard-io-coded"), 0);
+    t->io.sock = t->sock;
+    const float *at;
+    ck_assert_int_eq(zps_shard_bucket_at(t->s, 0, 0, &at), ZPS_OK);
+    memcpy(t->held, at, sizeof t->held);
+    ck_assert_int_eq(zps_zcode_new(&t->z), ZPS_OK);
+    zps_wire_msg m;
+    int ready;
+    s_coded_push(t->z, &m, ZPS_ZCODE_PLANES, false);
+    m.hdr->code_base = code_base;
+    ck_assert_int_eq(zps_shard_io_on_push(&t->io, &m, &ready), ZPS_OK);
+    ck_assert_int_eq(ready, 0);
+    zps_wire_msg_fini(&m);
+    zps_shard_io_apply(&t->io, 0);
+    ck_assert_int_eq(zps_wire_recv(t->peer, false, &t->a), ZPS_OK);
+    ck_assert_int_eq(t->a.hdr->type, ZPS__MSG_TYPE__PARAMS);
+    ck_assert_uint_eq(t->a.hdr->step, 1);
+    ck_assert_int_eq(t->r.n, 0);
+}
+
+// The answer's values, decoded, are the shard's step 1 values of bucket
+// 0, which the step moved from those held.
+static void s_answer_is_step_1(answered *t)
+{
+    const float *at;
+    ck_assert_int_eq(zps_shard_bucket_at(t->s, 0, 1, &at), ZPS_OK);
+    ck_assert_int_eq(t->a.n_frames, 1);
+    ck_assert_uint_eq(zmq_msg_size(&t->a.frames[0]), sizeof t->held);
+    ck_assert_mem_eq(zmq_msg_data(&t->a.frames[0]), at, sizeof t->held);
+    ck_assert(memcmp(t->held, at, sizeof t->held) != 0);
+}
+
+static void s_answered_fini(answered *t)
+{
+    zps_wire_msg_fini(&t->a);
+    zps_zcode_destroy(&t->z);
+    zps_shard_io_fini(&t->io);
+    zps_shard_destroy(&t->s);
+    zps_wire_close(&t->peer);
+    zps_wire_close(&t->sock);
+    zmq_ctx_term(t->ctx);
+}
+
 // A coded push is counted as its values, and the answer to a pusher that
 // holds the step's values goes coded against them: it decodes, against
 // what the pusher holds, to the shard's new values bit for bit.
 START_TEST(test_shard_io_answers_a_coded_push_xored_with_the_values_its_pusher_holds)
 {
-    zps_shard_io io;
-    refusals r = {0};
-    zps_shard *s = s_started(&io, &r);
-    ck_assert_int_eq(zps_shard_io_code(&io), ZPS_OK);
-    void *ctx = zmq_ctx_new();
-    void *sock = zps_wire_socket(ctx, ZMQ_ROUTER, 5000);
-    void *peer = zps_wire_socket(ctx, ZMQ_DEALER, 5000);
-    ck_assert_int_eq(zmq_setsockopt(peer, ZMQ_ROUTING_ID, "peer", 5), 0); // s_push_bucket's
-    ck_assert_int_eq(zmq_bind(sock, "inproc://check-shard-io-coded"), 0);
-    ck_assert_int_eq(zmq_connect(peer, "inproc://check-shard-io-coded"), 0);
-    io.sock = sock;
-    const float *at;
-    float held[3]; // bucket 0, [4, 7): step 0's values, as the pusher holds them
-    ck_assert_int_eq(zps_shard_bucket_at(s, 0, 0, &at), ZPS_OK);
-    memcpy(held, at, sizeof held);
-    zps_zcode *z = NULL;
-    ck_assert_int_eq(zps_zcode_new(&z), ZPS_OK);
-    zps_wire_msg m, a;
-    int ready;
-    s_coded_push(z, &m, ZPS_ZCODE_PLANES, false);
-    ck_assert_int_eq(zps_shard_io_on_push(&io, &m, &ready), ZPS_OK);
-    ck_assert_int_eq(ready, 0);
-    zps_wire_msg_fini(&m);
-    zps_shard_io_apply(&io, 0);
-    ck_assert_int_eq(zps_wire_recv(peer, false, &a), ZPS_OK);
-    ck_assert_int_eq(a.hdr->type, ZPS__MSG_TYPE__PARAMS);
-    ck_assert_uint_eq(a.hdr->step, 1);
-    ck_assert_uint_eq(a.hdr->wire_code, ZPS_ZCODE_XOR);
-    ck_assert_uint_eq(a.hdr->code_base, 1);
+    answered t;
+    s_answer(&t, 1); // holds step 0
+    ck_assert_uint_eq(t.a.hdr->wire_code, ZPS_ZCODE_XOR);
+    ck_assert_uint_eq(t.a.hdr->code_base, 1);
     char why[200] = "";
-    ck_assert_msg(zps_wirecode_decode(z, &a, held, 3, why, sizeof why) == ZPS_OK, "%s", why);
-    ck_assert_int_eq(zps_shard_bucket_at(s, 0, 1, &at), ZPS_OK);
-    ck_assert_uint_eq(zmq_msg_size(&a.frames[0]), sizeof held);
-    ck_assert_mem_eq(zmq_msg_data(&a.frames[0]), at, sizeof held);
-    ck_assert(memcmp(held, at, sizeof held) != 0); // the step moved them
-    ck_assert_int_eq(r.n, 0);
-    zps_wire_msg_fini(&a);
-    zps_zcode_destroy(&z);
-    zps_shard_io_fini(&io);
-    zps_shard_destroy(&s);
-    zps_wire_close(&peer);
-    zps_wire_close(&sock);
-    zmq_ctx_term(ctx);
+    ck_assert_msg(zps_wirecode_decode(t.z, &t.a, t.held, 3, why, sizeof why) == ZPS_OK, "%s",
+                  why);
+    s_answer_is_step_1(&t);
+    s_answered_fini(&t);
+}
+END_TEST
+
+// A pusher that holds no step, or another than the one the answer moves
+// from, gets it uncoded: the shard codes only against what it holds.
+START_TEST(test_shard_io_answers_uncoded_a_pusher_that_holds_another_step)
+{
+    const uint64_t bases[] = {0, 2};
+    for (size_t k = 0; k < sizeof bases / sizeof bases[0]; k++) {
+        answered t;
+        s_answer(&t, bases[k]);
+        ck_assert_uint_eq(t.a.hdr->wire_code, ZPS_ZCODE_NONE);
+        s_answer_is_step_1(&t);
+        s_answered_fini(&t);
+    }
 }
 END_TEST
 
@@ -303,6 +351,7 @@ Suite *zps_suite_shard_io(void)
     tcase_add_test(tc, test_shard_io_asks_the_leader_for_what_a_partly_counted_sum_took_with_it);
     tcase_add_test(tc, test_shard_io_refuses_a_coded_push_it_cannot_decode_and_counts_nothing);
     tcase_add_test(tc, test_shard_io_answers_a_coded_push_xored_with_the_values_its_pusher_holds);
+    tcase_add_test(tc, test_shard_io_answers_uncoded_a_pusher_that_holds_another_step);
     suite_add_tcase(s, tc);
     return s;
 }
