@@ -23,6 +23,7 @@ int main(void)
         zps_suite_shard_host, zps_suite_shard_io,
         // lib/ (libzps)
         zps_suite_client, zps_suite_sampler, zps_suite_round, zps_suite_heartbeat,
+        zps_suite_host_code,
         // worker/ (zps-worker)
         zps_suite_cpu, zps_suite_cuda,
     };

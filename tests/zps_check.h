@@ -20,6 +20,7 @@ Suite *zps_suite_log(void);
 Suite *zps_suite_outer(void);
 Suite *zps_suite_quant(void);
 Suite *zps_suite_zcode(void);
+Suite *zps_suite_host_code(void);
 Suite *zps_suite_dyl(void);
 Suite *zps_suite_shm(void);
 Suite *zps_suite_sndbuf(void);
