@@ -52,12 +52,14 @@ static bool s_ready(zps_client *c, int i)
     return true;
 }
 
-// Shard i's buckets in the copy are of no step from now on.
+// Shard i's buckets in the copy are of no step from now on, and the next
+// push to it says so (even a step's later one, or one of a step done over).
 static void s_forget(zps_client *c, int i)
 {
     if (c->host.code_steps[i]) {
         memset(c->host.code_steps[i], 0, (size_t)c->conn.shards[i].n_buckets * sizeof(uint64_t));
     }
+    c->host.code_step[i] = 0;
 }
 
 void zps_host_code_forget(zps_client *c)

@@ -131,7 +131,8 @@ static void s_send_bucket(zps_shard_io *io, zmq_msg_t *route, int b, uint64_t st
 // Bucket b's values of `step` (step - 1's already sent, as the update
 // leaves them in the other array) coded as their XOR with step - 1's, in
 // io->coded: kept for every rank of the step that holds step - 1's. False
-// (logged) if they cannot be.
+// if they cannot be (the coder logs why; a bucket past the wire's frames
+// is refused uncoded too, and said there).
 static bool s_code_bucket(zps_shard_io *io, int b, uint64_t step)
 {
     if (io->coded_b == b && io->coded_step == step) {
@@ -146,7 +147,7 @@ static bool s_code_bucket(zps_shard_io *io, int b, uint64_t step)
     s_params_header(io, b, step, &h, &data, &ref);
     if (zps_shard_bucket_at(io->shard, b, step - 1, &prev) != ZPS_OK ||
         h.count * sizeof(float) > (uint64_t)ZPS_WIRE_MAX_FRAMES * ZPS_WIRE_FRAME_BYTES) {
-        return false; // the latter is refused uncoded too (zps_wire_send), and said there
+        return false;
     }
     // Frames that read the values in place: the coder copies what it sends.
     const uint8_t *at = data;
