@@ -329,14 +329,30 @@ static zps_err s_flush_runs(zps_client *c, int i, int b, zps_host_bucket *hb)
     return err;
 }
 
-// Pushes a deterministic job's node of parts [0, n): its fp32 values.
+// Pushes a deterministic job's node of parts [0, n): its fp32 values,
+// coded when the job codes (--wire-code; the code copies what it sends).
 static zps_err s_push_node(zps_client *c, int i, int b, const zps_host_part *parts, int n,
                            const float *vals)
 {
     Zps__Header hd;
     Zps__HostPiece pieces[ZPS_HOST_GROUP_MAX], *ptrs[ZPS_HOST_GROUP_MAX];
     s_run_header(c, i, b, parts, n, &hd, pieces, ptrs);
-    return zps_conn_send(&c->conn, i, &hd, vals, hd.count * sizeof(float), NULL);
+    size_t bytes = hd.count * sizeof(float);
+    bool code = c->host.codes &&
+                bytes <= (size_t)ZPS_WIRE_MAX_FRAMES * ZPS_WIRE_FRAME_BYTES; // else refused below
+    zps_wire_msg out = {.n_frames = 0};
+    for (size_t at = 0, len; code && at < bytes; at += len) {
+        len = bytes - at < ZPS_WIRE_FRAME_BYTES ? bytes - at : ZPS_WIRE_FRAME_BYTES;
+        ZPS_ASSERT(zmq_msg_init_data(&out.frames[out.n_frames++], (uint8_t *)vals + at, len,
+                                     NULL, NULL) == 0);
+    }
+    if (out.n_frames > 0) {
+        zps_host_code_push(c, i, &hd, &out);
+    }
+    zps_err err = hd.wire_code ? zps_conn_send_frames(&c->conn, i, &hd, out.frames, out.n_frames)
+                               : zps_conn_send(&c->conn, i, &hd, vals, bytes, NULL);
+    zps_wire_msg_fini(&out);
+    return err;
 }
 
 // A deterministic job's node while the leader adds them: parts [p0, p1)

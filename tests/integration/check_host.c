@@ -270,6 +270,12 @@ static void s_check_against_plain(bool deterministic)
     if (deterministic) {
         ck_assert_msg(memcmp(a, b, n * sizeof(float)) == 0, "aggregated ends %.3g away", d);
         ck_assert_int_eq(s_lines_from(&ps, &agg, 0, "parts to my leader through"), 0);
+        // Its nodes coded (--wire-code zstd), and the answers to them: the same bits.
+        run coded = {.tag = "coded", .aggregate = true, .deterministic = true, .steps = "30",
+                     .w0_first = true, .coded = true};
+        s_check_same_bits(&ps, &coded, a, n);
+        ck_assert_int_eq(s_lines_from(&ps, &coded, 0, "pushes coded, "), 2);
+        ck_assert_int_eq(s_lines_from(&ps, &coded, 0, "coded, 0 buckets"), 0);
     } else {
         ck_assert_msg(d <= 1e-5, "aggregated ends %.3g away", d);
         s_check_against_frames(&ps, &agg, a, n);
